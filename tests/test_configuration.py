@@ -1,0 +1,78 @@
+"""The configuration: presets from Table 3, parameter counts, and errors for configurations that cannot work."""
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration
+
+
+def count_parameters(config: VaswaniConfig) -> int:
+    with torch.device("meta"):
+        model = VaswaniForConditionalGeneration(config)
+    return sum(p.numel() for p in model.parameters())  # tied matrices are counted once
+
+
+# Exact counts with a shared vocabulary of 37000 (the README states them). The paper: 65M and 213M (Table 3).
+@pytest.mark.parametrize("preset, exact, paper", [("base", 63_045_632, 65e6), ("big", 214_171_648, 213e6)])
+def test_preset_parameter_counts_match_the_paper(preset, exact, paper):
+    config = VaswaniConfig.from_preset(preset, vocab_size=37000)
+    n = count_parameters(config)
+    assert n == exact
+    assert abs(n - paper) / paper < 0.05
+
+
+def test_defaults_are_the_base_model():
+    config = VaswaniConfig()
+    base = VaswaniConfig.from_preset("base")
+    for key, value in PRESETS["base"].items():
+        assert getattr(config, key) == value == getattr(base, key)
+    assert config.normalize_before is False
+    assert config.position_embedding_type == "sinusoidal"
+    assert config.scale_embedding and config.share_encoder_decoder_embeddings and config.tie_word_embeddings
+    assert config.activation_function == "relu"
+    assert config.attention_dropout == 0.0 and config.activation_dropout == 0.0
+    assert config.label_smoothing == 0.1
+    assert config.hidden_size == 512 and config.num_attention_heads == 8 and config.num_hidden_layers == 6
+    assert config.decoder_vocab_size == config.vocab_size
+
+
+def test_big_preset_and_overrides():
+    config = VaswaniConfig.from_preset("big", dropout=0.1, vocab_size=1000)
+    assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim) == (1024, 16, 4096)
+    assert config.dropout == 0.1 and config.vocab_size == 1000
+    with pytest.raises(ValueError, match="preset"):
+        VaswaniConfig.from_preset("huge")
+
+
+def test_config_round_trip(tmp_path):
+    config = tiny_config(normalize_before=True, position_embedding_type="learned")
+    config.save_pretrained(tmp_path)
+    again = VaswaniConfig.from_pretrained(tmp_path)
+    assert again.to_dict() == config.to_dict()
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(d_model=16, encoder_attention_heads=3), "encoder_attention_heads"),
+        (dict(d_model=16, encoder_attention_heads=4, decoder_attention_heads=5), "decoder_attention_heads"),
+        (dict(d_model=0), "d_model"),
+        (dict(encoder_layers=-1), "encoder_layers"),
+        (dict(decoder_ffn_dim=0), "decoder_ffn_dim"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(dropout=1.5), "dropout"),
+        (dict(attention_dropout=-0.1), "attention_dropout"),
+        (dict(activation_dropout=2), "activation_dropout"),
+        (dict(label_smoothing=1.1), "label_smoothing"),
+        (dict(position_embedding_type="rotary"), "position_embedding_type"),
+        (dict(activation_function="swiglu"), "activation_function"),
+        (dict(decoder_vocab_size=40), "share_encoder_decoder_embeddings"),
+        (dict(share_encoder_decoder_embeddings=True, tie_word_embeddings=False), "tie_word_embeddings"),
+        (dict(pad_token_id=53), "pad_token_id"),
+        (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+    ],
+)
+def test_configs_that_cannot_work_name_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(**overrides)

@@ -1,0 +1,337 @@
+"""Behaviour of the model: masks, causality, caching, attention back-ends, gradients, losses, dtypes."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import batch, tiny_config, tiny_model
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from vaswani import VaswaniForConditionalGeneration, shift_tokens_right
+from vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
+
+
+def test_sinusoids_are_the_papers_formula():
+    d_model = 16
+    pe = VaswaniSinusoidalPositionalEncoding(d_model, num_positions=10)
+    for pos in (0, 3, 9):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert pe.table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe.table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    # Past the table, positions are computed on the fly with the same formula.
+    beyond = pe(8, 5)  # positions 8..12, the table holds 0..9
+    full = VaswaniSinusoidalPositionalEncoding(d_model, num_positions=13).table[8:13]
+    torch.testing.assert_close(beyond, full)
+
+
+def test_sequences_longer_than_the_sinusoid_table_work(model):
+    input_ids = torch.randint(4, 53, (1, 80))  # table holds 64 positions
+    out = model(input_ids=input_ids, decoder_input_ids=input_ids[:, :70])
+    assert torch.isfinite(out.logits).all()
+
+
+def test_padding_does_not_change_real_tokens(model):
+    input_ids, _, labels = batch()
+    row = input_ids[:1, :4]
+    alone = model(input_ids=row, labels=labels[:1]).logits
+    padded_ids = torch.cat([row, torch.zeros(1, 5, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(1, 4), torch.zeros(1, 5)], dim=1).long()
+    padded = model(input_ids=padded_ids, attention_mask=mask, labels=labels[:1]).logits
+    torch.testing.assert_close(alone, padded, atol=1e-5, rtol=1e-5)
+    # Target padding: real target positions are unchanged by extra padded positions after them.
+    dec = shift_tokens_right(labels[:1], 0, 1)
+    dec_padded = torch.cat([dec, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    dec_mask = torch.cat([torch.ones_like(dec), torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    a = model(input_ids=row, decoder_input_ids=dec).logits
+    b = model(input_ids=row, decoder_input_ids=dec_padded, decoder_attention_mask=dec_mask).logits
+    torch.testing.assert_close(a, b[:, : dec.shape[1]], atol=1e-5, rtol=1e-5)
+
+
+def test_future_target_tokens_do_not_change_earlier_logits(model):
+    input_ids, attention_mask, labels = batch()
+    dec = shift_tokens_right(labels, 0, 1)
+    changed = dec.clone()
+    changed[:, 3:] = torch.randint(4, 53, changed[:, 3:].shape)
+    a = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec).logits
+    b = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=changed).logits
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+    assert not torch.allclose(a[:, 3:], b[:, 3:])
+
+
+def test_incremental_decoding_with_cache_matches_full_pass(model):
+    input_ids, attention_mask, labels = batch()
+    dec = shift_tokens_right(labels, 0, 1)
+    full = model(
+        input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec, use_cache=False
+    ).logits
+    encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    steps = []
+    for t in range(dec.shape[1]):
+        out = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            decoder_input_ids=dec[:, t : t + 1],
+            cache=cache,
+            use_cache=True,
+        )
+        cache = out.cache
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    # Cross-attention keys were computed once, at the first step, for every layer.
+    assert all(cache.is_updated[i] for i in range(model.config.decoder_layers))
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generate_cached_equals_uncached(model, num_beams):
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=12, num_beams=num_beams, do_sample=False)
+    with_cache = model.generate(input_ids, use_cache=True, **kw)
+    without = model.generate(input_ids, use_cache=False, **kw)
+    assert torch.equal(with_cache, without)
+
+
+def test_generate_beam_options_and_sampling(model):
+    input_ids, attention_mask, _ = batch()
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        num_beams=4,
+        num_return_sequences=3,
+        length_penalty=0.6,
+        max_new_tokens=8,
+    )
+    assert out.shape[0] == 3 * input_ids.shape[0]
+    assert (out[:, 0] == model.config.decoder_start_token_id).all()
+    torch.manual_seed(1)
+    sampled = model.generate(
+        input_ids, attention_mask=attention_mask, do_sample=True, top_k=10, num_beams=1, max_new_tokens=8
+    )
+    torch.manual_seed(1)
+    again = model.generate(
+        input_ids, attention_mask=attention_mask, do_sample=True, top_k=10, num_beams=1, max_new_tokens=8
+    )
+    assert torch.equal(sampled, again)
+    assert ((sampled >= 0) & (sampled < 53)).all()
+
+
+def test_generation_defaults_are_the_papers(model):
+    assert model.generation_config.num_beams == 4
+    assert model.generation_config.length_penalty == 0.6
+
+
+def test_eager_equals_sdpa():
+    torch.manual_seed(0)
+    eager = VaswaniForConditionalGeneration(tiny_config(attn_implementation="eager")).eval()
+    sdpa = VaswaniForConditionalGeneration(tiny_config(attn_implementation="sdpa")).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    assert eager.config._attn_implementation == "eager" and sdpa.config._attn_implementation == "sdpa"
+    input_ids, attention_mask, labels = batch()
+    a = eager(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    b = sdpa(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.loss, b.loss)
+
+
+def test_output_attentions_and_hidden_states_eager():
+    config = tiny_config(attn_implementation="eager")
+    model = VaswaniForConditionalGeneration(config).eval()
+    input_ids, attention_mask, labels = batch()
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        labels=labels,
+        output_attentions=True,
+        output_hidden_states=True,
+    )
+    B, S, T = input_ids.shape[0], input_ids.shape[1], labels.shape[1]
+    assert len(out.encoder_attentions) == config.encoder_layers
+    assert out.encoder_attentions[0].shape == (B, config.encoder_attention_heads, S, S)
+    assert len(out.decoder_attentions) == config.decoder_layers
+    assert out.decoder_attentions[0].shape == (B, config.decoder_attention_heads, T, T)
+    assert out.cross_attentions[0].shape == (B, config.decoder_attention_heads, T, S)
+    assert len(out.encoder_hidden_states) == config.encoder_layers + 1
+    assert len(out.decoder_hidden_states) == config.decoder_layers + 1
+    torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+    # Probabilities: rows sum to one, padding gets no weight, the future gets no weight.
+    torch.testing.assert_close(
+        out.cross_attentions[0].sum(-1), torch.ones(B, config.decoder_attention_heads, T)
+    )
+    assert out.cross_attentions[0][2, :, :, S - 2 :].abs().max() == 0
+    assert torch.triu(out.decoder_attentions[0][0, 0], diagonal=1).abs().max() == 0
+
+
+def test_every_parameter_gets_a_finite_gradient():
+    model = tiny_model(attention_bias=True).train()
+    input_ids, attention_mask, labels = batch()
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        assert torch.isfinite(param.grad).all(), name
+        assert param.grad.abs().sum() > 0, name
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    input_ids, attention_mask, labels = batch()
+    grads = []
+    for checkpointing in (False, True):
+        model = tiny_model().train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert model.is_activation_checkpointing
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-5)
+
+
+def test_loss_is_label_smoothed_cross_entropy_ignoring_minus_100():
+    model = tiny_model(label_smoothing=0.1)
+    input_ids, attention_mask, labels = batch()
+    labels[0, -2:] = -100
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    logp = out.logits.log_softmax(-1)
+    keep = labels != -100
+    nll = -logp.gather(-1, labels.clamp(min=0)[..., None])[..., 0][keep]
+    smooth = -logp.mean(-1)[keep]
+    expected = (0.9 * nll + 0.1 * smooth).mean()
+    torch.testing.assert_close(out.loss, expected)
+    # Decoder inputs come from the labels shifted right, -100 replaced by padding.
+    dec = model.prepare_decoder_input_ids_from_labels(labels)
+    assert dec[0, 0] == model.config.decoder_start_token_id
+    assert torch.equal(dec[:, 1:][labels[:, :-1] != -100], labels[:, :-1][labels[:, :-1] != -100])
+    assert (dec[0, -1] == model.config.pad_token_id).item()
+    plain = tiny_model(label_smoothing=0.0)(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    torch.testing.assert_close(plain.loss, F.cross_entropy(plain.logits.flatten(0, 1), labels.flatten()))
+
+
+def test_loss_is_correct_under_gradient_accumulation():
+    """Two micro-batches with num_items_in_batch give the full batch's per-token loss and gradient."""
+    input_ids, attention_mask, labels = batch(batch_size=4)
+    labels[0, 2:] = -100  # uneven token counts between micro-batches
+    model = tiny_model().train()
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+    full = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    num_items = (labels != -100).sum()
+    total = 0.0
+    for part in (slice(0, 2), slice(2, 4)):
+        loss = model(
+            input_ids=input_ids[part],
+            attention_mask=attention_mask[part],
+            labels=labels[part],
+            num_items_in_batch=num_items,
+        ).loss
+        loss.backward()
+        total += loss.item()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, full[name], atol=1e-6, rtol=1e-4)
+
+
+def test_trainer_sees_loss_kwargs():
+    import inspect
+
+    params = inspect.signature(VaswaniForConditionalGeneration.forward).parameters
+    assert "num_items_in_batch" in params and any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def test_resize_token_embeddings_keeps_the_ties(model):
+    model.resize_token_embeddings(61)
+    assert model.config.vocab_size == 61 and model.config.decoder_vocab_size == 61
+    shared = model.model.shared.weight
+    assert shared.shape[0] == 61
+    assert model.lm_head.weight is shared
+    assert model.model.encoder.embed_tokens.weight is shared
+    assert model.model.decoder.embed_tokens.weight is shared
+    out = model(input_ids=torch.tensor([[60, 5, 2]]), decoder_input_ids=torch.tensor([[1, 60]]))
+    assert out.logits.shape[-1] == 61
+
+
+def test_separate_vocabularies():
+    model = tiny_model(vocab_size=41, decoder_vocab_size=37, share_encoder_decoder_embeddings=False)
+    assert model.model.encoder.embed_tokens.weight.shape[0] == 41
+    assert model.lm_head.weight is model.model.decoder.embed_tokens.weight
+    assert model.model.encoder.embed_tokens.weight is not model.model.decoder.embed_tokens.weight
+    out = model(input_ids=torch.tensor([[40, 5, 2]]), labels=torch.tensor([[36, 2]]))
+    assert out.logits.shape == (1, 2, 37)
+    with pytest.raises(ValueError, match="labels"):
+        model(input_ids=torch.tensor([[40, 5, 2]]), labels=torch.tensor([[40, 2]]))
+    untied = tiny_model(
+        vocab_size=41,
+        decoder_vocab_size=37,
+        share_encoder_decoder_embeddings=False,
+        tie_word_embeddings=False,
+    )
+    assert untied.lm_head.weight is not untied.model.decoder.embed_tokens.weight
+
+
+def test_learned_positions():
+    model = tiny_model(position_embedding_type="learned", max_position_embeddings=10)
+    out = model(input_ids=torch.randint(4, 53, (2, 10)), labels=torch.randint(4, 53, (2, 10)))
+    assert torch.isfinite(out.loss)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(input_ids=torch.randint(4, 53, (2, 11)), labels=torch.randint(4, 53, (2, 3)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_half_precision_forward_is_finite_with_a_fully_padded_row(dtype, attn):
+    model = VaswaniForConditionalGeneration(tiny_config(attn_implementation=attn)).eval().to(dtype)
+    input_ids, attention_mask, labels = batch()
+    attention_mask[1] = 0  # a row that is all padding
+    input_ids[1] = 0
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert out.logits.dtype == dtype
+    assert torch.isfinite(out.logits).all()
+    assert torch.isfinite(out.loss)
+
+
+def test_bf16_autocast_forward_and_backward():
+    model = tiny_model().train()
+    input_ids, attention_mask, labels = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_token_ids_outside_the_vocabulary_are_named(model):
+    with pytest.raises(ValueError, match="input_ids.*outside the vocabulary"):
+        model(input_ids=torch.tensor([[5, 53]]), decoder_input_ids=torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="input_ids.*outside the vocabulary"):
+        model(input_ids=torch.tensor([[5, -1]]), decoder_input_ids=torch.tensor([[1]]))
+    with pytest.raises(ValueError, match="decoder_input_ids.*outside the vocabulary"):
+        model(input_ids=torch.tensor([[5, 6]]), decoder_input_ids=torch.tensor([[1, 99]]))
+    with pytest.raises(ValueError, match="labels.*outside the vocabulary"):
+        model(input_ids=torch.tensor([[5, 6]]), labels=torch.tensor([[1, 53]]))
+
+
+def test_mismatched_mask_shapes_are_named(model):
+    input_ids, attention_mask, labels = batch()
+    with pytest.raises(ValueError, match="attention_mask.*shape"):
+        model(input_ids=input_ids, attention_mask=attention_mask[:, :-1], labels=labels)
+    with pytest.raises(ValueError, match="decoder_attention_mask.*shape"):
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            labels=labels,
+            decoder_attention_mask=torch.ones(3, 2),
+        )
+
+
+def test_static_cache_with_torch_compile_matches_dynamic(model):
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=6, num_beams=1, do_sample=False)
+    dynamic = model.generate(input_ids, **kw)
+    static = model.generate(input_ids, cache_implementation="static", **kw)
+    assert torch.equal(dynamic, static)
+    compiled = torch.compile(model.forward, dynamic=False, fullgraph=False)
+    model.forward = compiled
+    try:
+        compiled_out = model.generate(input_ids, cache_implementation="static", **kw)
+    finally:
+        del model.forward
+    assert torch.equal(dynamic, compiled_out)
