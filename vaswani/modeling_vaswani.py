@@ -353,6 +353,17 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _can_compile_fullgraph = True
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save as usual, with an `auto_map` naming both model classes, so that `AutoModel` and
+        `AutoModelForSeq2SeqLM` load the folder with `trust_remote_code=True` (transformers writes only the class
+        being saved)."""
+        self.config.auto_map = {
+            **(getattr(self.config, "auto_map", None) or {}),
+            "AutoModel": "modeling_vaswani.VaswaniModel",
+            "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
+        }
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     def _init_weights(self, module: nn.Module) -> None:
         """The paper gives no initialisation. Linear layers: Xavier-uniform, zero biases (tensor2tensor, fairseq).
         Embeddings: N(0, d_model^-0.5) (or `config.init_std`), which the sqrt(d_model) scaling of §3.4 brings to

@@ -1,0 +1,172 @@
+"""Saving and loading: safetensors with ties, Auto classes in-process and through trust_remote_code, PEFT."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import peft
+import pytest
+import torch
+from conftest import batch, tiny_model
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    return model, tmp_path
+
+
+def test_save_writes_safetensors_code_and_auto_map(saved):
+    _, folder = saved
+    files = {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json"} <= files
+    assert {"modeling_vaswani.py", "configuration_vaswani.py"} <= files
+    assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "vaswani"
+    assert config["auto_map"]["AutoConfig"] == "configuration_vaswani.VaswaniConfig"
+    assert config["auto_map"]["AutoModel"] == "modeling_vaswani.VaswaniModel"
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["num_beams"] == 4 and generation["length_penalty"] == 0.6
+
+
+def test_load_restores_ties_and_identical_logits(saved):
+    model, folder = saved
+    again = VaswaniForConditionalGeneration.from_pretrained(folder).eval()
+    shared = again.model.shared.weight
+    assert again.lm_head.weight is shared
+    assert (
+        again.model.encoder.embed_tokens.weight is shared
+        and again.model.decoder.embed_tokens.weight is shared
+    )
+    input_ids, attention_mask, labels = batch()
+    a = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
+    b = again(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
+    assert torch.equal(a, b)
+    # The sinusoid table is recomputed on load (it is not stored), not left as uninitialised memory.
+    torch.testing.assert_close(
+        again.model.encoder.embed_positions.table, model.model.encoder.embed_positions.table
+    )
+
+
+def test_auto_classes_in_process(saved):
+    model, folder = saved
+    assert isinstance(AutoConfig.from_pretrained(folder), VaswaniConfig)
+    assert type(AutoModelForSeq2SeqLM.from_pretrained(folder)) is VaswaniForConditionalGeneration
+    bare = AutoModel.from_pretrained(folder)
+    assert type(bare) is VaswaniModel
+    input_ids, attention_mask, labels = batch()
+    dec = model.prepare_decoder_input_ids_from_labels(labels)
+    expected = model.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec)
+    got = bare(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec)
+    assert torch.equal(expected.last_hidden_state, got.last_hidden_state)
+    fresh = AutoModelForSeq2SeqLM.from_config(
+        VaswaniConfig(
+            vocab_size=20,
+            d_model=8,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=8,
+            decoder_ffn_dim=8,
+        )
+    )
+    assert isinstance(fresh, VaswaniForConditionalGeneration)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["vaswani"] = None  # the package must not be importable here
+    try:
+        import vaswani  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("vaswani is importable")
+    import torch
+    from transformers import AutoModel, AutoModelForSeq2SeqLM
+
+    folder, ids_path, out_path = sys.argv[1:]
+    inputs = torch.load(ids_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    bare = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    assert model.lm_head.weight is model.model.shared.weight
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        hidden = bare(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                      decoder_input_ids=model.prepare_decoder_input_ids_from_labels(inputs["labels"])).last_hidden_state
+        generated = model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=8)
+    torch.save({"logits": logits, "hidden": hidden, "generated": generated}, out_path)
+    """
+)
+
+
+def test_trust_remote_code_load_in_a_fresh_interpreter(saved, tmp_path):
+    model, folder = saved
+    input_ids, attention_mask, labels = batch()
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    torch.save(inputs, tmp_path / "inputs.pt")
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env_home = tmp_path / "hf_home"
+    result = subprocess.run(
+        [sys.executable, str(script), str(folder), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"HF_HOME": str(env_home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = torch.load(tmp_path / "out.pt")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        hidden = model.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),
+        ).last_hidden_state
+        generated = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8)
+    assert torch.equal(out["logits"], expected)
+    assert torch.equal(out["hidden"], hidden)
+    assert torch.equal(out["generated"], generated)
+
+
+def test_lora_adapter_on_q_and_v_trains_and_saves(tmp_path):
+    model = tiny_model().train()
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    )
+    trainable = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    n_layers = model.config.encoder_layers + 2 * model.config.decoder_layers  # self + cross in the decoder
+    assert len(trainable) == 2 * 2 * n_layers  # (A, B) x (q, v) x attention modules
+    input_ids, attention_mask, labels = batch()
+    before = {n: p.detach().clone() for n, p in lora.named_parameters()}
+    optimizer = torch.optim.Adam([p for p in lora.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(5):
+        loss = lora(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    after = dict(lora.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)  # base frozen
+    lora.save_pretrained(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    reloaded = peft.PeftModel.from_pretrained(tiny_model(), tmp_path / "adapter").eval()
+    lora.eval()
+    with torch.no_grad():
+        a = lora(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
+        b = reloaded(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
+    torch.testing.assert_close(a, b)
