@@ -1,0 +1,208 @@
+"""The BPE vocabulary of §5.1: exact round trip, the model's special ids, save/reload, separate vocabularies."""
+
+import gzip
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from vaswani.tokenization import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    load_tokenizers,
+    save_tokenizers,
+    train_bpe_tokenizer,
+    train_separate_tokenizers,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+_DE = (
+    ["Ein Mann", "Eine Frau", "Zwei Hunde", "Ein Mädchen", "Der Junge", "Drei Männer"],
+    ["läuft über", "spielt auf", "fährt durch", "schläft vor"],
+    ["die Straße.", "einer grünen Wiese.", "den Schnee!", "einem großen Gebäude, oder?"],
+)
+_EN = (
+    ["A man", "A woman", "Two dogs", "A girl", "The boy", "Three men"],
+    ["runs across", "plays on", "drives through", "sleeps in front of"],
+    ["the street.", "a green meadow.", "the snow!", "a large building, right?"],
+)
+
+
+def corpus(n: int = 96) -> tuple[list[str], list[str]]:
+    """`n` German-English-like sentence pairs with umlauts, ß and punctuation."""
+    de = [" ".join(words) for words in itertools.product(*_DE)][:n]
+    en = [" ".join(words) for words in itertools.product(*_EN)][:n]
+    return de, en
+
+
+@pytest.fixture(scope="module")
+def joint_tok() -> PreTrainedTokenizerFast:
+    de, en = corpus()
+    return train_bpe_tokenizer(iter(de + en), vocab_size=400, min_frequency=2, show_progress=False)
+
+
+def test_special_tokens_have_the_model_ids(joint_tok):
+    assert (joint_tok.pad_token, joint_tok.pad_token_id) == ("<pad>", PAD_ID) == ("<pad>", 0)
+    assert (joint_tok.bos_token, joint_tok.bos_token_id) == ("<s>", BOS_ID) == ("<s>", 1)
+    assert (joint_tok.eos_token, joint_tok.eos_token_id) == ("</s>", EOS_ID) == ("</s>", 2)
+    assert (joint_tok.unk_token, joint_tok.unk_token_id) == ("<unk>", UNK_ID) == ("<unk>", 3)
+    assert joint_tok.padding_side == "right"
+    assert joint_tok.model_max_length == 1024
+    assert 260 < len(joint_tok) <= 400  # specials + 256 bytes + merges, never above vocab_size
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Ein Mann fährt über die Straße.",
+        "Das Mädchen isst ein Brötchen, oder?",
+        "Größe: „1,5 m“ – naïve Café-Öl (ÄÖÜ äöü ß)!",
+        "Zwei  Leerzeichen und ein Tab\tdazwischen ",
+        " führendes Leerzeichen",
+        "a man , a dog .",  # Moses-tokenized text must not be "cleaned up"
+        "Ünseen characters: 中文, €, 🙂",
+        "",
+    ],
+)
+def test_decode_restores_text_exactly(joint_tok, text):
+    ids = joint_tok(text)["input_ids"]
+    assert UNK_ID not in ids  # byte-level: nothing is unknown
+    assert joint_tok.decode(ids, skip_special_tokens=True) == text
+
+
+def test_sentence_initial_word_is_the_same_token_as_inside(joint_tok):
+    alone = joint_tok("Hunde")["input_ids"][:-1]
+    inside = joint_tok("Zwei Hunde")["input_ids"][:-1]
+    assert inside[-len(alone) :] == alone
+    assert joint_tok.convert_ids_to_tokens(alone)[0].startswith("Ġ")  # the byte-level mark of a leading space
+
+
+def test_eos_appended_to_sources_and_labels(joint_tok):
+    de, en = corpus(6)
+    batch = joint_tok(de, text_target=en)
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    for ids in batch["input_ids"] + batch["labels"]:
+        assert ids[-1] == EOS_ID and ids.count(EOS_ID) == 1
+        assert BOS_ID not in ids  # the model prepends <s> when shifting labels right
+    padded = joint_tok(["Ein Mann", "Zwei Hunde spielen im Schnee!"], padding=True)
+    assert padded["input_ids"][0][-1] == PAD_ID
+    assert padded["attention_mask"][0][-1] == 0
+    assert joint_tok.decode(padded["input_ids"][0], skip_special_tokens=True) == "Ein Mann"
+
+
+def test_training_from_plain_and_gzip_files_equals_training_from_sentences(tmp_path):
+    de, en = corpus()
+    with gzip.open(tmp_path / "train.de.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(de) + "\n")
+    (tmp_path / "train.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    from_files = train_bpe_tokenizer(
+        [tmp_path / "train.de.gz", str(tmp_path / "train.en")], 400, show_progress=False
+    )
+    from_text = train_bpe_tokenizer(iter(de + en), 400, show_progress=False)
+    assert from_files.get_vocab() == from_text.get_vocab()
+
+
+def test_bad_training_inputs_raise(tmp_path):
+    with pytest.raises(FileNotFoundError, match="Ein Mann fährt.*iter"):
+        train_bpe_tokenizer(["Ein Mann fährt."], 400)  # sentences must come as an iterator
+    with pytest.raises(FileNotFoundError, match="missing.de"):
+        train_bpe_tokenizer(tmp_path / "missing.de", 400)
+    with pytest.raises(ValueError, match="too small"):
+        train_bpe_tokenizer(iter(["Ein Mann"]), vocab_size=100)
+
+
+def test_save_and_reload_through_autotokenizer(joint_tok, tmp_path):
+    joint_tok.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    de, en = corpus(12)
+    assert reloaded(de, text_target=en, padding=True) == joint_tok(de, text_target=en, padding=True)
+    assert reloaded.decode(reloaded(de[3])["input_ids"], skip_special_tokens=True) == de[3]
+    assert (reloaded.pad_token_id, reloaded.bos_token_id, reloaded.eos_token_id, reloaded.unk_token_id) == (
+        0,
+        1,
+        2,
+        3,
+    )
+    assert (reloaded.padding_side, reloaded.model_max_length) == ("right", 1024)
+
+
+def test_load_tokenizers_joint_layout_returns_one_object(joint_tok, tmp_path):
+    save_tokenizers(joint_tok, joint_tok, tmp_path)
+    assert (tmp_path / "tokenizer.json").is_file()
+    src_tok, tgt_tok = load_tokenizers(tmp_path)
+    assert src_tok is tgt_tok
+    assert src_tok("Drei Männer")["input_ids"] == joint_tok("Drei Männer")["input_ids"]
+
+
+def test_separate_vocabularies(tmp_path):
+    de, en = corpus()
+    src_tok, tgt_tok = train_separate_tokenizers(
+        iter(de),
+        iter(en),
+        vocab_size=330,
+        target_vocab_size=300,
+        save_directory=tmp_path,
+        show_progress=False,
+    )
+    assert (len(src_tok), len(tgt_tok)) == (330, 300)
+    assert src_tok.get_vocab() != tgt_tok.get_vocab()
+    for tok in (src_tok, tgt_tok):
+        assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
+    assert (tmp_path / "source" / "tokenizer.json").is_file() and (
+        tmp_path / "target" / "tokenizer.json"
+    ).is_file()
+    loaded_src, loaded_tgt = load_tokenizers(tmp_path)
+    assert loaded_src is not loaded_tgt
+    assert loaded_src(de[:5])["input_ids"] == src_tok(de[:5])["input_ids"]
+    assert loaded_tgt(en[:5])["input_ids"] == tgt_tok(en[:5])["input_ids"]
+    assert loaded_tgt.decode(loaded_tgt(en[7])["input_ids"], skip_special_tokens=True) == en[7]
+
+
+def test_load_tokenizers_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load_tokenizers(tmp_path)
+    # A tokenizer whose special tokens sit at other ids would silently break the model: refuse it.
+    vocab = {"<unk>": 0, "<pad>": 1, "<s>": 2, "</s>": 3, "a": 4}
+    wrong = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    wrong.save_pretrained(tmp_path / "wrong")
+    with pytest.raises(ValueError, match="wrong.*special tokens"):
+        load_tokenizers(tmp_path / "wrong")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("separate", [False, True], ids=["joint", "separate"])
+def test_train_tokenizer_script(tmp_path, separate):
+    de, en = corpus()
+    data = tmp_path / "data"
+    data.mkdir()
+    with gzip.open(data / "train.de.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(de) + "\n")
+    (data / "train.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    out = tmp_path / "tok"
+    command = [sys.executable, str(REPO / "scripts" / "train_tokenizer.py"), "--source", str(data)]
+    command += ["--src_lang", "de", "--tgt_lang", "en", "--vocab_size", "350", "--output_dir", str(out)]
+    command += ["--cache_dir", str(tmp_path / "cache")]
+    command += ["--separate_vocab", "--target_vocab_size", "320"] if separate else []
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    expected = "source 350, target 320 (separate)" if separate else "source 350, target 350 (joint)"
+    assert f"Vocabulary size: {expected} from 96 sentence pairs" in result.stderr
+    src_tok, tgt_tok = load_tokenizers(out)
+    assert (src_tok is tgt_tok) is not separate
+    assert src_tok.decode(src_tok(de[5])["input_ids"], skip_special_tokens=True) == de[5]
+    assert tgt_tok.decode(tgt_tok(en[5])["input_ids"], skip_special_tokens=True) == en[5]

@@ -1,0 +1,159 @@
+"""Translation metrics: corpus BLEU and chrF with sacreBLEU, offline.
+
+- `load_translation_metric()`: the `evaluate` metric in `sacrebleu_chrf/`, loaded by path (no network).
+- `compute_bleu(...)`: the same numbers straight from `sacrebleu`, without `evaluate`.
+- `compute_moses_bleu(...)`: BLEU on lowercased, Moses-tokenized text, the convention of most published
+  Multi30k results; not comparable with `compute_bleu` on raw text.
+- `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
+
+The scoring lives twice, here and in `sacrebleu_chrf/sacrebleu_chrf.py`, because `evaluate` copies that file
+out of the package before importing it, so it cannot import this package; tests check that both agree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from ..data import read_lines
+
+METRIC_PATH = Path(__file__).parent / "sacrebleu_chrf"
+
+
+def load_translation_metric(**kwargs):
+    """`evaluate.load` of the local sacreBLEU BLEU + chrF metric; works with `HF_HUB_OFFLINE=1`.
+
+    `kwargs` go to `evaluate.load` (e.g. `experiment_id`, `num_process`, `process_id`).
+    """
+    # Imported here: run as `python scripts/evaluate.py`, the script itself would shadow the package.
+    import evaluate
+
+    return evaluate.load(str(METRIC_PATH), **kwargs)
+
+
+def _reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
+    """sacreBLEU's layout (one list per reference set) from one reference or a list of them per segment."""
+    if references and isinstance(references[0], str):
+        return [list(references)]
+    n_refs = len(references[0]) if references else 0
+    if any(len(refs) != n_refs for refs in references):
+        raise ValueError("Every prediction needs the same number of references")
+    return [[refs[i] for refs in references] for i in range(n_refs)]
+
+
+def compute_bleu(
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+) -> dict:
+    """Corpus BLEU and chrF of detokenized `predictions` against `references`, with sacreBLEU signatures.
+
+    Args:
+        predictions: one hypothesis per segment.
+        references: one reference per segment, or a list of references per segment (same count each).
+        tokenize: sacreBLEU's BLEU tokenizer: "13a" (its default, WMT's mteval), "intl", "char", "none", ...
+        lowercase: case-insensitive BLEU and chrF.
+        chrf_word_order: 0 for chrF, 2 for chrF++.
+
+    Returns:
+        `{"bleu", "chrf", "bleu_signature", "chrf_signature", "counts", "totals", "precisions", "bp",
+        "sys_len", "ref_len"}`, the same keys and values as `load_translation_metric().compute(...)`.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    streams = _reference_streams(references)
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
+    chrf = CHRF(word_order=chrf_word_order, lowercase=lowercase)
+    bleu_score = bleu.corpus_score(list(predictions), streams)
+    chrf_score = chrf.corpus_score(list(predictions), streams)
+    return {
+        "bleu": bleu_score.score,
+        "chrf": chrf_score.score,
+        "bleu_signature": f"{bleu_score.name}|{bleu.get_signature()}",
+        "chrf_signature": f"{chrf_score.name}|{chrf.get_signature()}",
+        "counts": bleu_score.counts,
+        "totals": bleu_score.totals,
+        "precisions": bleu_score.precisions,
+        "bp": bleu_score.bp,
+        "sys_len": bleu_score.sys_len,
+        "ref_len": bleu_score.ref_len,
+    }
+
+
+def moses_lowercase_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+    """Lowercase, normalize punctuation and Moses-tokenize, as Multi30k's `scripts/task1-tokenize.sh` does.
+
+    That script runs `lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG` to make
+    the repository's `data/task1/tok/*.lc.norm.tok.LANG` files; this is the same pipeline with `sacremoses`
+    (Python ports of those scripts), escaping included ("woman's" becomes "woman &apos;s").
+    """
+    # Imported here: sacremoses is only needed for this convention (it is a test extra of the project).
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [
+        tokenizer.tokenize(normalizer.normalize(text.lower()), return_str=True, escape=True) for text in texts
+    ]
+
+
+def compute_moses_bleu(
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    lang: str,
+) -> dict:
+    """BLEU "comparable to published Multi30k numbers": lowercased, Moses-tokenized, no further tokenization.
+
+    Exactly: hypotheses and references (plain detokenized text) both go through `moses_lowercase_tokenize`
+    (lowercase, then Moses punctuation normalization, then the Moses tokenizer for `lang`, the target
+    language), and sacreBLEU scores the result with `tokenize="none"` and `lowercase=False`, splitting on
+    spaces only. That is what `multi-bleu.perl` computes on the repository's `*.lc.norm.tok.*` files (equal
+    whenever no n-gram precision is zero; sacreBLEU's default "exp" smoothing only acts then), and what the
+    signature records as `case:mixed|tok:none` with text lowercased beforehand. chrF is computed on the same
+    tokenized text. Scores of `compute_bleu` on raw text are a different measurement: never compare the two.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    streams = _reference_streams(references)
+    tokenized_refs = [moses_lowercase_tokenize(stream, lang) for stream in streams]
+    per_segment = [list(refs) for refs in zip(*tokenized_refs, strict=True)]
+    return compute_bleu(moses_lowercase_tokenize(predictions, lang), per_segment, tokenize="none")
+
+
+def score_files(
+    hypotheses_path: str | os.PathLike,
+    reference_paths: Sequence[str | os.PathLike],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+    moses_lang: str | None = None,
+) -> dict[str, dict]:
+    """Score a hypothesis file against one or more reference files (one segment a line, `.gz` allowed).
+
+    Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` when
+    `moses_lang` is given. Raises `ValueError` naming the files if their line counts differ.
+    """
+    hypotheses = list(read_lines(hypotheses_path))
+    references = [list(read_lines(path)) for path in reference_paths]
+    for path, stream in zip(reference_paths, references, strict=True):
+        if len(stream) != len(hypotheses):
+            raise ValueError(f"{hypotheses_path} has {len(hypotheses)} lines but {path} has {len(stream)}")
+    per_segment = [list(refs) for refs in zip(*references, strict=True)]
+    scores = {"sacrebleu": compute_bleu(hypotheses, per_segment, tokenize, lowercase, chrf_word_order)}
+    if moses_lang is not None:
+        scores["moses"] = compute_moses_bleu(hypotheses, per_segment, moses_lang)
+    return scores
+
+
+__all__ = [
+    "METRIC_PATH",
+    "compute_bleu",
+    "compute_moses_bleu",
+    "load_translation_metric",
+    "moses_lowercase_tokenize",
+    "score_files",
+]
