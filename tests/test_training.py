@@ -1,0 +1,320 @@
+"""The training recipe: token-budget batches, the §5.3 schedule, Adam defaults, checkpoints, resume, DDP."""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vaswani.recipe import parse_config_overrides
+from vaswani.training import (
+    PaperTrainingArguments,
+    TokenBudgetBatchSampler,
+    checkpoints,
+    paper_learning_rate,
+    paper_schedule,
+    resolve_resume_checkpoint,
+    verify_checkpoint,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
+BIN = Path(sys.executable).parent
+
+
+# ---- batches ----------------------------------------------------------------------------------------------------
+def test_token_budget_batches_cover_every_example_once_within_budget():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 40) for _ in range(500)]
+    sampler = TokenBudgetBatchSampler(lengths, max_tokens=200, seed=3)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        assert sorted(i for b in batches for i in b) == list(range(500))
+        for b in batches:
+            assert len(b) * max(lengths[i] for i in b) <= 200
+        # Similar lengths together: the spread inside a batch is small compared to the data's.
+        spreads = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches]
+        assert sum(spreads) / len(spreads) < 3
+    sampler.set_epoch(1)
+    first = list(sampler)
+    assert list(sampler) == first  # a pure function of the epoch: a resumed run sees the same batches
+    sampler.set_epoch(2)
+    assert list(sampler) != first
+    assert list(TokenBudgetBatchSampler(lengths, max_tokens=200, seed=4)) != list(
+        TokenBudgetBatchSampler(lengths, max_tokens=200, seed=3)
+    )
+
+
+def test_token_budget_rejects_examples_over_budget():
+    with pytest.raises(ValueError, match="Example 1 has 50 tokens.*max_tokens"):
+        TokenBudgetBatchSampler([3, 50, 4], max_tokens=40)
+    with pytest.raises(ValueError, match="max_tokens"):
+        TokenBudgetBatchSampler([3], max_tokens=0)
+
+
+# ---- schedule and optimizer defaults -----------------------------------------------------------------------------
+def test_paper_learning_rate_formula_and_schedule():
+    d_model, warmup = 512, 4000
+    for step in (1, 10, 3999, 4000, 4001, 100000):
+        expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert paper_learning_rate(step, d_model, warmup) == pytest.approx(expected)
+    peak = paper_learning_rate(warmup, d_model, warmup)
+    assert peak == pytest.approx((d_model * warmup) ** -0.5)
+    assert (
+        paper_learning_rate(warmup - 1, d_model, warmup)
+        < peak
+        > paper_learning_rate(warmup + 1, d_model, warmup)
+    )
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([param], lr=1.0)
+    schedule = paper_schedule(optimizer, d_model, warmup)
+    seen = []
+    for _ in range(5):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert seen == pytest.approx([paper_learning_rate(s, d_model, warmup) for s in range(1, 6)])
+
+
+def test_training_arguments_default_to_the_paper(tmp_path):
+    args = PaperTrainingArguments(output_dir=str(tmp_path))
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-9)
+    assert args.warmup_steps == 4000 and args.label_smoothing_factor == 0.1 and args.weight_decay == 0.0
+    assert args.paper_lr_schedule and args.learning_rate == 1.0
+    args = PaperTrainingArguments(output_dir=str(tmp_path), max_tokens=4096, batch_tokens=25000)
+    assert args.gradient_accumulation_steps == 7  # ceil(25000 / 4096) on one process
+
+
+def test_config_fields_on_the_command_line():
+    assert parse_config_overrides(["--d_model", "64", "--dropout", "0.3", "--normalize_before", "true"]) == {
+        "d_model": 64,
+        "dropout": 0.3,
+        "normalize_before": True,
+    }
+    with pytest.raises(ValueError, match="--no_such_flag"):
+        parse_config_overrides(["--no_such_flag", "1"])
+
+
+# ---- end to end --------------------------------------------------------------------------------------------------
+DE = "ein eine mann frau kind hund läuft über die straße grünen wiese spielt ball im park schöne große rote".split()
+EN = "a an man woman child dog runs across the street green meadow plays ball in park beautiful big red".split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for split, n in (("train", 160), ("val", 12)):
+        src, tgt = [], []
+        for _ in range(n):
+            idx = [rng.randrange(len(DE)) for _ in range(rng.randint(3, 8))]
+            src.append(" ".join(DE[i] for i in idx).capitalize() + " .")
+            tgt.append(" ".join(EN[i] for i in idx).capitalize() + " .")
+        (folder / f"{split}.de").write_text("\n".join(src) + "\n")
+        (folder / f"{split}.en").write_text("\n".join(tgt) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(corpus, tmp_path_factory):
+    """One tokenizer for the runs that are compared with each other."""
+    from vaswani.data import iter_text, load_parallel_dataset
+    from vaswani.tokenization import save_tokenizers, train_bpe_tokenizer
+
+    train = load_parallel_dataset(corpus, "de", "en", splits=["train"])["train"]
+    tok = train_bpe_tokenizer(iter_text(train, ["de", "en"]), vocab_size=300)
+    folder = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizers(tok, tok, folder)
+    return folder
+
+
+def tiny_run_args(corpus, output_dir, max_steps=12, extra=()):
+    return [
+        "--data", str(corpus), "--validation_split", "val", "--source_lang", "de", "--target_lang", "en",
+        "--preset", "small", "--vocab_size", "300", "--d_model", "16", "--encoder_layers", "1",
+        "--decoder_layers", "2", "--encoder_attention_heads", "2", "--decoder_attention_heads", "2",
+        "--encoder_ffn_dim", "24", "--decoder_ffn_dim", "24", "--max_tokens", "96", "--warmup_steps", "4",
+        "--max_steps", str(max_steps), "--save_steps", "4", "--logging_steps", "2", "--eval_strategy", "no",
+        "--output_dir", str(output_dir), "--seed", "7", "--dataloader_pin_memory", "false",
+        *extra,
+    ]  # fmt: skip
+
+
+def _with_tokenizer(folder):
+    def args(corpus, output_dir, max_steps=12, extra=()):
+        return tiny_run_args(corpus, output_dir, max_steps, [*extra, "--tokenizer", str(folder)])
+
+    return args
+
+
+def run(cmd, env_extra=None, check=True, cwd=None):
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env_extra or {}),
+    }
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def final_weights(folder):
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
+    out = tmp_path / "run"
+    args = tiny_run_args(corpus, out, max_steps=8, extra=["--eval_strategy", "steps", "--eval_steps", "8"])
+    run([sys.executable, str(ROOT / "scripts" / "train.py"), *args])
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-4", "checkpoint-8"]
+    state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
+    evals = [e for e in state["log_history"] if "eval_bleu" in e]
+    assert evals and "eval_chrf" in evals[0]
+    lrs = [e["learning_rate"] for e in state["log_history"] if "learning_rate" in e]
+    assert lrs[0] == pytest.approx(paper_learning_rate(2, 16, 4))  # logged after step 2
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["global_step"] == 8 and summary["parameters"] > 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["d_model"] == 16 and config["label_smoothing"] == 0.1 and config["dropout"] == 0.1
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out / "tokenizer").pad_token_id == 0
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_weights(corpus, tokenizer_dir, tmp_path):
+    """SIGKILL after the checkpoint of step 8, resume from it: the final weights equal an uninterrupted run's
+    (dropout on, so the restored random state matters too)."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    tiny_run_args = _with_tokenizer(tokenizer_dir)
+    run([sys.executable, str(RUNNER), *tiny_run_args(corpus, straight, max_steps=14)])
+    result = run(
+        [sys.executable, str(RUNNER), *tiny_run_args(corpus, killed, max_steps=14)],
+        env_extra={"VASWANI_KILL_AT_STEP": "8"},
+        check=False,
+    )
+    assert result.returncode == -9, result.stderr[-2000:]
+    assert [p.name for p in checkpoints(killed)] == ["checkpoint-4", "checkpoint-8"]
+    assert not (killed / "model.safetensors").exists()
+    # A checkpoint cut short while being written is skipped when resuming from "last".
+    partial = killed / "checkpoint-12"
+    shutil.copytree(killed / "checkpoint-8", partial)
+    weights = partial / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    run(
+        [
+            sys.executable,
+            str(RUNNER),
+            *tiny_run_args(corpus, killed, max_steps=14),
+            "--resume_from_checkpoint",
+            "last",
+        ]
+    )
+    a, b = final_weights(straight), final_weights(killed)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5)
+    # (the resumed run overwrote the bad checkpoint-12 with a good one when it reached step 12)
+    verify_checkpoint(killed / "checkpoint-12")
+
+
+def test_corrupt_checkpoints_are_named(tmp_path):
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+
+    folder = tmp_path / "checkpoint-5"
+    model = VaswaniForConditionalGeneration(
+        VaswaniConfig(
+            vocab_size=20,
+            d_model=8,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=8,
+            decoder_ffn_dim=8,
+        )
+    )
+    model.save_pretrained(folder)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    torch.save({"state": {}}, folder / "optimizer.pt")
+    verify_checkpoint(folder)
+    assert resolve_resume_checkpoint("last", tmp_path) == str(folder)
+    assert resolve_resume_checkpoint(None, tmp_path) is None
+
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-100])
+    with pytest.raises(ValueError, match=r"model\.safetensors is corrupt or truncated"):
+        verify_checkpoint(folder)
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
+        resolve_resume_checkpoint(str(folder), tmp_path)
+    assert resolve_resume_checkpoint("last", tmp_path) is None  # the only checkpoint is bad: start afresh
+    weights.write_bytes(good)
+
+    optimizer = folder / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:50])
+    with pytest.raises(ValueError, match=r"optimizer\.pt is corrupt or truncated"):
+        verify_checkpoint(folder)
+    optimizer.unlink()
+    (folder / "trainer_state.json").unlink()
+    with pytest.raises(ValueError, match=r"trainer_state\.json is missing"):
+        verify_checkpoint(folder)
+    with pytest.raises(FileNotFoundError, match="checkpoint-9"):
+        verify_checkpoint(tmp_path / "checkpoint-9")
+
+
+@pytest.mark.slow
+def test_two_process_ddp_on_gloo_matches_one_process(corpus, tokenizer_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo): both ranks end with identical weights, equal to one process that
+    accumulates 2 micro-batches per step (the same global batch)."""
+    common = ["--dropout", "0.0", "--save_strategy", "no", "--max_steps", "6"]
+    tiny_run_args = _with_tokenizer(tokenizer_dir)
+    ddp_dump, single_dump = tmp_path / "ddp", tmp_path / "single"
+    run(
+        [
+            str(BIN / "torchrun"),
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29533",
+            str(RUNNER),
+            *tiny_run_args(corpus, tmp_path / "ddp_run", extra=common),
+        ],
+        env_extra={"VASWANI_DUMP_WEIGHTS": str(ddp_dump)},
+    )
+    run(
+        [
+            sys.executable,
+            str(RUNNER),
+            *tiny_run_args(corpus, tmp_path / "single_run", extra=common),
+            "--gradient_accumulation_steps",
+            "2",
+        ],
+        env_extra={"VASWANI_DUMP_WEIGHTS": str(single_dump)},
+    )
+    rank0, rank1 = torch.load(ddp_dump / "rank0.pt"), torch.load(ddp_dump / "rank1.pt")
+    single = torch.load(single_dump / "rank0.pt")
+    for key in rank0:
+        assert torch.equal(rank0[key], rank1[key]), key
+        torch.testing.assert_close(rank0[key], single[key], atol=2e-5, rtol=1e-4)
+    # Not trivially equal: half the global batch gives other weights.
+    half_dump = tmp_path / "half"
+    run(
+        [sys.executable, str(RUNNER), *tiny_run_args(corpus, tmp_path / "half_run", extra=common)],
+        env_extra={"VASWANI_DUMP_WEIGHTS": str(half_dump)},
+    )
+    half = torch.load(half_dump / "rank0.pt")
+    assert any(not torch.allclose(half[k], single[k], atol=1e-4) for k in single)

@@ -1,0 +1,384 @@
+"""The training recipe of §5 on transformers' own tools: `Seq2SeqTrainer` with token-budget batches (§5.1), Adam
+with the paper's warm-up schedule (§5.3), label smoothing (§5.4), BLEU during training, and checkpoints that a
+killed run resumes from.
+
+`scripts/train.py` parses `PaperTrainingArguments` (all of `Seq2SeqTrainingArguments`, with the paper's values as
+defaults) and calls into this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "labels")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# §5.1 Batches of similar length by token budget
+# ---------------------------------------------------------------------------------------------------------------------
+class TokenBudgetBatchSampler:
+    """Batches of example indices holding at most `max_tokens` tokens each, sentences of similar length together.
+
+    §5.1: "Sentence pairs were batched together by approximate sequence length. Each training batch contained a set
+    of sentence pairs containing approximately 25000 source tokens and 25000 target tokens." A batch's cost is its
+    padded size, `len(batch) * max(length)`, where an example's length is the longer of its two sides.
+
+    Each epoch shuffles examples of equal length and the order of the batches with a generator seeded by
+    `(seed, epoch)`, so the batches of an epoch are a pure function of the epoch: a resumed run sees the same ones.
+    The number of batches does not depend on the epoch. Under DDP, Accelerate deals the batches out to the ranks
+    (rank r takes batches r, r + world, ...), so one global step sees `world` consecutive batches.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        max_tokens: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        max_sentences: int | None = None,
+    ):
+        if max_tokens <= 0:
+            raise ValueError(f"`max_tokens` must be positive, got {max_tokens}.")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if len(self.lengths) == 0:
+            raise ValueError("Cannot batch an empty dataset.")
+        longest = int(self.lengths.max())
+        if longest > max_tokens:
+            raise ValueError(
+                f"Example {int(self.lengths.argmax())} has {longest} tokens, more than `max_tokens`={max_tokens}: "
+                "raise the token budget or filter long pairs (`max_length`)."
+            )
+        self.max_tokens = max_tokens
+        self.max_sentences = max_sentences
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.batch_size = None  # batches vary in size; read by Accelerate
+        self.drop_last = False
+        self._num_batches = len(self._group(np.argsort(self.lengths, kind="stable")))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _group(self, order: np.ndarray) -> list[list[int]]:
+        batches, batch, longest = [], [], 0
+        for index in order.tolist():
+            length = int(self.lengths[index])
+            grown = max(longest, length)
+            full = self.max_sentences is not None and len(batch) >= self.max_sentences
+            if batch and (grown * (len(batch) + 1) > self.max_tokens or full):
+                batches.append(batch)
+                batch, grown = [], length
+            batch.append(index)
+            longest = grown
+        batches.append(batch)
+        return batches
+
+    def batches(self) -> list[list[int]]:
+        if not self.shuffle:
+            return self._group(np.argsort(self.lengths, kind="stable"))
+        rng = np.random.default_rng([self.seed, self.epoch])
+        shuffled = rng.permutation(len(self.lengths))
+        order = shuffled[np.argsort(self.lengths[shuffled], kind="stable")]  # by length, random among equals
+        batches = self._group(order)
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+
+class _EpochSetter(TrainerCallback):
+    """Tells the sampler which epoch begins. Accelerate's wrappers (skipping batches on resume, sharding under DDP)
+    do not always forward `set_epoch`, so the epoch is taken from the trainer's own state instead."""
+
+    def __init__(self, sampler: TokenBudgetBatchSampler):
+        self.sampler = sampler
+        self.next_epoch = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.next_epoch = math.floor((state.epoch or 0.0) + 1e-6)  # a resumed run continues its epoch
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.sampler.set_epoch(self.next_epoch)
+        self.next_epoch += 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# §5.3 Optimizer schedule
+# ---------------------------------------------------------------------------------------------------------------------
+def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
+    """lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5) (§5.3, Eq. 3), step_num from 1."""
+    step = max(step, 1)
+    return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def paper_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int):
+    """A `LambdaLR` giving each parameter group `learning_rate * lrate(step)`: with `learning_rate` 1.0 (the default
+    of `PaperTrainingArguments`) exactly Eq. 3; other values scale it (tensor2tensor's `learning_rate` multiplier)."""
+    if warmup_steps <= 0:
+        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
+    # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update.
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(_shifted_paper_learning_rate, d_model=d_model, warmup_steps=warmup_steps)
+    )
+
+
+def _shifted_paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
+    return paper_learning_rate(step + 1, d_model, warmup_steps)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments: all of Seq2SeqTrainingArguments, with the paper's values as defaults
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class PaperTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe; every Trainer flag still works."""
+
+    output_dir: str | None = field(
+        default="runs/vaswani", metadata={"help": "Where checkpoints are written."}
+    )
+    learning_rate: float = field(
+        default=1.0,
+        metadata={"help": "With --paper_lr_schedule, a multiplier of the §5.3 formula (1.0 = the paper)."},
+    )
+    warmup_steps: int = field(default=4000, metadata={"help": "warmup_steps of §5.3 (the paper: 4000)."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "Adam beta1 (§5.3: 0.9)."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (§5.3: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (§5.3: 1e-9)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "No weight decay in the paper."})
+    optim: str = field(
+        default="adamw_torch", metadata={"help": "Adam (weight decay 0 makes AdamW plain Adam)."}
+    )
+    label_smoothing_factor: float = field(
+        default=0.1, metadata={"help": "eps_ls of §5.4 (0.1). Applied by the model's own loss."}
+    )
+    paper_lr_schedule: bool = field(
+        default=True,
+        metadata={
+            "help": "Use the §5.3 schedule; false falls back to --lr_scheduler_type with --learning_rate."
+        },
+    )
+    max_tokens: int | None = field(
+        default=4096,
+        metadata={
+            "help": "Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). "
+            "None batches by --per_device_train_batch_size sentences instead."
+        },
+    )
+    batch_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per optimizer step across devices and accumulation; sets --gradient_accumulation_steps "
+            "to ceil(batch_tokens / (max_tokens * world_size)). The paper: about 25000."
+        },
+    )
+    predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
+    generation_num_beams: int | None = field(
+        default=1,
+        metadata={"help": "Beams for BLEU during training (greedy for speed; the final test uses 4)."},
+    )
+    generation_max_length: int | None = field(
+        default=None, metadata={"help": "Max length for eval generation."}
+    )
+    save_strategy: str = field(default="steps", metadata={"help": "Checkpoints at a fixed interval."})
+    save_steps: float = field(default=500, metadata={"help": "Checkpoint interval in optimizer steps."})
+    eval_strategy: str = field(default="steps", metadata={"help": "Evaluate with BLEU at a fixed interval."})
+    eval_steps: float | None = field(
+        default=500, metadata={"help": "Evaluation interval in optimizer steps."}
+    )
+    logging_steps: float = field(default=50, metadata={"help": "Log loss and learning rate every N steps."})
+    report_to: str = field(default="none", metadata={"help": "Trackers (none by default)."})
+    save_safetensors: bool = field(default=True, metadata={"help": "Checkpoints as safetensors."})
+
+    def __post_init__(self):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+            # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
+            # gloo process group only when asked for the CPU; otherwise every rank would train alone.
+            self.use_cpu = True
+        super().__post_init__()
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ValueError(f"`max_tokens` must be positive, got {self.max_tokens}.")
+        if self.batch_tokens is not None:
+            if self.max_tokens is None:
+                raise ValueError("`batch_tokens` needs `max_tokens` (token-budget batches).")
+            self.gradient_accumulation_steps = max(
+                1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
+            )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------------------------------
+class VaswaniTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with token-budget batches and the paper's learning-rate schedule.
+
+    Label smoothing is done by the model's loss (`config.label_smoothing`, float32, exact under gradient
+    accumulation), so the Trainer's own label smoother stays off.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._train_sampler = None
+        if self.label_smoother is not None:
+            # One knob, --label_smoothing_factor, applied once: by the model's loss rather than the Trainer's
+            # smoother (which would need the logits of the whole batch in memory a second time).
+            self.model.config.label_smoothing = self.args.label_smoothing_factor
+            self.label_smoother = None
+
+    def token_sampler(self) -> TokenBudgetBatchSampler:
+        if self._train_sampler is None:
+            columns = self.train_dataset.select_columns(["input_ids", "labels"])
+            lengths = [
+                max(len(s), len(t)) for s, t in zip(columns["input_ids"], columns["labels"], strict=True)
+            ]
+            self._train_sampler = TokenBudgetBatchSampler(lengths, self.args.max_tokens, seed=self.args.seed)
+            self.add_callback(_EpochSetter(self._train_sampler))
+            logger.info(
+                "Token-budget batches: %d batches of at most %d tokens per device and epoch",
+                len(self._train_sampler),
+                self.args.max_tokens,
+            )
+        return self._train_sampler
+
+    def get_train_dataloader(self) -> DataLoader:
+        if getattr(self.args, "max_tokens", None) is None:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset.select_columns(
+            [c for c in MODEL_INPUTS if c in self.train_dataset.column_names]
+        )
+        loader = DataLoader(
+            dataset,
+            batch_sampler=self.token_sampler(),
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        return self.accelerator.prepare(loader)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """Generation during evaluation stops at source length + 50 tokens (§6.1) unless a maximum is given."""
+        if self.args.predict_with_generate and not prediction_loss_only:
+            if not gen_kwargs:
+                gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
+            if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
+                gen_kwargs.pop("max_length", None)
+                gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + 50
+        return super().prediction_step(
+            model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+        )
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if not getattr(self.args, "paper_lr_schedule", False):
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            d_model = self.model.config.d_model
+            self.lr_scheduler = paper_schedule(
+                optimizer or self.optimizer, d_model, int(self.args.warmup_steps)
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
+def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
+    """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: sacreBLEU and chrF of the decoded
+    predictions against the raw reference text. Under DDP the gathered predictions can carry padded duplicates at
+    the end; only the first `len(references)` rows, which are the dataset's rows in order, are scored."""
+    from .metrics import compute_bleu
+
+    def compute(eval_prediction) -> dict:
+        predictions = eval_prediction.predictions
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)[: len(references)]
+        texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        scores = compute_bleu(texts, list(references))
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return compute
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Nothing lost: checkpoints are checked before a run resumes from them
+# ---------------------------------------------------------------------------------------------------------------------
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The `checkpoint-<step>` folders of a run, oldest first (by step number)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def verify_checkpoint(folder: str | os.PathLike) -> None:
+    """Raise `ValueError` naming the file when a checkpoint is incomplete, corrupt or truncated."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"Checkpoint folder {folder} does not exist.")
+    for required in ("config.json", "trainer_state.json"):
+        if not (folder / required).is_file():
+            raise ValueError(f"Checkpoint {folder} is incomplete: {folder / required} is missing.")
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        raise ValueError(f"Checkpoint {folder} is incomplete: no *.safetensors weights file.")
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    f.get_slice(key)
+        except Exception as error:  # safetensors raises its own error types for bad headers/buffers
+            raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from error
+    for path in sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth")):
+        try:
+            torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:
+            raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from error
+    try:
+        import json
+
+        json.loads((folder / "trainer_state.json").read_text())
+    except ValueError as error:
+        raise ValueError(f"Checkpoint file {folder / 'trainer_state.json'} is corrupt: {error}") from error
+
+
+def resolve_resume_checkpoint(resume: str | bool | None, output_dir: str | os.PathLike) -> str | None:
+    """The checkpoint to resume from: an explicit folder (verified; an error names a bad file) or, for
+    `True`/"last", the newest checkpoint in `output_dir` that verifies (a checkpoint cut short by a kill while it
+    was written is skipped with a warning, so the run loses at most one checkpoint interval)."""
+    if resume in (None, False, "", "False", "false", "no"):
+        return None
+    if resume in (True, "True", "true", "last", "yes"):
+        for candidate in reversed(checkpoints(output_dir)):
+            try:
+                verify_checkpoint(candidate)
+            except ValueError as error:
+                logger.warning("Skipping checkpoint %s: %s", candidate, error)
+                continue
+            return str(candidate)
+        logger.warning("No usable checkpoint in %s: starting from scratch.", output_dir)
+        return None
+    verify_checkpoint(resume)
+    return str(resume)
