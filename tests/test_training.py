@@ -177,8 +177,14 @@ def final_weights(folder):
 @pytest.mark.slow
 def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     out = tmp_path / "run"
-    args = tiny_run_args(corpus, out, max_steps=8, extra=["--eval_strategy", "steps", "--eval_steps", "8"])
-    run([sys.executable, str(ROOT / "scripts" / "train.py"), *args])
+    args = tiny_run_args(
+        corpus,
+        out,
+        max_steps=8,
+        extra=["--eval_strategy", "steps", "--eval_steps", "8", "--average_last", "2", "--test_split", "val"],
+    )
+    result = run([sys.executable, str(ROOT / "scripts" / "train.py"), *args])
+    assert "val: BLEU" in result.stdout and "BLEU|nrefs:1" in result.stdout
     assert [p.name for p in checkpoints(out)] == ["checkpoint-4", "checkpoint-8"]
     state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
     evals = [e for e in state["log_history"] if "eval_bleu" in e]
@@ -186,12 +192,27 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     lrs = [e["learning_rate"] for e in state["log_history"] if "learning_rate" in e]
     assert lrs[0] == pytest.approx(paper_learning_rate(2, 16, 4))  # logged after step 2
     summary = json.loads((out / "training_summary.json").read_text())
-    assert summary["global_step"] == 8 and summary["parameters"] > 0
+    assert summary["steps"] == 8 and summary["parameters"] > 0 and summary["source_lang"] == "de"
     config = json.loads((out / "config.json").read_text())
     assert config["d_model"] == 16 and config["label_smoothing"] == 0.1 and config["dropout"] == 0.1
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(out / "tokenizer").pad_token_id == 0
+    # §6.1 after training: the average of the last 2 checkpoints, beam search on the "test" split, scores.
+    from vaswani.averaging import load_safetensors_state_dict
+
+    averaged = load_file(str(out / "averaged" / "model.safetensors"))
+    c4, c8 = (load_safetensors_state_dict(out / f"checkpoint-{s}") for s in (4, 8))
+    key = "model.encoder.layers.0.fc1.weight"
+    torch.testing.assert_close(averaged[key], (c4[key] + c8[key]) / 2)
+    scores = json.loads((out / "test_results.json").read_text())
+    assert scores["split"] == "val" and scores["num_beams"] == 4 and scores["length_penalty"] == 0.6
+    assert 0 <= scores["bleu"] <= 100 and "chrf" in scores and "bleu_lowercase_moses_tokenized" in scores
+    hyps = (out / "averaged" / "val.hyp.en").read_text().splitlines()
+    assert len(hyps) == 12
+    assert (out / "learning_curves.png").stat().st_size > 5000
+    for kind in ("encoder", "decoder", "cross"):
+        assert (out / "averaged" / f"attention_{kind}.png").stat().st_size > 5000
 
 
 @pytest.mark.slow

@@ -64,6 +64,23 @@ class DataArguments:
 
 
 @dataclass
+class FinishArguments:
+    """What happens after training (§6.1): checkpoint averaging, beam search on the test set, BLEU, pictures."""
+
+    average_last: int = field(
+        default=0,
+        metadata={"help": "Average the last N checkpoints (§6.1: 5 for base, 20 for big); 0: none."},
+    )
+    test_split: str | None = field(
+        default=None, metadata={"help": "Translate this split with beam search and print BLEU (e.g. test)."}
+    )
+    num_beams: int = field(default=4, metadata={"help": "Beam size for the test set (§6.1: 4)."})
+    length_penalty: float = field(default=0.6, metadata={"help": "Length penalty alpha (§6.1: 0.6)."})
+    translate_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
+    plots: bool = field(default=True, metadata={"help": "Draw learning curves and an attention map."})
+
+
+@dataclass
 class ModelArguments:
     preset: str = field(default="base", metadata={"help": "base or big (Table 3), or small (CPU)."})
     init_from: str | None = field(default=None, metadata={"help": "Start from this model folder instead."})
@@ -173,6 +190,8 @@ def train_main(
         "Model: %s preset, %d parameters, config %s", model_args.preset, n_params, model.config.to_diff_dict()
     )
 
+    # The Trainer would push every checkpoint with a default card; `finish` publishes the final model once.
+    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     collator = DataCollatorForSeq2Seq(source_tok, model=model, label_pad_token_id=-100)
     trainer = VaswaniTrainer(
         model=model,
@@ -185,31 +204,145 @@ def train_main(
     )
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
     result = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model()  # the final weights + tokenizer in output_dir
+    trainer.save_model()  # the final weights in output_dir
+    training_args.push_to_hub = push_to_hub
     if trainer.is_world_process_zero():
+        save_tokenizers(source_tok, target_tok, training_args.output_dir)
+        tokens_per_step = (
+            (training_args.max_tokens or 0)
+            * training_args.gradient_accumulation_steps
+            * max(training_args.world_size, 1)
+        )
         summary = {
+            # the keys of vaswani.hub.TrainingSummary, reported on the model card
+            "source_lang": data_args.source_lang,
+            "target_lang": data_args.target_lang,
+            "dataset": data_args.data,
             "preset": model_args.preset,
+            "steps": trainer.state.global_step,
+            "batch_tokens": tokens_per_step or None,
+            "schedule": "§5.3 inverse square root with linear warm-up"
+            if training_args.paper_lr_schedule
+            else training_args.lr_scheduler_type,
+            "warmup_steps": training_args.warmup_steps,
+            "peak_learning_rate": training_args.learning_rate
+            * (model.config.d_model * training_args.warmup_steps) ** -0.5
+            if training_args.paper_lr_schedule
+            else training_args.learning_rate,
+            "hardware": _hardware(training_args.world_size),
+            "train_runtime": result.metrics.get("train_runtime"),
+            # more detail
             "parameters": n_params,
-            "global_step": trainer.state.global_step,
-            "train_runtime_s": result.metrics.get("train_runtime"),
             "wall_time_s": time.time() - started,
             "max_tokens_per_device": training_args.max_tokens,
             "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-            "world_size": training_args.world_size,
-            "warmup_steps": training_args.warmup_steps,
-            "learning_rate_multiplier": training_args.learning_rate,
             "label_smoothing": model.config.label_smoothing,
             "dropped_pairs": dropped,
-            "hardware": _hardware(),
-            "source_lang": data_args.source_lang,
-            "target_lang": data_args.target_lang,
-            "data": data_args.data,
         }
         Path(training_args.output_dir, "training_summary.json").write_text(json.dumps(summary, indent=2))
     return trainer
 
 
-def _hardware() -> str:
+def _hardware(world_size: int = 1) -> str:
     if torch.cuda.is_available():
-        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    return f"CPU ({os.cpu_count()} cores, torch {torch.__version__})"
+        return f"{max(world_size, 1)} x {torch.cuda.get_device_name(0)}"
+    processes = f", {world_size} processes" if world_size > 1 else ""
+    return f"CPU ({os.cpu_count()} cores{processes}, torch {torch.__version__})"
+
+
+def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> dict | None:
+    """§6.1 after training, on the main process: average the last checkpoints, translate the test split with beam
+    search, score it (sacreBLEU, chrF, and BLEU comparable to published Multi30k figures), draw the pictures, and
+    publish if `--push_to_hub`. Returns the test scores (or None without a test split)."""
+    from .averaging import average_checkpoints
+    from .training import checkpoints
+
+    args = trainer.args
+    if not trainer.is_world_process_zero():
+        return None
+    output_dir = Path(args.output_dir)
+    final_dir = output_dir
+    if finish_args.average_last > 0:
+        own = [c for c in checkpoints(output_dir) if int(c.name.split("-")[1]) <= trainer.state.global_step]
+        chosen = own[-finish_args.average_last :]
+        if len(chosen) < finish_args.average_last:
+            logger.warning(
+                "Only %d checkpoints to average (asked for %d)", len(chosen), finish_args.average_last
+            )
+        final_dir = average_checkpoints(chosen, output_dir / "averaged")
+        save_tokenizers(*load_tokenizers(output_dir), final_dir)
+    if finish_args.plots:
+        from .plotting import plot_learning_curves
+
+        plot_learning_curves(trainer.state.log_history, output_dir / "learning_curves.png")
+    scores = None
+    if finish_args.test_split:
+        scores = evaluate_test_split(final_dir, data_args, finish_args, plot_attention=finish_args.plots)
+        (output_dir / "test_results.json").write_text(json.dumps(scores, indent=2))
+        logger.info("Test scores written to %s", output_dir / "test_results.json")
+    if args.push_to_hub:
+        from .hub import publish
+
+        published = publish(
+            final_dir,
+            repo_id=args.hub_model_id or output_dir.name,
+            results=output_dir / "test_results.json" if scores else None,
+            summary=output_dir / "training_summary.json",
+            private=args.hub_private_repo,
+            token=args.hub_token,
+            revision=getattr(args, "hub_revision", None),
+        )
+        logger.info("Published: %s", published)
+    return scores
+
+
+def evaluate_test_split(
+    model_dir, data_args: DataArguments, finish_args: FinishArguments, plot_attention: bool = False
+) -> dict:
+    """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
+    of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`."""
+    from .metrics import compute_bleu, compute_moses_bleu
+    from .translation import load_translation_model, translate
+
+    test = load_parallel_dataset(
+        data_args.data,
+        data_args.source_lang,
+        data_args.target_lang,
+        splits={"test": finish_args.test_split},
+        config_name=data_args.data_config,
+    )["test"]
+    model, source_tok, target_tok = load_translation_model(model_dir)
+    hypotheses = translate(
+        test[data_args.source_lang],
+        model,
+        source_tok,
+        target_tok,
+        batch_size=finish_args.translate_batch_size,
+        num_beams=finish_args.num_beams,
+        length_penalty=finish_args.length_penalty,
+    )
+    references = test[data_args.target_lang]
+    Path(model_dir, f"{finish_args.test_split}.hyp.{data_args.target_lang}").write_text(
+        "\n".join(hypotheses) + "\n"
+    )
+    if plot_attention:
+        from .plotting import attention_maps, load_attention_model, plot_attention_maps
+
+        eager, src_tok, tgt_tok = load_attention_model(model_dir)
+        maps = attention_maps(eager, src_tok, test[data_args.source_lang][0], hypotheses[0], tgt_tok)
+        plot_attention_maps(maps, model_dir, prefix="attention")
+    scores = compute_bleu(hypotheses, references)
+    comparable = compute_moses_bleu(hypotheses, references, data_args.target_lang)
+    return {
+        "bleu": scores["bleu"],
+        "bleu_signature": scores["bleu_signature"],
+        "chrf": scores["chrf"],
+        "chrf_signature": scores["chrf_signature"],
+        "bleu_lowercase_moses_tokenized": comparable["bleu"],
+        "bleu_lowercase_moses_tokenized_signature": comparable["bleu_signature"],
+        "dataset": data_args.data,
+        "split": finish_args.test_split,
+        "num_beams": finish_args.num_beams,
+        "length_penalty": finish_args.length_penalty,
+        "model": str(model_dir),
+    }

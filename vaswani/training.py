@@ -212,6 +212,8 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
             # gloo process group only when asked for the CPU; otherwise every rank would train alone.
             self.use_cpu = True
+        if not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator
         super().__post_init__()
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise ValueError(f"`max_tokens` must be positive, got {self.max_tokens}.")

@@ -1,0 +1,40 @@
+# Two commands from a fresh clone:  `make run` (the main job)  and  `make test` (the test suite).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Multi30k German->English: the local copy when present, else the Hub dataset bentrevett/multi30k.
+DATA   ?= $(if $(wildcard ../shared/data/multi30k/train.de.gz),../shared/data/multi30k,bentrevett/multi30k)
+ifeq ($(DATA),bentrevett/multi30k)
+SPLITS := --validation_split validation --test_split test
+else
+SPLITS := --validation_split val --test_split test_2016_flickr
+endif
+OUT    ?= runs/multi30k-de-en
+STEPS  ?= 1500
+
+.PHONY: run test lint clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of torch (the pyproject range is wide; pin here only).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+# The main job: a small Transformer on Multi30k de->en with the paper's recipe (joint BPE, token-budget batches,
+# Adam + warm-up, label smoothing), average of the last 5 checkpoints, beam-4 translation of the test set, BLEU.
+run: $(BIN)/.installed
+	$(BIN)/python scripts/train.py --data $(DATA) $(SPLITS) --source_lang de --target_lang en \
+		--preset small --vocab_size 8000 --max_tokens 4096 --warmup_steps 400 --learning_rate 0.5 \
+		--max_steps $(STEPS) --save_steps 100 --eval_steps 500 --logging_steps 25 \
+		--per_device_eval_batch_size 64 --average_last 5 --save_total_limit 5 --output_dir $(OUT)
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check vaswani scripts tests bench
+
+clean:
+	rm -rf $(VENV) runs

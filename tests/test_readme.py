@@ -1,0 +1,23 @@
+"""The README's Python example runs as written, and its two commands are the Makefile's."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_python_example_runs():
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "README has no python example"
+    namespace: dict = {}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102
+    assert namespace["beams"].shape[0] == 1
+
+
+def test_readme_commands_exist_in_makefile_and_ci():
+    readme = (ROOT / "README.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "make run" in readme and "make test" in readme
+    assert re.search(r"^run:", makefile, flags=re.M) and re.search(r"^test:", makefile, flags=re.M)
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
