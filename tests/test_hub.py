@@ -1,0 +1,536 @@
+"""Publishing to the Hub, without the network: the folder, the card, the one-commit upload, bad inputs, and loading the
+published folder with plain transformers in an interpreter where `vaswani` cannot be imported."""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from vaswani import VaswaniForConditionalGeneration
+from vaswani.hub import (
+    AUTO_CLASSES,
+    EvalResults,
+    PublishError,
+    TrainingSummary,
+    check_folder,
+    publish,
+    render_card,
+    validate_card,
+)
+from vaswani.pipeline_vaswani import EXTRA_OUTPUT_TOKENS, VaswaniTranslationPipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO_ID = "someone/vaswani-de-en"
+PUBLISHED_FILES = {
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "configuration_vaswani.py",
+    "modeling_vaswani.py",
+    "pipeline_vaswani.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+SOURCES = ["ein mann fährt rad .", "zwei hunde spielen im schnee .", "eine frau"]
+RESULTS = {
+    "test_bleu": 31.42,
+    "test_bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",
+    "test_chrf": 55.5,
+    "test_chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.0",
+    "test_runtime": 1.5,  # a Trainer metric the card does not use
+    "dataset": "bentrevett/multi30k",
+    "dataset_name": "Multi30k",
+    "split": "test",
+}
+SUMMARY = {
+    "source_lang": "de",
+    "target_lang": "en",
+    "dataset": "bentrevett/multi30k",
+    "preset": "small",
+    "steps": 12000,
+    "batch_tokens": 25000,
+    "schedule": "inverse square root with linear warm-up (§5.3)",
+    "warmup_steps": 4000,
+    "hardware": "1x NVIDIA H200",
+    "train_runtime": 3725.0,
+}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Fixtures: no network, no token, a trained-model folder and its dry-run publication
+# --------------------------------------------------------------------------------------------------------------------
+def _refuse_connection(*args, **kwargs):
+    raise AssertionError("a test tried to open a network connection")
+
+
+@pytest.fixture(autouse=True)
+def no_network_no_token(monkeypatch, tmp_path):
+    """Every socket connection fails the test, and no token is found unless a test sets HF_TOKEN."""
+    monkeypatch.setattr(socket.socket, "connect", _refuse_connection)
+    monkeypatch.setattr(socket, "create_connection", _refuse_connection)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """A small word-level BPE with the project's special ids, `</s>` appended to every sequence."""
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    corpus = SOURCES + ["a man rides a bike .", "two dogs play in the snow .", "a woman"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=80, special_tokens=["<pad>", "<s>", "</s>", "<unk>"], show_progress=False
+    )
+    tokenizer.train_from_iterator(corpus * 3, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 2)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory) -> Path:
+    """What training leaves: a model saved with `save_pretrained`, its tokenizer, and the Trainer's pickle."""
+    directory = tmp_path_factory.mktemp("trained")
+    tokenizer = make_tokenizer()
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(tiny_config(vocab_size=len(tokenizer)))
+    model.config.use_cache = False  # as Trainer saves it
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    torch.save({"not": "published"}, directory / "training_args.bin")
+    (directory / "results.json").write_text(json.dumps(RESULTS))
+    (directory / "summary.json").write_text(json.dumps(SUMMARY))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def published(trained_dir, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("published") / "hub"
+    result = publish(
+        trained_dir,
+        REPO_ID,
+        folder,
+        dry_run=True,
+        results=trained_dir / "results.json",
+        summary=trained_dir / "summary.json",
+        example_text=SOURCES[2],  # short: the example decodes up to input length + 50 tokens
+    )
+    assert result.folder == folder and result.commit is None
+    return folder
+
+
+def in_process(trained_dir):
+    model = VaswaniForConditionalGeneration.from_pretrained(trained_dir).eval()
+    return model, PreTrainedTokenizerFast.from_pretrained(trained_dir)
+
+
+class HubRecorder:
+    """Stands in for the network methods of `HfApi`; records calls and what the upload would send."""
+
+    def __init__(self):
+        self.calls = []
+        self.uploaded_files = None
+        self.uploaded_card = None
+
+    def install(self, monkeypatch):
+        recorder = self
+
+        def create_repo(api, repo_id, **kwargs):
+            recorder.calls.append(("create_repo", repo_id, kwargs, api.token))
+            return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+        def create_branch(api, repo_id, **kwargs):
+            recorder.calls.append(("create_branch", repo_id, kwargs, api.token))
+
+        def upload_folder(api, **kwargs):
+            recorder.calls.append(("upload_folder", kwargs.pop("repo_id"), kwargs, api.token))
+            folder = Path(kwargs["folder_path"])  # a temporary folder: look at it now
+            recorder.uploaded_files = {
+                p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+            }
+            recorder.uploaded_card = (folder / "README.md").read_text(encoding="utf-8")
+            return CommitInfo(
+                commit_url="https://huggingface.co/someone/vaswani-de-en/commit/0",
+                commit_message=kwargs["commit_message"],
+                commit_description="",
+                oid="0" * 40,
+            )
+
+        for name, method in [
+            ("create_repo", create_repo),
+            ("create_branch", create_branch),
+            ("upload_folder", upload_folder),
+        ]:
+            monkeypatch.setattr(HfApi, name, method)
+        for name in ("create_commit", "upload_file", "whoami"):
+            monkeypatch.setattr(
+                HfApi, name, lambda *a, _name=name, **k: pytest.fail(f"unexpected HfApi.{_name}")
+            )
+        return self
+
+
+@pytest.fixture
+def hub(monkeypatch) -> HubRecorder:
+    return HubRecorder().install(monkeypatch)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The published folder and its card
+# --------------------------------------------------------------------------------------------------------------------
+def test_dry_run_writes_exactly_the_published_files(published, trained_dir):
+    assert {p.name for p in published.iterdir()} == PUBLISHED_FILES  # no training_args.bin, no pickles
+    config = json.loads((published / "config.json").read_text())
+    assert config["auto_map"] == AUTO_CLASSES
+    assert config["custom_pipelines"]["translation"] == {
+        "impl": "pipeline_vaswani.VaswaniTranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+    }
+    assert config["use_cache"] is True  # the Trainer's use_cache=False is not published
+    generation = json.loads((published / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"]) == (4, 0.6)  # §6.1
+    # The code files are the package's own, and the weights those trained.
+    for name in ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py"):
+        assert (published / name).read_text() == (ROOT / "vaswani" / name).read_text()
+    model, _ = in_process(trained_dir)
+    weights = load_file(published / "model.safetensors")
+    for name, tensor in model.state_dict().items():
+        if name in weights:
+            torch.testing.assert_close(weights[name], tensor, rtol=0, atol=0)
+    check_folder(published)
+
+
+def test_card_metadata_and_contents(published):
+    card = ModelCard.load(published / "README.md")
+    data = card.data
+    assert data.language == ["de", "en"]
+    assert data.license == "apache-2.0"
+    assert data.library_name == "transformers"
+    assert data.pipeline_tag == "translation"
+    assert data.datasets == ["bentrevett/multi30k"]
+    assert data.metrics == ["bleu", "chrf"]
+    assert {"translation", "custom_code"} <= set(data.tags)
+    assert data.model_name == "vaswani-de-en"
+    scores = {r.metric_type: r for r in data.eval_results}
+    assert scores["bleu"].metric_value == 31.42
+    assert scores["bleu"].metric_config == RESULTS["test_bleu_signature"]
+    assert scores["chrf"].metric_value == 55.5
+    assert scores["bleu"].dataset_type == "bentrevett/multi30k" and scores["bleu"].dataset_split == "test"
+    assert scores["bleu"].task_type == "translation"
+    # model-index in the YAML as the Hub reads it
+    assert card.content.split("---")[1].count("model-index:") == 1
+    text = card.text
+    config = tiny_config(vocab_size=json.loads((published / "config.json").read_text())["vocab_size"])
+    params = sum(p.numel() for p in VaswaniForConditionalGeneration(config).parameters())
+    for expected in [
+        f"{params:,}",  # parameter count
+        "post-norm",
+        "12,000",  # steps
+        "~25,000 tokens",
+        SUMMARY["schedule"],
+        "1x NVIDIA H200",
+        "1 h 02 min",
+        RESULTS["test_bleu_signature"],
+        RESULTS["test_chrf_signature"],
+        "trust_remote_code=True",
+        'pipeline("translation"',
+        "## Limitations",
+        "@inproceedings{vaswani2017attention",
+        "Attention Is All You Need",
+    ]:
+        assert expected in text, expected
+    validate_card(card.content)
+
+
+def test_card_without_run_information_still_validates(trained_dir):
+    model, _ = in_process(trained_dir)
+    card = render_card(model, REPO_ID)
+    assert card.data.eval_results is None and "No evaluation results" in card.text
+    assert "training recipe was not recorded" in card.text
+
+
+def test_validate_card_rejects_bad_cards(published):
+    text = (published / "README.md").read_text()
+    with pytest.raises(PublishError, match="pipeline_tag"):
+        validate_card(text.replace("pipeline_tag: translation\n", ""))
+    with pytest.raises(PublishError, match="placeholders"):
+        validate_card(text + "\n{{ forgotten }}\n")
+    with pytest.raises(ValueError):  # a model-index that does not parse
+        validate_card(text.replace("      value: 31.42\n", ""))
+
+
+def test_run_json_files(tmp_path):
+    assert EvalResults.from_json(_write(tmp_path / "r.json", RESULTS)).bleu == 31.42
+    summary = TrainingSummary.from_json(_write(tmp_path / "s.json", SUMMARY))
+    assert (summary.source_lang, summary.train_time) == ("de", "1 h 02 min")
+    with pytest.raises(PublishError, match="required"):
+        EvalResults.from_json(_write(tmp_path / "bad.json", {"chrf": 50.0}))
+    with pytest.raises(PublishError, match="No training summary file"):
+        TrainingSummary.from_json(tmp_path / "missing.json")
+
+
+def _write(path: Path, values: dict) -> Path:
+    path.write_text(json.dumps(values))
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Upload: one commit, at the HfApi boundary
+# --------------------------------------------------------------------------------------------------------------------
+def test_push_creates_repo_and_uploads_one_commit(trained_dir, hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    result = publish(
+        trained_dir,
+        REPO_ID,
+        results=trained_dir / "results.json",
+        summary=trained_dir / "summary.json",
+        private=True,
+        revision="v1",
+        commit_message="Publish the de-en model",
+    )
+    assert result.folder is None  # built in a temporary folder
+    assert result.commit.commit_url.endswith("/commit/0")
+    assert [call[0] for call in hub.calls] == ["create_repo", "create_branch", "upload_folder"]
+    (_, repo, create_kwargs, token), (_, _, branch_kwargs, _), (_, upload_repo, upload_kwargs, _) = hub.calls
+    assert (repo, upload_repo, token) == (REPO_ID, REPO_ID, "hf_from_env")
+    assert create_kwargs == {"private": True, "exist_ok": True, "repo_type": "model"}
+    assert branch_kwargs["branch"] == "v1" and branch_kwargs["exist_ok"] is True
+    assert upload_kwargs["revision"] == "v1"
+    assert upload_kwargs["commit_message"] == "Publish the de-en model"
+    assert "*.bin" in upload_kwargs["delete_patterns"]  # stale pickles go in the same commit
+    assert hub.uploaded_files == PUBLISHED_FILES
+    card = ModelCard(hub.uploaded_card)  # the card is in the commit, not replaced by a default one
+    assert card.data.pipeline_tag == "translation" and card.data.eval_results[0].metric_value == 31.42
+
+
+def test_push_with_output_dir_keeps_the_folder_and_uses_the_token_argument(trained_dir, hub, tmp_path):
+    result = publish(
+        trained_dir, REPO_ID, tmp_path / "out", token="hf_argument", summary=trained_dir / "summary.json"
+    )
+    assert result.folder == tmp_path / "out" and {p.name for p in result.folder.iterdir()} == PUBLISHED_FILES
+    assert [(call[0], call[3]) for call in hub.calls] == [
+        ("create_repo", "hf_argument"),
+        ("upload_folder", "hf_argument"),
+    ]
+    assert hub.calls[0][2]["private"] is None  # the Hub's default visibility
+    assert hub.calls[1][2]["revision"] is None
+
+
+def _copy_without(source: Path, destination: Path, *names: str) -> Path:
+    shutil.copytree(source, destination)
+    for name in names:
+        (destination / name).unlink()
+    return destination
+
+
+def test_bad_inputs_fail_before_any_upload(trained_dir, hub, tmp_path, monkeypatch):
+    with pytest.raises(PublishError, match="No Hugging Face token"):
+        publish(trained_dir, REPO_ID)
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    with pytest.raises(PublishError, match="Invalid repo id"):
+        publish(trained_dir, "someone/bad..name")
+    with pytest.raises(PublishError, match="Invalid repo id"):
+        publish(trained_dir, "a/b/c")
+    no_weights = _copy_without(trained_dir, tmp_path / "no-weights", "model.safetensors")
+    with pytest.raises(PublishError, match="has no weights"):
+        publish(no_weights, REPO_ID)
+    no_tokenizer = _copy_without(trained_dir, tmp_path / "no-tok", "tokenizer.json", "tokenizer_config.json")
+    with pytest.raises(PublishError, match="has no tokenizer"):
+        publish(no_tokenizer, REPO_ID)
+    separate = _copy_without(trained_dir, tmp_path / "separate", "tokenizer.json", "tokenizer_config.json")
+    (separate / "source").mkdir()
+    with pytest.raises(PublishError, match="separate source and target tokenizers"):
+        publish(separate, REPO_ID)
+    small = tmp_path / "small-vocab"
+    VaswaniForConditionalGeneration(tiny_config(vocab_size=20)).save_pretrained(small)
+    with pytest.raises(PublishError, match="the model only 20"):
+        publish(small, REPO_ID, tokenizer_dir=trained_dir)
+    with pytest.raises(PublishError, match="no config.json"):
+        publish(tmp_path / "nowhere", REPO_ID)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "old.txt").write_text("stale")
+    with pytest.raises(PublishError, match="not empty"):
+        publish(trained_dir, REPO_ID, tmp_path / "full")
+    with pytest.raises(PublishError, match="Nothing to do"):
+        publish(trained_dir)
+    assert hub.calls == []
+
+
+def test_check_folder_rejects_pickles_and_missing_files(published, tmp_path):
+    with_pickle = shutil.copytree(published, tmp_path / "pickle")
+    torch.save({}, with_pickle / "pytorch_model.bin")
+    with pytest.raises(PublishError, match="should not be published.*pytorch_model.bin"):
+        check_folder(with_pickle)
+    without_pipeline = _copy_without(published, tmp_path / "nopipe", "pipeline_vaswani.py")
+    with pytest.raises(PublishError, match="pipeline_vaswani.py"):
+        check_folder(without_pipeline)
+
+
+def test_script_dry_run(trained_dir, tmp_path, hub):
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "dry"
+    published = script.main(
+        ["--model_dir", str(trained_dir), "--repo_id", REPO_ID, "--dry_run", "--output_dir", str(out)]
+        + ["--results_json", str(trained_dir / "results.json")]
+        + ["--training_summary_json", str(trained_dir / "summary.json")]
+    )
+    assert published.commit is None and {p.name for p in out.iterdir()} == PUBLISHED_FILES
+    assert hub.calls == []  # a dry run needs no token and calls nothing
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The pipeline in this process
+# --------------------------------------------------------------------------------------------------------------------
+def test_pipeline_outputs_batching_and_generation_settings(trained_dir):
+    model, tokenizer = in_process(trained_dir)
+    pipe = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer, device="cpu", num_beams=2)
+    single = pipe(SOURCES[0], max_new_tokens=6)
+    assert isinstance(single, list) and list(single[0]) == ["translation_text"]
+    one_by_one = [pipe(text, max_new_tokens=6)[0] for text in SOURCES]
+    assert pipe(SOURCES, max_new_tokens=6, batch_size=3) == one_by_one  # padding changes nothing
+    # Settings given at construction (num_beams=2) reach generate(), under those of the call.
+    inputs = tokenizer(SOURCES[:1], return_tensors="pt")
+    expected = model.generate(**inputs, num_beams=2, max_new_tokens=6)
+    assert single[0]["translation_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)
+    pairs = pipe(SOURCES[:2], max_new_tokens=6, num_beams=3, num_return_sequences=2, batch_size=2)
+    assert [len(p) for p in pairs] == [2, 2]
+    # Without a length setting, the paper's limit: input length + 50 (§6.1). EOS is banned so the limit is reached.
+    ids = pipe(SOURCES[1], return_tensors=True, num_beams=1, suppress_tokens=[2])[0]["translation_token_ids"]
+    source_length = len(tokenizer(SOURCES[1])["input_ids"])
+    assert len(ids) == 1 + source_length + EXTRA_OUTPUT_TOKENS  # decoder start + new tokens
+    with pytest.raises(TypeError, match="strings"):
+        pipe(123)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The published folder in a fresh interpreter, where `vaswani` cannot be imported
+# --------------------------------------------------------------------------------------------------------------------
+CHILD_PRELUDE = """\
+import json, socket, sys
+sys.modules["vaswani"] = None  # as on a machine without this package
+try:
+    import vaswani
+except ImportError:
+    pass
+else:
+    raise SystemExit("vaswani is importable")
+def _refuse(*args, **kwargs):
+    raise OSError("network access in a test")
+socket.socket.connect = _refuse
+socket.create_connection = _refuse
+"""
+
+
+def run_child(code: str, tmp_path: Path) -> str:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD_PRELUDE + textwrap.dedent(code))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "PYTHONPATH": "",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_fresh_interpreter_loads_published_folder(published, trained_dir, tmp_path):
+    out = run_child(
+        f"""
+        import torch
+        from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        folder, sources = {str(published)!r}, {SOURCES!r}
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        bare = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        translator = pipeline("translation", model=folder, trust_remote_code=True, device="cpu")
+        classes = [type(o).__module__ + "." + type(o).__name__ for o in (config, bare, model, translator)]
+        inputs = tokenizer(sources, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            encoded = bare(**inputs, decoder_input_ids=inputs["input_ids"][:, :2]).encoder_last_hidden_state
+        print(json.dumps({{
+            "classes": classes,
+            "ids": inputs["input_ids"].tolist(),
+            "encoded": encoded.tolist(),
+            "generated": model.generate(**inputs, max_new_tokens=7).tolist(),
+            "batched": translator(sources, batch_size=2, max_new_tokens=7),
+            "default_length": translator(sources[2]),
+            "greedy": translator(sources[2], num_beams=1, max_new_tokens=5),
+        }}))
+        """,
+        tmp_path,
+    )
+    child = json.loads(out.strip().splitlines()[-1])
+    assert all(name.startswith("transformers_modules.") for name in child["classes"]), child["classes"]
+    assert [name.rsplit(".", 1)[1] for name in child["classes"]] == [
+        "VaswaniConfig",
+        "VaswaniModel",
+        "VaswaniForConditionalGeneration",
+        "VaswaniTranslationPipeline",
+    ]
+
+    model, tokenizer = in_process(trained_dir)
+    inputs = tokenizer(SOURCES, return_tensors="pt", padding=True)
+    assert child["ids"] == inputs["input_ids"].tolist()
+    with torch.no_grad():
+        encoded = model(**inputs, decoder_input_ids=inputs["input_ids"][:, :2]).encoder_last_hidden_state
+    torch.testing.assert_close(torch.tensor(child["encoded"]), encoded)
+    # Beam search with the published generation config (4 beams, alpha 0.6) gives the same tokens and text.
+    generated = model.generate(**inputs, num_beams=4, length_penalty=0.6, max_new_tokens=7)
+    assert child["generated"] == generated.tolist()
+    texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+    assert child["batched"] == [{"translation_text": text} for text in texts]
+    single = tokenizer(SOURCES[2], return_tensors="pt")
+    paper = model.generate(
+        **single, num_beams=4, length_penalty=0.6, max_new_tokens=single["input_ids"].shape[1] + 50
+    )
+    assert child["default_length"] == [
+        {"translation_text": tokenizer.decode(paper[0], skip_special_tokens=True)}
+    ]
+    greedy = model.generate(**tokenizer(SOURCES[2], return_tensors="pt"), num_beams=1, max_new_tokens=5)
+    assert child["greedy"] == [{"translation_text": tokenizer.decode(greedy[0], skip_special_tokens=True)}]
+
+
+@pytest.mark.slow
+def test_card_usage_example_runs_against_the_folder(published, tmp_path):
+    """The card rendered from hub_card.md, its Python blocks run as written, with the repo id pointing at the folder."""
+    card = (published / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", card, flags=re.DOTALL)
+    assert len(blocks) == 2 and all(json.dumps(REPO_ID) in block for block in blocks)
+    code = "\n".join(blocks).replace(json.dumps(REPO_ID), repr(str(published)))
+    out = run_child(code, tmp_path)
+    printed = out.strip().splitlines()
+    assert printed[0].startswith("[{'translation_text': ")
+    assert printed[1].startswith("[{'translation_text': ") and printed[1].count("translation_text") == 2
+    assert printed[2].startswith("['")

@@ -1,0 +1,96 @@
+"""A `translation` pipeline for the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+transformers 5 removed its `translation` pipeline. This class takes its place for our models: published folders
+name it in `config.custom_pipelines`, so that
+
+    pipeline("translation", model="<repo or folder>", trust_remote_code=True)
+
+builds it from the folder's copy of this file, the way `AutoModel` builds the model from `modeling_vaswani.py`.
+In a process where the package is installed, build it directly: `VaswaniTranslationPipeline(model, tokenizer)`.
+
+Decoding follows the model's `generation_config.json` (the paper's beam size 4 and length penalty 0.6, §6.1); any
+generation parameter passed at construction or call time overrides it. When neither the caller nor the generation
+config sets an output length, the paper's limit applies: input length + 50 tokens (§6.1).
+
+This file is copied into saved model folders, so it imports only torch and transformers.
+"""
+
+import torch
+from transformers import Pipeline
+
+# §6.1: "We set the maximum output length during inference to input length + 50, but terminate early when possible."
+EXTRA_OUTPUT_TOKENS = 50
+_LENGTH_PARAMS = ("max_length", "max_new_tokens")
+
+
+class VaswaniTranslationPipeline(Pipeline):
+    """Translate text: `pipe("Ein Satz.")` returns `[{"translation_text": "A sentence."}]`.
+
+    Inputs are a string or a list of strings (a list returns one dict per string, or one list of dicts per
+    string when `num_return_sequences > 1`). `batch_size` batches the inputs through `generate`; `truncation=True`
+    cuts sources to the tokenizer's `model_max_length`; `return_tensors=True` returns the generated ids as
+    `translation_token_ids` instead of text. Every other keyword (`num_beams`, `max_new_tokens`, ...) goes to
+    `model.generate`.
+    """
+
+    _load_processor = False
+    _load_image_processor = False
+    _load_video_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+    _pipeline_calls_generate = True
+
+    def _sanitize_parameters(
+        self, truncation=None, return_tensors=None, skip_special_tokens=None, **generate_kwargs
+    ):
+        preprocess_params = {} if truncation is None else {"truncation": truncation}
+        postprocess_params = {}
+        if return_tensors is not None:
+            postprocess_params["return_tensors"] = return_tensors
+        if skip_special_tokens is not None:
+            postprocess_params["skip_special_tokens"] = skip_special_tokens
+        return preprocess_params, generate_kwargs, postprocess_params
+
+    def __call__(self, inputs, **kwargs):
+        results = super().__call__(inputs, **kwargs)
+        # One translation per input: a list of inputs gives a list of dicts, as transformers 4's pipeline did.
+        if isinstance(inputs, list) and all(len(result) == 1 for result in results):
+            return [result[0] for result in results]
+        return results
+
+    def preprocess(self, text, truncation=False):
+        if not isinstance(text, str):
+            raise TypeError(f"The translation pipeline translates strings, got {type(text).__name__}.")
+        return self.tokenizer(text, truncation=truncation, return_tensors="pt")
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        if not any(key in self._get_set_generation_params(generate_kwargs) for key in _LENGTH_PARAMS):
+            # Under batching, the longest source of the batch sets the limit for all of its rows.
+            source_length = int(model_inputs["attention_mask"].sum(dim=-1).max())
+            generate_kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_TOKENS
+        output_ids = self.model.generate(
+            input_ids=model_inputs["input_ids"],
+            attention_mask=model_inputs["attention_mask"],
+            **generate_kwargs,
+        )
+        if isinstance(output_ids, torch.Tensor):
+            sequences = output_ids
+        else:  # `return_dict_in_generate=True`
+            sequences = output_ids.sequences
+        batch_size = model_inputs["input_ids"].shape[0]
+        # (batch * num_return_sequences, T) -> (batch, num_return_sequences, T), so batches unbatch per input.
+        return {"output_ids": sequences.reshape(batch_size, -1, sequences.shape[-1])}
+
+    def postprocess(self, model_outputs, return_tensors=False, skip_special_tokens=True):
+        records = []
+        for ids in model_outputs["output_ids"][0]:  # (num_return_sequences, T)
+            if return_tensors:
+                records.append({"translation_token_ids": ids})
+            else:
+                text = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+                records.append({"translation_text": text})
+        return records
+
+
+__all__ = ["VaswaniTranslationPipeline"]
