@@ -339,3 +339,19 @@ def test_two_process_ddp_on_gloo_matches_one_process(corpus, tokenizer_dir, tmp_
     )
     half = torch.load(half_dump / "rank0.pt")
     assert any(not torch.allclose(half[k], single[k], atol=1e-4) for k in single)
+
+
+def test_time_budget_stops_training_with_a_checkpoint():
+    from transformers import TrainerControl, TrainerState
+
+    from vaswani.training import TimeBudget
+
+    budget = TimeBudget(minutes=0.0)
+    state, control = TrainerState(), TrainerControl()
+    budget.on_train_begin(None, state, control)
+    budget.on_step_end(None, state, control)
+    assert control.should_training_stop and control.should_save
+    patient, control = TimeBudget(minutes=60.0), TrainerControl()
+    patient.on_train_begin(None, state, control)
+    patient.on_step_end(None, state, control)
+    assert not control.should_training_stop

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -120,6 +121,26 @@ class _EpochSetter(TrainerCallback):
         self.next_epoch += 1
 
 
+class TimeBudget(TrainerCallback):
+    """Ends training after `minutes` of wall time (counted from the start of this process's training), saving a
+    checkpoint at the step that crosses the line. The §5.3 schedule does not depend on the number of steps, so a
+    run may stop at any point."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60
+        self.started = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self.started >= self.seconds:
+            logger.info("Time budget of %.1f minutes reached at step %d", self.seconds / 60, state.global_step)
+            control.should_training_stop = True
+            control.should_save = True
+        return control
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # §5.3 Optimizer schedule
 # ---------------------------------------------------------------------------------------------------------------------
@@ -207,6 +228,11 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     report_to: str = field(default="none", metadata={"help": "Trackers (none by default)."})
     save_safetensors: bool = field(default=True, metadata={"help": "Checkpoints as safetensors."})
 
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={"help": "Stop (with a checkpoint) once training has run this long; the schedule does not care."},
+    )
+
     def __post_init__(self):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
             # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
@@ -238,6 +264,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._train_sampler = None
+        if getattr(self.args, "max_train_minutes", None):
+            self.add_callback(TimeBudget(self.args.max_train_minutes))
         if self.label_smoother is not None:
             # One knob, --label_smoothing_factor, applied once: by the model's loss rather than the Trainer's
             # smoother (which would need the logits of the whole batch in memory a second time).
