@@ -47,15 +47,19 @@ PUBLISHED_FILES = {
     "tokenizer_config.json",
 }
 SOURCES = ["ein mann fährt rad .", "zwei hunde spielen im schnee .", "eine frau"]
+# As vaswani.recipe writes test_results.json.
 RESULTS = {
-    "test_bleu": 31.42,
-    "test_bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",
-    "test_chrf": 55.5,
-    "test_chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.0",
-    "test_runtime": 1.5,  # a Trainer metric the card does not use
+    "bleu": 31.4159,
+    "bleu_signature": "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",
+    "chrf": 55.5,
+    "chrf_signature": "chrF2|nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.4.0",
+    "bleu_lowercase_moses_tokenized": 35.25,
+    "bleu_lowercase_moses_tokenized_signature": "BLEU|nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.4.0",
     "dataset": "bentrevett/multi30k",
-    "dataset_name": "Multi30k",
     "split": "test",
+    "num_beams": 4,
+    "length_penalty": 0.6,
+    "model": "/runs/de-en/averaged",  # a key the card does not use
 }
 SUMMARY = {
     "source_lang": "de",
@@ -162,6 +166,10 @@ class HubRecorder:
             recorder.calls.append(("create_repo", repo_id, kwargs, api.token))
             return RepoUrl(f"https://huggingface.co/{repo_id}")
 
+        def whoami(api, **kwargs):
+            recorder.calls.append(("whoami", None, kwargs, api.token))
+            return {"name": "someone"}
+
         def create_branch(api, repo_id, **kwargs):
             recorder.calls.append(("create_branch", repo_id, kwargs, api.token))
 
@@ -182,10 +190,11 @@ class HubRecorder:
         for name, method in [
             ("create_repo", create_repo),
             ("create_branch", create_branch),
+            ("whoami", whoami),
             ("upload_folder", upload_folder),
         ]:
             monkeypatch.setattr(HfApi, name, method)
-        for name in ("create_commit", "upload_file", "whoami"):
+        for name in ("create_commit", "upload_file", "create_pull_request"):
             monkeypatch.setattr(
                 HfApi, name, lambda *a, _name=name, **k: pytest.fail(f"unexpected HfApi.{_name}")
             )
@@ -233,12 +242,18 @@ def test_card_metadata_and_contents(published):
     assert data.metrics == ["bleu", "chrf"]
     assert {"translation", "custom_code"} <= set(data.tags)
     assert data.model_name == "vaswani-de-en"
-    scores = {r.metric_type: r for r in data.eval_results}
-    assert scores["bleu"].metric_value == 31.42
-    assert scores["bleu"].metric_config == RESULTS["test_bleu_signature"]
-    assert scores["chrf"].metric_value == 55.5
-    assert scores["bleu"].dataset_type == "bentrevett/multi30k" and scores["bleu"].dataset_split == "test"
-    assert scores["bleu"].task_type == "translation"
+    scores = {r.metric_name: r for r in data.eval_results}
+    assert set(scores) == {"BLEU (sacreBLEU)", "chrF (sacreBLEU)", "BLEU (lowercased, Moses-tokenized)"}
+    bleu = scores["BLEU (sacreBLEU)"]
+    assert (bleu.metric_type, bleu.metric_value, bleu.metric_config) == (
+        "bleu",
+        31.42,
+        RESULTS["bleu_signature"],
+    )
+    assert scores["chrF (sacreBLEU)"].metric_value == 55.5
+    assert scores["BLEU (lowercased, Moses-tokenized)"].metric_value == 35.25
+    assert bleu.dataset_type == "bentrevett/multi30k" and bleu.dataset_split == "test"
+    assert bleu.task_type == "translation"
     # model-index in the YAML as the Hub reads it
     assert card.content.split("---")[1].count("model-index:") == 1
     text = card.text
@@ -252,8 +267,10 @@ def test_card_metadata_and_contents(published):
         SUMMARY["schedule"],
         "1x NVIDIA H200",
         "1 h 02 min",
-        RESULTS["test_bleu_signature"],
-        RESULTS["test_chrf_signature"],
+        RESULTS["bleu_signature"],
+        RESULTS["chrf_signature"],
+        RESULTS["bleu_lowercase_moses_tokenized_signature"],
+        "4 beams, length penalty α = 0.6",
         "trust_remote_code=True",
         'pipeline("translation"',
         "## Limitations",
@@ -281,8 +298,24 @@ def test_validate_card_rejects_bad_cards(published):
         validate_card(text.replace("      value: 31.42\n", ""))
 
 
+def test_card_names_a_local_dataset_without_its_path(trained_dir):
+    model, _ = in_process(trained_dir)
+    local = "/data/corpora/multi30k"
+    card = render_card(
+        model,
+        REPO_ID,
+        results=EvalResults(bleu=20.0, dataset=local),
+        summary=TrainingSummary(source_lang="de", target_lang="en", dataset=local),
+    )
+    assert card.data.datasets is None  # the metadata lists Hub datasets only
+    assert card.data.eval_results[0].dataset_type == "multi30k"
+    assert "`multi30k`" in card.text and local not in card.text
+
+
 def test_run_json_files(tmp_path):
-    assert EvalResults.from_json(_write(tmp_path / "r.json", RESULTS)).bleu == 31.42
+    assert EvalResults.from_json(_write(tmp_path / "r.json", RESULTS)).bleu == 31.4159
+    prefixed = EvalResults.from_json(_write(tmp_path / "p.json", {"test_bleu": 12.0, "test_runtime": 1.5}))
+    assert (prefixed.bleu, prefixed.split) == (12.0, "test")
     summary = TrainingSummary.from_json(_write(tmp_path / "s.json", SUMMARY))
     assert (summary.source_lang, summary.train_time) == ("de", "1 h 02 min")
     with pytest.raises(PublishError, match="required"):
@@ -326,16 +359,17 @@ def test_push_creates_repo_and_uploads_one_commit(trained_dir, hub, monkeypatch)
 
 
 def test_push_with_output_dir_keeps_the_folder_and_uses_the_token_argument(trained_dir, hub, tmp_path):
-    result = publish(
-        trained_dir, REPO_ID, tmp_path / "out", token="hf_argument", summary=trained_dir / "summary.json"
-    )
+    # A repo id without namespace goes to the token's user, and the card names the full id.
+    result = publish(trained_dir, "vaswani-de-en", tmp_path / "out", token="hf_argument")
     assert result.folder == tmp_path / "out" and {p.name for p in result.folder.iterdir()} == PUBLISHED_FILES
-    assert [(call[0], call[3]) for call in hub.calls] == [
-        ("create_repo", "hf_argument"),
-        ("upload_folder", "hf_argument"),
+    assert [(call[0], call[1], call[3]) for call in hub.calls] == [
+        ("whoami", None, "hf_argument"),
+        ("create_repo", REPO_ID, "hf_argument"),
+        ("upload_folder", REPO_ID, "hf_argument"),
     ]
-    assert hub.calls[0][2]["private"] is None  # the Hub's default visibility
-    assert hub.calls[1][2]["revision"] is None
+    assert f'model="{REPO_ID}"' in hub.uploaded_card
+    assert hub.calls[1][2]["private"] is None  # the Hub's default visibility
+    assert hub.calls[2][2]["revision"] is None
 
 
 def _copy_without(source: Path, destination: Path, *names: str) -> Path:

@@ -19,8 +19,9 @@ Two JSON files describe the run. Every key is optional unless noted; other keys 
 `Trainer` metrics do:
 
 - evaluation results (`EvalResults`): `bleu` (required), `bleu_signature` (sacreBLEU's signature string), `chrf`,
-  `chrf_signature`, `dataset` (Hub id or short name, e.g. `"wmt14"`), `dataset_name` (display name),
-  `dataset_config` (e.g. `"de-en"`), `split` (default `"test"`);
+  `chrf_signature`, `bleu_lowercase_moses_tokenized` and its `_signature` (BLEU comparable to published Multi30k
+  figures), `dataset` (Hub id, short name or local path), `dataset_name` (display name), `dataset_config` (e.g.
+  `"de-en"`), `split` (default `"test"`), `num_beams` and `length_penalty` (how the test set was decoded);
 - training summary (`TrainingSummary`): `source_lang` and `target_lang` (required), `dataset`, `preset`, `steps`,
   `batch_tokens`, `schedule`, `warmup_steps`, `peak_learning_rate`, `hardware`, `train_runtime` (seconds).
 """
@@ -119,10 +120,14 @@ class EvalResults:
     bleu_signature: str | None = None
     chrf: float | None = None
     chrf_signature: str | None = None
+    bleu_lowercase_moses_tokenized: float | None = None
+    bleu_lowercase_moses_tokenized_signature: str | None = None
     dataset: str | None = None
     dataset_name: str | None = None
     dataset_config: str | None = None
     split: str = "test"
+    num_beams: int | None = None
+    length_penalty: float | None = None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> EvalResults:
@@ -220,6 +225,22 @@ def _check_tokenizer(tokenizer: PreTrainedTokenizerFast, model: VaswaniForCondit
 # --------------------------------------------------------------------------------------------------------------------
 # The model card
 # --------------------------------------------------------------------------------------------------------------------
+def _is_hub_dataset(name: str) -> bool:
+    """Whether `name` reads as a Hub dataset id ("wmt14", "bentrevett/multi30k") rather than a local path."""
+    if Path(name).is_absolute() or name.startswith(".") or Path(name).exists():
+        return False
+    try:
+        validate_repo_id(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _dataset_type(name: str) -> str:
+    """The model-index `dataset.type`: the Hub id, or the folder or file name of a local dataset."""
+    return name if _is_hub_dataset(name) else Path(name).name.split(".")[0] or "custom"
+
+
 def card_metadata(
     model_name: str,
     results: EvalResults | None,
@@ -229,7 +250,7 @@ def card_metadata(
     """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`."""
     eval_results = None
     if results is not None:
-        dataset_type = results.dataset or (summary.dataset if summary else None) or "custom"
+        dataset_type = _dataset_type(results.dataset or (summary.dataset if summary else None) or "custom")
         common = dict(
             task_type="translation",
             task_name="Translation",
@@ -238,26 +259,25 @@ def card_metadata(
             dataset_config=results.dataset_config,
             dataset_split=results.split,
         )
+        scores = [
+            ("bleu", "BLEU (sacreBLEU)", results.bleu, results.bleu_signature),
+            ("chrf", "chrF (sacreBLEU)", results.chrf, results.chrf_signature),
+            (
+                "bleu",
+                "BLEU (lowercased, Moses-tokenized)",
+                results.bleu_lowercase_moses_tokenized,
+                results.bleu_lowercase_moses_tokenized_signature,
+            ),
+        ]
         eval_results = [
             EvalResult(
-                metric_type="bleu",
-                metric_name="BLEU (sacreBLEU)",
-                metric_value=round(results.bleu, 2),
-                metric_config=results.bleu_signature,
-                **common,
+                metric_type=kind, metric_name=name, metric_value=round(value, 2), metric_config=sig, **common
             )
+            for kind, name, value, sig in scores
+            if value is not None
         ]
-        if results.chrf is not None:
-            eval_results.append(
-                EvalResult(
-                    metric_type="chrf",
-                    metric_name="chrF (sacreBLEU)",
-                    metric_value=round(results.chrf, 2),
-                    metric_config=results.chrf_signature,
-                    **common,
-                )
-            )
-    datasets = [d for d in {summary.dataset if summary else None, results.dataset if results else None} if d]
+    named = {summary.dataset if summary else None, results.dataset if results else None}
+    datasets = [d for d in named if d and _is_hub_dataset(d)]
     return ModelCardData(
         model_name=model_name,
         language=[summary.source_lang, summary.target_lang] if summary else None,
@@ -303,6 +323,8 @@ def render_card(
         generation=model.generation_config,
         results=results,
         summary=summary,
+        training_data=_dataset_type(summary.dataset) if summary and summary.dataset else None,
+        test_data=data.eval_results[0].dataset_name if data.eval_results else None,
         example_text=example_text,
     )
     validate_card(str(card))
@@ -435,8 +457,7 @@ def upload_folder(
     token = resolve_token(token)
     check_folder(folder)
     api = HfApi(token=token)
-    repo_url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-    repo_id = repo_url.repo_id  # with the namespace, when `repo_id` had none
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
     if revision is not None and revision != "main":
         api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
     return api.upload_folder(
@@ -482,7 +503,8 @@ def publish(
     - `repo_id` and `output_dir`: build in `output_dir` (kept), push.
     - `output_dir` only, or `dry_run=True`: build in `output_dir`, push nothing.
 
-    `results` and `summary` are `EvalResults` / `TrainingSummary` objects or paths of their JSON files. Every check
+    A `repo_id` without namespace goes to the token's user (one `whoami` call). `results` and `summary` are
+    `EvalResults` / `TrainingSummary` objects or paths of their JSON files. Every check
     (repo id, token, input folders, output folder) runs before the model is loaded, and the built folder is checked
     before it is uploaded.
     """
@@ -495,6 +517,8 @@ def publish(
         check_repo_id(repo_id)
     if push:
         token = resolve_token(token)
+        if "/" not in repo_id:  # the card's usage example needs the full id: the token's user namespace
+            repo_id = f"{HfApi(token=token).whoami()['name']}/{repo_id}"
     check_model_dir(model_dir, tokenizer_dir)
     if results is not None and not isinstance(results, EvalResults):
         results = EvalResults.from_json(results)
