@@ -1,0 +1,207 @@
+"""Checkpoint averaging (§6.1): the mean of the last N Trainer checkpoints, written as a normal model folder."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tiny_translation_assets import tiny_model, tiny_tokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from vaswani import VaswaniForConditionalGeneration
+from vaswani.averaging import (
+    average_checkpoints,
+    average_last_checkpoints,
+    average_state_dicts,
+    find_checkpoints,
+    last_checkpoints,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 280
+
+
+def write_checkpoint(run_dir: Path, step: int, seed: int, tokenizer=None, **overrides) -> Path:
+    """A Trainer-like checkpoint folder: weights, config, generation config, tokenizer, training state."""
+    folder = run_dir / f"checkpoint-{step}"
+    model = tiny_model(VOCAB, seed=seed, **overrides)
+    model.generation_config.max_new_tokens = step  # marks which checkpoint the generation config came from
+    model.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    torch.save({"state": {}}, folder / "optimizer.pt")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def run_dir(tmp_path, tokenizer):
+    """Steps chosen so that sorting names as strings would pick the wrong ones (checkpoint-9 > checkpoint-1000)."""
+    run = tmp_path / "run"
+    for seed, step in enumerate([9, 10, 100, 1000]):
+        write_checkpoint(run, step, seed, tokenizer)
+    (run / "checkpoint-best").mkdir()  # not a checkpoint-<step> folder: ignored
+    (run / "runs").mkdir()
+    return run
+
+
+def test_checkpoints_sorted_by_step_number(run_dir):
+    assert [p.name for p in find_checkpoints(run_dir)] == [
+        "checkpoint-9",
+        "checkpoint-10",
+        "checkpoint-100",
+        "checkpoint-1000",
+    ]
+    assert [p.name for p in last_checkpoints(run_dir, 3)] == [
+        "checkpoint-10",
+        "checkpoint-100",
+        "checkpoint-1000",
+    ]
+
+
+def test_average_of_three_equals_hand_computed_mean(run_dir, tmp_path, tokenizer):
+    out = average_last_checkpoints(run_dir, tmp_path / "avg", num_checkpoints=3, show_progress=False)
+    models = [
+        VaswaniForConditionalGeneration.from_pretrained(run_dir / f"checkpoint-{s}") for s in (10, 100, 1000)
+    ]
+    averaged = VaswaniForConditionalGeneration.from_pretrained(out)
+    params = dict(averaged.named_parameters())
+    for name, _ in models[0].named_parameters():
+        expected = sum(dict(m.named_parameters())[name].double() for m in models) / 3
+        torch.testing.assert_close(params[name].double(), expected, rtol=0, atol=1e-7)
+        assert params[name].dtype == torch.float32
+    # checkpoint-9 took no part: the mean of the last three differs from that of all four.
+    first = VaswaniForConditionalGeneration.from_pretrained(run_dir / "checkpoint-9")
+    all_four = (sum(m.model.shared.weight for m in models) + first.model.shared.weight) / 4
+    assert not torch.allclose(averaged.model.shared.weight, all_four)
+
+
+def test_average_state_dicts_accumulates_in_float64(tmp_path):
+    """A float32 running sum would lose the 1.0 next to 1e8 (and give 0); the float64 sum keeps it."""
+    values = [1e8, 1.0, -1e8]
+    paths = []
+    for i, value in enumerate(values):
+        folder = tmp_path / f"checkpoint-{i}"
+        folder.mkdir()
+        save_file({"w": torch.full((3,), value, dtype=torch.float32)}, str(folder / "model.safetensors"))
+        paths.append(folder)
+    mean = average_state_dicts(paths, show_progress=False)["w"]
+    assert mean.dtype == torch.float32
+    assert torch.equal(mean, torch.full((3,), 1 / 3, dtype=torch.float32))
+
+
+def test_output_folder_keeps_ties_and_companion_files(run_dir, tmp_path, tokenizer):
+    out = average_checkpoints([run_dir / "checkpoint-100", run_dir / "checkpoint-1000"], tmp_path / "avg")
+    with safe_open(out / "model.safetensors", framework="pt") as f:
+        keys = set(f.keys())
+    assert "model.shared.weight" in keys
+    assert not keys & {
+        "lm_head.weight",
+        "model.encoder.embed_tokens.weight",
+        "model.decoder.embed_tokens.weight",
+    }
+    model = AutoModelForSeq2SeqLM.from_pretrained(out)
+    assert type(model) is VaswaniForConditionalGeneration
+    assert model.lm_head.weight is model.model.shared.weight
+    assert model.model.encoder.embed_tokens.weight is model.model.shared.weight
+    # Tokenizer and generation config of the newest checkpoint; no training state.
+    assert AutoTokenizer.from_pretrained(out)("Ein Hund.")["input_ids"] == tokenizer("Ein Hund.")["input_ids"]
+    assert json.loads((out / "generation_config.json").read_text())["max_new_tokens"] == 1000
+    files = {p.name for p in out.iterdir()}
+    assert not files & {"optimizer.pt", "trainer_state.json"}
+    assert {"config.json", "modeling_vaswani.py", "configuration_vaswani.py"} <= files
+
+
+def test_separate_tokenizers_and_extra_code_are_copied(tmp_path, tokenizer):
+    run = tmp_path / "run"
+    for seed, step in enumerate([1, 2]):
+        folder = write_checkpoint(run, step, seed)
+        tokenizer.save_pretrained(folder / "source")
+        tokenizer.save_pretrained(folder / "target")
+        (folder / "pipeline_vaswani.py").write_text("# pipeline code\n")
+    out = average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
+    assert (out / "source" / "tokenizer.json").is_file() and (out / "target" / "tokenizer.json").is_file()
+    assert (out / "pipeline_vaswani.py").read_text() == "# pipeline code\n"
+
+
+def test_sharded_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    for seed, step in enumerate([1, 2]):
+        tiny_model(VOCAB, seed=seed).save_pretrained(run / f"checkpoint-{step}", max_shard_size="20KB")
+    assert (run / "checkpoint-1" / "model.safetensors.index.json").is_file()
+    out = average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
+    a, b = (tiny_model(VOCAB, seed=seed) for seed in (0, 1))
+    averaged = VaswaniForConditionalGeneration.from_pretrained(out)
+    torch.testing.assert_close(
+        averaged.model.shared.weight, (a.model.shared.weight + b.model.shared.weight) / 2
+    )
+
+
+def test_mismatched_shapes_name_the_folder(tmp_path):
+    run = tmp_path / "run"
+    write_checkpoint(run, 1, 0)
+    write_checkpoint(run, 2, 1, encoder_ffn_dim=24)
+    with pytest.raises(ValueError, match=r"checkpoint-2.*fc1.*shape"):
+        average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
+
+
+def test_missing_key_names_the_folder(tmp_path):
+    run = tmp_path / "run"
+    write_checkpoint(run, 1, 0)
+    folder = write_checkpoint(run, 2, 1)
+    state = load_file(folder / "model.safetensors")
+    del state["model.encoder.layers.0.fc1.bias"]
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"checkpoint-2.*missing.*fc1\.bias"):
+        average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
+
+
+def test_truncated_safetensors_names_the_file(tmp_path):
+    run = tmp_path / "run"
+    write_checkpoint(run, 1, 0)
+    weights = write_checkpoint(run, 2, 1) / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"checkpoint-2/model\.safetensors"):
+        average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
+
+
+def test_too_few_or_no_checkpoints(tmp_path, run_dir):
+    with pytest.raises(ValueError, match=r"last 5 .* has 4"):
+        last_checkpoints(run_dir, 5)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="has 0"):
+        last_checkpoints(tmp_path / "empty", 1)
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        average_checkpoints([run_dir / "checkpoint-best"], tmp_path / "avg", show_progress=False)
+
+
+def test_script(run_dir, tmp_path):
+    out = tmp_path / "avg"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/average_checkpoints.py",
+            "--run_dir",
+            str(run_dir),
+            "--num_checkpoints",
+            "2",
+        ]
+        + ["--output_dir", str(out)],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "checkpoint-1000" in result.stderr
+    VaswaniForConditionalGeneration.from_pretrained(out)

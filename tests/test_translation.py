@@ -1,0 +1,178 @@
+"""Batched translation: same output as one-by-one `generate`, input order kept, empty lines, stdin/stdout."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+
+from vaswani.tokenization import save_tokenizers
+from vaswani.translation import (
+    load_translation_model,
+    make_batches,
+    read_sentences,
+    score_translations,
+    translate,
+    write_sentences,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return translation_model(len(tokenizer))
+
+
+def one_by_one(sentences, model, src_tok, tgt_tok, max_new_tokens):
+    """The reference: `model.generate` per sentence, unbatched, with §6.1's beam 4 and length penalty 0.6."""
+    outputs = []
+    for sentence in sentences:
+        ids = model.generate(
+            **src_tok([sentence], return_tensors="pt"),
+            num_beams=4,
+            length_penalty=0.6,
+            max_new_tokens=max_new_tokens,
+        )
+        outputs.append(tgt_tok.decode(ids[0], skip_special_tokens=True))
+    return outputs
+
+
+def test_make_batches_sorts_by_length_and_caps_tokens():
+    lengths = [3, 9, 1, 9, 5, 2]
+    assert make_batches(lengths, batch_size=2) == [[1, 3], [4, 0], [5, 2]]
+    # max_tokens=18: two 9-token sentences fit, a third sentence would make 3 x 5 = 15 < 18 but 3 x 9 > 18.
+    assert make_batches(lengths, batch_size=10, max_tokens=18) == [[1, 3], [4, 0, 5], [2]]
+    assert make_batches([30, 2], batch_size=10, max_tokens=8) == [[0], [1]]  # too long: alone
+    with pytest.raises(ValueError, match="batch_size"):
+        make_batches(lengths, batch_size=0)
+
+
+@pytest.fixture(scope="module")
+def expected(model, tokenizer):
+    return one_by_one(MORE, model, tokenizer, tokenizer, max_new_tokens=12)
+
+
+@pytest.mark.parametrize("batch_size, max_tokens", [(4, None), (64, None), (64, 40)])
+def test_batched_equals_one_by_one_in_input_order(model, tokenizer, expected, batch_size, max_tokens):
+    assert len(set(expected)) > 3, "the test needs different outputs to check the order"
+    assert len({len(tokenizer(t)["input_ids"]) for t in expected}) > 1, "and outputs of different lengths"
+    got = translate(
+        MORE,
+        model,
+        tokenizer,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        max_new_tokens=12,
+        show_progress=False,
+    )
+    assert got == expected
+
+
+def test_default_limit_is_longest_source_of_the_batch_plus_50(model, tokenizer, monkeypatch):
+    calls = []
+
+    def spy(**kwargs):
+        calls.append((kwargs["attention_mask"].sum(-1).max().item(), kwargs))
+        rows = kwargs["input_ids"].shape[0]
+        return torch.tensor([[1, 7 + rows, 2]]).repeat(rows, 1)  # <s> (a token saying the batch size) </s>
+
+    monkeypatch.setattr(model, "generate", spy)
+    got = translate(MORE, model, tokenizer, batch_size=3, show_progress=False)
+    assert len(calls) == 4
+    for longest, kwargs in calls:
+        assert kwargs["max_new_tokens"] == longest + 50
+        assert kwargs["num_beams"] == 4 and kwargs["length_penalty"] == 0.6
+    # Longest first: the limits never grow from one batch to the next.
+    limits = [kwargs["max_new_tokens"] for _, kwargs in calls]
+    assert limits == sorted(limits, reverse=True)
+    # 11 sentences in batches of 3: the two shortest came in the last batch, of 2.
+    lengths = [len(tokenizer(s)["input_ids"]) for s in MORE]
+    shortest = sorted(range(len(MORE)), key=lambda i: -lengths[i])[-2:]
+    assert [i for i, text in enumerate(got) if text == tokenizer.decode([9])] == sorted(shortest)
+
+
+def test_empty_lines_give_empty_lines(model, tokenizer):
+    sentences = ["", SENTENCES[0], "   ", SENTENCES[1], ""]
+    got = translate(sentences, model, tokenizer, max_new_tokens=8, show_progress=False)
+    expected = one_by_one([SENTENCES[0], SENTENCES[1]], model, tokenizer, tokenizer, max_new_tokens=8)
+    assert got == ["", expected[0], "", expected[1], ""]
+    assert translate(["", ""], model, tokenizer, show_progress=False) == ["", ""]
+
+
+def test_separate_source_and_target_tokenizers(tmp_path):
+    source = tiny_tokenizer(SENTENCES[:4])
+    target = tiny_tokenizer(SENTENCES[4:])
+    model = translation_model(len(source), decoder_vocab_size=len(target))
+    model.save_pretrained(tmp_path)
+    save_tokenizers(source, target, tmp_path)
+    loaded, src_tok, tgt_tok = load_translation_model(tmp_path, device="cpu")
+    assert src_tok is not tgt_tok and len(tgt_tok) == len(target)
+    got = translate(SENTENCES[:4], loaded, src_tok, tgt_tok, max_new_tokens=10, show_progress=False)
+    assert got == one_by_one(SENTENCES[:4], model, source, target, max_new_tokens=10)
+
+
+def test_bf16(tmp_path, model, tokenizer):
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, src_tok, _ = load_translation_model(tmp_path, device="cpu", bf16=True)
+    assert loaded.dtype == torch.bfloat16 and not loaded.training
+    assert len(translate(SENTENCES[:2], loaded, src_tok, max_new_tokens=4, show_progress=False)) == 2
+
+
+def test_script_stdin_to_stdout_with_references(tmp_path, model, tokenizer):
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    sentences = [SENTENCES[0], "", SENTENCES[2], SENTENCES[1]]
+    references = tmp_path / "ref.txt"
+    references.write_text("\n".join(["A man rides a bike.", "", "A book.", "Two dogs."]) + "\n")
+    result = subprocess.run(
+        [sys.executable, "scripts/translate.py", "--model", str(folder), "--max_new_tokens", "8"]
+        + ["--batch_size", "2", "--device", "cpu", "--references", str(references)],
+        input="\n".join(sentences) + "\n",
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+    )
+    assert result.returncode == 0, result.stderr
+    expected = translate(sentences, model, tokenizer, max_new_tokens=8, show_progress=False)
+    assert result.stdout.split("\n") == expected + [""]
+    assert "BLEU = " in result.stderr and "chrF = " in result.stderr
+    assert "Translating" in result.stderr  # the progress bar goes to stderr, never into the translations
+
+
+def test_files_keep_one_sentence_a_line(tmp_path):
+    path = tmp_path / "out" / "hyp.txt"
+    write_sentences(["a\nb", "", "c\r\nd ü\u2028e"], path)
+    assert path.read_bytes() == "a b\n\nc  d ü\u2028e\n".encode()
+    assert read_sentences(path) == ["a b", "", "c  d ü\u2028e"]
+
+
+def test_score_translations_checks_line_counts(tmp_path):
+    references = tmp_path / "ref.txt"
+    references.write_text("A man rides a bike.\nTwo dogs play.\n")
+    scores = score_translations(["A man rides a bike.", "Two dogs play."], [references])
+    assert scores["bleu"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="ref.txt has 2 lines"):
+        score_translations(["only one"], [references])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_is_the_default_device_and_bf16_runs_there(tmp_path, model, tokenizer):
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, src_tok, _ = load_translation_model(tmp_path, bf16=True)
+    assert loaded.device.type == "cuda" and loaded.dtype == torch.bfloat16
+    assert len(translate(MORE, loaded, src_tok, max_new_tokens=6, show_progress=False)) == len(MORE)
