@@ -125,6 +125,60 @@ def _make_positions(config: VaswaniConfig) -> nn.Module:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Linear layers: every W of the model (W^Q, W^K, W^V, W^O, W1, W2 and the pre-softmax projection)
+# --------------------------------------------------------------------------------------------------------------------
+class _OneDNNLinearFunction(torch.autograd.Function):
+    """y = x W^T + b in float32 with the forward product and both backward products in oneDNN's GEMM."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        grad_2d = grad.reshape(-1, grad.shape[-1])  # (N, out)
+        if ctx.needs_input_grad[0]:  # dL/dx = dL/dy W: a "linear" with weight W^T of shape (in, out)
+            grad_x = torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [], "")
+        if ctx.needs_input_grad[1]:  # dL/dW = (dL/dy)^T x: (out, N) @ (N, in)
+            x_2d = x.reshape(-1, x.shape[-1])  # (N, in)
+            grad_weight = torch.ops.mkldnn._linear_pointwise(grad_2d.t(), x_2d.t(), None, "none", [], "")
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_2d.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+class VaswaniLinear(nn.Linear):
+    """`nn.Linear` whose float32 products on the CPU go through oneDNN, forward and backward.
+
+    torch's default float32 CPU GEMM is MKL's, which runs without its AVX-512 kernels on non-Intel CPUs: on an AMD
+    EPYC (Zen 4) oneDNN's float32 GEMM is about twice as fast (BENCHMARKS.md). The arithmetic is the same float32
+    GEMM, so results agree with `F.linear` to rounding. Other cases take `F.linear` unchanged: other dtypes (under
+    CPU autocast the bfloat16 product already goes to oneDNN), GPUs, `torch.compile` (which picks its own kernels)
+    and `torch.backends.mkldnn.flags(enabled=False)`. It is still an `nn.Linear` with the same parameters, so
+    `isinstance` checks, PEFT's LoRA wrapping and checkpoints see no difference.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.device.type == "cpu"
+            and x.dtype == self.weight.dtype == torch.float32
+            and _ONEDNN_AVAILABLE
+            and torch._C._get_mkldnn_enabled()
+            and not torch.is_autocast_enabled("cpu")
+            and not is_torchdynamo_compiling()
+        ):
+            return _OneDNNLinearFunction.apply(x, self.weight, self.bias)
+        return super().forward(x)
+
+
+_ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # §3.2 Attention
 # --------------------------------------------------------------------------------------------------------------------
 def eager_attention_forward(
@@ -186,10 +240,10 @@ class VaswaniAttention(nn.Module):
         self.is_cross_attention = is_cross_attention
         self.layer_idx = layer_idx
         bias = config.attention_bias  # the paper's projections have no bias (§3.2.2)
-        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=bias)
-        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=bias)
-        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=bias)
-        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=bias)
+        self.q_proj = VaswaniLinear(self.embed_dim, self.embed_dim, bias=bias)
+        self.k_proj = VaswaniLinear(self.embed_dim, self.embed_dim, bias=bias)
+        self.v_proj = VaswaniLinear(self.embed_dim, self.embed_dim, bias=bias)
+        self.out_proj = VaswaniLinear(self.embed_dim, self.embed_dim, bias=bias)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(
@@ -259,8 +313,8 @@ class VaswaniLayer(GradientCheckpointingLayer):
         self.dropout = config.dropout  # P_drop on each sublayer output (§5.4)
         self.activation_dropout = config.activation_dropout  # not in the paper; 0 by default
         self.activation_fn = ACT2FN[config.activation_function]
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)  # W1, b1
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)  # W2, b2
+        self.fc1 = VaswaniLinear(config.d_model, ffn_dim)  # W1, b1
+        self.fc2 = VaswaniLinear(ffn_dim, config.d_model)  # W2, b2
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def sublayer_input(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -675,7 +729,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
         self.model = VaswaniModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
+        self.lm_head = VaswaniLinear(config.d_model, config.decoder_vocab_size, bias=False)
         if config.share_encoder_decoder_embeddings:
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
