@@ -1,0 +1,375 @@
+"""Shared pieces of the benchmarks: the three implementations at equal sizes, timing, peak memory, matmul peak.
+
+The three implementations, built from one `VaswaniConfig` preset so that sizes are equal:
+
+- `vaswani`: `VaswaniForConditionalGeneration` (this repository), as configured by the preset.
+- `marian`: transformers' `MarianMTModel`, the same architecture family (post-norm, sinusoidal positions, one
+  shared embedding matrix scaled by sqrt(d_model) and tied to the output projection, ReLU). Its attention
+  projections carry biases and its logits get `final_logits_bias` added (zeros: no effect on values, but the add
+  over the vocabulary is part of its work).
+- `torch`: `torch.nn.Transformer` (post-norm, batch-first) wrapped with the same shared scaled embedding,
+  sinusoidal positions and tied output projection (`TorchTransformerLM`). `nn.Transformer` adds a final
+  LayerNorm to the encoder and decoder stacks and biases to its projections; it has no KV cache, so its decoding
+  recomputes the target prefix at every step.
+
+Every training step computes the same label-smoothed cross-entropy (eps_ls = 0.1, float32, mean over target
+tokens): `vaswani` through its own `labels` path, the peers on their logits with `label_smoothed_ce`.
+
+Timing helpers interleave the implementations inside one run and take medians, because the benchmark machines are
+shared. Peak memory is measured in a fresh subprocess per configuration (see `peak_rss_during`).
+"""
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, shift_tokens_right
+
+IMPLEMENTATIONS = ("vaswani", "marian", "torch")
+PAD, BOS, EOS = 0, 1, 2
+DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 tokens
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Models at equal sizes
+# --------------------------------------------------------------------------------------------------------------------
+def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:
+    return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
+
+
+def sinusoids(num_positions: int, d_model: int) -> torch.Tensor:
+    """The §3.5 table, sines on even and cosines on odd dimensions, (num_positions, d_model)."""
+    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+    angles = torch.arange(num_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[:, :d_model]
+
+
+class TorchTransformerLM(nn.Module):
+    """`torch.nn.Transformer` with a shared scaled embedding, sinusoidal positions and a tied output projection."""
+
+    def __init__(self, config: VaswaniConfig):
+        super().__init__()
+        self.config = config
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=PAD)
+        nn.init.normal_(self.shared.weight, std=config.d_model**-0.5)
+        self.embed_scale = math.sqrt(config.d_model)
+        self.register_buffer("positions", sinusoids(config.max_position_embeddings, config.d_model), False)
+        self.transformer = nn.Transformer(
+            d_model=config.d_model,
+            nhead=config.encoder_attention_heads,
+            num_encoder_layers=config.encoder_layers,
+            num_decoder_layers=config.decoder_layers,
+            dim_feedforward=config.encoder_ffn_dim,
+            dropout=config.dropout,
+            activation="relu",
+            batch_first=True,
+            norm_first=False,
+        )
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.shared.weight
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.shared(ids) * self.embed_scale + self.positions[: ids.shape[1]]
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        padding = None if attention_mask is None else attention_mask == 0
+        return self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=padding)
+
+    def decode(
+        self, decoder_input_ids: torch.Tensor, memory: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        length = decoder_input_ids.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(length, device=memory.device)
+        padding = None if attention_mask is None else attention_mask == 0
+        hidden = self.transformer.decoder(
+            self.embed(decoder_input_ids),
+            memory,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            memory_key_padding_mask=padding,
+        )
+        return self.lm_head(hidden)
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids) -> torch.Tensor:
+        return self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)
+
+
+def build_model(name: str, config: VaswaniConfig, seed: int = 0) -> nn.Module:
+    """One of `IMPLEMENTATIONS` at the sizes of `config`, random weights from `seed`."""
+    torch.manual_seed(seed)
+    if name == "vaswani":
+        return VaswaniForConditionalGeneration(config)
+    if name == "marian":
+        from transformers import MarianConfig, MarianMTModel
+
+        marian = MarianConfig(
+            vocab_size=config.vocab_size,
+            decoder_vocab_size=config.vocab_size,
+            d_model=config.d_model,
+            encoder_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers,
+            encoder_attention_heads=config.encoder_attention_heads,
+            decoder_attention_heads=config.decoder_attention_heads,
+            encoder_ffn_dim=config.encoder_ffn_dim,
+            decoder_ffn_dim=config.decoder_ffn_dim,
+            activation_function="relu",
+            dropout=config.dropout,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            max_position_embeddings=config.max_position_embeddings,
+            scale_embedding=True,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+            pad_token_id=PAD,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            forced_eos_token_id=None,
+            decoder_start_token_id=BOS,
+        )
+        return MarianMTModel(marian)
+    if name == "torch":
+        return TorchTransformerLM(config)
+    raise ValueError(f"Unknown implementation {name!r}; choose from {IMPLEMENTATIONS}.")
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Trainable parameters, tied matrices counted once (Marian's frozen sinusoid tables are not counted)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
+
+
+def label_smoothed_ce(logits: torch.Tensor, labels: torch.Tensor, eps: float) -> torch.Tensor:
+    """The loss `VaswaniForConditionalGeneration` computes with `labels`: smoothed CE in float32, token mean."""
+    total = F.cross_entropy(
+        logits.flatten(0, 1).float(),
+        labels.flatten(),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=eps,
+    )
+    return total / (labels != -100).sum()
+
+
+def training_loss(name: str, model: nn.Module, batch: dict[str, torch.Tensor], eps: float) -> torch.Tensor:
+    """Forward pass and loss of one implementation, in the way a user of that implementation trains it."""
+    if name == "vaswani":
+        return model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
+        ).loss
+    decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
+    if name == "marian":
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=decoder_input_ids,
+        ).logits
+    else:
+        logits = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids)
+    return label_smoothed_ce(logits, batch["labels"], eps)
+
+
+def random_batch(batch_size: int, src_len: int, tgt_len: int, vocab_size: int, seed: int = 0, device="cpu"):
+    """Random ids above the special ids, no padding (a length-bucketed batch), labels ending with EOS."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, vocab_size, (batch_size, src_len), generator=g)
+    labels = torch.randint(3, vocab_size, (batch_size, tgt_len), generator=g)
+    labels[:, -1] = EOS
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Decoding for nn.Transformer (no KV cache: the decoder reruns over the whole prefix at every step)
+# --------------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def torch_generate(
+    model: TorchTransformerLM,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_beams: int,
+    new_tokens: int,
+) -> torch.Tensor:
+    """Greedy (`num_beams=1`) or beam search for exactly `new_tokens` tokens (EOS suppressed, as `min_new_tokens`).
+
+    Returns the best hypothesis per sentence, (B, 1 + new_tokens) with the start token first."""
+    batch_size = input_ids.shape[0]
+    memory = model.encode(input_ids, attention_mask)
+    if num_beams > 1:
+        memory = memory.repeat_interleave(num_beams, dim=0)
+        attention_mask = attention_mask.repeat_interleave(num_beams, dim=0)
+    tokens = torch.full((batch_size * num_beams, 1), BOS, dtype=torch.long, device=input_ids.device)
+    scores = torch.zeros(batch_size, num_beams, device=input_ids.device)
+    scores[:, 1:] = -math.inf  # all beams start identical: keep one
+    for _ in range(new_tokens):
+        log_probs = model.decode(tokens, memory, attention_mask)[:, -1].float().log_softmax(-1)  # (B * k, V)
+        log_probs[:, EOS] = -math.inf
+        if num_beams == 1:
+            tokens = torch.cat([tokens, log_probs.argmax(-1, keepdim=True)], dim=1)
+            continue
+        vocab = log_probs.shape[-1]
+        candidates = (scores[:, :, None] + log_probs.view(batch_size, num_beams, vocab)).view(batch_size, -1)
+        scores, index = candidates.topk(num_beams, dim=-1)  # (B, k)
+        beam = (index // vocab + torch.arange(batch_size, device=index.device)[:, None] * num_beams).flatten()
+        tokens = torch.cat([tokens[beam], (index % vocab).view(-1, 1)], dim=1)
+    return tokens.view(batch_size, num_beams, -1)[:, 0]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------------------------------
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def interleaved_times(
+    jobs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, device: str = "cpu"
+) -> dict[str, list[float]]:
+    """Seconds per call of each job, the jobs interleaved round-robin so that machine load hits them alike."""
+    for _ in range(warmup):
+        for job in jobs.values():
+            job()
+            synchronize(device)
+    times = {name: [] for name in jobs}
+    for _ in range(repeats):
+        for name, job in jobs.items():
+            synchronize(device)
+            start = time.perf_counter()
+            job()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Matmul peak
+# --------------------------------------------------------------------------------------------------------------------
+def matmul_peak(size: tuple[int, int, int] = (4096, 512, 2048), repeats: int = 10) -> dict[str, float]:
+    """Measured matmul throughput in GFLOP/s (median of `repeats`, paths interleaved), for (M, K) x (K, N).
+
+    `fp32_default`: `F.linear`, torch's default CPU path (MKL sgemm here); `fp32_onednn`: oneDNN's fp32 linear with
+    a prepacked weight (`torch.ops.mkldnn._linear_pointwise`); `fp32_numpy`: numpy's BLAS; `bf16`: `F.linear` in
+    bfloat16, which torch sends to oneDNN. On a GPU: fp32 (TF32 off) and bf16 through cuBLAS.
+    """
+    m, k, n = size
+    flops = 2 * m * k * n
+    if torch.cuda.is_available():
+        x, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+        xb, wb = x.bfloat16(), w.bfloat16()
+        jobs = {"fp32_default": lambda: F.linear(x, w), "bf16": lambda: F.linear(xb, wb)}
+        times = interleaved_times(jobs, repeats, warmup=3, device="cuda")
+        return {name: flops / median(t) / 1e9 for name, t in times.items()}
+
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    xn, wn = x.numpy(), w.t().contiguous().numpy()
+    xb, wb = x.bfloat16(), w.bfloat16()
+    jobs = {
+        "fp32_default": lambda: F.linear(x, w),
+        "fp32_numpy": lambda: xn @ wn,
+        "bf16": lambda: F.linear(xb, wb),
+    }
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        jobs["fp32_onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    times = interleaved_times(jobs, repeats, warmup=2)
+    return {name: flops / median(t) / 1e9 for name, t in times.items()}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Peak memory
+# --------------------------------------------------------------------------------------------------------------------
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_rss_during(work: Callable[[], object]) -> dict[str, float]:
+    """Resident-set high-water mark of this process while `work` runs, in MiB (Linux only).
+
+    Resets the kernel's high-water mark (`/proc/self/clear_refs` <- 5), runs `work`, and reads `VmHWM`. Returns the
+    peak and its rise over the resident size before `work` (weights and data already allocated). It counts every
+    page the process touches, torch's allocations included (tracemalloc does not see them); glibc returns large
+    freed blocks to the system, so the peak follows the largest set of live tensors closely.
+    """
+    before = _rss_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    work()
+    peak = _rss_kib("VmHWM")
+    return {"peak_rss_mib": peak / 1024, "before_mib": before / 1024, "rise_mib": (peak - before) / 1024}
+
+
+def run_child(module: str, args: list[str]) -> dict:
+    """Run `python -m module args` in a fresh process (for a clean memory high-water mark); return its JSON line."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=root, env=env, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------------------------------------------------
+def machine() -> dict[str, object]:
+    """What the numbers were measured on."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+    }
+    import transformers
+
+    info["transformers"] = transformers.__version__
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Plain-text table: `columns` are (key, header, format spec)."""
+    cells = [[header for _, header, _ in columns]]
+    for row in rows:
+        cells.append(
+            [format(row[key], spec) if row.get(key) is not None else "-" for key, _, spec in columns]
+        )
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if path:
+        with open(path, "w") as out:
+            json.dump(payload, out, indent=2)

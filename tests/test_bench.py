@@ -1,0 +1,66 @@
+"""Smoke tests of the benchmark scripts: each runs with `--quick` in a subprocess, prints a table, writes JSON."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(module: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
+    out = tmp_path / "out.json"
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--quick", "--json", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout, json.loads(out.read_text())
+
+
+def test_bench_matmul(tmp_path):
+    stdout, result = run_script("bench.bench_matmul", tmp_path)
+    assert "fp32_default" in stdout and "----" in stdout
+    assert {"fp32_default", "bf16"} <= set(result["results"][0])
+    assert result["machine"]["torch"]
+
+
+@pytest.mark.parametrize("memory", [False, True], ids=["timing", "memory"])
+def test_bench_train(tmp_path, memory):
+    extra = ("--impl", "vaswani", "--dtype", "fp32") if memory else ("--no-memory",)
+    stdout, result = run_script("bench.bench_train", tmp_path, *extra)
+    assert "tgt tok/s" in stdout and "----" in stdout
+    assert {"machine", "matmul_peak_gflops", "flop_formula", "results", "loss_curves"} <= set(result)
+    row = result["results"][0]
+    assert {"preset", "impl", "dtype", "tokens_per_s", "gflops", "mfu", "vs_marian"} <= set(row)
+    assert ("mem_rise_mib" in row) == memory
+    if not memory:
+        assert {(r["impl"], r["dtype"]) for r in result["results"]} == {
+            (i, d) for i in ("vaswani", "marian", "torch") for d in ("fp32", "bf16")
+        }
+        assert len(result["loss_curves"]["small"]["bf16"]) == 2
+
+
+def test_bench_generate(tmp_path):
+    stdout, result = run_script("bench.bench_generate", tmp_path, "--no-memory")
+    assert "tok/s" in stdout and "----" in stdout
+    rows = result["results"]
+    assert {(r["impl"], r["decoding"]) for r in rows} == {
+        (i, d) for i in ("vaswani", "marian", "torch") for d in ("greedy", "beam-4")
+    }
+    assert all(r["tokens_per_s"] > 0 and r["latency_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("module", ["bench.bench_train", "bench.bench_generate"])
+def test_gpu_mode_skips_without_cuda(tmp_path, module):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: GPU mode runs instead of skipping")
+    stdout, result = run_script(module, tmp_path, "--gpu")
+    assert "skipped" in stdout and result["skipped"]
