@@ -335,3 +335,14 @@ def test_static_cache_with_torch_compile_matches_dynamic(model):
     finally:
         del model.forward
     assert torch.equal(dynamic, compiled_out)
+
+
+def test_attention_implementation_can_be_switched_after_loading(model):
+    input_ids, attention_mask, labels = batch()
+    sdpa = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    assert sdpa.encoder_attentions is None or sdpa.encoder_attentions[0] is None
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager"
+    eager = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, output_attentions=True)
+    assert eager.cross_attentions[0] is not None
+    torch.testing.assert_close(eager.logits, sdpa.logits, atol=1e-5, rtol=1e-5)

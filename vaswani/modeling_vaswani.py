@@ -280,9 +280,11 @@ class VaswaniAttention(nn.Module):
                 layer_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
                 key, value = layer_cache.update(key, value, self.layer_idx)  # (B, h, T_past + Tq, d_k)
 
-        attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        # "eager" (or an unregistered name) falls back to this file's implementation. Written as `get_interface`:
+        # transformers looks for that call to allow `model.set_attn_implementation(...)` after loading.
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
         output, weights = attention_interface(
             self,
             query,
@@ -447,21 +449,45 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 # --------------------------------------------------------------------------------------------------------------------
 # Encoder and decoder stacks, §3.1 and §3.4
 # --------------------------------------------------------------------------------------------------------------------
-class VaswaniEncoder(nn.Module):
-    """N encoder layers over scaled token embeddings plus positional encodings, with dropout on the sum (§5.4)."""
+class VaswaniStack(nn.Module):
+    """What the encoder and decoder stacks share: token embeddings scaled by sqrt(d_model) (§3.4) plus positional
+    encodings (§3.5) with dropout on the sum (§5.4), N layers, and, in the pre-norm layout only, a final LayerNorm
+    (post-norm layers already end normalised)."""
 
-    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding, layer_class: type, num_layers: int):
         super().__init__()
         self.config = config
         self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0  # §3.4
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = _make_positions(config)
         self.dropout = config.dropout
-        self.layers = nn.ModuleList([VaswaniEncoderLayer(config, i) for i in range(config.encoder_layers)])
-        # Pre-norm only: the last sublayer output is not normalised otherwise.
+        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         self.layer_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         )
+
+    def token_embeddings(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, name: str):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"Give exactly one of `{name}` and its embeddings.")
+        if inputs_embeds is not None:
+            return inputs_embeds
+        _check_token_ids(input_ids, self.embed_tokens.num_embeddings, name)
+        return self.embed_tokens(input_ids)
+
+    def embed(self, inputs_embeds: torch.Tensor, past_length: int | torch.Tensor = 0) -> torch.Tensor:
+        positions = self.embed_positions(past_length, inputs_embeds.shape[1])  # (T, d_model)
+        hidden_states = inputs_embeds * self.embed_scale + positions  # (B, T, d_model)
+        return F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+    def final_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
+
+
+class VaswaniEncoder(VaswaniStack):
+    """N encoder layers over the embedded source (§3.1)."""
+
+    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens, VaswaniEncoderLayer, config.encoder_layers)
 
     def forward(
         self,
@@ -473,18 +499,13 @@ class VaswaniEncoder(nn.Module):
         return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Give exactly one of `input_ids` and `inputs_embeds` to the encoder.")
-        if inputs_embeds is None:
-            _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "input_ids")
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.token_embeddings(input_ids, inputs_embeds, "input_ids")
         batch_size, seq_len = inputs_embeds.shape[:2]
         _check_mask(
             attention_mask, (batch_size, seq_len), "attention_mask", "the source of shape (batch, length)"
         )
 
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(0, seq_len)  # (B, S, d_model)
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.embed(inputs_embeds)  # (B, S, d_model)
         mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
         )
@@ -496,8 +517,7 @@ class VaswaniEncoder(nn.Module):
             hidden_states, weights = layer(hidden_states, mask, **kwargs)
             if output_attentions:
                 all_attn += (weights,)
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
+        hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden += (hidden_states,)
         return BaseModelOutput(
@@ -507,20 +527,11 @@ class VaswaniEncoder(nn.Module):
         )
 
 
-class VaswaniDecoder(nn.Module):
+class VaswaniDecoder(VaswaniStack):
     """N decoder layers; self-attention is masked so position i sees only positions < i + 1 (§3.1, §3.2.3)."""
 
     def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
-        super().__init__()
-        self.config = config
-        self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0  # §3.4
-        self.embed_positions = _make_positions(config)
-        self.dropout = config.dropout
-        self.layers = nn.ModuleList([VaswaniDecoderLayer(config, i) for i in range(config.decoder_layers)])
-        self.layer_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
-        )
+        super().__init__(config, embed_tokens, VaswaniDecoderLayer, config.decoder_layers)
 
     def forward(
         self,
@@ -535,13 +546,9 @@ class VaswaniDecoder(nn.Module):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Give exactly one of `decoder_input_ids` and `decoder_inputs_embeds`.")
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output, 'memory').")
-        if inputs_embeds is None:
-            _check_token_ids(input_ids, self.embed_tokens.num_embeddings, "decoder_input_ids")
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.token_embeddings(input_ids, inputs_embeds, "decoder_input_ids")
         batch_size, seq_len = inputs_embeds.shape[:2]
 
         if use_cache and cache is None:
@@ -561,8 +568,7 @@ class VaswaniDecoder(nn.Module):
             "the encoder output of shape (batch, source length)",
         )
 
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(past_length, seq_len)
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)  # (B, T, d_model)
+        hidden_states = self.embed(inputs_embeds, past_length)  # (B, T, d_model)
         self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
             config=self.config,
@@ -592,8 +598,7 @@ class VaswaniDecoder(nn.Module):
             if output_attentions:
                 all_self += (self_weights,)
                 all_cross += (cross_weights,)
-        if self.layer_norm is not None:
-            hidden_states = self.layer_norm(hidden_states)
+        hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden += (hidden_states,)
         return BaseModelOutputWithPastAndCrossAttentions(
