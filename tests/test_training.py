@@ -195,6 +195,8 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     assert summary["steps"] == 8 and summary["parameters"] > 0 and summary["source_lang"] == "de"
     config = json.loads((out / "config.json").read_text())
     assert config["d_model"] == 16 and config["label_smoothing"] == 0.1 and config["dropout"] == 0.1
+    assert config["use_cache"] is True
+    assert json.loads((out / "averaged" / "config.json").read_text())["use_cache"] is True
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(out / "tokenizer").pad_token_id == 0

@@ -191,6 +191,7 @@ def _load_averaged_model(newest: Path, averaged: dict[str, torch.Tensor]) -> Pre
     untied = [key for key in result.missing_keys if state_dict[key].data_ptr() not in stored]
     if untied:
         raise ValueError(f"{newest} does not store {untied}, which are not tied to a stored tensor")
+    model.config.use_cache = True  # the Trainer switches the cache off in the checkpoints it writes
     return model
 
 
