@@ -568,3 +568,40 @@ def test_card_usage_example_runs_against_the_folder(published, tmp_path):
     assert printed[0].startswith("[{'translation_text': ")
     assert printed[1].startswith("[{'translation_text': ") and printed[1].count("translation_text") == 2
     assert printed[2].startswith("['")
+
+
+@pytest.mark.slow
+def test_training_with_push_to_hub_publishes_once_with_the_run_results(hub, monkeypatch, tmp_path):
+    """`scripts/train.py --push_to_hub --hub_model_id ...`: the Trainer itself pushes nothing; after training, the
+    averaged model goes up in one commit whose card carries the test scores and the recipe actually used."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import train as train_script
+
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    rng = random.Random(0)
+    words = "ein mann läuft über die straße a man runs across the street".split()
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 60), ("val", 6)):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(n)]
+        (data / f"{split}.de").write_text("\n".join(lines) + "\n")
+        (data / f"{split}.en").write_text("\n".join(line.upper() for line in lines) + "\n")
+    out = tmp_path / "run"
+    train_script.main([
+        "--data", str(data), "--validation_split", "val", "--test_split", "val", "--vocab_size", "300",
+        "--preset", "small", "--d_model", "16", "--encoder_layers", "1", "--decoder_layers", "1",
+        "--encoder_attention_heads", "2", "--decoder_attention_heads", "2", "--encoder_ffn_dim", "16",
+        "--decoder_ffn_dim", "16", "--max_tokens", "128", "--max_steps", "4", "--save_steps", "2",
+        "--eval_strategy", "no", "--average_last", "2", "--plots", "false", "--output_dir", str(out),
+        "--push_to_hub", "--hub_model_id", "someone/vaswani-tiny",
+    ])  # fmt: skip
+    assert [call[0] for call in hub.calls] == ["create_repo", "upload_folder"]
+    assert hub.calls[1][1] == "someone/vaswani-tiny" and hub.calls[1][3] == "hf_from_env"
+    assert hub.uploaded_files == PUBLISHED_FILES
+    card = ModelCard(hub.uploaded_card)
+    scores = json.loads((out / "test_results.json").read_text())
+    assert card.data.eval_results[0].metric_value == pytest.approx(scores["bleu"], abs=0.01)
+    assert "| Steps | 4 |" in hub.uploaded_card
