@@ -204,7 +204,8 @@ def train_main(
     )
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
     result = trainer.train(resume_from_checkpoint=resume)
-    trainer.model.config.use_cache = True  # the Trainer turns it off while training; the saved model is for use
+    # The Trainer turns the cache off while training; the saved model is for use.
+    trainer.model.config.use_cache = True
     trainer.save_model()  # the final weights in output_dir
     training_args.push_to_hub = push_to_hub
     if trainer.is_world_process_zero():

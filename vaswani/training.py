@@ -135,7 +135,9 @@ class TimeBudget(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if time.monotonic() - self.started >= self.seconds:
-            logger.info("Time budget of %.1f minutes reached at step %d", self.seconds / 60, state.global_step)
+            logger.info(
+                "Time budget of %.1f minutes reached at step %d", self.seconds / 60, state.global_step
+            )
             control.should_training_stop = True
             control.should_save = True
         return control
@@ -230,7 +232,9 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
 
     max_train_minutes: float | None = field(
         default=None,
-        metadata={"help": "Stop (with a checkpoint) once training has run this long; the schedule does not care."},
+        metadata={
+            "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care."
+        },
     )
 
     def __post_init__(self):
