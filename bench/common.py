@@ -346,7 +346,9 @@ def machine() -> dict[str, object]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": " ".join(
+            ["python -m bench." + os.path.basename(sys.argv[0]).removesuffix(".py"), *sys.argv[1:]]
+        ),
     }
     import transformers
 
