@@ -110,14 +110,9 @@ def main(argv=None) -> dict:
     if args.memory_child:
         memory_child(args)
         return {}
-    device = "cpu"
-    if args.gpu:
-        if not torch.cuda.is_available():
-            print("GPU mode skipped: no CUDA device on this machine.")
-            result = {"machine": common.machine(), "skipped": "no CUDA device", "results": []}
-            common.write_json(args.json, result)
-            return result
-        device, args.dtype, args.no_memory = "cuda", ["bf16"], True
+    device, skipped = common.choose_device(args)
+    if skipped:
+        return skipped
     rows = []
     for preset in args.preset:
         for dtype in args.dtype:

@@ -118,14 +118,9 @@ def main(argv=None) -> dict:
     if args.memory_child:
         memory_child(args)
         return {}
-    device = "cpu"
-    if args.gpu:
-        if not torch.cuda.is_available():
-            print("GPU mode skipped: no CUDA device on this machine.")
-            result = {"machine": common.machine(), "skipped": "no CUDA device", "results": []}
-            common.write_json(args.json, result)
-            return result
-        device, args.dtype, args.no_memory = "cuda", ["bf16"], True
+    device, skipped = common.choose_device(args)
+    if skipped:
+        return skipped
     peak = common.matmul_peak((512, 256, 256), repeats=3) if args.quick else common.matmul_peak()
     print("matmul peak (GFLOP/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peak.items()))
     tokens = args.batch_size * args.tgt_len

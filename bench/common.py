@@ -375,3 +375,17 @@ def write_json(path: str | None, payload: dict) -> None:
     if path:
         with open(path, "w") as out:
             json.dump(payload, out, indent=2)
+
+
+def choose_device(args) -> tuple[str, dict | None]:
+    """`("cpu", None)`, or for `--gpu` `("cuda", None)` with bf16 and no memory subprocesses; without CUDA, `--gpu`
+    prints that it is skipped, writes `{"skipped": ...}` to `--json` and returns that as the second item."""
+    if not args.gpu:
+        return "cpu", None
+    if not torch.cuda.is_available():
+        print("GPU mode skipped: no CUDA device on this machine.")
+        result = {"machine": machine(), "skipped": "no CUDA device", "results": []}
+        write_json(args.json, result)
+        return "cpu", result
+    args.dtype, args.no_memory = ["bf16"], True
+    return "cuda", None
