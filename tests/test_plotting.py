@@ -115,16 +115,15 @@ def test_attention_maps_are_the_models(eager_model, tokenizer):
     torch.testing.assert_close(maps.cross[1], out.cross_attentions[1][0])
 
 
-def test_sdpa_model_is_refused_with_a_clear_error(tokenizer):
-    model = tiny_model(len(tokenizer))  # built with the default attention
-    if model.config._attn_implementation == "eager":
-        pytest.skip("the default attention is already eager")
-    try:
-        attention_maps(model, tokenizer, SENTENCES[0], SENTENCES[4])
-    except ValueError as err:
-        assert 'attn_implementation="eager"' in str(err)
-    else:  # the model could switch to eager itself: then the weights must be real
-        assert model.config._attn_implementation == "eager"
+def test_sdpa_model_is_switched_to_eager_for_attention_maps(tokenizer):
+    model = tiny_model(len(tokenizer), attn_implementation="sdpa")
+    reference = tiny_model(len(tokenizer), attn_implementation="eager")
+    assert model.config._attn_implementation == "sdpa"
+    maps = attention_maps(model, tokenizer, SENTENCES[0], SENTENCES[4])
+    assert model.config._attn_implementation == "eager"
+    expected = attention_maps(reference, tokenizer, SENTENCES[0], SENTENCES[4])
+    torch.testing.assert_close(maps.cross, expected.cross)
+    torch.testing.assert_close(maps.encoder, expected.encoder)
 
 
 def test_attention_pngs(eager_model, tokenizer, tmp_path):
