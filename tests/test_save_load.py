@@ -8,7 +8,7 @@ import textwrap
 import peft
 import pytest
 import torch
-from conftest import batch, tiny_model
+from conftest import batch, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
@@ -66,18 +66,7 @@ def test_auto_classes_in_process(saved):
     expected = model.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec)
     got = bare(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec)
     assert torch.equal(expected.last_hidden_state, got.last_hidden_state)
-    fresh = AutoModelForSeq2SeqLM.from_config(
-        VaswaniConfig(
-            vocab_size=20,
-            d_model=8,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=8,
-            decoder_ffn_dim=8,
-        )
-    )
+    fresh = AutoModelForSeq2SeqLM.from_config(tiny_config())
     assert isinstance(fresh, VaswaniForConditionalGeneration)
 
 

@@ -255,21 +255,10 @@ def test_killed_run_resumes_to_the_same_weights(corpus, tokenizer_dir, tmp_path)
 
 
 def test_corrupt_checkpoints_are_named(tmp_path):
-    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+    from conftest import tiny_model
 
     folder = tmp_path / "checkpoint-5"
-    model = VaswaniForConditionalGeneration(
-        VaswaniConfig(
-            vocab_size=20,
-            d_model=8,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=8,
-            decoder_ffn_dim=8,
-        )
-    )
+    model = tiny_model()
     model.save_pretrained(folder)
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
     torch.save({"state": {}}, folder / "optimizer.pt")
