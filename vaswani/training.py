@@ -8,6 +8,7 @@ defaults) and calls into this module.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -391,8 +392,6 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
         except Exception as error:
             raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from error
     try:
-        import json
-
         json.loads((folder / "trainer_state.json").read_text())
     except ValueError as error:
         raise ValueError(f"Checkpoint file {folder / 'trainer_state.json'} is corrupt: {error}") from error
