@@ -1,7 +1,8 @@
 """Generation throughput and single-sentence latency of the three implementations at equal sizes.
 
 Greedy and beam-4 decoding of `--batch-size` sentences of `--src-len` source tokens, exactly `--new-tokens` new
-tokens each (EOS suppressed until then, as `min_new_tokens`), with the KV cache: `generate()` for `vaswani` and
+tokens each (by default EOS is suppressed until then with `min_new_tokens`; `--fixed-length no-eos` decodes
+without an EOS id instead, leaving out that benchmark-made vocabulary mask), with the KV cache: `generate()` for `vaswani` and
 `marian` with one shared `GenerationConfig`; `torch_generate` (no KV cache exists for `nn.Transformer`) for `torch`.
 Throughput counts the new tokens of the returned sentences (not of every beam); latency is one sentence alone.
 
@@ -38,6 +39,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--repeats", type=int, default=5, help="timed runs per configuration (median reported)"
     )
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument(
+        "--fixed-length",
+        choices=["min-new-tokens", "no-eos"],
+        default="min-new-tokens",
+        help="how every sentence is made exactly --new-tokens long: `min-new-tokens` keeps the EOS id and adds "
+        "generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the benchmark, not of "
+        "the model); `no-eos` decodes without an EOS id, so there is nothing to suppress",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument(
         "--gpu", action="store_true", help="GPU mode: bf16, SDPA, static cache + torch.compile"
@@ -67,12 +76,12 @@ def make_job(name: str, model, beams: int, batch_size: int, args, device: str):
     config = GenerationConfig(
         num_beams=beams,
         max_new_tokens=args.new_tokens,
-        min_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens if args.fixed_length == "min-new-tokens" else None,
         do_sample=False,
         length_penalty=1.0,
         use_cache=True,
         bos_token_id=common.BOS,
-        eos_token_id=common.EOS,
+        eos_token_id=common.EOS if args.fixed_length == "min-new-tokens" else None,
         pad_token_id=common.PAD,
         decoder_start_token_id=common.BOS,
         cache_implementation="static" if args.gpu else None,
@@ -142,6 +151,7 @@ def main(argv=None) -> dict:
                         child = ["--memory-child", f"{name},{preset},{dtype},{beams}"]
                         child += ["--batch-size", str(args.batch_size), "--src-len", str(args.src_len)]
                         child += ["--new-tokens", str(args.new_tokens), "--vocab", str(args.vocab)]
+                        child += ["--fixed-length", args.fixed_length]
                         memory = common.run_child("bench.bench_generate", child)
                         row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
                     rows.append(row)
@@ -165,7 +175,7 @@ def main(argv=None) -> dict:
     ]
     print(
         f"\ngeneration: batch {args.batch_size}, source {args.src_len}, {args.new_tokens} new tokens, "
-        f"vocab {args.vocab}, median of {args.repeats}; latency: one sentence"
+        f"vocab {args.vocab}, median of {args.repeats}, length fixed by {args.fixed_length}; latency: one sentence"
     )
     print(common.table(rows, columns))
     result = {

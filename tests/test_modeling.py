@@ -9,7 +9,7 @@ from conftest import batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from vaswani import VaswaniForConditionalGeneration, shift_tokens_right
-from vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding
+from vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding, label_smoothed_cross_entropy
 
 
 def test_sinusoids_are_the_papers_formula():
@@ -91,6 +91,34 @@ def test_generate_cached_equals_uncached(model, num_beams):
     with_cache = model.generate(input_ids, use_cache=True, **kw)
     without = model.generate(input_ids, use_cache=False, **kw)
     assert torch.equal(with_cache, without)
+
+
+def test_beam_search_leaves_cross_attention_cache_in_place(model, monkeypatch):
+    """The model's `_reorder_cache` reorders only self-attention K/V; beam search gives the same sequences and
+    scores as with the generic reorder of both caches."""
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=10, num_beams=4, num_return_sequences=2)
+    kw.update(output_scores=True, return_dict_in_generate=True, length_penalty=0.6)
+    ours = model.generate(input_ids, **kw)
+
+    def generic(self, cache, beam_idx):
+        cache.reorder_cache(beam_idx)
+        return cache
+
+    monkeypatch.setattr(VaswaniForConditionalGeneration, "_reorder_cache", generic)
+    reference = model.generate(input_ids, **kw)
+    monkeypatch.undo()
+    assert torch.equal(ours.sequences, reference.sequences)
+    torch.testing.assert_close(ours.sequences_scores, reference.sequences_scores)
+
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    cache.self_attention_cache.update(torch.arange(4.0).view(4, 1, 1, 1), torch.arange(4.0).view(4, 1, 1, 1), 0)
+    cross = torch.randn(4, 1, 3, 1)
+    cache.cross_attention_cache.update(cross, cross, 0)
+    cross_keys = cache.cross_attention_cache.layers[0].keys
+    model._reorder_cache(cache, torch.tensor([1, 1, 3, 2]))
+    assert cache.self_attention_cache.layers[0].keys.flatten().tolist() == [1.0, 1.0, 3.0, 2.0]
+    assert cache.cross_attention_cache.layers[0].keys is cross_keys
 
 
 def test_generate_beam_options_and_sampling(model):
@@ -205,6 +233,41 @@ def test_loss_is_label_smoothed_cross_entropy_ignoring_minus_100():
     assert (dec[0, -1] == model.config.pad_token_id).item()
     plain = tiny_model(label_smoothing=0.0)(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     torch.testing.assert_close(plain.loss, F.cross_entropy(plain.logits.flatten(0, 1), labels.flatten()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_label_smoothed_loss_equals_cross_entropy_value_and_gradient(dtype, eps):
+    """The chunked loss and its precomputed gradient against autograd through `F.cross_entropy`: rows ignored
+    inside and across chunk boundaries (chunks of 3 rows over 10), a scaled upstream gradient, bf16 logits."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 5, 7, generator=generator) * 3).to(dtype)
+    labels = torch.randint(0, 7, (2, 5), generator=generator)
+    labels[0, 2] = labels[1, 0] = labels[1, 1] = -100
+    fused_in = logits.clone().requires_grad_()
+    fused = label_smoothed_cross_entropy(fused_in, labels, eps, chunk_elements=3 * 7)
+    (fused * 0.37).backward()
+    plain_in = logits.clone().requires_grad_()
+    plain = F.cross_entropy(
+        plain_in.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum", label_smoothing=eps
+    )
+    (plain * 0.37).backward()
+    torch.testing.assert_close(fused, plain)
+    assert fused_in.grad.dtype == dtype
+    torch.testing.assert_close(fused_in.grad, plain_in.grad)
+    assert fused_in.grad[0, 2].abs().sum() == 0 and fused_in.grad[1, :2].abs().sum() == 0
+    with torch.no_grad():  # no gradient buffer without autograd, same value
+        torch.testing.assert_close(label_smoothed_cross_entropy(logits, labels, eps), plain.detach())
+
+
+def test_fused_label_smoothed_loss_refuses_a_second_backward():
+    logits = torch.randn(4, 6, requires_grad=True)
+    loss = label_smoothed_cross_entropy(logits, torch.tensor([1, 2, 3, -100]), 0.1)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backpropagated once"):
+        loss.backward()
+    with pytest.raises(ValueError, match="labels have 3 positions, logits 4"):
+        label_smoothed_cross_entropy(logits, torch.tensor([1, 2, 3]), 0.1)
 
 
 def test_loss_is_correct_under_gradient_accumulation():

@@ -722,6 +722,77 @@ class VaswaniModel(VaswaniPreTrainedModel):
         )
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# §5.4 Label smoothing: the training loss
+# --------------------------------------------------------------------------------------------------------------------
+class _LabelSmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy over rows of `logits` (N, V), and its gradient, in one pass of chunks.
+
+    Per row with target t (rows labelled -100 count 0): loss = (1 - eps) * (lse - z_t) + eps * (lse - mean(z)),
+    with lse = log(sum(exp z)) -- exactly `F.cross_entropy(..., label_smoothing=eps, reduction="sum")`, computed in
+    float32 whatever the dtype of `logits`. Its gradient, softmax(z) - eps / V - (1 - eps) * onehot(t), is written
+    during the forward pass into one tensor of the logits' shape and dtype, chunk by chunk, so that neither the
+    float32 log-probabilities (N, V) nor their gradient are ever held in full: one (N, V) tensor where
+    `F.cross_entropy` holds two or three, and fewer passes over memory (BENCHMARKS.md). The backward only scales it,
+    in place, so a graph through this loss can be differentiated once (`retain_graph` is refused with an error).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, eps: float, chunk_rows: int) -> torch.Tensor:
+        rows, vocab = logits.shape
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for start in range(0, rows, chunk_rows):
+            z = logits[start : start + chunk_rows].float()  # a view when logits are float32
+            target = labels[start : start + chunk_rows]
+            ignored = target == -100
+            target = target.masked_fill(ignored, 0).unsqueeze(1)
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (n, 1)
+            row_loss = (1.0 - eps) * (lse - z.gather(1, target)) + eps * (lse - z.mean(dim=-1, keepdim=True))
+            total += row_loss.masked_fill(ignored.unsqueeze(1), 0.0).sum()
+            if grad is not None:
+                g = grad[start : start + chunk_rows]
+                if g.dtype == torch.float32:
+                    torch.sub(z, lse, out=g).exp_()
+                else:
+                    g.copy_((z - lse).exp_())
+                g.sub_(eps / vocab).scatter_add_(1, target, g.new_full(target.shape, eps - 1.0))
+                if ignored.any():
+                    g.masked_fill_(ignored.unsqueeze(1), 0.0)
+        ctx.used = False
+        if grad is not None:
+            ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_total: torch.Tensor):
+        if ctx.used:
+            raise RuntimeError(
+                "The label-smoothed loss keeps one gradient buffer and scales it in place: it can be "
+                "backpropagated once (do not pass `retain_graph=True` through `VaswaniForConditionalGeneration`'s "
+                "loss; compute `F.cross_entropy(outputs.logits, ...)` yourself for that)."
+            )
+        ctx.used = True
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_total.to(grad.dtype)), None, None, None
+
+
+def label_smoothed_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, epsilon: float, chunk_elements: int = 1 << 21
+) -> torch.Tensor:
+    """Sum over the non-ignored rows (labels != -100) of the label-smoothed cross-entropy (§5.4) of `logits`
+    (..., V) against `labels` (...), in float32. Equal to `F.cross_entropy(logits.flatten(0, -2).float(),
+    labels.flatten(), ignore_index=-100, reduction="sum", label_smoothing=epsilon)` to rounding, with less memory
+    (see `_LabelSmoothedCrossEntropy`). `chunk_elements` sets how many logits are processed at a time."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    labels = labels.reshape(-1).to(logits.device)
+    if labels.shape[0] != logits.shape[0]:
+        raise ValueError(f"labels have {labels.shape[0]} positions, logits {logits.shape[0]}.")
+    chunk_rows = max(1, chunk_elements // logits.shape[1])
+    return _LabelSmoothedCrossEntropy.apply(logits, labels, float(epsilon), chunk_rows)
+
+
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     """The Transformer with its pre-softmax linear projection (§3.4), for training with `labels` and `generate()`.
 
@@ -772,6 +843,20 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if self.config.share_encoder_decoder_embeddings:  # one vocabulary: the target side follows the source
             self.config.decoder_vocab_size = embeddings.weight.shape[0]
         return embeddings
+
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search's reordering of the cache after each step (called by `generate()`).
+
+        Only the decoder self-attention keys and values are reordered. `beam_idx` moves beams within their own
+        sentence, and the cross-attention keys and values of a sentence's beams are computed from copies of one
+        encoder output, so they are identical rows: reordering them (as the generic `EncoderDecoderCache` does)
+        would copy 2 x N tensors of (beams x batch, h, source length, d_k) every step to the same values.
+        """
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            cache.reorder_cache(beam_idx)
+        return cache
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -841,15 +926,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     ) -> torch.Tensor:
         """Label-smoothed cross-entropy (§5.4): (1 - eps) * NLL + eps * mean over the vocabulary of -log p.
 
-        Mean over non-ignored target tokens, or sum / `num_items_in_batch` when given. Computed in float32.
+        Mean over non-ignored target tokens, or sum / `num_items_in_batch` when given. Computed in float32 by
+        `label_smoothed_cross_entropy`, which equals `F.cross_entropy(..., label_smoothing=eps)` with less memory.
         """
-        total = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            labels.flatten().to(logits.device),
-            ignore_index=-100,
-            reduction="sum",
-            label_smoothing=self.config.label_smoothing,
-        )
+        total = label_smoothed_cross_entropy(logits, labels, self.config.label_smoothing)
         if num_items_in_batch is None:
             num_items_in_batch = (labels != -100).sum()
         if isinstance(num_items_in_batch, torch.Tensor):
