@@ -361,6 +361,35 @@ def test_bf16_autocast_forward_and_backward():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_training_attention_matches_sdpa_kernel_and_is_causal(dtype, monkeypatch):
+    """In half precision with gradients on the CPU, "sdpa" computes attention with matmuls (faster backward);
+    no target position sees a later one, and logits and gradients are as close to float32 as the kernel's."""
+    from vaswani import modeling_vaswani
+
+    input_ids, attention_mask, labels = batch()
+    dec = shift_tokens_right(labels, 0, 1)
+    results = []
+    for use_matmuls in (True, False, None):  # None: float32 reference
+        monkeypatch.setattr(modeling_vaswani, "_MATMUL_ATTENTION_MAX_KEYS", 128 if use_matmuls else 0)
+        calls = []
+        original = modeling_vaswani._matmul_attention_for_sdpa_masks
+        monkeypatch.setattr(
+            modeling_vaswani,
+            "_matmul_attention_for_sdpa_masks",
+            lambda *a, **k: calls.append(1) or original(*a, **k),
+        )
+        model = tiny_model(dropout=0.0).to(torch.float32 if use_matmuls is None else dtype).train()
+        embeds = (model.get_input_embeddings()(dec) * model.config.d_model**0.5).detach().requires_grad_()
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_inputs_embeds=embeds).logits
+        logits[:, 2].float().sum().backward()
+        assert (len(calls) > 0) == bool(use_matmuls)
+        assert embeds.grad[:, 3:].abs().sum() == 0 and embeds.grad[:, :3].abs().sum() > 0
+        results.append([t.float() for t in (logits.detach(), embeds.grad, model.lm_head.weight.grad)])
+    for ours, kernel, exact in zip(*results):
+        assert (ours - exact).abs().max() <= 1.5 * (kernel - exact).abs().max() + 1e-3
+
+
 def test_token_ids_outside_the_vocabulary_are_named(model):
     with pytest.raises(ValueError, match="input_ids.*outside the vocabulary"):
         model(input_ids=torch.tensor([[5, 53]]), decoder_input_ids=torch.tensor([[1]]))

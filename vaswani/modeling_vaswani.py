@@ -209,6 +209,33 @@ def eager_attention_forward(
     return output, weights
 
 
+# torch's CPU flash-attention kernel (what SDPA runs on the CPU) has a slow bfloat16/float16 backward: at sentence
+# lengths the same formula in batched matmuls (`eager_attention_forward`, float32 softmax) is 2-5x faster forward +
+# backward (BENCHMARKS.md, "attention kernels"); past about 128 keys the kernel catches up and uses less memory.
+_MATMUL_ATTENTION_MAX_KEYS = 128
+
+
+def _prefer_matmul_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether the "sdpa" implementation should compute this call with matmuls: CPU, half precision, gradients
+    being recorded (training; inference keeps the kernel), short keys. Same math; only the kernel differs."""
+    return (
+        query.device.type == "cpu"
+        and query.dtype in (torch.bfloat16, torch.float16)
+        and torch.is_grad_enabled()
+        and (query.requires_grad or key.requires_grad)
+        and key.shape[-2] <= _MATMUL_ATTENTION_MAX_KEYS
+        and not is_torchdynamo_compiling()
+    )
+
+
+def _matmul_attention_for_sdpa_masks(module, query, key, value, attention_mask, **kwargs):
+    """`eager_attention_forward` given the masks made for SDPA, which leave causal attention to the kernel's
+    `is_causal` (mask None): that case (as many queries as keys; the caller checks) gets its lower-triangular mask."""
+    if attention_mask is None and module.is_causal and query.shape[-2] > 1:
+        attention_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+    return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
 class VaswaniAttention(nn.Module):
     """Multi-head attention (§3.2.2): h heads of d_k = d_model / h dimensions, projected by W^Q, W^K, W^V and W^O.
 
@@ -285,6 +312,12 @@ class VaswaniAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
+        if (
+            self.config._attn_implementation == "sdpa"
+            and _prefer_matmul_attention(query, key)
+            and (attention_mask is not None or not self.is_causal or query.shape[-2] in (1, key.shape[-2]))
+        ):
+            attention_interface = _matmul_attention_for_sdpa_masks
         output, weights = attention_interface(
             self,
             query,
@@ -728,8 +761,8 @@ class VaswaniModel(VaswaniPreTrainedModel):
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy over rows of `logits` (N, V), and its gradient, in one pass of chunks.
 
-    Per row with target t (rows labelled -100 count 0): loss = (1 - eps) * (lse - z_t) + eps * (lse - mean(z)),
-    with lse = log(sum(exp z)) -- exactly `F.cross_entropy(..., label_smoothing=eps, reduction="sum")`, computed in
+    Per row with target t (rows labelled -100 count 0): loss = -(1 - eps) * log p_t - eps * mean_v(log p_v), with
+    log p = log_softmax(z) -- exactly `F.cross_entropy(..., label_smoothing=eps, reduction="sum")`, computed in
     float32 whatever the dtype of `logits`. Its gradient, softmax(z) - eps / V - (1 - eps) * onehot(t), is written
     during the forward pass into one tensor of the logits' shape and dtype, chunk by chunk, so that neither the
     float32 log-probabilities (N, V) nor their gradient are ever held in full: one (N, V) tensor where
@@ -743,20 +776,21 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         for start in range(0, rows, chunk_rows):
-            z = logits[start : start + chunk_rows].float()  # a view when logits are float32
+            z = logits[start : start + chunk_rows]
             target = labels[start : start + chunk_rows]
             ignored = target == -100
             target = target.masked_fill(ignored, 0).unsqueeze(1)
-            lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (n, 1)
-            row_loss = (1.0 - eps) * (lse - z.gather(1, target)) + eps * (lse - z.mean(dim=-1, keepdim=True))
+            g = grad[start : start + chunk_rows] if grad is not None else None
+            if g is not None and g.dtype == torch.float32:
+                log_p = torch.ops.aten._log_softmax.out(z, -1, False, out=g)  # log p, written into the buffer
+            else:
+                log_p = torch.log_softmax(z, dim=-1, dtype=torch.float32)
+            row_loss = (eps - 1.0) * log_p.gather(1, target) - eps * log_p.mean(dim=-1, keepdim=True)
             total += row_loss.masked_fill(ignored.unsqueeze(1), 0.0).sum()
-            if grad is not None:
-                g = grad[start : start + chunk_rows]
-                if g.dtype == torch.float32:
-                    torch.sub(z, lse, out=g).exp_()
-                else:
-                    g.copy_((z - lse).exp_())
-                g.sub_(eps / vocab).scatter_add_(1, target, g.new_full(target.shape, eps - 1.0))
+            if g is not None:  # p - eps / V - (1 - eps) * onehot(t), float32 until stored
+                log_p.exp_().sub_(eps / vocab).scatter_add_(1, target, log_p.new_full(target.shape, eps - 1.0))
+                if log_p is not g:
+                    g.copy_(log_p)
                 if ignored.any():
                     g.masked_fill_(ignored.unsqueeze(1), 0.0)
         ctx.used = False
