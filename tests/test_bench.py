@@ -31,6 +31,15 @@ def test_bench_matmul(tmp_path):
     assert result["machine"]["torch"]
 
 
+def test_bench_kernels(tmp_path):
+    stdout, result = run_script("bench.bench_kernels", tmp_path)
+    assert "x slowest" in stdout and "----" in stdout
+    paths = {(r["what"], r["path"]) for r in result["results"]}
+    assert {("attention", "sdpa kernel"), ("attention", "matmuls"), ("dW = dY^T X", "torch mm")} <= paths
+    assert {("label-smoothed loss", "F.cross_entropy"), ("label-smoothed loss", "chunked")} <= paths
+    assert all(r["ms"] > 0 and r["speedup"] >= 1.0 for r in result["results"])
+
+
 @pytest.mark.parametrize("memory", [False, True], ids=["timing", "memory"])
 def test_bench_train(tmp_path, memory):
     extra = ("--impl", "vaswani", "--dtype", "fp32") if memory else ("--no-memory",)

@@ -1,0 +1,150 @@
+"""The kernel choices inside the model, each against its alternative, at the shapes of a base training step.
+
+Three questions the model's code answers with a choice; this script measures them in one run (jobs interleaved,
+median of `--repeats`) so the choice can be checked on any machine:
+
+- attention: torch's SDPA kernel against the same formula in batched matmuls (`eager_attention_forward`, float32
+  softmax), forward + backward, fp32 and bf16, encoder-style (padding mask) and causal, at several lengths.
+  `modeling_vaswani._prefer_matmul_attention` picks matmuls for half precision with gradients up to 128 keys.
+- the weight gradient of a linear layer, dW = dY^T X: oneDNN's linear on the transposed operands (copied to be
+  contiguous) against torch's default `mm`, which reads them transposed in place.
+- the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the model's chunked
+  `label_smoothed_cross_entropy`, fp32 and bf16 logits.
+
+    python -m bench.bench_kernels --repeats 5 --json bench/results/kernels.json
+"""
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from bench import common
+from vaswani.modeling_vaswani import eager_attention_forward, label_smoothed_cross_entropy
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class _Module:  # what the attention functions read from their module argument
+    training = True
+    is_causal = False
+
+
+def attention_jobs(tokens: int, heads: int, head_dim: int, lengths: list[int]) -> dict:
+    jobs = {}
+    for length in lengths:
+        batch = max(1, tokens // length)
+        for dtype_name, dtype in DTYPES.items():
+            for causal in (False, True):
+                q, k, v = (torch.randn(batch, heads, length, head_dim, dtype=dtype, requires_grad=True) for _ in "qkv")
+                padding = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+                padding[0, ..., length // 2 :] = False
+                mask = torch.ones(length, length, dtype=torch.bool).tril() if causal else padding
+                scale = head_dim**-0.5
+
+                def kernel(q=q, k=k, v=v, padding=padding, causal=causal, scale=scale):
+                    out = F.scaled_dot_product_attention(
+                        q, k, v, attn_mask=None if causal else padding, is_causal=causal, scale=scale
+                    )
+                    out.float().sum().backward()
+
+                def matmuls(q=q, k=k, v=v, mask=mask, scale=scale):
+                    out, _ = eager_attention_forward(_Module(), q, k, v, mask, scaling=scale)
+                    out.float().sum().backward()
+
+                key = ("attention", f"T={length} B={batch}", dtype_name, "causal" if causal else "padding")
+                jobs[key + ("sdpa kernel",)] = kernel
+                jobs[key + ("matmuls",)] = matmuls
+    return jobs
+
+
+def weight_gradient_jobs(tokens: int, shapes: list[tuple[int, int]]) -> dict:
+    jobs = {}
+    for out_features, in_features in shapes:
+        x, grad = torch.randn(tokens, in_features), torch.randn(tokens, out_features)
+        key = ("dW = dY^T X", f"{out_features}x{in_features}, N={tokens}", "fp32", "")
+        if torch.backends.mkldnn.is_available():
+            jobs[key + ("onednn linear",)] = lambda x=x, g=grad: torch.ops.mkldnn._linear_pointwise(
+                g.t(), x.t(), None, "none", [], ""
+            )
+        jobs[key + ("torch mm",)] = lambda x=x, g=grad: g.t().mm(x)
+    return jobs
+
+
+def loss_jobs(tokens: int, vocab: int) -> dict:
+    jobs = {}
+    labels = torch.randint(0, vocab, (tokens,))
+    for dtype_name, dtype in DTYPES.items():
+        logits = torch.randn(tokens, vocab).to(dtype)
+        key = ("label-smoothed loss", f"{tokens}x{vocab}", dtype_name, "")
+
+        def plain(logits=logits):
+            z = logits.clone().requires_grad_()
+            F.cross_entropy(z.float(), labels, reduction="sum", label_smoothing=0.1).backward()
+
+        def chunked(logits=logits):
+            z = logits.clone().requires_grad_()
+            label_smoothed_cross_entropy(z, labels, 0.1).backward()
+
+        jobs[key + ("F.cross_entropy",)] = plain
+        jobs[key + ("chunked",)] = chunked
+    return jobs
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per batch (128 pairs x 32)")
+    parser.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 256])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
+    args = parser.parse_args(argv)
+    d_model, heads = 512, 8
+    if args.quick:
+        args.tokens, args.vocab, args.lengths, args.repeats, d_model = 64, 500, [8], 1, 32
+    jobs = attention_jobs(args.tokens, heads, d_model // heads, args.lengths)
+    jobs |= weight_gradient_jobs(args.tokens, [(d_model, d_model), (4 * d_model, d_model), (args.vocab, d_model)])
+    jobs |= loss_jobs(args.tokens, args.vocab)
+    times = common.interleaved_times(jobs, args.repeats, warmup=1)
+    rows = []
+    for (what, shape, dtype, variant, path), seconds in times.items():
+        rows.append(
+            {
+                "what": what,
+                "shape": shape,
+                "dtype": dtype,
+                "variant": variant,
+                "path": path,
+                "ms": 1e3 * common.median(seconds),
+                "ms_all": [1e3 * s for s in seconds],
+            }
+        )
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["what"], row["shape"], row["dtype"], row["variant"]), []).append(row)
+    for group in groups.values():  # each path as a multiple of the slowest in its group: > 1 is faster
+        slowest = max(r["ms"] for r in group)
+        for row in group:
+            row["speedup"] = slowest / row["ms"]
+    columns = [
+        ("what", "what", ""),
+        ("shape", "shape", ""),
+        ("dtype", "dtype", ""),
+        ("variant", "case", ""),
+        ("path", "path", ""),
+        ("ms", "ms", ".1f"),
+        ("speedup", "x slowest", ".2f"),
+    ]
+    print(f"kernel choices, forward + backward where there is one, median of {args.repeats}")
+    print(common.table(rows, columns))
+    result = {"machine": common.machine(), "settings": vars(args), "results": rows}
+    common.write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
