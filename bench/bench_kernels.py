@@ -107,7 +107,8 @@ def main(argv=None) -> dict:
     if args.quick:
         args.tokens, args.vocab, args.lengths, args.repeats, d_model = 64, 500, [8], 1, 32
     jobs = attention_jobs(args.tokens, heads, d_model // heads, args.lengths)
-    jobs |= weight_gradient_jobs(args.tokens, [(d_model, d_model), (4 * d_model, d_model), (args.vocab, d_model)])
+    shapes = [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]
+    jobs |= weight_gradient_jobs(args.tokens, shapes)
     jobs |= loss_jobs(args.tokens, args.vocab)
     times = common.interleaved_times(jobs, args.repeats, warmup=1)
     rows = []
