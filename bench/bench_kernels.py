@@ -4,8 +4,10 @@ Three questions the model's code answers with a choice; this script measures the
 median of `--repeats`) so the choice can be checked on any machine:
 
 - attention: torch's SDPA kernel against the same formula in batched matmuls (`eager_attention_forward`, float32
-  softmax), forward + backward, fp32 and bf16, encoder-style (padding mask) and causal, at several lengths.
-  `modeling_vaswani._prefer_matmul_attention` picks matmuls for half precision with gradients up to 128 keys.
+  softmax), forward + backward, fp32 and bf16, encoder-style (padding mask) and causal, at several lengths; and
+  forward only for one query per sentence (a decoding step with the KV cache).
+  `modeling_vaswani._prefer_matmul_attention` picks matmuls for half precision with gradients up to 128 keys and
+  for single-query steps.
 - the weight gradient of a linear layer, dW = dY^T X: oneDNN's linear on the transposed operands (copied to be
   contiguous) against torch's default `mm`, which reads them transposed in place.
 - the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the model's chunked
@@ -37,7 +39,10 @@ def attention_jobs(tokens: int, heads: int, head_dim: int, lengths: list[int]) -
         batch = max(1, tokens // length)
         for dtype_name, dtype in DTYPES.items():
             for causal in (False, True):
-                q, k, v = (torch.randn(batch, heads, length, head_dim, dtype=dtype, requires_grad=True) for _ in "qkv")
+                q, k, v = (
+                    torch.randn(batch, heads, length, head_dim, dtype=dtype, requires_grad=True)
+                    for _ in "qkv"
+                )
                 padding = torch.ones(batch, 1, 1, length, dtype=torch.bool)
                 padding[0, ..., length // 2 :] = False
                 mask = torch.ones(length, length, dtype=torch.bool).tril() if causal else padding
@@ -56,6 +61,31 @@ def attention_jobs(tokens: int, heads: int, head_dim: int, lengths: list[int]) -
                 key = ("attention", f"T={length} B={batch}", dtype_name, "causal" if causal else "padding")
                 jobs[key + ("sdpa kernel",)] = kernel
                 jobs[key + ("matmuls",)] = matmuls
+    return jobs
+
+
+def decoding_attention_jobs(sentences: int, heads: int, head_dim: int, lengths: list[int]) -> dict:
+    """One query per sentence against `length` cached keys (a step of incremental decoding), forward only."""
+    jobs = {}
+    for length in lengths:
+        q = torch.randn(sentences, heads, 1, head_dim)
+        k, v = (
+            torch.randn(sentences, heads, length, head_dim),
+            torch.randn(sentences, heads, length, head_dim),
+        )
+        padding = torch.ones(sentences, 1, 1, length, dtype=torch.bool)
+        key = ("decoding step attention", f"1 query, {length} keys, B={sentences}", "fp32", "")
+
+        @torch.inference_mode()
+        def kernel(q=q, k=k, v=v, padding=padding):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=padding, scale=head_dim**-0.5)
+
+        @torch.inference_mode()
+        def matmuls(q=q, k=k, v=v, padding=padding):
+            eager_attention_forward(_Module(), q, k, v, padding, scaling=head_dim**-0.5)
+
+        jobs[key + ("sdpa kernel",)] = kernel
+        jobs[key + ("matmuls",)] = matmuls
     return jobs
 
 
@@ -99,6 +129,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per batch (128 pairs x 32)")
     parser.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 256])
+    parser.add_argument("--decode-sentences", type=int, default=128, help="batch 32 x beam 4")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
@@ -106,7 +137,9 @@ def main(argv=None) -> dict:
     d_model, heads = 512, 8
     if args.quick:
         args.tokens, args.vocab, args.lengths, args.repeats, d_model = 64, 500, [8], 1, 32
+        args.decode_sentences = 4
     jobs = attention_jobs(args.tokens, heads, d_model // heads, args.lengths)
+    jobs |= decoding_attention_jobs(args.decode_sentences, heads, d_model // heads, [20, 60, 256])
     shapes = [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]
     jobs |= weight_gradient_jobs(args.tokens, shapes)
     jobs |= loss_jobs(args.tokens, args.vocab)

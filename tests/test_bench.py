@@ -58,7 +58,9 @@ def test_bench_train(tmp_path, memory):
 
 @pytest.mark.parametrize("fixed_length", ["min-new-tokens", "no-eos"])
 def test_bench_generate(tmp_path, fixed_length):
-    stdout, result = run_script("bench.bench_generate", tmp_path, "--no-memory", "--fixed-length", fixed_length)
+    stdout, result = run_script(
+        "bench.bench_generate", tmp_path, "--no-memory", "--fixed-length", fixed_length
+    )
     assert result["settings"]["fixed_length"] == fixed_length and fixed_length in stdout
     assert "tok/s" in stdout and "----" in stdout
     rows = result["results"]

@@ -112,13 +112,37 @@ def test_beam_search_leaves_cross_attention_cache_in_place(model, monkeypatch):
     torch.testing.assert_close(ours.sequences_scores, reference.sequences_scores)
 
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    cache.self_attention_cache.update(torch.arange(4.0).view(4, 1, 1, 1), torch.arange(4.0).view(4, 1, 1, 1), 0)
+    cache.self_attention_cache.update(
+        torch.arange(4.0).view(4, 1, 1, 1), torch.arange(4.0).view(4, 1, 1, 1), 0
+    )
     cross = torch.randn(4, 1, 3, 1)
     cache.cross_attention_cache.update(cross, cross, 0)
     cross_keys = cache.cross_attention_cache.layers[0].keys
     model._reorder_cache(cache, torch.tensor([1, 1, 3, 2]))
     assert cache.self_attention_cache.layers[0].keys.flatten().tolist() == [1.0, 1.0, 3.0, 2.0]
     assert cache.cross_attention_cache.layers[0].keys is cross_keys
+
+
+def test_decoding_steps_compute_sdpa_attention_with_matmuls(model, monkeypatch):
+    """With the cache, each step has one query per sentence: "sdpa" computes it with matmuls (faster on the CPU);
+    the generations equal those without the cache, where every step runs SDPA's kernel over the whole prefix."""
+    from vaswani import modeling_vaswani
+
+    calls = []
+    original = modeling_vaswani._matmul_attention_for_sdpa_masks
+    monkeypatch.setattr(
+        modeling_vaswani,
+        "_matmul_attention_for_sdpa_masks",
+        lambda *a, **k: calls.append(a[1].shape) or original(*a, **k),
+    )
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=8, num_beams=4, do_sample=False)
+    assert model.config._attn_implementation == "sdpa"
+    with_cache = model.generate(input_ids, use_cache=True, **kw)
+    assert calls and all(shape[-2] == 1 for shape in calls)
+    calls.clear()
+    assert torch.equal(with_cache, model.generate(input_ids, use_cache=False, **kw))
+    assert all(shape[-2] == 1 for shape in calls)  # only the first step, whose prefix is one token
 
 
 def test_generate_beam_options_and_sampling(model):
@@ -249,7 +273,11 @@ def test_fused_label_smoothed_loss_equals_cross_entropy_value_and_gradient(dtype
     (fused * 0.37).backward()
     plain_in = logits.clone().requires_grad_()
     plain = F.cross_entropy(
-        plain_in.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum", label_smoothing=eps
+        plain_in.flatten(0, 1).float(),
+        labels.flatten(),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=eps,
     )
     (plain * 0.37).backward()
     torch.testing.assert_close(fused, plain)
@@ -381,7 +409,9 @@ def test_half_precision_training_attention_matches_sdpa_kernel_and_is_causal(dty
         )
         model = tiny_model(dropout=0.0).to(torch.float32 if use_matmuls is None else dtype).train()
         embeds = (model.get_input_embeddings()(dec) * model.config.d_model**0.5).detach().requires_grad_()
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_inputs_embeds=embeds).logits
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_inputs_embeds=embeds
+        ).logits
         logits[:, 2].float().sum().backward()
         assert (len(calls) > 0) == bool(use_matmuls)
         assert embeds.grad[:, 3:].abs().sum() == 0 and embeds.grad[:, :3].abs().sum() > 0

@@ -210,22 +210,28 @@ def eager_attention_forward(
     return output, weights
 
 
-# torch's CPU flash-attention kernel (what SDPA runs on the CPU) has a slow bfloat16/float16 backward: at sentence
-# lengths the same formula in batched matmuls (`eager_attention_forward`, float32 softmax) is 2-5x faster forward +
-# backward (BENCHMARKS.md, "attention kernels"); past about 128 keys the kernel catches up and uses less memory.
+# Two cases where torch's CPU flash-attention kernel (what SDPA runs on the CPU) is slower than the same formula in
+# batched matmuls (`eager_attention_forward`, float32 softmax), measured by `bench.bench_kernels` (BENCHMARKS.md):
+# - half-precision training: the kernel's bfloat16/float16 backward is 3-4x slower at sentence lengths (32 keys),
+#   1.5x at 128; past about 128 keys the kernel catches up and uses less memory;
+# - a single query per sentence (each step of incremental decoding): 1.5-2.5x faster with matmuls up to 60 keys,
+#   never slower (equal at 1024 keys), in any dtype.
 _MATMUL_ATTENTION_MAX_KEYS = 128
 
 
 def _prefer_matmul_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether the "sdpa" implementation should compute this call with matmuls: CPU, half precision, gradients
-    being recorded (training; inference keeps the kernel), short keys. Same math; only the kernel differs."""
+    """Whether the "sdpa" implementation should compute this call with matmuls: on the CPU (not under
+    `torch.compile`), for one query per sequence, or in half precision while gradients are recorded with short
+    keys. Same math; only the kernel differs."""
+    if query.device.type != "cpu" or is_torchdynamo_compiling():
+        return False
+    if query.shape[-2] == 1:
+        return True
     return (
-        query.device.type == "cpu"
-        and query.dtype in (torch.bfloat16, torch.float16)
+        query.dtype in (torch.bfloat16, torch.float16)
         and torch.is_grad_enabled()
         and (query.requires_grad or key.requires_grad)
         and key.shape[-2] <= _MATMUL_ATTENTION_MAX_KEYS
-        and not is_torchdynamo_compiling()
     )
 
 
@@ -233,7 +239,9 @@ def _matmul_attention_for_sdpa_masks(module, query, key, value, attention_mask, 
     """`eager_attention_forward` given the masks made for SDPA, which leave causal attention to the kernel's
     `is_causal` (mask None): that case (as many queries as keys; the caller checks) gets its lower-triangular mask."""
     if attention_mask is None and module.is_causal and query.shape[-2] > 1:
-        attention_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+        attention_mask = torch.ones(
+            query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
+        ).tril()
     return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -789,7 +797,9 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
             row_loss = (eps - 1.0) * log_p.gather(1, target) - eps * log_p.mean(dim=-1, keepdim=True)
             total += row_loss.masked_fill(ignored.unsqueeze(1), 0.0).sum()
             if g is not None:  # p - eps / V - (1 - eps) * onehot(t), float32 until stored
-                log_p.exp_().sub_(eps / vocab).scatter_add_(1, target, log_p.new_full(target.shape, eps - 1.0))
+                log_p.exp_().sub_(eps / vocab).scatter_add_(
+                    1, target, log_p.new_full(target.shape, eps - 1.0)
+                )
                 if log_p is not g:
                     g.copy_(log_p)
                 if ignored.any():
