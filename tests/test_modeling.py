@@ -397,16 +397,16 @@ def test_half_precision_training_attention_matches_sdpa_kernel_and_is_causal(dty
 
     input_ids, attention_mask, labels = batch()
     dec = shift_tokens_right(labels, 0, 1)
-    results = []
+    results, calls = [], []
+    original = modeling_vaswani._matmul_attention_for_sdpa_masks
+    monkeypatch.setattr(
+        modeling_vaswani,
+        "_matmul_attention_for_sdpa_masks",
+        lambda *a, **k: calls.append(1) or original(*a, **k),
+    )
     for use_matmuls in (True, False, None):  # None: float32 reference
         monkeypatch.setattr(modeling_vaswani, "_MATMUL_ATTENTION_MAX_KEYS", 128 if use_matmuls else 0)
-        calls = []
-        original = modeling_vaswani._matmul_attention_for_sdpa_masks
-        monkeypatch.setattr(
-            modeling_vaswani,
-            "_matmul_attention_for_sdpa_masks",
-            lambda *a, **k: calls.append(1) or original(*a, **k),
-        )
+        calls.clear()
         model = tiny_model(dropout=0.0).to(torch.float32 if use_matmuls is None else dtype).train()
         embeds = (model.get_input_embeddings()(dec) * model.config.d_model**0.5).detach().requires_grad_()
         logits = model(
@@ -416,7 +416,7 @@ def test_half_precision_training_attention_matches_sdpa_kernel_and_is_causal(dty
         assert (len(calls) > 0) == bool(use_matmuls)
         assert embeds.grad[:, 3:].abs().sum() == 0 and embeds.grad[:, :3].abs().sum() > 0
         results.append([t.float() for t in (logits.detach(), embeds.grad, model.lm_head.weight.grad)])
-    for ours, kernel, exact in zip(*results):
+    for ours, kernel, exact in zip(*results, strict=True):
         assert (ours - exact).abs().max() <= 1.5 * (kernel - exact).abs().max() + 1e-3
 
 
