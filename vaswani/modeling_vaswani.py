@@ -212,10 +212,10 @@ def eager_attention_forward(
 
 # Two cases where torch's CPU flash-attention kernel (what SDPA runs on the CPU) is slower than the same formula in
 # batched matmuls (`eager_attention_forward`, float32 softmax), measured by `bench.bench_kernels` (BENCHMARKS.md):
-# - half-precision training: the kernel's bfloat16/float16 backward is 3-4x slower at sentence lengths (32 keys),
-#   1.5x at 128; past about 128 keys the kernel catches up and uses less memory;
-# - a single query per sentence (each step of incremental decoding): 1.5-2.5x faster with matmuls up to 60 keys,
-#   never slower (equal at 1024 keys), in any dtype.
+# - half-precision training: forward + backward with the kernel is 4-5x slower in bfloat16 at sentence lengths
+#   (32 keys), 1.4-1.5x at 128; past about 128 keys the kernel is faster and uses less memory;
+# - a single query per sentence (each step of incremental decoding): matmuls 1.9-2.0x faster at 20-60 keys, 1.2x at
+#   256, equal at 1024, in any dtype.
 _MATMUL_ATTENTION_MAX_KEYS = 128
 
 
