@@ -2,8 +2,8 @@
 
 Greedy and beam-4 decoding of `--batch-size` sentences of `--src-len` source tokens, exactly `--new-tokens` new
 tokens each (by default EOS is suppressed until then with `min_new_tokens`; `--fixed-length no-eos` decodes
-without an EOS id instead, leaving out that benchmark-made vocabulary mask), with the KV cache: `generate()` for `vaswani` and
-`marian` with one shared `GenerationConfig`; `torch_generate` (no KV cache exists for `nn.Transformer`) for `torch`.
+without an EOS id instead, leaving out that benchmark-made vocabulary mask), with the KV cache: `generate()` for
+`vaswani` and `marian` with one shared `GenerationConfig`; `torch_generate` (no KV cache exists for `nn.Transformer`) for `torch`.
 Throughput counts the new tokens of the returned sentences (not of every beam); latency is one sentence alone.
 
     python -m bench.bench_generate --preset base --repeats 5 --json bench_generate.json
@@ -73,15 +73,16 @@ def build(name: str, preset: str, dtype: str, args, device: str):
 def make_job(name: str, model, beams: int, batch_size: int, args, device: str):
     """A closure decoding one batch; checks that exactly `new_tokens` tokens came out."""
     source = common.random_batch(batch_size, args.src_len, 1, args.vocab, seed=beams, device=device)
+    suppress_eos = args.fixed_length == "min-new-tokens"
     config = GenerationConfig(
         num_beams=beams,
         max_new_tokens=args.new_tokens,
-        min_new_tokens=args.new_tokens if args.fixed_length == "min-new-tokens" else None,
+        min_new_tokens=args.new_tokens if suppress_eos else None,
         do_sample=False,
         length_penalty=1.0,
         use_cache=True,
         bos_token_id=common.BOS,
-        eos_token_id=common.EOS if args.fixed_length == "min-new-tokens" else None,
+        eos_token_id=common.EOS if suppress_eos else None,
         pad_token_id=common.PAD,
         decoder_start_token_id=common.BOS,
         cache_implementation="static" if args.gpu else None,

@@ -219,11 +219,16 @@ def eager_attention_forward(
 _MATMUL_ATTENTION_MAX_KEYS = 128
 
 
-def _prefer_matmul_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
+def _prefer_matmul_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None
+) -> bool:
     """Whether the "sdpa" implementation should compute this call with matmuls: on the CPU (not under
     `torch.compile`), for one query per sequence, or in half precision while gradients are recorded with short
-    keys. Same math; only the kernel differs."""
+    keys. Same math; only the kernel differs. A causal call without a mask must have as many queries as keys (or
+    one query), so that `_matmul_attention_for_sdpa_masks` can make its mask."""
     if query.device.type != "cpu" or is_torchdynamo_compiling():
+        return False
+    if attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2]):
         return False
     if query.shape[-2] == 1:
         return True
@@ -237,7 +242,8 @@ def _prefer_matmul_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
 
 def _matmul_attention_for_sdpa_masks(module, query, key, value, attention_mask, **kwargs):
     """`eager_attention_forward` given the masks made for SDPA, which leave causal attention to the kernel's
-    `is_causal` (mask None): that case (as many queries as keys; the caller checks) gets its lower-triangular mask."""
+    `is_causal` (mask None): that case (as many queries as keys, see `_prefer_matmul_attention`) gets its
+    lower-triangular mask."""
     if attention_mask is None and module.is_causal and query.shape[-2] > 1:
         attention_mask = torch.ones(
             query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
@@ -321,10 +327,8 @@ class VaswaniAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if (
-            self.config._attn_implementation == "sdpa"
-            and _prefer_matmul_attention(query, key)
-            and (attention_mask is not None or not self.is_causal or query.shape[-2] in (1, key.shape[-2]))
+        if self.config._attn_implementation == "sdpa" and _prefer_matmul_attention(
+            self, query, key, attention_mask
         ):
             attention_interface = _matmul_attention_for_sdpa_masks
         output, weights = attention_interface(
