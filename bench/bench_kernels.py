@@ -5,9 +5,9 @@ median of `--repeats`) so the choice can be checked on any machine:
 
 - attention: torch's SDPA kernel against the same formula in batched matmuls (`eager_attention_forward`, float32
   softmax), forward + backward, fp32 and bf16, encoder-style (padding mask) and causal, at several lengths; and
-  forward only for one query per sentence (a decoding step with the KV cache).
-  `modeling_vaswani._prefer_matmul_attention` picks matmuls for half precision with gradients up to 128 keys and
-  for single-query steps.
+  forward only for one query per hypothesis (a decoding step with the KV cache), and for the 4 beams of a source
+  sharing one encoder-decoder attention call. `modeling_vaswani._prefer_matmul_attention` picks matmuls for half
+  precision with gradients up to 128 keys and for decoding steps.
 - the weight gradient of a linear layer, dW = dY^T X: oneDNN's linear on the transposed operands (copied to be
   contiguous) against torch's default `mm`, which reads them transposed in place.
 - the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the model's chunked
@@ -64,17 +64,18 @@ def attention_jobs(tokens: int, heads: int, head_dim: int, lengths: list[int]) -
     return jobs
 
 
-def decoding_attention_jobs(sentences: int, heads: int, head_dim: int, lengths: list[int]) -> dict:
-    """One query per sentence against `length` cached keys (a step of incremental decoding), forward only."""
+def decoding_attention_jobs(rows: int, heads: int, head_dim: int, cases: list[tuple[int, int]]) -> dict:
+    """A step of incremental decoding, forward only: each of `rows` hypotheses has one query, against `length`
+    cached keys. With `queries` > 1 the hypotheses of a source share one call (encoder-decoder attention in beam
+    search: the beams' queries together against the source's one copy of its keys), so rows / queries calls."""
     jobs = {}
-    for length in lengths:
-        q = torch.randn(sentences, heads, 1, head_dim)
-        k, v = (
-            torch.randn(sentences, heads, length, head_dim),
-            torch.randn(sentences, heads, length, head_dim),
-        )
-        padding = torch.ones(sentences, 1, 1, length, dtype=torch.bool)
-        key = ("decoding step attention", f"1 query, {length} keys, B={sentences}", "fp32", "")
+    for queries, length in cases:
+        calls = rows // queries
+        q = torch.randn(calls, heads, queries, head_dim)
+        k, v = torch.randn(calls, heads, length, head_dim), torch.randn(calls, heads, length, head_dim)
+        padding = torch.ones(calls, 1, 1, length, dtype=torch.bool)
+        case = f"{queries} quer{'y' if queries == 1 else 'ies'}, {length} keys, B={calls}"
+        key = ("decoding step attention", case, "fp32", "")
 
         @torch.inference_mode()
         def kernel(q=q, k=k, v=v, padding=padding):
@@ -139,7 +140,8 @@ def main(argv=None) -> dict:
         args.tokens, args.vocab, args.lengths, args.repeats, d_model = 64, 500, [8], 1, 32
         args.decode_sentences = 4
     jobs = attention_jobs(args.tokens, heads, d_model // heads, args.lengths)
-    jobs |= decoding_attention_jobs(args.decode_sentences, heads, d_model // heads, [20, 60, 256])
+    cases = [(1, 20), (1, 60), (1, 256), (4, 20), (4, 60)]  # (queries per call, keys): 4 = a source's beams
+    jobs |= decoding_attention_jobs(args.decode_sentences, heads, d_model // heads, cases)
     shapes = [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]
     jobs |= weight_gradient_jobs(args.tokens, shapes)
     jobs |= loss_jobs(args.tokens, args.vocab)

@@ -93,24 +93,90 @@ def test_generate_cached_equals_uncached(model, num_beams):
     assert torch.equal(with_cache, without)
 
 
-def test_beam_search_leaves_cross_attention_cache_in_place(model, monkeypatch):
-    """The model's `_reorder_cache` reorders only self-attention K/V; beam search gives the same sequences and
-    scores as with the generic reorder of both caches."""
+def test_decoder_rows_in_groups_per_source_equal_copied_encoder_rows(model):
+    """A decoder batch that is a multiple g of the encoder batch (g consecutive rows per source) gives the logits
+    and attention maps of the same call with the encoder output and mask copied g times."""
     input_ids, attention_mask, _ = batch()
-    kw = dict(attention_mask=attention_mask, max_new_tokens=10, num_beams=4, num_return_sequences=2)
-    kw.update(output_scores=True, return_dict_in_generate=True, length_penalty=0.6)
-    ours = model.generate(input_ids, **kw)
+    group = 4
+    encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask)
+    copied = type(encoder_outputs)(
+        last_hidden_state=encoder_outputs.last_hidden_state.repeat_interleave(group, 0)
+    )
+    decoder_input_ids = torch.randint(4, 53, (3 * group, 5), generator=torch.Generator().manual_seed(1))
+    model.set_attn_implementation("eager")
+    try:
+        kw = dict(decoder_input_ids=decoder_input_ids, output_attentions=True)
+        shared = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, **kw)
+        reference = model(
+            encoder_outputs=copied, attention_mask=attention_mask.repeat_interleave(group, 0), **kw
+        )
+    finally:
+        model.set_attn_implementation("sdpa")
+    torch.testing.assert_close(shared.logits, reference.logits)
+    for ours, theirs in zip(shared.cross_attentions, reference.cross_attentions, strict=True):
+        assert ours.shape == theirs.shape == (3 * group, 5, 5, 7)
+        torch.testing.assert_close(ours, theirs)
+    with pytest.raises(
+        ValueError, match=r"decoder batch \(5\) must be the encoder batch \(3\) or a multiple"
+    ):
+        model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids[:5],
+        )
 
-    def generic(self, cache, beam_idx):
+
+def _transformers_generic_beam_layout(monkeypatch):
+    """Give the model transformers' own handling of beams: encoder side copied per beam, whole cache reordered."""
+    from transformers import GenerationMixin
+
+    def generic_reorder(self, cache, beam_idx):
         cache.reorder_cache(beam_idx)
         return cache
 
-    monkeypatch.setattr(VaswaniForConditionalGeneration, "_reorder_cache", generic)
+    monkeypatch.setattr(VaswaniForConditionalGeneration, "_reorder_cache", generic_reorder)
+    monkeypatch.setattr(
+        VaswaniForConditionalGeneration,
+        "_expand_inputs_for_generation",
+        GenerationMixin._expand_inputs_for_generation,
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(num_beams=4, num_return_sequences=2, length_penalty=0.6),
+        dict(num_beams=3, cache_implementation="static"),
+        dict(do_sample=True, num_beams=1, num_return_sequences=3),
+    ],
+    ids=["beam", "beam-static-cache", "sampling"],
+)
+def test_generation_keeps_one_copy_of_the_encoder_side_per_source(model, monkeypatch, options):
+    """Beams and samples of a source share its encoder output and cross-attention keys and values (held once per
+    source in the cache, never reordered); sequences and scores equal transformers' generic copied layout."""
+    input_ids, attention_mask, _ = batch()
+    kw = dict(
+        attention_mask=attention_mask, max_new_tokens=10, output_scores=True, return_dict_in_generate=True
+    )
+    kw.update(options)
+    torch.manual_seed(0)
+    ours = model.generate(input_ids, **kw)
+    cache = ours.past_key_values
+    expanded = 3 * max(options["num_beams"], options.get("num_return_sequences", 1))
+    assert cache.cross_attention_cache.layers[0].keys.shape[0] == 3
+    assert cache.self_attention_cache.layers[0].keys.shape[0] == expanded
+
+    _transformers_generic_beam_layout(monkeypatch)
+    torch.manual_seed(0)
     reference = model.generate(input_ids, **kw)
     monkeypatch.undo()
+    assert reference.past_key_values.cross_attention_cache.layers[0].keys.shape[0] == expanded
     assert torch.equal(ours.sequences, reference.sequences)
-    torch.testing.assert_close(ours.sequences_scores, reference.sequences_scores)
+    for step_ours, step_reference in zip(ours.scores, reference.scores, strict=True):
+        torch.testing.assert_close(step_ours, step_reference)
 
+
+def test_beam_search_reorders_only_the_self_attention_cache(model):
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     cache.self_attention_cache.update(
         torch.arange(4.0).view(4, 1, 1, 1), torch.arange(4.0).view(4, 1, 1, 1), 0
@@ -133,16 +199,20 @@ def test_decoding_steps_compute_sdpa_attention_with_matmuls(model, monkeypatch):
     monkeypatch.setattr(
         modeling_vaswani,
         "_matmul_attention_for_sdpa_masks",
-        lambda *a, **k: calls.append(a[1].shape) or original(*a, **k),
+        lambda *a, **k: calls.append((a[0].is_cross_attention, a[1].shape)) or original(*a, **k),
     )
     input_ids, attention_mask, _ = batch()
     kw = dict(attention_mask=attention_mask, max_new_tokens=8, num_beams=4, do_sample=False)
     assert model.config._attn_implementation == "sdpa"
     with_cache = model.generate(input_ids, use_cache=True, **kw)
-    assert calls and all(shape[-2] == 1 for shape in calls)
+    # one query per beam: self-attention at 3 x 4 rows; encoder-decoder attention once per source, its 4 beams'
+    # queries together
+    expected = {(False, (12, 5, 1, 3)), (True, (3, 5, 4, 3))}
+    assert calls and {(cross, tuple(shape)) for cross, shape in calls} == expected
     calls.clear()
     assert torch.equal(with_cache, model.generate(input_ids, use_cache=False, **kw))
-    assert all(shape[-2] == 1 for shape in calls)  # only the first step, whose prefix is one token
+    # without the cache only the first step (a one-token prefix) has one query per row
+    assert {(cross, tuple(shape)) for cross, shape in calls} == expected
 
 
 def test_generate_beam_options_and_sampling(model):

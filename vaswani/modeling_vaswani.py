@@ -220,17 +220,22 @@ _MATMUL_ATTENTION_MAX_KEYS = 128
 
 
 def _prefer_matmul_attention(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    queries_per_row: int | None = None,
 ) -> bool:
     """Whether the "sdpa" implementation should compute this call with matmuls: on the CPU (not under
-    `torch.compile`), for one query per sequence, or in half precision while gradients are recorded with short
+    `torch.compile`), for one query per decoder row (`queries_per_row`; a decoding step, where the beams of a source
+    may share its encoder-decoder attention call), or in half precision while gradients are recorded with short
     keys. Same math; only the kernel differs. A causal call without a mask must have as many queries as keys (or
     one query), so that `_matmul_attention_for_sdpa_masks` can make its mask."""
     if query.device.type != "cpu" or is_torchdynamo_compiling():
         return False
     if attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2]):
         return False
-    if query.shape[-2] == 1:
+    if (queries_per_row if queries_per_row is not None else query.shape[-2]) == 1:
         return True
     return (
         query.dtype in (torch.bfloat16, torch.float16)
@@ -301,6 +306,18 @@ class VaswaniAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
+        group = 1
+        if (
+            self.is_cross_attention
+            and key_value_states is not None
+            and key_value_states.shape[0] != batch_size
+        ):
+            # Several decoder rows per source (beam search, several samples): the decoder's batch is `group`
+            # consecutive rows per encoder row (see `VaswaniDecoder`). Their queries attend to one copy of that
+            # source's keys and values as one sequence of group x Tq queries: same result per row, computed and
+            # cached at the encoder's batch size instead of `group` identical copies.
+            group = batch_size // key_value_states.shape[0]
+            hidden_states = hidden_states.reshape(batch_size // group, group * seq_len, self.embed_dim)
         query = self._heads(self.q_proj(hidden_states))  # (B, h, Tq, d_k)
 
         if self.is_cross_attention:
@@ -328,7 +345,7 @@ class VaswaniAttention(nn.Module):
             self.config._attn_implementation, eager_attention_forward
         )
         if self.config._attn_implementation == "sdpa" and _prefer_matmul_attention(
-            self, query, key, attention_mask
+            self, query, key, attention_mask, queries_per_row=seq_len
         ):
             attention_interface = _matmul_attention_for_sdpa_masks
         output, weights = attention_interface(
@@ -342,6 +359,9 @@ class VaswaniAttention(nn.Module):
             **kwargs,
         )
         output = output.reshape(batch_size, seq_len, self.embed_dim)  # (B, Tq, h, d_k) -> (B, Tq, d_model)
+        if group > 1 and weights is not None:
+            # (B / g, h, g x Tq, Ts) -> (B, h, Tq, Ts): one map per decoder row
+            weights = weights.unflatten(2, (group, seq_len)).transpose(1, 2).flatten(0, 1)
         return self.out_proj(output), weights
 
 
@@ -574,7 +594,12 @@ class VaswaniEncoder(VaswaniStack):
 
 
 class VaswaniDecoder(VaswaniStack):
-    """N decoder layers; self-attention is masked so position i sees only positions < i + 1 (§3.1, §3.2.3)."""
+    """N decoder layers; self-attention is masked so position i sees only positions < i + 1 (§3.1, §3.2.3).
+
+    The decoder batch may be a multiple g of the encoder batch: rows b*g .. b*g + g - 1 then decode source b (the
+    layout of `generate()`'s beams and samples, which this model does not copy, see
+    `VaswaniForConditionalGeneration._expand_inputs_for_generation`).
+    """
 
     def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, VaswaniDecoderLayer, config.decoder_layers)
@@ -613,6 +638,12 @@ class VaswaniDecoder(VaswaniStack):
             "attention_mask",
             "the encoder output of shape (batch, source length)",
         )
+        encoder_batch = encoder_hidden_states.shape[0]
+        if batch_size % encoder_batch:
+            raise ValueError(
+                f"The decoder batch ({batch_size}) must be the encoder batch ({encoder_batch}) or a multiple of it "
+                "(each source's decoder rows consecutive, as `generate()` lays out beams and samples)."
+            )
 
         hidden_states = self.embed(inputs_embeds, past_length)  # (B, T, d_model)
         self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
@@ -622,9 +653,9 @@ class VaswaniDecoder(VaswaniStack):
             attention_mask=attention_mask,
             cache=self_attn_cache,
         )
-        cross_mask = create_bidirectional_mask(
+        cross_mask = create_bidirectional_mask(  # per source: the decoder rows of one source share one call
             config=self.config,
-            inputs_embeds=hidden_states,
+            inputs_embeds=hidden_states.reshape(encoder_batch, -1, hidden_states.shape[-1]),
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
@@ -893,13 +924,40 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             self.config.decoder_vocab_size = embeddings.weight.shape[0]
         return embeddings
 
+    def _expand_inputs_for_generation(
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None, **model_kwargs
+    ):
+        """`generate()`'s copying of the inputs for each beam or sample, without copying the encoder's side.
+
+        transformers' version repeats the encoder output and its mask `expand_size` times, so every beam holds its
+        own identical copy of the encoder-decoder attention keys and values (computed, cached and read
+        `expand_size` times over). Here only the decoder inputs are repeated; the decoder recognises a batch that
+        is a multiple of the encoder's and lets each source's rows attend to its one copy (`VaswaniAttention`).
+        Results are those of the copied layout (tests compare both).
+        """
+        if expand_size == 1 or not is_encoder_decoder or model_kwargs.get("encoder_outputs") is None:
+            return super()._expand_inputs_for_generation(
+                expand_size=expand_size,
+                is_encoder_decoder=is_encoder_decoder,
+                input_ids=input_ids,
+                **model_kwargs,
+            )
+        kept = {
+            key: model_kwargs.pop(key) for key in ("encoder_outputs", "attention_mask") if key in model_kwargs
+        }
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size=expand_size, is_encoder_decoder=False, input_ids=input_ids, **model_kwargs
+        )
+        model_kwargs.update(kept)
+        return input_ids, model_kwargs
+
     def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search's reordering of the cache after each step (called by `generate()`).
 
         Only the decoder self-attention keys and values are reordered. `beam_idx` moves beams within their own
-        sentence, and the cross-attention keys and values of a sentence's beams are computed from copies of one
-        encoder output, so they are identical rows: reordering them (as the generic `EncoderDecoderCache` does)
-        would copy 2 x N tensors of (beams x batch, h, source length, d_k) every step to the same values.
+        sentence, and all beams of a sentence attend to the same encoder output: the cross-attention cache holds
+        it once per sentence (see `_expand_inputs_for_generation`) or, when the caller copied it per beam,
+        identical rows, which reordering (as the generic `EncoderDecoderCache` does) would copy to the same values.
         """
         if isinstance(cache, EncoderDecoderCache):
             cache.self_attention_cache.reorder_cache(beam_idx)
