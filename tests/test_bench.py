@@ -77,3 +77,20 @@ def test_gpu_mode_skips_without_cuda(tmp_path, module):
         pytest.skip("a GPU is present: GPU mode runs instead of skipping")
     stdout, result = run_script(module, tmp_path, "--gpu")
     assert "skipped" in stdout and result["skipped"]
+
+
+def test_ab_shared_encoder_gives_the_same_sequences_and_a_ratio():
+    """Runs the A/B in-process at a small size: it raises if the two beam layouts generate different sequences."""
+    from bench import ab_shared_encoder
+
+    result = ab_shared_encoder.main(["--preset", "small", "--vocab", "300", "--repeats", "1"])
+    assert set(result) == {"shared", "copied per beam"} and all(seconds > 0 for seconds in result.values())
+
+
+def test_profile_decode_prints_operators_for_both_eos_modes(capsys):
+    from bench import profile_decode
+
+    profile_decode.main(["vaswani", "--preset", "small", "--vocab", "300", "--rows", "40"])
+    out = capsys.readouterr().out
+    assert "vaswani, no EOS:" in out and "vaswani, min_new_tokens:" in out
+    assert "aten::where" in out.split("min_new_tokens:")[1]  # the EOS mask shows up only with min_new_tokens

@@ -1,0 +1,71 @@
+"""Beam search with the encoder side shared by a source's beams (the model's default) against transformers' generic
+layout (the encoder output copied once per beam), same model and weights, jobs interleaved.
+
+Base preset, batch 32, source 20, exactly 30 new tokens (no EOS id), beam 4, random weights. Checks that both give
+the same sequences, then prints the median seconds per batch of each and their ratio.
+
+    python -m bench.ab_shared_encoder --repeats 5
+"""
+
+import argparse
+import sys
+
+import torch
+from transformers import GenerationConfig, GenerationMixin
+
+from bench import common
+from vaswani import VaswaniForConditionalGeneration
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--beams", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    model = common.build_model("vaswani", common.vaswani_config(args.preset, args.vocab)).eval()
+    source = common.random_batch(32, 20, 1, args.vocab, seed=args.beams)
+    config = GenerationConfig(
+        num_beams=args.beams,
+        max_new_tokens=30,
+        do_sample=False,
+        length_penalty=1.0,
+        use_cache=True,
+        bos_token_id=common.BOS,
+        eos_token_id=None,
+        pad_token_id=common.PAD,
+        decoder_start_token_id=common.BOS,
+    )
+    shared_expand = VaswaniForConditionalGeneration._expand_inputs_for_generation
+
+    def decode(expand) -> torch.Tensor:
+        VaswaniForConditionalGeneration._expand_inputs_for_generation = expand
+        try:
+            with torch.inference_mode():
+                return model.generate(
+                    input_ids=source["input_ids"],
+                    attention_mask=source["attention_mask"],
+                    generation_config=config,
+                )
+        finally:
+            VaswaniForConditionalGeneration._expand_inputs_for_generation = shared_expand
+
+    jobs = {
+        "shared": lambda: decode(shared_expand),
+        "copied per beam": lambda: decode(GenerationMixin._expand_inputs_for_generation),
+    }
+    if not torch.equal(jobs["shared"](), jobs["copied per beam"]()):
+        raise RuntimeError("the two layouts generated different sequences")
+    times = common.interleaved_times(jobs, args.repeats)
+    result = {name: common.median(seconds) for name, seconds in times.items()}
+    for name, seconds in times.items():
+        print(f"{name}: median {result[name]:.3f} s per batch ({', '.join(f'{s:.3f}' for s in seconds)})")
+    print(f"copied / shared = {result['copied per beam'] / result['shared']:.3f}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
