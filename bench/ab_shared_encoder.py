@@ -11,7 +11,7 @@ import argparse
 import sys
 
 import torch
-from transformers import GenerationConfig, GenerationMixin
+from transformers import GenerationMixin
 
 from bench import common
 from vaswani import VaswaniForConditionalGeneration
@@ -28,17 +28,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     model = common.build_model("vaswani", common.vaswani_config(args.preset, args.vocab)).eval()
     source = common.random_batch(32, 20, 1, args.vocab, seed=args.beams)
-    config = GenerationConfig(
-        num_beams=args.beams,
-        max_new_tokens=30,
-        do_sample=False,
-        length_penalty=1.0,
-        use_cache=True,
-        bos_token_id=common.BOS,
-        eos_token_id=None,
-        pad_token_id=common.PAD,
-        decoder_start_token_id=common.BOS,
-    )
+    config = common.fixed_length_generation_config(args.beams, 30, suppress_eos=False)
     shared_expand = VaswaniForConditionalGeneration._expand_inputs_for_generation
 
     def decode(expand) -> torch.Tensor:

@@ -14,7 +14,6 @@ import json
 import sys
 
 import torch
-from transformers import GenerationConfig
 
 from bench import common
 
@@ -74,18 +73,8 @@ def make_job(name: str, model, beams: int, batch_size: int, args, device: str):
     """A closure decoding one batch; checks that exactly `new_tokens` tokens came out."""
     source = common.random_batch(batch_size, args.src_len, 1, args.vocab, seed=beams, device=device)
     suppress_eos = args.fixed_length == "min-new-tokens"
-    config = GenerationConfig(
-        num_beams=beams,
-        max_new_tokens=args.new_tokens,
-        min_new_tokens=args.new_tokens if suppress_eos else None,
-        do_sample=False,
-        length_penalty=1.0,
-        use_cache=True,
-        bos_token_id=common.BOS,
-        eos_token_id=common.EOS if suppress_eos else None,
-        pad_token_id=common.PAD,
-        decoder_start_token_id=common.BOS,
-        cache_implementation="static" if args.gpu else None,
+    config = common.fixed_length_generation_config(
+        beams, args.new_tokens, suppress_eos, static_cache=args.gpu
     )
 
     @torch.inference_mode()

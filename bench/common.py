@@ -192,6 +192,28 @@ def random_batch(batch_size: int, src_len: int, tgt_len: int, vocab_size: int, s
 # Decoding for nn.Transformer (no KV cache: the decoder reruns over the whole prefix at every step)
 # --------------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
+def fixed_length_generation_config(
+    beams: int, new_tokens: int, suppress_eos: bool, static_cache: bool = False
+):
+    """Greedy (`beams` 1) or beam decoding of exactly `new_tokens` tokens with length penalty 1: either with the EOS
+    id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (see `bench_generate`)."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        num_beams=beams,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens if suppress_eos else None,
+        do_sample=False,
+        length_penalty=1.0,
+        use_cache=True,
+        bos_token_id=BOS,
+        eos_token_id=EOS if suppress_eos else None,
+        pad_token_id=PAD,
+        decoder_start_token_id=BOS,
+        cache_implementation="static" if static_cache else None,
+    )
+
+
 def torch_generate(
     model: TorchTransformerLM,
     input_ids: torch.Tensor,

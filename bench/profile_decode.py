@@ -14,7 +14,6 @@ import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import GenerationConfig
 
 from bench import common
 
@@ -34,18 +33,7 @@ def main(argv=None) -> None:
     inputs = {"input_ids": source["input_ids"], "attention_mask": source["attention_mask"]}
 
     def decode(suppress_eos: bool) -> torch.Tensor:
-        config = GenerationConfig(
-            num_beams=args.beams,
-            max_new_tokens=30,
-            min_new_tokens=30 if suppress_eos else None,
-            do_sample=False,
-            length_penalty=1.0,
-            use_cache=True,
-            bos_token_id=common.BOS,
-            eos_token_id=common.EOS if suppress_eos else None,
-            pad_token_id=common.PAD,
-            decoder_start_token_id=common.BOS,
-        )
+        config = common.fixed_length_generation_config(args.beams, 30, suppress_eos)
         with torch.inference_mode():
             return model.generate(**inputs, generation_config=config)
 
