@@ -71,6 +71,7 @@ SUMMARY = {
     "schedule": "inverse square root with linear warm-up (§5.3)",
     "warmup_steps": 4000,
     "hardware": "1x NVIDIA H200",
+    "precision": "bf16 autocast",
     "train_runtime": 3725.0,
 }
 
@@ -266,6 +267,7 @@ def test_card_metadata_and_contents(published):
         "~25,000 tokens",
         SUMMARY["schedule"],
         "1x NVIDIA H200",
+        "| Precision | bf16 autocast |",
         "1 h 02 min",
         RESULTS["bleu_signature"],
         RESULTS["chrf_signature"],

@@ -193,6 +193,7 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     assert lrs[0] == pytest.approx(paper_learning_rate(2, 16, 4))  # logged after step 2
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == 8 and summary["parameters"] > 0 and summary["source_lang"] == "de"
+    assert summary["precision"] == "fp32"
     config = json.loads((out / "config.json").read_text())
     assert config["d_model"] == 16 and config["label_smoothing"] == 0.1 and config["dropout"] == 0.1
     assert config["use_cache"] is True

@@ -23,7 +23,8 @@ Two JSON files describe the run. Every key is optional unless noted; other keys 
   figures), `dataset` (Hub id, short name or local path), `dataset_name` (display name), `dataset_config` (e.g.
   `"de-en"`), `split` (default `"test"`), `num_beams` and `length_penalty` (how the test set was decoded);
 - training summary (`TrainingSummary`): `source_lang` and `target_lang` (required), `dataset`, `preset`, `steps`,
-  `batch_tokens`, `schedule`, `warmup_steps`, `peak_learning_rate`, `hardware`, `train_runtime` (seconds).
+  `batch_tokens`, `schedule`, `warmup_steps`, `peak_learning_rate`, `hardware`, `precision` (e.g. `"fp32"`,
+  `"bf16 autocast"`), `train_runtime` (seconds).
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class TrainingSummary:
     warmup_steps: int | None = None
     peak_learning_rate: float | None = None
     hardware: str | None = None
+    precision: str | None = None
     train_runtime: float | None = None
 
     @classmethod

@@ -232,6 +232,7 @@ def train_main(
             if training_args.paper_lr_schedule
             else training_args.learning_rate,
             "hardware": _hardware(training_args.world_size),
+            "precision": _precision(training_args),
             "train_runtime": result.metrics.get("train_runtime"),
             # more detail
             "parameters": n_params,
@@ -243,6 +244,12 @@ def train_main(
         }
         Path(training_args.output_dir, "training_summary.json").write_text(json.dumps(summary, indent=2))
     return trainer
+
+
+def _precision(training_args) -> str:
+    if training_args.bf16:
+        return "bf16 autocast"
+    return "fp16 autocast" if training_args.fp16 else "fp32"
 
 
 def _hardware(world_size: int = 1) -> str:
