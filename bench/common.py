@@ -188,10 +188,6 @@ def random_batch(batch_size: int, src_len: int, tgt_len: int, vocab_size: int, s
     return {k: v.to(device) for k, v in batch.items()}
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Decoding for nn.Transformer (no KV cache: the decoder reruns over the whole prefix at every step)
-# --------------------------------------------------------------------------------------------------------------------
-@torch.no_grad()
 def fixed_length_generation_config(
     beams: int, new_tokens: int, suppress_eos: bool, static_cache: bool = False
 ):
@@ -214,6 +210,10 @@ def fixed_length_generation_config(
     )
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Decoding for nn.Transformer (no KV cache: the decoder reruns over the whole prefix at every step)
+# --------------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
 def torch_generate(
     model: TorchTransformerLM,
     input_ids: torch.Tensor,
