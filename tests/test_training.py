@@ -89,6 +89,7 @@ def test_training_arguments_default_to_the_paper(tmp_path):
     assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-9)
     assert args.warmup_steps == 4000 and args.label_smoothing_factor == 0.1 and args.weight_decay == 0.0
     assert args.paper_lr_schedule and args.learning_rate == 1.0
+    assert args.max_grad_norm == 0.0  # the paper clips no gradients; transformers' Trainer would clip at 1.0
     args = PaperTrainingArguments(output_dir=str(tmp_path), max_tokens=4096, batch_tokens=25000)
     assert args.gradient_accumulation_steps == 7  # ceil(25000 / 4096) on one process
 
@@ -193,7 +194,7 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     assert lrs[0] == pytest.approx(paper_learning_rate(2, 16, 4))  # logged after step 2
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == 8 and summary["parameters"] > 0 and summary["source_lang"] == "de"
-    assert summary["precision"] == "fp32"
+    assert summary["precision"] == "fp32" and summary["max_grad_norm"] == 0.0
     config = json.loads((out / "config.json").read_text())
     assert config["d_model"] == 16 and config["label_smoothing"] == 0.1 and config["dropout"] == 0.1
     assert config["use_cache"] is True

@@ -240,6 +240,7 @@ def train_main(
             "max_tokens_per_device": training_args.max_tokens,
             "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
             "label_smoothing": model.config.label_smoothing,
+            "max_grad_norm": training_args.max_grad_norm,  # 0: no clipping, as in the paper
             "dropped_pairs": dropped,
         }
         Path(training_args.output_dir, "training_summary.json").write_text(json.dumps(summary, indent=2))

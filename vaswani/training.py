@@ -187,6 +187,13 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (§5.3: 0.98)."})
     adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (§5.3: 1e-9)."})
     weight_decay: float = field(default=0.0, metadata={"help": "No weight decay in the paper."})
+    max_grad_norm: float = field(
+        default=0.0,
+        metadata={
+            "help": "Gradient-norm clipping threshold; 0 disables it. The paper clips nothing (§5.3); transformers' "
+            "Trainer defaults to 1.0, so clipping is a departure to ask for by setting this."
+        },
+    )
     optim: str = field(
         default="adamw_torch", metadata={"help": "Adam (weight decay 0 makes AdamW plain Adam)."}
     )
