@@ -122,6 +122,13 @@ def main(argv=None) -> dict:
                     jobs[name, beams, "batch"] = make_job(name, model, beams, args.batch_size, args, device)
                     jobs[name, beams, "latency"] = make_job(name, model, beams, 1, args, device)
             times = common.interleaved_times(jobs, args.repeats, args.warmup, device)
+            cuda_rise = {}
+            if (
+                device == "cuda"
+            ):  # one more batch decode each: how far allocated memory rises over weights and data
+                cuda_rise = {
+                    key: common.cuda_memory_rise_mib(job) for key, job in jobs.items() if key[2] == "batch"
+                }
             for name in args.impl:
                 for beams in args.beams:
                     batch_s = common.median(times[name, beams, "batch"])
@@ -137,6 +144,8 @@ def main(argv=None) -> dict:
                         "latency_s": common.median(times[name, beams, "latency"]),
                         "latency_s_all": times[name, beams, "latency"],
                     }
+                    if (name, beams, "batch") in cuda_rise:
+                        row["mem_rise_mib"] = cuda_rise[name, beams, "batch"]
                     if not args.no_memory:
                         child = ["--memory-child", f"{name},{preset},{dtype},{beams}"]
                         child += ["--batch-size", str(args.batch_size), "--src-len", str(args.src_len)]

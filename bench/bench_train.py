@@ -121,7 +121,12 @@ def main(argv=None) -> dict:
     device, skipped = common.choose_device(args)
     if skipped:
         return skipped
-    peak = common.matmul_peak((512, 256, 256), repeats=3) if args.quick else common.matmul_peak()
+    if args.quick:
+        peak = common.matmul_peak((512, 256, 256), repeats=3, device=device)
+    else:
+        peak = common.matmul_peak(
+            common.GPU_PEAK_SIZE if device == "cuda" else (4096, 512, 2048), device=device
+        )
     print("matmul peak (GFLOP/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peak.items()))
     tokens = args.batch_size * args.tgt_len
     rows, curves = [], {}
@@ -136,6 +141,13 @@ def main(argv=None) -> dict:
             for dtype in args.dtype:
                 jobs[name, dtype] = make_step(name, model, optimizer, batch, dtype, device)
         times = common.interleaved_times(jobs, args.repeats, args.warmup, device)
+        cuda_rise = {}
+        if (
+            device == "cuda"
+        ):  # one more step each: how far allocated memory rises over the weights, Adam state, data
+            for model in models.values():
+                model.zero_grad(set_to_none=True)
+            cuda_rise = {key: common.cuda_memory_rise_mib(job) for key, job in jobs.items()}
         for (name, dtype), seconds in times.items():
             step_s = common.median(seconds)
             flops = 6 * common.num_parameters(models[name]) * tokens
@@ -156,6 +168,8 @@ def main(argv=None) -> dict:
                 row["mfu"] = row["gflops"] / peak["fp32_default"]
                 if "fp32_onednn" in peak:
                     row["mfu_onednn"] = row["gflops"] / peak["fp32_onednn"]
+            if (name, dtype) in cuda_rise:
+                row["mem_rise_mib"] = cuda_rise[name, dtype]
             if not args.no_memory:
                 child = ["--memory-child", f"{name},{preset},{dtype}", "--batch-size", str(args.batch_size)]
                 child += [

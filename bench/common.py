@@ -273,6 +273,16 @@ def interleaved_times(
     return times
 
 
+def cuda_memory_rise_mib(work: Callable[[], object]) -> float:
+    """How far CUDA memory allocated by torch rises above its level before `work` while `work` runs, in MiB."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    work()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -280,16 +290,22 @@ def median(values: list[float]) -> float:
 # --------------------------------------------------------------------------------------------------------------------
 # Matmul peak
 # --------------------------------------------------------------------------------------------------------------------
-def matmul_peak(size: tuple[int, int, int] = (4096, 512, 2048), repeats: int = 10) -> dict[str, float]:
+GPU_PEAK_SIZE = (8192, 8192, 8192)
+
+
+def matmul_peak(
+    size: tuple[int, int, int] = (4096, 512, 2048), repeats: int = 10, device: str = "cpu"
+) -> dict[str, float]:
     """Measured matmul throughput in GFLOP/s (median of `repeats`, paths interleaved), for (M, K) x (K, N).
 
     `fp32_default`: `F.linear`, torch's default CPU path (MKL sgemm here); `fp32_onednn`: oneDNN's fp32 linear with
     a prepacked weight (`torch.ops.mkldnn._linear_pointwise`); `fp32_numpy`: numpy's BLAS; `bf16`: `F.linear` in
-    bfloat16, which torch sends to oneDNN. On a GPU: fp32 (TF32 off) and bf16 through cuBLAS.
+    bfloat16, which torch sends to oneDNN. With `device="cuda"`: fp32 (TF32 off, torch's default) and bf16 through
+    cuBLAS; pass a size like `GPU_PEAK_SIZE` there, since a CPU-sized product is too short to keep a GPU busy.
     """
     m, k, n = size
     flops = 2 * m * k * n
-    if torch.cuda.is_available():
+    if device.startswith("cuda"):
         x, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
         xb, wb = x.bfloat16(), w.bfloat16()
         jobs = {"fp32_default": lambda: F.linear(x, w), "bf16": lambda: F.linear(xb, wb)}
