@@ -123,9 +123,8 @@ def main(argv=None) -> dict:
                     jobs[name, beams, "latency"] = make_job(name, model, beams, 1, args, device)
             times = common.interleaved_times(jobs, args.repeats, args.warmup, device)
             cuda_rise = {}
-            if (
-                device == "cuda"
-            ):  # one more batch decode each: how far allocated memory rises over weights and data
+            # On a GPU, one more batch decode each: how far allocated memory rises over the weights and data.
+            if device == "cuda":
                 cuda_rise = {
                     key: common.cuda_memory_rise_mib(job) for key, job in jobs.items() if key[2] == "batch"
                 }
@@ -180,7 +179,9 @@ def main(argv=None) -> dict:
     result = {
         "machine": common.machine(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "memory_child")},
-        "memory_measure": "VmHWM of a fresh process over one batch decode; rise = peak minus RSS before it",
+        "memory_measure": "torch.cuda.max_memory_allocated over one more batch decode, minus allocated before it"
+        if device == "cuda"
+        else "VmHWM of a fresh process over one batch decode; rise = peak minus RSS before it",
         "results": rows,
     }
     common.write_json(args.json, result)

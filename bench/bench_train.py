@@ -142,9 +142,8 @@ def main(argv=None) -> dict:
                 jobs[name, dtype] = make_step(name, model, optimizer, batch, dtype, device)
         times = common.interleaved_times(jobs, args.repeats, args.warmup, device)
         cuda_rise = {}
-        if (
-            device == "cuda"
-        ):  # one more step each: how far allocated memory rises over the weights, Adam state, data
+        # On a GPU, one more step each: how far allocated memory rises over the weights, Adam state and data.
+        if device == "cuda":
             for model in models.values():
                 model.zero_grad(set_to_none=True)
             cuda_rise = {key: common.cuda_memory_rise_mib(job) for key, job in jobs.items()}
@@ -229,7 +228,9 @@ def main(argv=None) -> dict:
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "memory_child")},
         "matmul_peak_gflops": peak,
         "flop_formula": "6 * parameters * target tokens per step",
-        "memory_measure": "VmHWM of a fresh process over two training steps; rise = peak minus RSS before them",
+        "memory_measure": "torch.cuda.max_memory_allocated over one more step, minus allocated before it"
+        if device == "cuda"
+        else "VmHWM of a fresh process over two training steps; rise = peak minus RSS before them",
         "results": rows,
         "loss_curves": curves,
     }
