@@ -199,6 +199,11 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     assert config["d_model"] == 16 and config["label_smoothing"] == 0.1 and config["dropout"] == 0.1
     assert config["use_cache"] is True
     assert json.loads((out / "averaged" / "config.json").read_text())["use_cache"] is True
+    # Evaluation ran before checkpoint-8 was saved; the saved generation config is still the model's own, without
+    # the defaults Seq2SeqTrainer fills in (its max_length=20 made every generate(max_new_tokens=...) warn).
+    for folder in ("checkpoint-8", "averaged"):
+        generation = json.loads((out / folder / "generation_config.json").read_text())
+        assert "max_length" not in generation and generation["num_beams"] == 4, folder
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(out / "tokenizer").pad_token_id == 0

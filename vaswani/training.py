@@ -8,6 +8,7 @@ defaults) and calls into this module.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -322,9 +323,16 @@ class VaswaniTrainer(Seq2SeqTrainer):
             if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
                 gen_kwargs.pop("max_length", None)
                 gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + 50
-        return super().prediction_step(
-            model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
-        )
+        # transformers' Seq2SeqTrainer.prediction_step writes every default into the model's generation config, and
+        # checkpoints would save them all: `max_length: 20` among them, so that each later
+        # `generate(max_new_tokens=...)` on the saved model warned that both were set. The model keeps its own.
+        own = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(
+                model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+            )
+        finally:
+            self.model.generation_config = own
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if not getattr(self.args, "paper_lr_schedule", False):
