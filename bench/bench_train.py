@@ -124,9 +124,7 @@ def main(argv=None) -> dict:
     if args.quick:
         peak = common.matmul_peak((512, 256, 256), repeats=3, device=device)
     else:
-        peak = common.matmul_peak(
-            common.GPU_PEAK_SIZE if device == "cuda" else (4096, 512, 2048), device=device
-        )
+        peak = common.matmul_peak(device=device)
     print("matmul peak (GFLOP/s): " + ", ".join(f"{k} {v:.0f}" for k, v in peak.items()))
     tokens = args.batch_size * args.tgt_len
     rows, curves = [], {}

@@ -294,15 +294,18 @@ GPU_PEAK_SIZE = (8192, 8192, 8192)
 
 
 def matmul_peak(
-    size: tuple[int, int, int] = (4096, 512, 2048), repeats: int = 10, device: str = "cpu"
+    size: tuple[int, int, int] | None = None, repeats: int = 10, device: str = "cpu"
 ) -> dict[str, float]:
     """Measured matmul throughput in GFLOP/s (median of `repeats`, paths interleaved), for (M, K) x (K, N).
 
     `fp32_default`: `F.linear`, torch's default CPU path (MKL sgemm here); `fp32_onednn`: oneDNN's fp32 linear with
     a prepacked weight (`torch.ops.mkldnn._linear_pointwise`); `fp32_numpy`: numpy's BLAS; `bf16`: `F.linear` in
     bfloat16, which torch sends to oneDNN. With `device="cuda"`: fp32 (TF32 off, torch's default) and bf16 through
-    cuBLAS; pass a size like `GPU_PEAK_SIZE` there, since a CPU-sized product is too short to keep a GPU busy.
+    cuBLAS. The default size is 4096 x 512 x 2048 on the CPU and `GPU_PEAK_SIZE` on a GPU, where a CPU-sized
+    product is too short to keep the device busy.
     """
+    if size is None:
+        size = GPU_PEAK_SIZE if device.startswith("cuda") else (4096, 512, 2048)
     m, k, n = size
     flops = 2 * m * k * n
     if device.startswith("cuda"):

@@ -869,8 +869,6 @@ def label_smoothed_cross_entropy(
     (see `_LabelSmoothedCrossEntropy`). `chunk_elements` sets how many logits are processed at a time; by default
     2**21 on the CPU (a chunk that stays in cache) and 2**26 elsewhere (on a GPU each chunk costs kernel launches,
     so a batch of 4096 positions x 37000 logits takes 3 chunks instead of 74)."""
-    if chunk_elements is None:
-        chunk_elements = 1 << 21 if logits.device.type == "cpu" else 1 << 26
     logits = logits.reshape(-1, logits.shape[-1])
     labels = labels.reshape(-1).to(logits.device)
     if labels.shape[0] != logits.shape[0]:
@@ -881,6 +879,8 @@ def label_smoothed_cross_entropy(
         return F.cross_entropy(
             logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=epsilon
         )
+    if chunk_elements is None:
+        chunk_elements = 1 << 21 if logits.device.type == "cpu" else 1 << 26
     chunk_rows = max(1, chunk_elements // logits.shape[1])
     return _LabelSmoothedCrossEntropy.apply(logits, labels, float(epsilon), chunk_rows)
 
