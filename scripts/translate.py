@@ -7,9 +7,16 @@
 Beam size 4, length penalty 0.6 and at most (longest source of the batch) + 50 new tokens unless overridden.
 Sentences are sorted by length for speed and written back in input order; empty lines stay empty. The
 tokenizer is read from the model folder (joint, or `source/` + `target/`) unless --tokenizer is given.
-With --references, BLEU and chrF (sacreBLEU) go to standard error, so they never mix with translations.
+With --references, BLEU and chrF (sacreBLEU) go to standard error, so they never mix with translations;
+--moses_lang adds BLEU on lowercased Moses-tokenized text (published Multi30k figures), and --results_json writes
+the scores where `scripts/push_to_hub.py --results_json` reads them:
+
+    python scripts/translate.py --model runs/en-de/averaged --input test_2016_flickr.en.gz --output hyp.de \
+        --references test_2016_flickr.de.gz --moses_lang de --results_json runs/en-de/test_results.json \
+        --dataset multi30k --split test_2016_flickr
 """
 
+import json
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -57,11 +64,25 @@ class TranslationArguments:
     references: list[str] | None = field(
         default=None, metadata={"help": "Reference file(s): also report BLEU and chrF on standard error."}
     )
+    moses_lang: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --references: also BLEU on lowercased, Moses-tokenized text of this language."
+        },
+    )
+    results_json: str | None = field(
+        default=None,
+        metadata={"help": "With --references: write the scores here (the format push_to_hub.py reads)."},
+    )
+    dataset: str | None = field(default=None, metadata={"help": "Dataset name recorded in --results_json."})
+    split: str = field(default="test", metadata={"help": "Split name recorded in --results_json."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar (--no_progress to hide it)."})
 
 
 def main(argv: list[str] | None = None) -> None:
     (args,) = HfArgumentParser(TranslationArguments).parse_args_into_dataclasses(args=argv)
+    if (args.moses_lang or args.results_json) and not args.references:
+        raise SystemExit("--moses_lang and --results_json score the translations: they need --references.")
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     model, source_tokenizer, target_tokenizer = load_translation_model(
         args.model, args.tokenizer, device=args.device, bf16=args.bf16
@@ -80,9 +101,29 @@ def main(argv: list[str] | None = None) -> None:
     )
     write_sentences(translations, args.output)
     if args.references:
-        scores = score_translations(translations, args.references)
+        scores = score_translations(translations, args.references, moses_lang=args.moses_lang)
         print(f"BLEU = {scores['bleu']:.2f}\t{scores['bleu_signature']}", file=sys.stderr)
         print(f"chrF = {scores['chrf']:.2f}\t{scores['chrf_signature']}", file=sys.stderr)
+        if args.moses_lang:
+            print(
+                f"BLEU (lowercased, Moses-tokenized, {args.moses_lang}) = "
+                f"{scores['bleu_lowercase_moses_tokenized']:.2f}\t"
+                f"{scores['bleu_lowercase_moses_tokenized_signature']}",
+                file=sys.stderr,
+            )
+        if args.results_json:
+            record = {
+                **scores,
+                "dataset": args.dataset,
+                "split": args.split,
+                "num_beams": args.num_beams,
+                "length_penalty": args.length_penalty,
+                "model": args.model,
+                "input": args.input,
+                "references": args.references,
+            }
+            with open(args.results_json, "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import pytest
 import torch
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
+from vaswani.hub import EvalResults
+from vaswani.metrics import reported_scores
 from vaswani.tokenization import save_tokenizers
 from vaswani.translation import (
     load_translation_model,
@@ -166,6 +168,61 @@ def test_score_translations_checks_line_counts(tmp_path):
     assert scores["bleu"] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="ref.txt has 2 lines"):
         score_translations(["only one"], [references])
+
+
+def test_score_translations_with_moses_lang_gives_the_reported_record(tmp_path):
+    references = tmp_path / "ref.txt"
+    references.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen.\n")
+    hypotheses = ["ein Mann fährt Fahrrad .", "Zwei Hunde spielen im Park."]
+    scores = score_translations(hypotheses, [references], moses_lang="de")
+    assert scores == reported_scores(hypotheses, ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen."], "de")
+    # lowercased and Moses-tokenized, the first hypothesis matches its reference; on raw text it does not
+    assert scores["bleu_lowercase_moses_tokenized"] > scores["bleu"]
+    assert "tok:none" in scores["bleu_lowercase_moses_tokenized_signature"]
+    with pytest.raises(ValueError, match="drop \\['lowercase'\\]"):
+        score_translations(hypotheses, [references], moses_lang="de", lowercase=True)
+
+
+def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokenizer):
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    source, references, results = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "results.json"
+    source.write_text("\n".join(SENTENCES[:3]) + "\n")
+    references.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde.\nEin Buch.\n")
+    command = [sys.executable, "scripts/translate.py", "--model", str(folder), "--input", str(source)]
+    command += [
+        "--output",
+        str(tmp_path / "hyp.txt"),
+        "--max_new_tokens",
+        "6",
+        "--device",
+        "cpu",
+        "--no_progress",
+    ]
+    env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    refused = subprocess.run(
+        command + ["--results_json", str(results)], cwd=ROOT, env=env, capture_output=True
+    )
+    assert refused.returncode != 0 and b"need --references" in refused.stderr and not results.exists()
+
+    command += ["--references", str(references), "--moses_lang", "de", "--results_json", str(results)]
+    command += ["--dataset", "multi30k", "--split", "test_2016_flickr", "--num_beams", "2"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, encoding="utf-8")
+    assert result.returncode == 0, result.stderr
+    assert "BLEU (lowercased, Moses-tokenized, de) = " in result.stderr
+    hypotheses = read_sentences(tmp_path / "hyp.txt")
+    expected = reported_scores(hypotheses, read_sentences(references), "de")
+    card = EvalResults.from_json(results)
+    assert card.bleu == expected["bleu"] and card.chrf == expected["chrf"]
+    assert card.bleu_lowercase_moses_tokenized == expected["bleu_lowercase_moses_tokenized"]
+    assert card.bleu_signature == expected["bleu_signature"]
+    assert (card.dataset, card.split, card.num_beams, card.length_penalty) == (
+        "multi30k",
+        "test_2016_flickr",
+        2,
+        0.6,
+    )
 
 
 @pytest.mark.gpu

@@ -311,7 +311,7 @@ def evaluate_test_split(
 ) -> dict:
     """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
     of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`."""
-    from .metrics import compute_bleu, compute_moses_bleu
+    from .metrics import reported_scores
     from .translation import load_translation_model, translate
 
     test = load_parallel_dataset(
@@ -341,15 +341,8 @@ def evaluate_test_split(
         eager, src_tok, tgt_tok = load_attention_model(model_dir)
         maps = attention_maps(eager, src_tok, test[data_args.source_lang][0], hypotheses[0], tgt_tok)
         plot_attention_maps(maps, model_dir, prefix="attention")
-    scores = compute_bleu(hypotheses, references)
-    comparable = compute_moses_bleu(hypotheses, references, data_args.target_lang)
     return {
-        "bleu": scores["bleu"],
-        "bleu_signature": scores["bleu_signature"],
-        "chrf": scores["chrf"],
-        "chrf_signature": scores["chrf_signature"],
-        "bleu_lowercase_moses_tokenized": comparable["bleu"],
-        "bleu_lowercase_moses_tokenized_signature": comparable["bleu_signature"],
+        **reported_scores(hypotheses, references, data_args.target_lang),
         "dataset": data_args.data,
         "split": finish_args.test_split,
         "num_beams": finish_args.num_beams,

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from .data import read_lines
-from .metrics import compute_bleu
+from .metrics import compute_bleu, reported_scores
 from .pipeline_vaswani import EXTRA_OUTPUT_TOKENS
 from .tokenization import load_tokenizers
 
@@ -181,9 +181,14 @@ def write_sentences(sentences: Iterable[str], path: str | os.PathLike | None) ->
 
 
 def score_translations(
-    translations: Sequence[str], reference_paths: Sequence[str | os.PathLike], **bleu_kwargs
+    translations: Sequence[str],
+    reference_paths: Sequence[str | os.PathLike],
+    moses_lang: str | None = None,
+    **bleu_kwargs,
 ) -> dict:
-    """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`).
+    """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`);
+    with `moses_lang`, the record a run reports instead (`metrics.reported_scores`: also BLEU on lowercased
+    Moses-tokenized text of that language, the published Multi30k convention).
 
     Raises `ValueError` naming the file whose line count differs.
     """
@@ -191,7 +196,12 @@ def score_translations(
     for path, stream in zip(reference_paths, references, strict=True):
         if len(stream) != len(translations):
             raise ValueError(f"{len(translations)} translations but {path} has {len(stream)} lines")
-    return compute_bleu(translations, [list(refs) for refs in zip(*references, strict=True)], **bleu_kwargs)
+    per_segment = [list(refs) for refs in zip(*references, strict=True)]
+    if moses_lang is not None:
+        if bleu_kwargs:
+            raise ValueError(f"moses_lang reports the fixed record; drop {sorted(bleu_kwargs)}")
+        return reported_scores(translations, per_segment, moses_lang)
+    return compute_bleu(translations, per_segment, **bleu_kwargs)
 
 
 __all__ = [

@@ -5,6 +5,7 @@
 - `compute_moses_bleu(...)`: BLEU on lowercased, Moses-tokenized text, the convention of most published
   Multi30k results; not comparable with `compute_bleu` on raw text.
 - `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
+- `reported_scores(...)`: both as the flat record a run reports (`test_results.json`, the model card's results).
 
 The scoring lives twice, here and in `sacrebleu_chrf/sacrebleu_chrf.py`, because `evaluate` copies that file
 out of the package before importing it, so it cannot import this package; tests check that both agree.
@@ -149,11 +150,29 @@ def score_files(
     return scores
 
 
+def reported_scores(
+    predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], lang: str
+) -> dict:
+    """BLEU and chrF on the raw text and BLEU on lowercased Moses-tokenized `lang` text, with their signatures,
+    under the keys a run's `test_results.json` uses and `vaswani.hub.EvalResults` reads."""
+    raw = compute_bleu(predictions, references)
+    comparable = compute_moses_bleu(predictions, references, lang)
+    return {
+        "bleu": raw["bleu"],
+        "bleu_signature": raw["bleu_signature"],
+        "chrf": raw["chrf"],
+        "chrf_signature": raw["chrf_signature"],
+        "bleu_lowercase_moses_tokenized": comparable["bleu"],
+        "bleu_lowercase_moses_tokenized_signature": comparable["bleu_signature"],
+    }
+
+
 __all__ = [
     "METRIC_PATH",
     "compute_bleu",
     "compute_moses_bleu",
     "load_translation_metric",
     "moses_lowercase_tokenize",
+    "reported_scores",
     "score_files",
 ]
