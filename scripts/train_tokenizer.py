@@ -50,6 +50,12 @@ class TokenizerTrainingArguments:
         metadata={"help": "With --separate_vocab: target vocabulary size (default: --vocab_size)."},
     )
     min_frequency: int = field(default=2, metadata={"help": "Merge only pairs seen at least this often."})
+    lowercase: bool = field(
+        default=False,
+        metadata={
+            "help": "A tokenizer that lowercases what it encodes, learned on lowercased text (not the paper)."
+        },
+    )
     model_max_length: int = field(default=1024, metadata={"help": "Length above which transformers warns."})
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder of the datasets library."})
 
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             target_vocab_size=args.target_vocab_size,
             min_frequency=args.min_frequency,
             model_max_length=args.model_max_length,
+            lowercase=args.lowercase,
         )
     else:
         src_tok = tgt_tok = train_bpe_tokenizer(
@@ -80,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             vocab_size=args.vocab_size,
             min_frequency=args.min_frequency,
             model_max_length=args.model_max_length,
+            lowercase=args.lowercase,
         )
     save_tokenizers(src_tok, tgt_tok, args.output_dir)
     logger.info(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
+from vaswani.tokenization import lowercases
 from vaswani.translation import (
     LENGTH_PENALTY,
     NUM_BEAMS,
@@ -101,7 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     write_sentences(translations, args.output)
     if args.references:
-        scores = score_translations(translations, args.references, moses_lang=args.moses_lang)
+        # A model whose tokenizer lowercases writes lowercase only: its raw-text scores are case-insensitive
+        # (signature case:lc), never a case-sensitive score it cannot earn.
+        lowercase = lowercases(target_tokenizer)
+        scores = score_translations(
+            translations, args.references, moses_lang=args.moses_lang, lowercase=lowercase
+        )
         print(f"BLEU = {scores['bleu']:.2f}\t{scores['bleu_signature']}", file=sys.stderr)
         print(f"chrF = {scores['chrf']:.2f}\t{scores['chrf_signature']}", file=sys.stderr)
         if args.moses_lang:

@@ -17,6 +17,7 @@ from vaswani.tokenization import (
     PAD_ID,
     UNK_ID,
     load_tokenizers,
+    lowercases,
     save_tokenizers,
     train_bpe_tokenizer,
     train_separate_tokenizers,
@@ -166,6 +167,28 @@ def test_separate_vocabularies(tmp_path):
     assert loaded_tgt.decode(loaded_tgt(en[7])["input_ids"], skip_special_tokens=True) == en[7]
 
 
+def test_lowercase_option_encodes_and_decodes_lowercase_and_survives_reload(joint_tok, tmp_path):
+    de, en = corpus()
+    tok = train_bpe_tokenizer(iter(de + en), vocab_size=400, show_progress=False, lowercase=True)
+    assert lowercases(tok) and not lowercases(joint_tok)
+    # learned on lowercased text: no merge holds an ASCII capital (the byte alphabet has them as single symbols)
+    merged = [token for token in tok.get_vocab() if len(token) > 1 and token not in ("<pad>", "<unk>")]
+    assert merged and not any("A" <= ch <= "Z" for token in merged for ch in token)
+    assert any("A" <= ch <= "Z" for token in joint_tok.get_vocab() if len(token) > 1 for ch in token)
+    for text in (de[3], en[40], "Ein GROSSES Äpfelchen, ÜBER alles!"):
+        assert tok(text)["input_ids"] == tok(text.lower())["input_ids"]
+        assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text.lower()
+    assert tok.convert_ids_to_tokens(tok("Ein Mann")["input_ids"])[-1] == "</s>"  # special tokens untouched
+    save_tokenizers(tok, tok, tmp_path)
+    reloaded, _ = load_tokenizers(tmp_path)
+    assert lowercases(reloaded) and lowercases(AutoTokenizer.from_pretrained(tmp_path))
+    assert reloaded(de[:4])["input_ids"] == tok(de[:4])["input_ids"]
+    source, target = train_separate_tokenizers(
+        iter(de), iter(en), vocab_size=330, show_progress=False, lowercase=True
+    )
+    assert lowercases(source) and lowercases(target)
+
+
 def test_load_tokenizers_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         load_tokenizers(tmp_path)
@@ -184,8 +207,12 @@ def test_load_tokenizers_errors(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("separate", [False, True], ids=["joint", "separate"])
-def test_train_tokenizer_script(tmp_path, separate):
+@pytest.mark.parametrize(
+    "separate, lowercase",
+    [(False, False), (True, False), (False, True)],
+    ids=["joint", "separate", "lowercase"],
+)
+def test_train_tokenizer_script(tmp_path, separate, lowercase):
     de, en = corpus()
     data = tmp_path / "data"
     data.mkdir()
@@ -197,6 +224,7 @@ def test_train_tokenizer_script(tmp_path, separate):
     command += ["--src_lang", "de", "--tgt_lang", "en", "--vocab_size", "350", "--output_dir", str(out)]
     command += ["--cache_dir", str(tmp_path / "cache")]
     command += ["--separate_vocab", "--target_vocab_size", "320"] if separate else []
+    command += ["--lowercase"] if lowercase else []
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -204,5 +232,7 @@ def test_train_tokenizer_script(tmp_path, separate):
     assert f"Vocabulary size: {expected} from 96 sentence pairs" in result.stderr
     src_tok, tgt_tok = load_tokenizers(out)
     assert (src_tok is tgt_tok) is not separate
-    assert src_tok.decode(src_tok(de[5])["input_ids"], skip_special_tokens=True) == de[5]
-    assert tgt_tok.decode(tgt_tok(en[5])["input_ids"], skip_special_tokens=True) == en[5]
+    assert lowercases(src_tok) is lowercases(tgt_tok) is lowercase
+    case = str.lower if lowercase else str
+    assert src_tok.decode(src_tok(de[5])["input_ids"], skip_special_tokens=True) == case(de[5])
+    assert tgt_tok.decode(tgt_tok(en[5])["input_ids"], skip_special_tokens=True) == case(en[5])

@@ -94,6 +94,42 @@ def test_training_arguments_default_to_the_paper(tmp_path):
     assert args.gradient_accumulation_steps == 7  # ceil(25000 / 4096) on one process
 
 
+def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_one(tmp_path):
+    from datasets import Dataset
+
+    from vaswani.recipe import DataArguments, prepare_tokenizers
+    from vaswani.tokenization import lowercases
+
+    pairs = {"de": ["Ein Mann läuft.", "Zwei Hunde spielen.", "Die Frau liest."] * 20}
+    pairs["en"] = ["A man runs.", "Two dogs play.", "The woman reads."] * 20
+    raw = {"train": Dataset.from_dict(pairs)}
+    args = DataArguments(data="unused", source_lang="de", target_lang="en", vocab_size=300, lowercase=True)
+    source, target = prepare_tokenizers(args, raw, str(tmp_path / "run"))
+    assert source is target and lowercases(source)
+    assert lowercases(prepare_tokenizers(args, raw, str(tmp_path / "run"))[0])  # a resumed run reloads it
+    cased = DataArguments(data="unused", tokenizer=str(tmp_path / "run" / "tokenizer"), lowercase=False)
+    with pytest.raises(ValueError, match="--lowercase is False but the tokenizer in .* lowercases"):
+        prepare_tokenizers(cased, raw, str(tmp_path / "other"))
+
+
+def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
+    from transformers import EvalPrediction
+
+    from vaswani.tokenization import train_bpe_tokenizer
+    from vaswani.training import bleu_metric_fn
+
+    sentences = ["Ein Mann läuft über die Straße.", "Zwei Hunde spielen im Schnee."] * 10
+    references = sentences[:2]
+    for lowercase, expected in ((True, 100.0), (False, None)):
+        tok = train_bpe_tokenizer(iter(sentences), vocab_size=300, show_progress=False, lowercase=lowercase)
+        ids = tok([s.lower() for s in references], padding=True, return_tensors="np")["input_ids"]
+        scores = bleu_metric_fn(tok, references)(EvalPrediction(predictions=ids, label_ids=ids))
+        if expected is not None:
+            assert scores["bleu"] == pytest.approx(expected)
+        else:  # a cased model that writes lowercase is scored case-sensitively, and loses for it
+            assert scores["bleu"] < 50
+
+
 def test_config_fields_on_the_command_line():
     assert parse_config_overrides(["--d_model", "64", "--dropout", "0.3", "--normalize_before", "true"]) == {
         "d_model": 64,

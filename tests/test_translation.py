@@ -179,8 +179,10 @@ def test_score_translations_with_moses_lang_gives_the_reported_record(tmp_path):
     # lowercased and Moses-tokenized, the first hypothesis matches its reference; on raw text it does not
     assert scores["bleu_lowercase_moses_tokenized"] > scores["bleu"]
     assert "tok:none" in scores["bleu_lowercase_moses_tokenized_signature"]
-    with pytest.raises(ValueError, match="drop \\['lowercase'\\]"):
-        score_translations(hypotheses, [references], moses_lang="de", lowercase=True)
+    caseless = score_translations(hypotheses, [references], moses_lang="de", lowercase=True)
+    assert "case:lc" in caseless["bleu_signature"] and caseless["bleu"] > scores["bleu"]
+    with pytest.raises(ValueError, match="drop \\['tokenize'\\]"):
+        score_translations(hypotheses, [references], moses_lang="de", tokenize="intl")
 
 
 def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokenizer):

@@ -21,7 +21,13 @@ from transformers import DataCollatorForSeq2Seq, set_seed
 from .configuration_vaswani import VaswaniConfig
 from .data import iter_text, load_parallel_dataset, tokenize_dataset
 from .modeling_vaswani import VaswaniForConditionalGeneration
-from .tokenization import load_tokenizers, save_tokenizers, train_bpe_tokenizer, train_separate_tokenizers
+from .tokenization import (
+    load_tokenizers,
+    lowercases,
+    save_tokenizers,
+    train_bpe_tokenizer,
+    train_separate_tokenizers,
+)
 from .training import PaperTrainingArguments, VaswaniTrainer, bleu_metric_fn, resolve_resume_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -50,6 +56,13 @@ class DataArguments:
     vocab_size: int = field(default=37000, metadata={"help": "BPE vocabulary size when training one (§5.1)."})
     separate_vocabularies: bool = field(
         default=False, metadata={"help": "Separate source and target vocabularies (not the paper)."}
+    )
+    lowercase: bool = field(
+        default=False,
+        metadata={
+            "help": "Train the BPE on lowercased text, with a tokenizer that lowercases what it encodes, so the "
+            "model reads and writes lowercase (not the paper; the form of published Multi30k results)."
+        },
     )
     max_length: int = field(
         default=256, metadata={"help": "Drop training pairs with a side longer than this."}
@@ -114,18 +127,28 @@ def prepare_tokenizers(data_args: DataArguments, raw, output_dir: str, is_main_p
     """The given tokenizer, else the one a previous (resumed) run trained, else a new one (main process only;
     the others load what it saved)."""
     saved = Path(output_dir) / "tokenizer"
-    if data_args.tokenizer:
-        return load_tokenizers(data_args.tokenizer)
-    if saved.is_dir() or not is_main_process:
-        return load_tokenizers(saved)
+    if data_args.tokenizer or saved.is_dir() or not is_main_process:
+        path = data_args.tokenizer or saved
+        source, target = load_tokenizers(path)
+        if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
+            raise ValueError(
+                f"--lowercase is {data_args.lowercase} but the tokenizer in {str(path)!r} "
+                f"{'keeps case' if data_args.lowercase else 'lowercases'}: train a new one, or match the flag."
+            )
+        return source, target
     train = raw["train"]
     src, tgt = data_args.source_lang, data_args.target_lang
     if data_args.separate_vocabularies:
         source, target = train_separate_tokenizers(
-            iter_text(train, [src]), iter_text(train, [tgt]), vocab_size=data_args.vocab_size
+            iter_text(train, [src]),
+            iter_text(train, [tgt]),
+            vocab_size=data_args.vocab_size,
+            lowercase=data_args.lowercase,
         )
     else:
-        source = target = train_bpe_tokenizer(iter_text(train, [src, tgt]), vocab_size=data_args.vocab_size)
+        source = target = train_bpe_tokenizer(
+            iter_text(train, [src, tgt]), vocab_size=data_args.vocab_size, lowercase=data_args.lowercase
+        )
     save_tokenizers(source, target, Path(output_dir) / "tokenizer")
     return source, target
 
@@ -342,7 +365,7 @@ def evaluate_test_split(
         maps = attention_maps(eager, src_tok, test[data_args.source_lang][0], hypotheses[0], tgt_tok)
         plot_attention_maps(maps, model_dir, prefix="attention")
     return {
-        **reported_scores(hypotheses, references, data_args.target_lang),
+        **reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)),
         "dataset": data_args.data,
         "split": finish_args.test_split,
         "num_beams": finish_args.num_beams,

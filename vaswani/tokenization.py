@@ -15,6 +15,11 @@ byte-level and runs on raw text, so no external tokenizer is needed and nothing 
 So `decode(encode(text)) == text` for every string, umlauts, punctuation and repeated spaces included
 (no Unicode normalization is applied: NFD input stays NFD).
 
+Option, not the paper (it trained on cased WMT text): `lowercase=True` puts a `Lowercase` normalizer before the
+`Prepend`, so the tokenizer lowercases everything it encodes and `decode(encode(text)) == text.lower()`. The model
+then reads and writes lowercase only; this is the form most published Multi30k results train on and are scored
+on (lowercased BLEU). Its output cannot be scored case-sensitively in any meaningful way.
+
 Conventions shared with the model: `<pad>`=0, `<s>`=1 (bos and decoder start), `</s>`=2 (eos), `<unk>`=3.
 The post-processor appends `</s>` to every encoded sequence, source and target alike; the model prepends `<s>`
 when it shifts the labels right.
@@ -28,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from .data import read_lines
 
@@ -79,10 +84,12 @@ def _text_batches(files_or_iterator: TextInput, batch_size: int = 1000) -> Itera
     return batches()
 
 
-def _new_bpe_tokenizer() -> Tokenizer:
-    """An untrained byte-level BPE pipeline whose decode exactly inverts encode (see module docstring)."""
+def _new_bpe_tokenizer(lowercase: bool = False) -> Tokenizer:
+    """An untrained byte-level BPE pipeline whose decode exactly inverts encode (see module docstring); with
+    `lowercase`, it inverts the lowercased text."""
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
-    tokenizer.normalizer = normalizers.Prepend(" ")
+    prepend = normalizers.Prepend(" ")
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), prepend]) if lowercase else prepend
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.Sequence(
         [decoders.ByteLevel(), decoders.Strip(content=" ", left=1, right=0)]
@@ -137,6 +144,7 @@ def train_bpe_tokenizer(
     min_frequency: int = 2,
     model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
     show_progress: bool = True,
+    lowercase: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Learn a byte-level BPE vocabulary and wrap it as a `PreTrainedTokenizerFast`.
 
@@ -151,6 +159,8 @@ def train_bpe_tokenizer(
         min_frequency: a pair of symbols is merged only if it occurs at least this often.
         model_max_length: the length above which `transformers` warns (positions are sinusoidal, no limit).
         show_progress: show the trainer's progress bar.
+        lowercase: lowercase all text before encoding (not the paper; see the module docstring). The vocabulary is
+            then learned on lowercased text too.
 
     Returns:
         A tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every sequence and pads
@@ -160,7 +170,7 @@ def train_bpe_tokenizer(
         raise ValueError(
             f"vocab_size={vocab_size} is too small: the special tokens and bytes take {_MIN_VOCAB_SIZE}"
         )
-    tokenizer = _new_bpe_tokenizer()
+    tokenizer = _new_bpe_tokenizer(lowercase)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -170,9 +180,10 @@ def train_bpe_tokenizer(
     )
     tokenizer.train_from_iterator(_text_batches(files_or_iterator), trainer=trainer)
     logger.info(
-        "Trained a byte-level BPE vocabulary of %d tokens (asked for %d)",
+        "Trained a byte-level BPE vocabulary of %d tokens (asked for %d)%s",
         tokenizer.get_vocab_size(),
         vocab_size,
+        " on lowercased text" if lowercase else "",
     )
     return _wrap(tokenizer, model_max_length)
 
@@ -186,6 +197,7 @@ def train_separate_tokenizers(
     model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
     save_directory: str | os.PathLike | None = None,
     show_progress: bool = True,
+    lowercase: bool = False,
 ) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
     """One BPE vocabulary per language instead of the paper's shared one (§5.1); same special ids in both.
 
@@ -195,7 +207,7 @@ def train_separate_tokenizers(
     `<save_directory>/source` and `<save_directory>/target` (see `save_tokenizers`).
     """
     source = train_bpe_tokenizer(
-        source_files_or_iterator, vocab_size, min_frequency, model_max_length, show_progress
+        source_files_or_iterator, vocab_size, min_frequency, model_max_length, show_progress, lowercase
     )
     target = train_bpe_tokenizer(
         target_files_or_iterator,
@@ -203,10 +215,17 @@ def train_separate_tokenizers(
         min_frequency,
         model_max_length,
         show_progress,
+        lowercase,
     )
     if save_directory is not None:
         save_tokenizers(source, target, save_directory)
     return source, target
+
+
+def lowercases(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`)."""
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    return normalizer is not None and normalizer.normalize_str("A").strip() == "a"
 
 
 def save_tokenizers(
@@ -265,6 +284,7 @@ __all__ = [
     "UNK_ID",
     "check_special_ids",
     "load_tokenizers",
+    "lowercases",
     "save_tokenizers",
     "train_bpe_tokenizer",
     "train_separate_tokenizers",

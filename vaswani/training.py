@@ -348,9 +348,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
 def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
     """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: sacreBLEU and chrF of the decoded
-    predictions against the raw reference text. Under DDP the gathered predictions can carry padded duplicates at
-    the end; only the first `len(references)` rows, which are the dataset's rows in order, are scored."""
+    predictions against the raw reference text, case-insensitive if the tokenizer lowercases (its model writes
+    lowercase only). Under DDP the gathered predictions can carry padded duplicates at the end; only the first
+    `len(references)` rows, which are the dataset's rows in order, are scored."""
     from .metrics import compute_bleu
+    from .tokenization import lowercases
+
+    lowercase = lowercases(tokenizer)
 
     def compute(eval_prediction) -> dict:
         predictions = eval_prediction.predictions
@@ -358,7 +362,7 @@ def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
             predictions = predictions[0]
         predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)[: len(references)]
         texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
-        scores = compute_bleu(texts, list(references))
+        scores = compute_bleu(texts, list(references), lowercase=lowercase)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     return compute

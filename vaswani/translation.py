@@ -188,7 +188,8 @@ def score_translations(
 ) -> dict:
     """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`);
     with `moses_lang`, the record a run reports instead (`metrics.reported_scores`: also BLEU on lowercased
-    Moses-tokenized text of that language, the published Multi30k convention).
+    Moses-tokenized text of that language, the published Multi30k convention; of `bleu_kwargs` it takes
+    `lowercase` only).
 
     Raises `ValueError` naming the file whose line count differs.
     """
@@ -198,9 +199,10 @@ def score_translations(
             raise ValueError(f"{len(translations)} translations but {path} has {len(stream)} lines")
     per_segment = [list(refs) for refs in zip(*references, strict=True)]
     if moses_lang is not None:
+        lowercase = bleu_kwargs.pop("lowercase", False)
         if bleu_kwargs:
             raise ValueError(f"moses_lang reports the fixed record; drop {sorted(bleu_kwargs)}")
-        return reported_scores(translations, per_segment, moses_lang)
+        return reported_scores(translations, per_segment, moses_lang, lowercase=lowercase)
     return compute_bleu(translations, per_segment, **bleu_kwargs)
 
 

@@ -151,11 +151,15 @@ def score_files(
 
 
 def reported_scores(
-    predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], lang: str
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    lang: str,
+    lowercase: bool = False,
 ) -> dict:
     """BLEU and chrF on the raw text and BLEU on lowercased Moses-tokenized `lang` text, with their signatures,
-    under the keys a run's `test_results.json` uses and `vaswani.hub.EvalResults` reads."""
-    raw = compute_bleu(predictions, references)
+    under the keys a run's `test_results.json` uses and `vaswani.hub.EvalResults` reads. `lowercase` makes the
+    raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only."""
+    raw = compute_bleu(predictions, references, lowercase=lowercase)
     comparable = compute_moses_bleu(predictions, references, lang)
     return {
         "bleu": raw["bleu"],
