@@ -17,7 +17,7 @@ import torch
 from conftest import tiny_config
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniForConditionalGeneration
@@ -298,6 +298,24 @@ def test_validate_card_rejects_bad_cards(published):
         validate_card(text + "\n{{ forgotten }}\n")
     with pytest.raises(ValueError):  # a model-index that does not parse
         validate_card(text.replace("      value: 31.42\n", ""))
+
+
+def test_card_says_when_the_model_writes_lowercase_only(trained_dir, tmp_path):
+    model, _ = in_process(trained_dir)
+    results = EvalResults(
+        bleu=30.0, bleu_signature="BLEU|nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    )
+    lowercased = render_card(model, REPO_ID, results=results, lowercase=True).text
+    assert "reads and writes lowercase only" in lowercased and "case-insensitive (`case:lc`" in lowercased
+    cased = render_card(model, REPO_ID, results=results).text
+    assert "lowercase only" not in cased and "case-insensitive" not in cased
+    # publishing reads it off the tokenizer
+    folder = _copy_without(trained_dir, tmp_path / "lowercased")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer.backend_tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.save_pretrained(folder)
+    publish(folder, REPO_ID, tmp_path / "hub", dry_run=True, results=folder / "results.json")
+    assert "reads and writes lowercase only" in (tmp_path / "hub" / "README.md").read_text()
 
 
 def test_card_names_a_local_dataset_without_its_path(trained_dir):

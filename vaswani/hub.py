@@ -45,6 +45,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .pipeline_vaswani import VaswaniTranslationPipeline
+from .tokenization import lowercases
 
 logger = logging.getLogger(__name__)
 
@@ -301,8 +302,10 @@ def render_card(
     template_path: str | os.PathLike | None = None,
     license: str = "apache-2.0",
     example_text: str | None = None,
+    lowercase: bool = False,
 ) -> ModelCard:
-    """Render the model card from the Jinja template `hub_card.md` (or `template_path`) and check it."""
+    """Render the model card from the Jinja template `hub_card.md` (or `template_path`) and check it. `lowercase`:
+    the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`), which the card states."""
     template_path = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
     if not template_path.is_file():
         raise PublishError(f"No model card template at {str(template_path)!r}.")
@@ -328,6 +331,7 @@ def render_card(
         training_data=_dataset_type(summary.dataset) if summary and summary.dataset else None,
         test_data=data.eval_results[0].dataset_name if data.eval_results else None,
         example_text=example_text,
+        lowercase=lowercase,
     )
     validate_card(str(card))
     return card
@@ -408,6 +412,7 @@ def build_folder(
         template_path=template_path,
         license=license,
         example_text=example_text,
+        lowercase=lowercases(tokenizer),
     )
     card.save(output_dir / "README.md")
     check_folder(output_dir)
