@@ -27,6 +27,7 @@ from vaswani.tokenization import lowercases
 from vaswani.translation import (
     LENGTH_PENALTY,
     NUM_BEAMS,
+    length_penalty_form_of,
     load_translation_model,
     read_sentences,
     score_translations,
@@ -53,6 +54,14 @@ class TranslationArguments:
     num_beams: int = field(default=NUM_BEAMS, metadata={"help": "Beam size (§6.1: 4)."})
     length_penalty: float = field(
         default=LENGTH_PENALTY, metadata={"help": "Length penalty alpha (§6.1: 0.6)."}
+    )
+    length_penalty_form: str | None = field(
+        default=None,
+        metadata={
+            "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha. "
+            "Default: the model's generation config (gnmt for this package's models).",
+            "choices": ["gnmt", "power"],
+        },
     )
     max_new_tokens: int | None = field(
         default=None,
@@ -97,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         max_tokens=args.max_tokens,
         num_beams=args.num_beams,
         length_penalty=args.length_penalty,
+        length_penalty_form=args.length_penalty_form,
         max_new_tokens=args.max_new_tokens,
         show_progress=args.progress,
     )
@@ -124,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                 "split": args.split,
                 "num_beams": args.num_beams,
                 "length_penalty": args.length_penalty,
+                "length_penalty_form": length_penalty_form_of(model, args.length_penalty_form),
                 "model": args.model,
                 "input": args.input,
                 "references": args.references,

@@ -59,6 +59,7 @@ RESULTS = {
     "split": "test",
     "num_beams": 4,
     "length_penalty": 0.6,
+    "length_penalty_form": "gnmt",
     "model": "/runs/de-en/averaged",  # a key the card does not use
 }
 SUMMARY = {
@@ -221,6 +222,7 @@ def test_dry_run_writes_exactly_the_published_files(published, trained_dir):
     assert config["use_cache"] is True  # the Trainer's use_cache=False is not published
     generation = json.loads((published / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"]) == (4, 0.6)  # §6.1
+    assert generation["length_penalty_form"] == "gnmt"  # the form §6.1 cites
     # The code files are the package's own, and the weights those trained.
     for name in ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py"):
         assert (published / name).read_text() == (ROOT / "vaswani" / name).read_text()
@@ -272,7 +274,8 @@ def test_card_metadata_and_contents(published):
         RESULTS["bleu_signature"],
         RESULTS["chrf_signature"],
         RESULTS["bleu_lowercase_moses_tokenized_signature"],
-        "4 beams, length penalty α = 0.6",
+        "4 beams, length penalty α = 0.6 in the form ((5 + |Y|) / 6)^α",
+        "log P(Y) / ((5 + |Y|) / 6)^α",  # the usage section, from generation_config.json
         "trust_remote_code=True",
         'pipeline("translation"',
         "## Limitations",

@@ -9,7 +9,11 @@ from conftest import batch, tiny_config, tiny_model
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from vaswani import VaswaniForConditionalGeneration, shift_tokens_right
-from vaswani.modeling_vaswani import VaswaniSinusoidalPositionalEncoding, label_smoothed_cross_entropy
+from vaswani.modeling_vaswani import (
+    VaswaniSinusoidalPositionalEncoding,
+    label_smoothed_cross_entropy,
+    length_penalty_factor,
+)
 
 
 def test_sinusoids_are_the_papers_formula():
@@ -242,6 +246,78 @@ def test_generate_beam_options_and_sampling(model):
 def test_generation_defaults_are_the_papers(model):
     assert model.generation_config.num_beams == 4
     assert model.generation_config.length_penalty == 0.6
+    assert model.generation_config.length_penalty_form == "gnmt"
+
+
+def test_length_penalty_is_wu_et_al_by_default_and_transformers_power_on_request():
+    # Wu et al. (2016) eq. 14, which §6.1 cites: ((5 + |Y|) / 6) ** alpha
+    assert length_penalty_factor(1, 0.6) == 1.0
+    assert length_penalty_factor(13, 0.6) == pytest.approx(3.0**0.6)
+    assert length_penalty_factor(13, 0.6, "power") == pytest.approx(13**0.6)
+    assert length_penalty_factor(13, 0.0) == 1.0
+    with pytest.raises(ValueError, match="length_penalty_form.*'linear'"):
+        length_penalty_factor(13, 0.6, "linear")
+
+
+@pytest.mark.parametrize("form", [None, "gnmt", "power"])
+def test_beam_search_scores_finished_hypotheses_with_the_length_penalty_form(model, form):
+    """A returned hypothesis' score is its summed log-probability divided by lp(|Y|) of the chosen form."""
+    input_ids, attention_mask, _ = batch()
+    kw = {} if form is None else {"length_penalty_form": form}
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        num_beams=4,
+        num_return_sequences=4,
+        length_penalty=0.6,
+        max_new_tokens=12,
+        eos_token_id=list(range(2, 12)),  # a random model ends hypotheses at varied lengths
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kw,
+    )
+    steps = model.compute_transition_scores(
+        out.sequences, out.scores, out.beam_indices, normalize_logits=False
+    )
+    generated = out.beam_indices != -1  # |Y|: the generated tokens, end-of-sentence included
+    lengths = generated.sum(-1)
+    assert lengths.min() < lengths.max()  # some hypotheses ended early, so lengths are compared
+    summed = steps.masked_fill(~generated[:, : steps.shape[1]], 0).sum(-1)
+    divisors = torch.tensor([length_penalty_factor(int(n), 0.6, form or "gnmt") for n in lengths])
+    torch.testing.assert_close(out.sequences_scores, summed / divisors)
+    other = "power" if form != "power" else "gnmt"
+    other_divisors = torch.tensor([length_penalty_factor(int(n), 0.6, other) for n in lengths])
+    assert not torch.allclose(out.sequences_scores, summed / other_divisors)
+
+
+def test_the_early_stop_bound_uses_the_length_penalty_form(model):
+    """transformers stops extending a sentence's beams once its best running hypothesis, length-penalised, cannot
+    beat the worst finished one. Here the best running log-probability is -2.0 after 9 generated tokens and the worst
+    finished score is -0.55: dividing by 9 ** 0.6 = 3.74 gives -0.53 (keep searching), by (14 / 6) ** 0.6 = 1.66
+    gives -1.20 (stop)."""
+    kw = dict(
+        is_early_stop_heuristic_unsatisfied=torch.tensor([[True]]),
+        running_beam_scores=torch.tensor([[-2.0, -3.0]]),
+        beam_scores=torch.tensor([[-0.5, -0.55]]),
+        is_sent_finished=torch.tensor([[True, True]]),
+        cur_len=10,
+        max_length=30,
+        decoder_prompt_len=1,
+        early_stopping=False,
+        length_penalty=0.6,
+    )
+    decisions = {}
+    for form in ("power", "gnmt"):
+        model._length_penalty_form = form
+        decisions[form] = bool(model._check_early_stop_heuristic(**kw))
+    assert decisions == {"power": True, "gnmt": False}
+
+
+def test_an_unknown_length_penalty_form_is_named(model):
+    input_ids, attention_mask, _ = batch()
+    with pytest.raises(ValueError, match="length_penalty_form.*'average'"):
+        model.generate(input_ids, attention_mask=attention_mask, num_beams=2, length_penalty_form="average")
+    assert model._length_penalty_form == "gnmt"
 
 
 def test_eager_equals_sdpa():

@@ -34,6 +34,15 @@ def test_save_writes_safetensors_code_and_auto_map(saved):
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["num_beams"] == 4 and generation["length_penalty"] == 0.6
+    assert generation["length_penalty_form"] == "gnmt"
+
+
+@pytest.mark.parametrize("form", ["gnmt", "power"])
+def test_the_length_penalty_form_survives_saving_and_loading(tmp_path, form):
+    model = tiny_model()
+    model.generation_config.length_penalty_form = form
+    model.save_pretrained(tmp_path)
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).generation_config.length_penalty_form == form
 
 
 def test_load_restores_ties_and_identical_logits(saved):

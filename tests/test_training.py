@@ -252,6 +252,7 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     torch.testing.assert_close(averaged[key], (c4[key] + c8[key]) / 2)
     scores = json.loads((out / "test_results.json").read_text())
     assert scores["split"] == "val" and scores["num_beams"] == 4 and scores["length_penalty"] == 0.6
+    assert scores["length_penalty_form"] == "gnmt"
     assert 0 <= scores["bleu"] <= 100 and "chrf" in scores and "bleu_lowercase_moses_tokenized" in scores
     hyps = (out / "averaged" / "val.hyp.en").read_text().splitlines()
     assert len(hyps) == 12

@@ -93,6 +93,10 @@ def test_default_limit_is_longest_source_of_the_batch_plus_50(model, tokenizer, 
     for longest, kwargs in calls:
         assert kwargs["max_new_tokens"] == longest + 50
         assert kwargs["num_beams"] == 4 and kwargs["length_penalty"] == 0.6
+        assert "length_penalty_form" not in kwargs  # the model's generation config decides
+    calls.clear()
+    translate(MORE[:1], model, tokenizer, length_penalty_form="power", show_progress=False)
+    assert calls[0][1]["length_penalty_form"] == "power"
     # Longest first: the limits never grow from one batch to the next.
     limits = [kwargs["max_new_tokens"] for _, kwargs in calls]
     assert limits == sorted(limits, reverse=True)
@@ -225,6 +229,7 @@ def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokeni
         2,
         0.6,
     )
+    assert card.length_penalty_form == "gnmt"  # the model's own, which the script did not override
 
 
 @pytest.mark.gpu

@@ -7,7 +7,8 @@ usually, the tokenizer) into the folder that goes to the Hub, and uploads it in 
   `AutoModelForSeq2SeqLM`, and whose `custom_pipelines` names the translation pipeline;
 - the code files `configuration_vaswani.py`, `modeling_vaswani.py` and `pipeline_vaswani.py`, so that
   `trust_remote_code=True` works where this package is not installed;
-- `generation_config.json` with the paper's decoding settings (beam size 4, length penalty 0.6, §6.1);
+- `generation_config.json` with the paper's decoding settings (beam size 4, length penalty 0.6 in the form
+  ((5 + |Y|) / 6) ** alpha that §6.1 cites);
 - the tokenizer (`tokenizer.json`, `tokenizer_config.json`);
 - `README.md`, the model card rendered from `hub_card.md` with metadata and a `model-index` of the run's scores.
 
@@ -21,7 +22,8 @@ Two JSON files describe the run. Every key is optional unless noted; other keys 
 - evaluation results (`EvalResults`): `bleu` (required), `bleu_signature` (sacreBLEU's signature string), `chrf`,
   `chrf_signature`, `bleu_lowercase_moses_tokenized` and its `_signature` (BLEU comparable to published Multi30k
   figures), `dataset` (Hub id, short name or local path), `dataset_name` (display name), `dataset_config` (e.g.
-  `"de-en"`), `split` (default `"test"`), `num_beams` and `length_penalty` (how the test set was decoded);
+  `"de-en"`), `split` (default `"test"`), `num_beams`, `length_penalty` and `length_penalty_form` (how the test set was
+  decoded);
 - training summary (`TrainingSummary`): `source_lang` and `target_lang` (required), `dataset`, `preset`, `steps`,
   `batch_tokens`, `schedule`, `warmup_steps`, `peak_learning_rate`, `hardware`, `precision` (e.g. `"fp32"`,
   `"bf16 autocast"`), `train_runtime` (seconds).
@@ -52,7 +54,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "hub_card.md"
 # §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6". The output length limit (input + 50)
 # depends on the input, so the translation pipeline applies it (see pipeline_vaswani.py).
-PAPER_GENERATION = {"num_beams": 4, "length_penalty": 0.6}
+PAPER_GENERATION = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_form": "gnmt"}
 CODE_FILES = ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = (
@@ -130,6 +132,7 @@ class EvalResults:
     split: str = "test"
     num_beams: int | None = None
     length_penalty: float | None = None
+    length_penalty_form: str | None = None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> EvalResults:

@@ -885,6 +885,27 @@ def label_smoothed_cross_entropy(
     return _LabelSmoothedCrossEntropy.apply(logits, labels, float(epsilon), chunk_rows)
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# §6.1 Beam search's length penalty
+# --------------------------------------------------------------------------------------------------------------------
+LENGTH_PENALTY_FORMS = ("gnmt", "power")
+
+
+def length_penalty_factor(length: int, alpha: float, form: str = "gnmt") -> float:
+    """lp(Y), by which beam search divides a hypothesis' summed log-probability so that lengths compare fairly.
+
+    §6.1 uses "length penalty alpha = 0.6" and cites Wu et al. (2016), whose penalty (their eq. 14, also
+    tensor2tensor's) is `"gnmt"`: ((5 + |Y|) / 6) ** alpha. transformers' `generate()` divides by |Y| ** alpha
+    instead (`"power"`, also fairseq's `--lenpen`), which favours long hypotheses more. |Y| counts the generated
+    tokens, end-of-sentence included.
+    """
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if form == "power":
+        return float(length) ** alpha
+    raise ValueError(f"`length_penalty_form` must be one of {LENGTH_PENALTY_FORMS}, not {form!r}.")
+
+
 class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     """The Transformer with its pre-softmax linear projection (§3.4), for training with `labels` and `generate()`.
 
@@ -907,10 +928,16 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         else:
             self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
         self.post_init()
-        # The paper's decoding (§6.1): beam search with beam size 4 and length penalty alpha = 0.6. Saved as
+        # The paper's decoding (§6.1): beam search with beam size 4 and length penalty alpha = 0.6, in the form of
+        # Wu et al. (2016) that it cites (`length_penalty_form`, see `length_penalty_factor`). Saved as
         # generation_config.json; a loaded generation_config.json takes precedence.
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
+        self.generation_config.length_penalty_form = "gnmt"
+        # A generation config marked as made from the model config drops settings transformers does not know
+        # (`length_penalty_form`) when it is loaded again; this one holds the model's own settings.
+        self.generation_config._from_model_config = False
+        self._length_penalty_form = "gnmt"
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
@@ -962,6 +989,69 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         )
         model_kwargs.update(kept)
         return input_ids, model_kwargs
+
+    def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        """transformers' beam search, with the length penalty of `generation_config.length_penalty_form`.
+
+        `"gnmt"` (the paper's, and the default when a generation config names no form) or `"power"` (transformers'
+        own). transformers divides by |Y| ** alpha in two places, `_update_finished_beams` and
+        `_check_early_stop_heuristic`; the overrides below rescale the scores they are given so that the division
+        becomes one by `length_penalty_factor(|Y|, alpha, form)`. The search itself is transformers'.
+        """
+        form = getattr(generation_config, "length_penalty_form", None) or "gnmt"
+        length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
+        previous, self._length_penalty_form = self._length_penalty_form, form
+        try:
+            return super()._beam_search(
+                input_ids, logits_processor, stopping_criteria, generation_config=generation_config, **kwargs
+            )
+        finally:
+            self._length_penalty_form = previous
+
+    def _rescale_for_length_penalty(self, scores: torch.Tensor, length: int, alpha: float) -> torch.Tensor:
+        """`scores` such that transformers' division by `length ** alpha` divides them by our lp(Y) instead."""
+        if self._length_penalty_form == "power" or alpha == 0:
+            return scores
+        return scores * (length**alpha / length_penalty_factor(length, alpha, self._length_penalty_form))
+
+    def _update_finished_beams(
+        self, *, topk_log_probs, cur_len, decoder_prompt_len, length_penalty, **kwargs
+    ):
+        # transformers scores a hypothesis that ends at this step by log-probability / (cur_len + 1 - prompt) ** alpha
+        length = cur_len + 1 - decoder_prompt_len
+        return super()._update_finished_beams(
+            topk_log_probs=self._rescale_for_length_penalty(topk_log_probs, length, length_penalty),
+            cur_len=cur_len,
+            decoder_prompt_len=decoder_prompt_len,
+            length_penalty=length_penalty,
+            **kwargs,
+        )
+
+    def _check_early_stop_heuristic(
+        self,
+        *,
+        running_beam_scores,
+        cur_len,
+        max_length,
+        decoder_prompt_len,
+        early_stopping,
+        length_penalty,
+        **kwargs,
+    ):
+        # the length at which transformers bounds the best running hypothesis' final score
+        if early_stopping == "never" and length_penalty > 0.0:
+            length = max_length - decoder_prompt_len
+        else:
+            length = cur_len - decoder_prompt_len
+        return super()._check_early_stop_heuristic(
+            running_beam_scores=self._rescale_for_length_penalty(running_beam_scores, length, length_penalty),
+            cur_len=cur_len,
+            max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len,
+            early_stopping=early_stopping,
+            length_penalty=length_penalty,
+            **kwargs,
+        )
 
     def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search's reordering of the cache after each step (called by `generate()`).

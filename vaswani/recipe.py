@@ -89,6 +89,13 @@ class FinishArguments:
     )
     num_beams: int = field(default=4, metadata={"help": "Beam size for the test set (§6.1: 4)."})
     length_penalty: float = field(default=0.6, metadata={"help": "Length penalty alpha (§6.1: 0.6)."})
+    length_penalty_form: str = field(
+        default="gnmt",
+        metadata={
+            "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha.",
+            "choices": ["gnmt", "power"],
+        },
+    )
     translate_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
     plots: bool = field(default=True, metadata={"help": "Draw learning curves and an attention map."})
 
@@ -353,6 +360,7 @@ def evaluate_test_split(
         batch_size=finish_args.translate_batch_size,
         num_beams=finish_args.num_beams,
         length_penalty=finish_args.length_penalty,
+        length_penalty_form=finish_args.length_penalty_form,
     )
     references = test[data_args.target_lang]
     Path(model_dir, f"{finish_args.test_split}.hyp.{data_args.target_lang}").write_text(
@@ -370,5 +378,6 @@ def evaluate_test_split(
         "split": finish_args.test_split,
         "num_beams": finish_args.num_beams,
         "length_penalty": finish_args.length_penalty,
+        "length_penalty_form": finish_args.length_penalty_form,
         "model": str(model_dir),
     }

@@ -36,6 +36,12 @@ NUM_BEAMS = 4  # §6.1
 LENGTH_PENALTY = 0.6  # §6.1, alpha
 
 
+def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None) -> str:
+    """The length penalty form a beam search of `model` uses: `requested`, else its generation config's, else
+    transformers' |Y| ** alpha ("power"), which is what a model without the setting runs."""
+    return requested or getattr(model.generation_config, "length_penalty_form", None) or "power"
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -104,6 +110,7 @@ def translate(
     max_tokens: int | None = None,
     num_beams: int = NUM_BEAMS,
     length_penalty: float = LENGTH_PENALTY,
+    length_penalty_form: str | None = None,
     max_new_tokens: int | None = None,
     extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
     show_progress: bool = True,
@@ -118,6 +125,9 @@ def translate(
         batch_size: at most this many sentences per `generate` call.
         max_tokens: if given, also at most this many padded source tokens per call.
         num_beams, length_penalty: §6.1's beam size 4 and alpha = 0.6 by default.
+        length_penalty_form: "gnmt" (((5 + |Y|) / 6) ** alpha, the form §6.1 cites) or "power" (|Y| ** alpha,
+            transformers'); `None` leaves the model's generation config to decide (the paper's for this package's
+            models). See `modeling_vaswani.length_penalty_factor`.
         max_new_tokens: a fixed output limit; `None` gives §6.1's input length + `extra_output_tokens`, where
             the input length is the longest source of the batch.
         show_progress: a tqdm bar over sentences.
@@ -130,6 +140,8 @@ def translate(
     encoded = source_tokenizer([sentences[i] for i in todo])["input_ids"] if todo else []
     batches = make_batches([len(ids) for ids in encoded], batch_size, max_tokens)
     device = model.device
+    if length_penalty_form is not None:
+        generate_kwargs["length_penalty_form"] = length_penalty_form
     with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
         progress.update(len(sentences) - len(todo))  # the empty lines
         for batch in batches:
