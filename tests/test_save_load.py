@@ -45,6 +45,24 @@ def test_the_length_penalty_form_survives_saving_and_loading(tmp_path, form):
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).generation_config.length_penalty_form == form
 
 
+def test_a_folder_saved_before_length_penalty_form_existed_takes_the_setting(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    path = tmp_path / "generation_config.json"
+    generation = json.loads(path.read_text())
+    del generation["length_penalty_form"]
+    path.write_text(json.dumps(generation))
+    old = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=6, eos_token_id=list(range(2, 12)))
+    for form in ("power", "gnmt"):
+        torch.testing.assert_close(
+            old.generate(input_ids, length_penalty_form=form, **kw),
+            model.generate(input_ids, length_penalty_form=form, **kw),
+        )
+    assert old.generation_config.length_penalty_form == "gnmt"
+
+
 def test_load_restores_ties_and_identical_logits(saved):
     model, folder = saved
     again = VaswaniForConditionalGeneration.from_pretrained(folder).eval()

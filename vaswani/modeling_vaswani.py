@@ -990,6 +990,15 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         model_kwargs.update(kept)
         return input_ids, model_kwargs
 
+    def generate(self, *args, **kwargs):
+        """transformers' `generate()`. A generation config saved before `length_penalty_form` existed, or built
+        without it, gets the paper's form first: transformers would otherwise reject `length_penalty_form=...` as an
+        argument the model does not use."""
+        for config in (self.generation_config, kwargs.get("generation_config")):
+            if config is not None and getattr(config, "length_penalty_form", None) is None:
+                config.length_penalty_form = "gnmt"
+        return super().generate(*args, **kwargs)
+
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
         """transformers' beam search, with the length penalty of `generation_config.length_penalty_form`.
 
