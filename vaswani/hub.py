@@ -400,7 +400,11 @@ def build_folder(
     )
     _check_tokenizer(tokenizer, model)
     model.config.use_cache = True  # Trainer saves use_cache=False; decoding wants the cache
-    model.generation_config.update(**PAPER_GENERATION)
+    # setattr, not update(): a generation config saved before `length_penalty_form` existed lacks the key, and
+    # update() skips keys it lacks; nor may it stay marked as made from the model config, whose loading drops it.
+    for key, value in PAPER_GENERATION.items():
+        setattr(model.generation_config, key, value)
+    model.generation_config._from_model_config = False
 
     _register_translation_pipeline()
     pipe = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer, device="cpu")
