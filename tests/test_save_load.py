@@ -9,7 +9,7 @@ import peft
 import pytest
 import torch
 from conftest import batch, tiny_config, tiny_model
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, GenerationConfig
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 
@@ -61,6 +61,12 @@ def test_a_folder_saved_before_length_penalty_form_existed_takes_the_setting(tmp
             model.generate(input_ids, length_penalty_form=form, **kw),
         )
     assert old.generation_config.length_penalty_form == "gnmt"
+    # A generation config passed in without the setting takes it too, and is left as it was.
+    given = GenerationConfig(num_beams=2, max_new_tokens=6)
+    old.generate(
+        input_ids, attention_mask=attention_mask, generation_config=given, length_penalty_form="power"
+    )
+    assert not hasattr(given, "length_penalty_form")
 
 
 def test_load_restores_ties_and_identical_logits(saved):

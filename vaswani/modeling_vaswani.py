@@ -12,6 +12,7 @@ This file is copied into saved model folders for `trust_remote_code`: it imports
 sibling `configuration_vaswani.py`.
 """
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -994,9 +995,12 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """transformers' `generate()`. A generation config saved before `length_penalty_form` existed, or built
         without it, gets the paper's form first: transformers would otherwise reject `length_penalty_form=...` as an
         argument the model does not use."""
-        for config in (self.generation_config, kwargs.get("generation_config")):
-            if config is not None and getattr(config, "length_penalty_form", None) is None:
-                config.length_penalty_form = "gnmt"
+        if getattr(self.generation_config, "length_penalty_form", None) is None:
+            self.generation_config.length_penalty_form = "gnmt"
+        given = kwargs.get("generation_config")
+        if given is not None and getattr(given, "length_penalty_form", None) is None:
+            kwargs["generation_config"] = given = copy.deepcopy(given)  # the caller's object stays as it was
+            given.length_penalty_form = "gnmt"
         return super().generate(*args, **kwargs)
 
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
