@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_model
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
 from vaswani.hub import EvalResults
 from vaswani.metrics import reported_scores
 from vaswani.tokenization import save_tokenizers
 from vaswani.translation import (
+    length_penalty_form_of,
     load_translation_model,
     make_batches,
     read_sentences,
@@ -230,6 +232,16 @@ def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokeni
         0.6,
     )
     assert card.length_penalty_form == "gnmt"  # the model's own, which the script did not override
+
+
+def test_the_recorded_length_penalty_form_is_the_one_that_ran():
+    model = tiny_model()
+    assert length_penalty_form_of(model) == "gnmt"
+    assert length_penalty_form_of(model, "power") == "power"
+    del model.generation_config.length_penalty_form  # a folder saved before the setting existed
+    assert length_penalty_form_of(model) == "gnmt"  # generate() fills in the paper's form
+    model.config.model_type = "marian"  # any other model runs transformers' own form
+    assert length_penalty_form_of(model) == "power"
 
 
 @pytest.mark.gpu

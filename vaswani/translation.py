@@ -37,9 +37,13 @@ LENGTH_PENALTY = 0.6  # §6.1, alpha
 
 
 def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None) -> str:
-    """The length penalty form a beam search of `model` uses: `requested`, else its generation config's, else
-    transformers' |Y| ** alpha ("power"), which is what a model without the setting runs."""
-    return requested or getattr(model.generation_config, "length_penalty_form", None) or "power"
+    """The length penalty form a beam search of `model` uses: `requested`, else its generation config's, else the
+    paper's ("gnmt") for this package's models, which default to it, and transformers' |Y| ** alpha ("power") for
+    any other model."""
+    form = requested or getattr(model.generation_config, "length_penalty_form", None)
+    if form:
+        return form
+    return "gnmt" if getattr(model.config, "model_type", None) == "vaswani" else "power"
 
 
 def default_device() -> str:
