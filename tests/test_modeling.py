@@ -11,6 +11,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from vaswani import VaswaniForConditionalGeneration, shift_tokens_right
 from vaswani.modeling_vaswani import (
     VaswaniSinusoidalPositionalEncoding,
+    apply_dropout,
     label_smoothed_cross_entropy,
     length_penalty_factor,
 )
@@ -638,3 +639,55 @@ def test_training_step_compiles_as_one_graph_and_matches_eager():
     torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
     for compiled, eager in zip(compiled_grads, eager_grads, strict=True):
         torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_keeps_each_element_with_probability_one_minus_p_and_scales_it(dtype):
+    p, n = 0.3, 1 << 20
+    x = torch.randn(n, dtype=dtype, requires_grad=True)
+    torch.manual_seed(0)
+    y = apply_dropout(x, p, training=True)
+    kept = y != 0
+    # Bernoulli(1 - p) per element: the kept fraction within 5 standard deviations of 1 - p.
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    # Kept elements are x times 1 / (1 - p) rounded to x's dtype: the formula of torch's own dropout.
+    scaled_mask = kept.to(dtype) * torch.tensor(1 / (1 - p), dtype=dtype)
+    assert y.dtype == dtype and torch.equal(y, x.detach() * scaled_mask)
+    out, native_mask = torch.native_dropout(x.detach(), p, True)
+    assert torch.equal(out, x.detach() * native_mask.to(dtype) * torch.tensor(1 / (1 - p), dtype=dtype))
+    # The gradient goes through the same mask and scale.
+    g = torch.randn(n, dtype=dtype)
+    y.backward(g)
+    assert torch.equal(x.grad, g * scaled_mask)
+    # A seed fixes the mask.
+    torch.manual_seed(0)
+    assert torch.equal(apply_dropout(x.detach(), p, training=True), y.detach())
+
+
+def test_dropout_is_the_identity_when_off_and_zero_at_p_one():
+    x = torch.randn(4, 5)
+    assert apply_dropout(x, 0.3, training=False) is x
+    assert torch.equal(apply_dropout(x, 0.0, training=True), x)
+    assert torch.equal(apply_dropout(x, 1.0, training=True), torch.zeros_like(x))
+
+
+def test_training_on_the_cpu_draws_every_dropout_mask_with_the_fast_path(monkeypatch):
+    """Each dropout site of the model (embeddings, sublayer outputs, attention weights, FFN activations) goes
+    through `apply_dropout`'s uniform mask on the CPU, not through `F.dropout`'s slower `bernoulli_`."""
+    model = tiny_model(dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, attn_implementation="eager")
+    model.train()
+    input_ids, attention_mask, labels = batch()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("F.dropout was called on the CPU in training")
+
+    monkeypatch.setattr(F, "dropout", refuse)
+    torch.manual_seed(1)
+    first = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    first.backward()
+    torch.manual_seed(1)
+    again = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    torch.manual_seed(2)
+    other = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
