@@ -1,6 +1,6 @@
 """The kernel choices inside the model, each against its alternative, at the shapes of a base training step.
 
-Three questions the model's code answers with a choice; this script measures them in one run (jobs interleaved,
+Four questions the model's code answers with a choice; this script measures them in one run (jobs interleaved,
 median of `--repeats`) so the choice can be checked on any machine:
 
 - attention: torch's SDPA kernel against the same formula in batched matmuls (`eager_attention_forward`, float32
@@ -12,6 +12,9 @@ median of `--repeats`) so the choice can be checked on any machine:
   contiguous) against torch's default `mm`, which reads them transposed in place.
 - the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the model's chunked
   `label_smoothed_cross_entropy`, fp32 and bf16 logits.
+- dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against the model's `apply_dropout` (a
+  uniform >= p mask), fp32 and bf16, at a base batch (tokens x 512) and at the en->de run of RESULTS.md
+  (8192 x 128).
 
     python -m bench.bench_kernels --repeats 5 --json bench/results/kernels.json
 """
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import common
-from vaswani.modeling_vaswani import eager_attention_forward, label_smoothed_cross_entropy
+from vaswani.modeling_vaswani import apply_dropout, eager_attention_forward, label_smoothed_cross_entropy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -123,6 +126,19 @@ def loss_jobs(tokens: int, vocab: int) -> dict:
     return jobs
 
 
+def dropout_jobs(shapes: list[tuple[int, int]], probabilities: list[float]) -> dict:
+    jobs = {}
+    for tokens, width in shapes:
+        for dtype_name, dtype in DTYPES.items():
+            x = torch.randn(tokens, width, dtype=dtype, requires_grad=True)
+            grad = torch.randn(tokens, width, dtype=dtype)
+            for p in probabilities:
+                key = ("dropout", f"{tokens}x{width}", dtype_name, f"p={p}")
+                jobs[key + ("F.dropout",)] = lambda x=x, g=grad, p=p: F.dropout(x, p, True).backward(g)
+                jobs[key + ("uniform mask",)] = lambda x=x, g=grad, p=p: apply_dropout(x, p, True).backward(g)
+    return jobs
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,6 +161,7 @@ def main(argv=None) -> dict:
     shapes = [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]
     jobs |= weight_gradient_jobs(args.tokens, shapes)
     jobs |= loss_jobs(args.tokens, args.vocab)
+    jobs |= dropout_jobs([(args.tokens, d_model), (2 * args.tokens, d_model // 4)], [0.1, 0.3])
     times = common.interleaved_times(jobs, args.repeats, warmup=1)
     rows = []
     for (what, shape, dtype, variant, path), seconds in times.items():

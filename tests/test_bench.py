@@ -37,6 +37,7 @@ def test_bench_kernels(tmp_path):
     paths = {(r["what"], r["path"]) for r in result["results"]}
     assert {("attention", "sdpa kernel"), ("attention", "matmuls"), ("dW = dY^T X", "torch mm")} <= paths
     assert {("label-smoothed loss", "F.cross_entropy"), ("label-smoothed loss", "chunked")} <= paths
+    assert {("dropout", "F.dropout"), ("dropout", "uniform mask")} <= paths
     assert all(r["ms"] > 0 and r["speedup"] >= 1.0 for r in result["results"])
 
 
