@@ -41,6 +41,13 @@ def test_bench_kernels(tmp_path):
     assert all(r["ms"] > 0 and r["speedup"] >= 1.0 for r in result["results"])
 
 
+def test_ab_dropout(tmp_path):
+    stdout, result = run_script("bench.ab_dropout", tmp_path)
+    assert "F.dropout / uniform mask" in stdout
+    assert set(result["median_s"]) == {"F.dropout", "uniform mask"}
+    assert all(s > 0 for s in result["median_s"].values()) and result["speedup"] > 0
+
+
 @pytest.mark.parametrize("memory", [False, True], ids=["timing", "memory"])
 def test_bench_train(tmp_path, memory):
     extra = ("--impl", "vaswani", "--dtype", "fp32") if memory else ("--no-memory",)
