@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import common
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-from vaswani import modeling_vaswani
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, modeling_vaswani
 
 
 def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
