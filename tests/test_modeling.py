@@ -674,7 +674,9 @@ def test_dropout_is_the_identity_when_off_and_zero_at_p_one():
 def test_training_on_the_cpu_draws_every_dropout_mask_with_the_fast_path(monkeypatch):
     """Each dropout site of the model (embeddings, sublayer outputs, attention weights, FFN activations) goes
     through `apply_dropout`'s uniform mask on the CPU, not through `F.dropout`'s slower `bernoulli_`."""
-    model = tiny_model(dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, attn_implementation="eager")
+    model = tiny_model(
+        dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, attn_implementation="eager"
+    )
     model.train()
     input_ids, attention_mask, labels = batch()
 
@@ -690,4 +692,6 @@ def test_training_on_the_cpu_draws_every_dropout_mask_with_the_fast_path(monkeyp
     torch.manual_seed(2)
     other = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
     assert torch.equal(first, again) and not torch.equal(first, other)
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    assert all(
+        p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad
+    )
