@@ -205,8 +205,8 @@ def apply_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     torch's CPU dropout draws its mask with `bernoulli_`, which is slow: in a training step of the en->de model of
     RESULTS.md (d_model 128, 8192-token batches, bf16 autocast, two cores) it took a quarter of the step. Drawing
     uniforms and comparing them with p gives the same distribution (each element kept with probability 1 - p,
-    kept elements scaled by 1 / (1 - p)) at 2.6x the speed, forward and backward (BENCHMARKS.md). Only the random
-    stream differs: a seed still fixes the masks, but not the masks `F.dropout` would draw. GPUs (whose dropout is
+    kept elements scaled by 1 / (1 - p)) faster: that model's training steps run 1.23x as fast (`bench.ab_dropout`,
+    BENCHMARKS.md). Only the random stream differs: a seed still fixes the masks, but not the masks `F.dropout` would draw. GPUs (whose dropout is
     one fused kernel), `torch.compile`, p = 0 and p = 1 take `F.dropout` unchanged.
     """
     if (
