@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
+from vaswani.modeling_vaswani import LENGTH_PENALTY_FORMS
 from vaswani.tokenization import lowercases
 from vaswani.translation import (
     LENGTH_PENALTY,
@@ -60,7 +61,7 @@ class TranslationArguments:
         metadata={
             "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha. "
             "Default: the model's generation config (gnmt for this package's models).",
-            "choices": ["gnmt", "power"],
+            "choices": list(LENGTH_PENALTY_FORMS),
         },
     )
     max_new_tokens: int | None = field(

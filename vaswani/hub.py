@@ -45,7 +45,7 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .modeling_vaswani import VaswaniForConditionalGeneration
+from .modeling_vaswani import PAPER_LENGTH_PENALTY_FORM, VaswaniForConditionalGeneration
 from .pipeline_vaswani import VaswaniTranslationPipeline
 from .tokenization import lowercases
 
@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "hub_card.md"
 # §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6". The output length limit (input + 50)
 # depends on the input, so the translation pipeline applies it (see pipeline_vaswani.py).
-PAPER_GENERATION = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_form": "gnmt"}
+PAPER_GENERATION = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_form": PAPER_LENGTH_PENALTY_FORM}
 CODE_FILES = ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = (

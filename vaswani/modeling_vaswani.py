@@ -206,8 +206,9 @@ def apply_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     RESULTS.md (d_model 128, 8192-token batches, bf16 autocast, two cores) it took a quarter of the step. Drawing
     uniforms and comparing them with p gives the same distribution (each element kept with probability 1 - p,
     kept elements scaled by 1 / (1 - p)) faster: that model's training steps run 1.23x as fast (`bench.ab_dropout`,
-    BENCHMARKS.md). Only the random stream differs: a seed still fixes the masks, but not the masks `F.dropout` would draw. GPUs (whose dropout is
-    one fused kernel), `torch.compile`, p = 0 and p = 1 take `F.dropout` unchanged.
+    BENCHMARKS.md). Only the random stream differs: a seed still fixes the masks, but not the masks `F.dropout`
+    would draw. GPUs (whose dropout is one fused kernel), `torch.compile`, p = 0 and p = 1 take `F.dropout`
+    unchanged.
     """
     if (
         training
@@ -929,10 +930,11 @@ def label_smoothed_cross_entropy(
 # --------------------------------------------------------------------------------------------------------------------
 # §6.1 Beam search's length penalty
 # --------------------------------------------------------------------------------------------------------------------
-LENGTH_PENALTY_FORMS = ("gnmt", "power")
+PAPER_LENGTH_PENALTY_FORM = "gnmt"  # the default wherever a form is not named
+LENGTH_PENALTY_FORMS = (PAPER_LENGTH_PENALTY_FORM, "power")
 
 
-def length_penalty_factor(length: int, alpha: float, form: str = "gnmt") -> float:
+def length_penalty_factor(length: int, alpha: float, form: str = PAPER_LENGTH_PENALTY_FORM) -> float:
     """lp(Y), by which beam search divides a hypothesis' summed log-probability so that lengths compare fairly.
 
     §6.1 uses "length penalty alpha = 0.6" and cites Wu et al. (2016), whose penalty (their eq. 14, also
@@ -974,11 +976,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         # generation_config.json; a loaded generation_config.json takes precedence.
         self.generation_config.num_beams = 4
         self.generation_config.length_penalty = 0.6
-        self.generation_config.length_penalty_form = "gnmt"
+        self.generation_config.length_penalty_form = PAPER_LENGTH_PENALTY_FORM
         # A generation config marked as made from the model config drops settings transformers does not know
         # (`length_penalty_form`) when it is loaded again; this one holds the model's own settings.
         self.generation_config._from_model_config = False
-        self._length_penalty_form = "gnmt"
+        self._length_penalty_form = PAPER_LENGTH_PENALTY_FORM
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
@@ -1036,11 +1038,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         without it, gets the paper's form first: transformers would otherwise reject `length_penalty_form=...` as an
         argument the model does not use."""
         if getattr(self.generation_config, "length_penalty_form", None) is None:
-            self.generation_config.length_penalty_form = "gnmt"
+            self.generation_config.length_penalty_form = PAPER_LENGTH_PENALTY_FORM
         given = kwargs.get("generation_config")
         if given is not None and getattr(given, "length_penalty_form", None) is None:
             kwargs["generation_config"] = given = copy.deepcopy(given)  # the caller's object stays as it was
-            given.length_penalty_form = "gnmt"
+            given.length_penalty_form = PAPER_LENGTH_PENALTY_FORM
         return super().generate(*args, **kwargs)
 
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
@@ -1051,7 +1053,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         `_check_early_stop_heuristic`; the overrides below rescale the scores they are given so that the division
         becomes one by `length_penalty_factor(|Y|, alpha, form)`. The search itself is transformers'.
         """
-        form = getattr(generation_config, "length_penalty_form", None) or "gnmt"
+        form = getattr(generation_config, "length_penalty_form", None) or PAPER_LENGTH_PENALTY_FORM
         length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
         previous, self._length_penalty_form = self._length_penalty_form, form
         try:

@@ -20,7 +20,7 @@ from transformers import DataCollatorForSeq2Seq, set_seed
 
 from .configuration_vaswani import VaswaniConfig
 from .data import iter_text, load_parallel_dataset, tokenize_dataset
-from .modeling_vaswani import VaswaniForConditionalGeneration
+from .modeling_vaswani import LENGTH_PENALTY_FORMS, PAPER_LENGTH_PENALTY_FORM, VaswaniForConditionalGeneration
 from .tokenization import (
     load_tokenizers,
     lowercases,
@@ -90,10 +90,10 @@ class FinishArguments:
     num_beams: int = field(default=4, metadata={"help": "Beam size for the test set (§6.1: 4)."})
     length_penalty: float = field(default=0.6, metadata={"help": "Length penalty alpha (§6.1: 0.6)."})
     length_penalty_form: str = field(
-        default="gnmt",
+        default=PAPER_LENGTH_PENALTY_FORM,
         metadata={
             "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha.",
-            "choices": ["gnmt", "power"],
+            "choices": list(LENGTH_PENALTY_FORMS),
         },
     )
     translate_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})

@@ -27,6 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedToken
 
 from .data import read_lines
 from .metrics import compute_bleu, reported_scores
+from .modeling_vaswani import PAPER_LENGTH_PENALTY_FORM
 from .pipeline_vaswani import EXTRA_OUTPUT_TOKENS
 from .tokenization import load_tokenizers
 
@@ -43,7 +44,7 @@ def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None)
     form = requested or getattr(model.generation_config, "length_penalty_form", None)
     if form:
         return form
-    return "gnmt" if getattr(model.config, "model_type", None) == "vaswani" else "power"
+    return PAPER_LENGTH_PENALTY_FORM if getattr(model.config, "model_type", None) == "vaswani" else "power"
 
 
 def default_device() -> str:
