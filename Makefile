@@ -12,7 +12,7 @@ endif
 OUT    ?= runs/multi30k-de-en
 MINUTES ?= 10
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean hf-common
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ run: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
+
+# transformers' own common model tests against this model (tests/hf_common/): needs a git snapshot of the
+# transformers repository under $(MIRROR_ROOT) (see ../shared/tools/hf-common-tests/README.md).
+MIRROR_ROOT ?= /work/.mirror
+HF_COMMON ?= ../shared/tools/hf-common-tests
+hf-common: $(BIN)/.installed
+	PYTHON=$(abspath $(BIN)/python) MIRROR_ROOT=$(MIRROR_ROOT) $(HF_COMMON)/run.sh --pkg . \
+		tests/hf_common/test_modeling_vaswani.py $(if $(HF_COMMON_ARGS),-- $(HF_COMMON_ARGS))
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check vaswani scripts tests bench

@@ -1,4 +1,4 @@
-"""Whole training steps with the model's CPU dropout (`apply_dropout`: a uniform >= p mask) against torch's
+"""Whole training steps with the model's CPU dropout (`kernels_vaswani.dropout`: a uniform >= p mask) against torch's
 `F.dropout` (a `bernoulli_` mask) at every dropout site, same model, same batch, jobs interleaved.
 
 By default the shape of the en->de run of RESULTS.md (the anchor's Transformer-Tiny: d_model 128, 4+4 layers, 4 heads,
@@ -58,18 +58,20 @@ def main(argv=None) -> dict:
     model = VaswaniForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     batch = common.random_batch(args.batch_size, args.length, args.length, args.vocab)
-    uniform_mask = modeling_vaswani.apply_dropout
+    uniform_mask = modeling_vaswani.dropout
 
     def step(dropout) -> None:
-        modeling_vaswani.apply_dropout = dropout  # what every dropout site of the model calls
+        modeling_vaswani.dropout = modeling_vaswani._dropout = (
+            dropout  # what every dropout site of the model calls
+        )
         try:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
-                loss = model(**batch).loss
+                loss = common.training_loss("vaswani", model, batch, 0.1)
             loss.backward()
             optimizer.step()
         finally:
-            modeling_vaswani.apply_dropout = uniform_mask
+            modeling_vaswani.dropout = modeling_vaswani._dropout = uniform_mask
 
     jobs = {"F.dropout": lambda: step(torch_dropout), "uniform mask": lambda: step(uniform_mask)}
     times = common.interleaved_times(jobs, args.repeats, warmup=2)

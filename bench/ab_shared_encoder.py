@@ -1,5 +1,6 @@
-"""Beam search with the encoder side shared by a source's beams (the model's default) against transformers' generic
-layout (the encoder output copied once per beam), same model and weights, jobs interleaved.
+"""Beam search with the encoder side shared by a source's beams (`generate(share_encoder_outputs=True)`) against
+transformers' layout, the default (the encoder output copied once per beam), same model and weights, jobs
+interleaved.
 
 Base preset, batch 32, source 20, exactly 30 new tokens (no EOS id), beam 4, random weights. Checks that both give
 the same sequences, then prints the median seconds per batch of each and their ratio.
@@ -11,10 +12,8 @@ import argparse
 import sys
 
 import torch
-from transformers import GenerationMixin
 
 from bench import common
-from vaswani import VaswaniForConditionalGeneration
 
 
 def main(argv=None) -> dict:
@@ -29,24 +28,17 @@ def main(argv=None) -> dict:
     model = common.build_model("vaswani", common.vaswani_config(args.preset, args.vocab)).eval()
     source = common.random_batch(32, 20, 1, args.vocab, seed=args.beams)
     config = common.fixed_length_generation_config(args.beams, 30, suppress_eos=False)
-    shared_expand = VaswaniForConditionalGeneration._expand_inputs_for_generation
 
-    def decode(expand) -> torch.Tensor:
-        VaswaniForConditionalGeneration._expand_inputs_for_generation = expand
-        try:
-            with torch.inference_mode():
-                return model.generate(
-                    input_ids=source["input_ids"],
-                    attention_mask=source["attention_mask"],
-                    generation_config=config,
-                )
-        finally:
-            VaswaniForConditionalGeneration._expand_inputs_for_generation = shared_expand
+    def decode(share: bool) -> torch.Tensor:
+        with torch.inference_mode():
+            return model.generate(
+                input_ids=source["input_ids"],
+                attention_mask=source["attention_mask"],
+                generation_config=config,
+                share_encoder_outputs=share,
+            )
 
-    jobs = {
-        "shared": lambda: decode(shared_expand),
-        "copied per beam": lambda: decode(GenerationMixin._expand_inputs_for_generation),
-    }
+    jobs = {"shared": lambda: decode(True), "copied per beam": lambda: decode(False)}
     if not torch.equal(jobs["shared"](), jobs["copied per beam"]()):
         raise RuntimeError("the two layouts generated different sequences")
     times = common.interleaved_times(jobs, args.repeats)

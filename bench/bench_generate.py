@@ -46,6 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the benchmark, not of "
         "the model); `no-eos` decodes without an EOS id, so there is nothing to suppress",
     )
+    parser.add_argument(
+        "--share-encoder-outputs",
+        action="store_true",
+        help="vaswani: beams of a source read one copy of its encoder output (generate's opt-in)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument(
         "--gpu", action="store_true", help="GPU mode: bf16, SDPA, static cache + torch.compile"
@@ -84,10 +89,14 @@ def make_job(name: str, model, beams: int, batch_size: int, args, device: str):
                 model, source["input_ids"], source["attention_mask"], beams, args.new_tokens
             )
         else:
+            extra = (
+                {"share_encoder_outputs": True} if name == "vaswani" and args.share_encoder_outputs else {}
+            )
             out = model.generate(
                 input_ids=source["input_ids"],
                 attention_mask=source["attention_mask"],
                 generation_config=config,
+                **extra,
             )
         if out.shape != (batch_size, 1 + args.new_tokens):
             raise RuntimeError(f"{name} produced shape {tuple(out.shape)}")

@@ -6,13 +6,13 @@ median of `--repeats`) so the choice can be checked on any machine:
 - attention: torch's SDPA kernel against the same formula in batched matmuls (`eager_attention_forward`, float32
   softmax), forward + backward, fp32 and bf16, encoder-style (padding mask) and causal, at several lengths; and
   forward only for one query per hypothesis (a decoding step with the KV cache), and for the 4 beams of a source
-  sharing one encoder-decoder attention call. `modeling_vaswani._prefer_matmul_attention` picks matmuls for half
+  sharing one encoder-decoder attention call. `kernels_vaswani.prefers_matmul_attention` (attn_implementation="vaswani_sdpa") picks matmuls for half
   precision with gradients up to 128 keys and for decoding steps.
 - the weight gradient of a linear layer, dW = dY^T X: oneDNN's linear on the transposed operands (copied to be
   contiguous) against torch's default `mm`, which reads them transposed in place.
-- the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the model's chunked
-  `label_smoothed_cross_entropy`, fp32 and bf16 logits.
-- dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against the model's `apply_dropout` (a
+- the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the chunked
+  `kernels_vaswani.label_smoothed_cross_entropy`, fp32 and bf16 logits.
+- dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against `kernels_vaswani.dropout` (a
   uniform >= p mask), fp32 and bf16, at a base batch (tokens x 512) and at the en->de run of RESULTS.md
   (8192 x 128).
 
@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from bench import common
-from vaswani.modeling_vaswani import apply_dropout, eager_attention_forward, label_smoothed_cross_entropy
+from vaswani.kernels_vaswani import dropout, label_smoothed_cross_entropy
+from vaswani.modeling_vaswani import eager_attention_forward
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -135,7 +136,7 @@ def dropout_jobs(shapes: list[tuple[int, int]], probabilities: list[float]) -> d
             for p in probabilities:
                 key = ("dropout", f"{tokens}x{width}", dtype_name, f"p={p}")
                 jobs[key + ("F.dropout",)] = lambda x=x, g=grad, p=p: F.dropout(x, p, True).backward(g)
-                jobs[key + ("uniform mask",)] = lambda x=x, g=grad, p=p: apply_dropout(x, p, True).backward(g)
+                jobs[key + ("uniform mask",)] = lambda x=x, g=grad, p=p: dropout(x, p, True).backward(g)
     return jobs
 
 

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, shift_tokens_right
+from vaswani.kernels_vaswani import FAST_ATTENTION
+from vaswani.training import label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
 PAD, BOS, EOS = 0, 1, 2
@@ -45,6 +47,9 @@ DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 t
 # Models at equal sizes
 # --------------------------------------------------------------------------------------------------------------------
 def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:
+    """The model as a CPU user should run it: attention through `attn_implementation="vaswani_sdpa"`
+    (`kernels_vaswani.py`; the same as "sdpa" on a GPU)."""
+    overrides.setdefault("attn_implementation", FAST_ATTENTION)
     return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
 
 
@@ -149,7 +154,8 @@ def num_parameters(model: nn.Module) -> int:
 
 
 def label_smoothed_ce(logits: torch.Tensor, labels: torch.Tensor, eps: float) -> torch.Tensor:
-    """The loss `VaswaniForConditionalGeneration` computes with `labels`: smoothed CE in float32, token mean."""
+    """Label-smoothed cross-entropy in float32, token mean, the way the peers' users compute it (the Trainer's
+    label smoother does the same)."""
     total = F.cross_entropy(
         logits.flatten(0, 1).float(),
         labels.flatten(),
@@ -162,11 +168,16 @@ def label_smoothed_ce(logits: torch.Tensor, labels: torch.Tensor, eps: float) ->
 
 def training_loss(name: str, model: nn.Module, batch: dict[str, torch.Tensor], eps: float) -> torch.Tensor:
     """Forward pass and loss of one implementation, in the way a user of that implementation trains it."""
-    if name == "vaswani":
-        return model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]
-        ).loss
     decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
+    if (
+        name == "vaswani"
+    ):  # the recipe's loss, as `VaswaniTrainer` computes it (`training.label_smoothed_loss`)
+        outputs = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=decoder_input_ids,
+        )
+        return label_smoothed_loss(outputs, batch["labels"], epsilon=eps)
     if name == "marian":
         logits = model(
             input_ids=batch["input_ids"],

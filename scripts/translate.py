@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from vaswani.modeling_vaswani import LENGTH_PENALTY_FORMS
+from vaswani.generation_vaswani import LENGTH_PENALTY_FORMS
 from vaswani.tokenization import lowercases
 from vaswani.translation import (
     LENGTH_PENALTY,

@@ -22,6 +22,22 @@ def tiny_config(**overrides) -> VaswaniConfig:
     return VaswaniConfig(**fields)
 
 
+# The shapes of the model whose contracts are tested: the paper, and each departure on in at least one of them.
+SHAPES = {
+    "paper": {},
+    "pre-norm": {"normalize_before": True},
+    "learned-positions-attention-bias": {"position_embedding_type": "learned", "attention_bias": True},
+    "separate-vocabularies": {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 61},
+    "marian-layout": {
+        "sinusoid_layout": "concatenated",
+        "output_bias": True,
+        "activation_function": "swish",
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    },
+}
+
+
 def tiny_model(**overrides) -> VaswaniForConditionalGeneration:
     torch.manual_seed(0)
     return VaswaniForConditionalGeneration(tiny_config(**overrides)).eval()
@@ -42,3 +58,7 @@ def batch(vocab_size: int = 53, batch_size: int = 3, src_len: int = 7, tgt_len: 
 @pytest.fixture
 def model():
     return tiny_model()
+
+
+# `tests/hf_common/` runs under transformers' own test tree (`make hf-common`), not in this suite.
+collect_ignore = ["hf_common"]

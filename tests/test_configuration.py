@@ -32,7 +32,6 @@ def test_defaults_are_the_base_model():
     assert config.scale_embedding and config.share_encoder_decoder_embeddings and config.tie_word_embeddings
     assert config.activation_function == "relu"
     assert config.attention_dropout == 0.0 and config.activation_dropout == 0.0
-    assert config.label_smoothing == 0.1
     assert config.hidden_size == 512 and config.num_attention_heads == 8 and config.num_hidden_layers == 6
     assert config.decoder_vocab_size == config.vocab_size
 
@@ -64,11 +63,12 @@ def test_config_round_trip(tmp_path):
         (dict(dropout=1.5), "dropout"),
         (dict(attention_dropout=-0.1), "attention_dropout"),
         (dict(activation_dropout=2), "activation_dropout"),
-        (dict(label_smoothing=1.1), "label_smoothing"),
+        (dict(layer_norm_eps=float("nan")), "layer_norm_eps"),
+        (dict(sinusoid_layout="sines-first"), "sinusoid_layout"),
+        (dict(position_offset=-1), "position_offset"),
         (dict(position_embedding_type="rotary"), "position_embedding_type"),
         (dict(activation_function="swiglu"), "activation_function"),
         (dict(decoder_vocab_size=40), "share_encoder_decoder_embeddings"),
-        (dict(share_encoder_decoder_embeddings=True, tie_word_embeddings=False), "tie_word_embeddings"),
         (dict(pad_token_id=53), "pad_token_id"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
     ],

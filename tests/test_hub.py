@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.generation_vaswani import EXTRA_OUTPUT_TOKENS, paper_decoding
 from vaswani.hub import (
     AUTO_CLASSES,
     EvalResults,
@@ -31,7 +32,7 @@ from vaswani.hub import (
     render_card,
     validate_card,
 )
-from vaswani.pipeline_vaswani import EXTRA_OUTPUT_TOKENS, VaswaniTranslationPipeline
+from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO_ID = "someone/vaswani-de-en"
@@ -42,6 +43,8 @@ PUBLISHED_FILES = {
     "model.safetensors",
     "configuration_vaswani.py",
     "modeling_vaswani.py",
+    "kernels_vaswani.py",
+    "generation_vaswani.py",
     "pipeline_vaswani.py",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -123,6 +126,7 @@ def trained_dir(tmp_path_factory) -> Path:
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(tiny_config(vocab_size=len(tokenizer)))
+    paper_decoding(model.generation_config)  # as the recipe writes it
     model.config.use_cache = False  # as Trainer saves it
     model.save_pretrained(directory)
     # As every folder trained before `length_penalty_form` existed: a generation config without it, marked as made

@@ -12,6 +12,7 @@ from conftest import batch, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, GenerationConfig
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
+from vaswani.generation_vaswani import paper_decoding
 
 
 @pytest.fixture
@@ -25,21 +26,25 @@ def test_save_writes_safetensors_code_and_auto_map(saved):
     _, folder = saved
     files = {p.name for p in folder.iterdir()}
     assert {"model.safetensors", "config.json", "generation_config.json"} <= files
-    assert {"modeling_vaswani.py", "configuration_vaswani.py"} <= files
+    # the model's code and its two siblings, for trust_remote_code
+    assert {
+        "modeling_vaswani.py",
+        "configuration_vaswani.py",
+        "kernels_vaswani.py",
+        "generation_vaswani.py",
+    } <= files
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "vaswani"
     assert config["auto_map"]["AutoConfig"] == "configuration_vaswani.VaswaniConfig"
     assert config["auto_map"]["AutoModel"] == "modeling_vaswani.VaswaniModel"
     assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
-    generation = json.loads((folder / "generation_config.json").read_text())
-    assert generation["num_beams"] == 4 and generation["length_penalty"] == 0.6
-    assert generation["length_penalty_form"] == "gnmt"
 
 
 @pytest.mark.parametrize("form", ["gnmt", "power"])
 def test_the_length_penalty_form_survives_saving_and_loading(tmp_path, form):
     model = tiny_model()
+    paper_decoding(model.generation_config)
     model.generation_config.length_penalty_form = form
     model.save_pretrained(tmp_path)
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).generation_config.length_penalty_form == form
@@ -47,6 +52,7 @@ def test_the_length_penalty_form_survives_saving_and_loading(tmp_path, form):
 
 def test_a_folder_saved_before_length_penalty_form_existed_takes_the_setting(tmp_path):
     model = tiny_model()
+    paper_decoding(model.generation_config)
     model.save_pretrained(tmp_path)
     path = tmp_path / "generation_config.json"
     generation = json.loads(path.read_text())
@@ -60,7 +66,9 @@ def test_a_folder_saved_before_length_penalty_form_existed_takes_the_setting(tmp
             old.generate(input_ids, length_penalty_form=form, **kw),
             model.generate(input_ids, length_penalty_form=form, **kw),
         )
-    assert old.generation_config.length_penalty_form == "gnmt"
+    assert not hasattr(
+        old.generation_config, "length_penalty_form"
+    )  # decoded with the paper's form by default
     # A generation config passed in without the setting takes it too, and is left as it was.
     given = GenerationConfig(num_beams=2, max_new_tokens=6)
     old.generate(
@@ -82,10 +90,6 @@ def test_load_restores_ties_and_identical_logits(saved):
     a = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
     b = again(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
     assert torch.equal(a, b)
-    # The sinusoid table is recomputed on load (it is not stored), not left as uninitialised memory.
-    torch.testing.assert_close(
-        again.model.encoder.embed_positions.table, model.model.encoder.embed_positions.table
-    )
 
 
 def test_auto_classes_in_process(saved):
@@ -118,6 +122,12 @@ CHILD = textwrap.dedent(
 
     folder, ids_path, out_path = sys.argv[1:]
     inputs = torch.load(ids_path)
+    # how a user loads a model for a GPU: half precision, straight from the folder
+    half = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16).eval()
+    assert half.dtype == torch.bfloat16
+    with torch.no_grad():
+        half_beams = half.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], num_beams=4,
+                                   length_penalty=0.6, max_new_tokens=8)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
     bare = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
     assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
@@ -127,7 +137,7 @@ CHILD = textwrap.dedent(
         hidden = bare(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                       decoder_input_ids=model.prepare_decoder_input_ids_from_labels(inputs["labels"])).last_hidden_state
         generated = model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=8)
-    torch.save({"logits": logits, "hidden": hidden, "generated": generated}, out_path)
+    torch.save({"logits": logits, "hidden": hidden, "generated": generated, "half_beams": half_beams}, out_path)
     """
 )
 
@@ -160,6 +170,7 @@ def test_trust_remote_code_load_in_a_fresh_interpreter(saved, tmp_path):
     assert torch.equal(out["logits"], expected)
     assert torch.equal(out["hidden"], hidden)
     assert torch.equal(out["generated"], generated)
+    assert out["half_beams"].shape[0] == input_ids.shape[0] and out["half_beams"].dtype == torch.long
 
 
 def test_lora_adapter_on_q_and_v_trains_and_saves(tmp_path):

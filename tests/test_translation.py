@@ -235,11 +235,12 @@ def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokeni
 
 
 def test_the_recorded_length_penalty_form_is_the_one_that_ran():
-    model = tiny_model()
+    model = tiny_model()  # a generation config without the setting: generate() uses the paper's form
     assert length_penalty_form_of(model) == "gnmt"
     assert length_penalty_form_of(model, "power") == "power"
-    del model.generation_config.length_penalty_form  # a folder saved before the setting existed
-    assert length_penalty_form_of(model) == "gnmt"  # generate() fills in the paper's form
+    model.generation_config.length_penalty_form = "power"
+    assert length_penalty_form_of(model) == "power"
+    del model.generation_config.length_penalty_form
     model.config.model_type = "marian"  # any other model runs transformers' own form
     assert length_penalty_form_of(model) == "power"
 

@@ -3,8 +3,11 @@
 The defaults are the paper's base model (Table 3, first row). Every choice that departs from the paper is a named
 field whose default is the paper's behaviour, documented here and where it acts in `modeling_vaswani.py`.
 
-This file is copied next to `modeling_vaswani.py` into saved model folders, so it imports only transformers.
+This file is copied next to `modeling_vaswani.py` into saved model folders, so it imports only transformers. It is
+written with an explicit `__init__` (not as a dataclass), which every transformers 5 release accepts.
 """
+
+import math
 
 from transformers import PreTrainedConfig
 
@@ -46,8 +49,10 @@ PRESETS: dict[str, dict] = {
     ),
 }
 
-_POSITION_TYPES = ("sinusoidal", "learned")
-_ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+SINUSOID_LAYOUTS = ("interleaved", "concatenated")
+SINUSOID_FREQUENCIES = ("paper", "fairseq")
+ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
 
 
 class VaswaniConfig(PreTrainedConfig):
@@ -57,14 +62,12 @@ class VaswaniConfig(PreTrainedConfig):
 
     Args:
         vocab_size (`int`, defaults to 37000):
-            Size of the (shared) vocabulary; the source vocabulary when `decoder_vocab_size` differs. §5.1: byte-pair
+            Size of the (shared) vocabulary; the source vocabulary when `decoder_vocab_size` is set. §5.1: byte-pair
             encoding with a shared source-target vocabulary of about 37000 tokens for EN-DE.
         decoder_vocab_size (`int`, *optional*):
-            Size of the target vocabulary. `None` means the same as `vocab_size`. A different size (separate source and
-            target vocabularies, as in the seed documents' `src_vocab`/`tgt_vocab`) requires
-            `share_encoder_decoder_embeddings=False`.
-        d_model (`int`, defaults to 512):
-            d_model, the width of every sublayer output and embedding (§3.1, base 512, big 1024).
+            Size of the target vocabulary. With `share_encoder_decoder_embeddings` (the paper) it is `vocab_size`, and
+            follows it when `vocab_size` is changed; a different size needs `share_encoder_decoder_embeddings=False`.
+        d_model (`int`, defaults to 512): d_model, the width of every sublayer output and embedding (§3.1).
         encoder_layers (`int`, defaults to 6): N, encoder layers (§3.1).
         decoder_layers (`int`, defaults to 6): N, decoder layers (§3.1).
         encoder_attention_heads (`int`, defaults to 8): h, heads in encoder self-attention (§3.2.2).
@@ -72,47 +75,61 @@ class VaswaniConfig(PreTrainedConfig):
         encoder_ffn_dim (`int`, defaults to 2048): d_ff, inner size of the encoder FFN (§3.3).
         decoder_ffn_dim (`int`, defaults to 2048): d_ff, inner size of the decoder FFN (§3.3).
         activation_function (`str`, defaults to `"relu"`):
-            The FFN non-linearity: max(0, xW1 + b1)W2 + b2 is ReLU (§3.3). Other values depart from the paper.
+            The FFN non-linearity: max(0, xW1 + b1)W2 + b2 is ReLU (§3.3). Other values (Marian's `swish`, `gelu`)
+            depart from the paper.
         dropout (`float`, defaults to 0.1):
-            P_drop, applied to every sublayer output before the residual add and to the sums of embeddings and
-            positional encodings (§5.4). Base 0.1, big 0.3 on EN-DE.
+            P_drop, on every sublayer output before the residual add and on the sums of embeddings and positional
+            encodings (§5.4). Base 0.1, big 0.3 on EN-DE.
         attention_dropout (`float`, defaults to 0.0):
             Dropout on attention probabilities. Not in the paper (0 keeps it off); used by tensor2tensor.
         activation_dropout (`float`, defaults to 0.0):
             Dropout after the FFN non-linearity. Not in the paper (0 keeps it off); used by fairseq.
         attention_bias (`bool`, defaults to `False`):
-            Biases in the Q/K/V/output projections. The paper's projections W^Q, W^K, W^V, W^O have none (§3.2.2);
-            `True` gives the fairseq/Marian/`torch.nn` layout.
+            Biases in the Q/K/V/output projections. The paper's W^Q, W^K, W^V, W^O have none (§3.2.2); `True` gives
+            the fairseq/Marian/`torch.nn` layout.
+        output_bias (`bool`, defaults to `False`):
+            A bias on the pre-softmax projection (Marian's `final_logits_bias`). The paper's projection shares the
+            embedding matrix and has none (§3.4).
         max_position_embeddings (`int`, defaults to 1024):
             Size of the learned position table (`position_embedding_type="learned"`), the hard limit on sequence
-            length there. With sinusoids it is only the size of the precomputed table: longer sequences compute their
-            encodings on the fly (§3.5, "extrapolate to sequence lengths longer than the ones encountered").
+            length there. Sinusoids have no limit (§3.5: they "extrapolate to sequence lengths longer than the ones
+            encountered during training").
         position_embedding_type (`str`, defaults to `"sinusoidal"`):
-            `"sinusoidal"`: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) (§3.5).
-            `"learned"`: learned absolute positions, the alternative of Table 3 row (E).
+            `"sinusoidal"`, the fixed encodings of §3.5, or `"learned"`, the learned positions of Table 3 row (E).
+        sinusoid_layout (`str`, defaults to `"interleaved"`):
+            `"interleaved"`: PE(pos, 2i) = sin(pos w_i), PE(pos, 2i+1) = cos(pos w_i), as §3.5 writes it.
+            `"concatenated"`: all sines in the first half of the dimensions, all cosines in the second (Marian,
+            fairseq and tensor2tensor).
+        sinusoid_frequencies (`str`, defaults to `"paper"`):
+            `"paper"`: w_i = 1 / 10000^(2i / d_model) (§3.5). `"fairseq"`: w_i = 1 / 10000^(i / (d_model/2 - 1)),
+            which reaches 1 / 10000 at the last pair (fairseq and tensor2tensor).
+        position_offset (`int`, defaults to 0):
+            The position number of the first token. The paper counts from 0; fairseq (and its ports, FSMT) count
+            from `padding_idx + 1`.
         scale_embedding (`bool`, defaults to `True`):
             Multiply token embeddings by sqrt(d_model) (§3.4).
         normalize_before (`bool`, defaults to `False`):
             `False` is the paper's post-norm residual block LayerNorm(x + Dropout(Sublayer(x))) (§3.1, §5.4). `True`
-            gives the pre-norm block x + Dropout(Sublayer(LayerNorm(x))) of the seed documents (and of tensor2tensor's
-            later defaults), with a final LayerNorm on the encoder and decoder outputs.
+            is the pre-norm block x + Dropout(Sublayer(LayerNorm(x))) of the Annotated Transformer's code and of
+            tensor2tensor's later defaults, with a final LayerNorm on the encoder and decoder outputs.
         layer_norm_eps (`float`, defaults to 1e-5):
             LayerNorm epsilon (not given in the paper; PyTorch's default).
         share_encoder_decoder_embeddings (`bool`, defaults to `True`):
-            One embedding matrix for encoder and decoder inputs (§3.4, with the shared vocabulary of §5.1). Needs
-            `tie_word_embeddings=True` (as fairseq's `--share-all-embeddings`).
+            One embedding matrix for source and target tokens (§3.4, with the shared vocabulary of §5.1).
         tie_word_embeddings (`bool`, defaults to `True`):
-            The pre-softmax projection shares the decoder embedding matrix (§3.4).
-        label_smoothing (`float`, defaults to 0.1):
-            eps_ls of the training loss computed when `labels` are given (§5.4). The loss is then not the plain
-            negative log-likelihood; set 0.0 for that.
+            The pre-softmax projection shares the target embedding matrix (§3.4). `False` gives it a matrix of its
+            own, over the shared or the target vocabulary.
         init_std (`float`, *optional*):
-            Standard deviation of the normal initialisation of embeddings; `None` gives d_model^-0.5 (the paper gives no
-            initialisation; this is tensor2tensor's and fairseq's, which suits the sqrt(d_model) scaling). Linear
-            layers use Xavier-uniform initialisation.
+            Standard deviation of the normal initialisation of embeddings; `None` gives d_model^-0.5 (the paper gives
+            none; this is tensor2tensor's and fairseq's, which suits the sqrt(d_model) scaling). Linear layers use
+            Xavier-uniform initialisation.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
-            Special token ids (0, 1, 2, 1): matching the tokenizers that `vaswani.tokenization` trains.
+            Special token ids (0, 1, 2, 1): those of the tokenizers that `vaswani.tokenization` trains.
         use_cache (`bool`, defaults to `True`): return key/value caches for fast decoding.
+
+    Label smoothing (eps_ls = 0.1, §5.4) is a property of the training recipe, not of the model: the model's loss is
+    the plain cross-entropy, as in every transformers model, and `vaswani.training` smooths it
+    (`--label_smoothing_factor`, 0.1 by default).
 
     Example:
 
@@ -131,47 +148,91 @@ class VaswaniConfig(PreTrainedConfig):
         "num_hidden_layers": "encoder_layers",
     }
 
-    vocab_size: int = 37000
-    decoder_vocab_size: int | None = None
-    d_model: int = 512
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    encoder_attention_heads: int = 8
-    decoder_attention_heads: int = 8
-    encoder_ffn_dim: int = 2048
-    decoder_ffn_dim: int = 2048
-    activation_function: str = "relu"
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    attention_bias: bool = False
-    max_position_embeddings: int = 1024
-    position_embedding_type: str = "sinusoidal"
-    scale_embedding: bool = True
-    normalize_before: bool = False
-    layer_norm_eps: float = 1e-5
-    share_encoder_decoder_embeddings: bool = True
-    tie_word_embeddings: bool = True
-    label_smoothing: float = 0.1
-    init_std: float | None = None
-    pad_token_id: int | None = 0
-    bos_token_id: int | None = 1
-    eos_token_id: int | None = 2
-    decoder_start_token_id: int | None = 1
-    use_cache: bool = True
-    is_encoder_decoder: bool = True
-
-    def __post_init__(self, **kwargs):
-        if self.decoder_vocab_size is None:
-            self.decoder_vocab_size = self.vocab_size
+    def __init__(
+        self,
+        vocab_size: int = 37000,
+        decoder_vocab_size: int | None = None,
+        d_model: int = 512,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        activation_function: str = "relu",
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        attention_bias: bool = False,
+        output_bias: bool = False,
+        max_position_embeddings: int = 1024,
+        position_embedding_type: str = "sinusoidal",
+        sinusoid_layout: str = "interleaved",
+        sinusoid_frequencies: str = "paper",
+        position_offset: int = 0,
+        scale_embedding: bool = True,
+        normalize_before: bool = False,
+        layer_norm_eps: float = 1e-5,
+        share_encoder_decoder_embeddings: bool = True,
+        tie_word_embeddings: bool = True,
+        init_std: float | None = None,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        decoder_start_token_id: int | None = 1,
+        use_cache: bool = True,
+        is_encoder_decoder: bool = True,
+        **kwargs,
+    ):
+        # Folders saved before the loss moved to the recipe carry `label_smoothing`: it no longer means anything here.
+        kwargs.pop("label_smoothing", None)
+        self.vocab_size = vocab_size
+        self.decoder_vocab_size = decoder_vocab_size
+        self.d_model = d_model
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_attention_heads = encoder_attention_heads
+        self.decoder_attention_heads = decoder_attention_heads
+        self.encoder_ffn_dim = encoder_ffn_dim
+        self.decoder_ffn_dim = decoder_ffn_dim
+        self.activation_function = activation_function
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.attention_bias = attention_bias
+        self.output_bias = output_bias
+        self.max_position_embeddings = max_position_embeddings
+        self.position_embedding_type = position_embedding_type
+        self.sinusoid_layout = sinusoid_layout
+        self.sinusoid_frequencies = sinusoid_frequencies
+        self.position_offset = position_offset
+        self.scale_embedding = scale_embedding
+        self.normalize_before = normalize_before
+        self.layer_norm_eps = layer_norm_eps
+        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+        self.tie_word_embeddings = tie_word_embeddings
+        self.init_std = init_std
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.decoder_start_token_id = decoder_start_token_id
+        self.use_cache = use_cache
+        if decoder_vocab_size is None:
+            self.decoder_vocab_size = vocab_size
         self.validate_fields()
-        super().__post_init__(**kwargs)
+        super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
+
+    def __setattr__(self, key, value):
+        super().__setattr__(key, value)
+        # One shared vocabulary has one size: `config.vocab_size = len(tokenizer)` resizes the target side too.
+        if key == "vocab_size" and getattr(self, "share_encoder_decoder_embeddings", False):
+            super().__setattr__("decoder_vocab_size", value)
 
     def validate_fields(self) -> None:
-        """Raise `ValueError` naming the field when the configuration cannot work."""
-        positive = (
+        """Raise `ValueError` naming the field when the configuration cannot work. Called at construction, by the
+        model's constructor (fields may have been changed since) and before saving."""
+        for name in (
             "vocab_size",
-            "decoder_vocab_size",
             "d_model",
             "encoder_layers",
             "decoder_layers",
@@ -180,49 +241,53 @@ class VaswaniConfig(PreTrainedConfig):
             "encoder_ffn_dim",
             "decoder_ffn_dim",
             "max_position_embeddings",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        ):
+            _check_positive_int(name, getattr(self, name))
+        _check_positive_int("decoder_vocab_size", self.decoder_vocab_size)
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
             if self.d_model % getattr(self, name) != 0:
                 raise ValueError(
                     f"`d_model` ({self.d_model}) must be divisible by `{name}` ({getattr(self, name)}): "
                     "each head gets d_k = d_model / h dimensions (§3.2.2)."
                 )
-        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            if not _is_number(value) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"`{name}` must be a probability in [0, 1], got {value!r}.")
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps!r}.")
-        if self.init_std is not None and self.init_std <= 0:
-            raise ValueError(f"`init_std` must be positive or None, got {self.init_std!r}.")
-        if self.position_embedding_type not in _POSITION_TYPES:
+        if not _is_number(self.layer_norm_eps) or not 0 < self.layer_norm_eps < math.inf:
+            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
+        if self.init_std is not None and (not _is_number(self.init_std) or not 0 < self.init_std < math.inf):
+            raise ValueError(f"`init_std` must be a positive number or None, got {self.init_std!r}.")
+        if not isinstance(self.position_offset, int) or self.position_offset < 0:
             raise ValueError(
-                f"`position_embedding_type` must be one of {_POSITION_TYPES}, got {self.position_embedding_type!r}."
+                f"`position_offset` must be a non-negative integer, got {self.position_offset!r}."
             )
-        if self.activation_function not in _ACTIVATIONS:
+        for name, allowed in (
+            ("position_embedding_type", POSITION_EMBEDDING_TYPES),
+            ("sinusoid_layout", SINUSOID_LAYOUTS),
+            ("sinusoid_frequencies", SINUSOID_FREQUENCIES),
+            ("activation_function", ACTIVATIONS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}.")
+        if self.sinusoid_frequencies == "fairseq" and self.d_model < 4:
             raise ValueError(
-                f"`activation_function` must be one of {_ACTIVATIONS}, got {self.activation_function!r}."
+                "`sinusoid_frequencies='fairseq'` needs `d_model` >= 4 (it divides by d_model/2 - 1)."
             )
-        if self.share_encoder_decoder_embeddings:
-            if self.decoder_vocab_size != self.vocab_size:
-                raise ValueError(
-                    "`share_encoder_decoder_embeddings=True` needs one vocabulary, but `vocab_size` "
-                    f"({self.vocab_size}) != `decoder_vocab_size` ({self.decoder_vocab_size}); "
-                    "set `share_encoder_decoder_embeddings=False` for separate vocabularies."
-                )
-            if not self.tie_word_embeddings:
-                raise ValueError(
-                    "`share_encoder_decoder_embeddings=True` ties all three embedding matrices (§3.4) and needs "
-                    "`tie_word_embeddings=True`."
-                )
+        if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                "`share_encoder_decoder_embeddings=True` needs one vocabulary, but `decoder_vocab_size` "
+                f"({self.decoder_vocab_size}) != `vocab_size` ({self.vocab_size}); set "
+                "`share_encoder_decoder_embeddings=False` for separate vocabularies."
+            )
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            value = getattr(self, name)
+            value = getattr(self, name, None)
             if value is not None and not 0 <= value < min(self.vocab_size, self.decoder_vocab_size):
                 raise ValueError(f"`{name}` ({value}) is outside the vocabulary.")
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        self.validate_fields()  # fields may have been changed after construction: never save a folder that cannot load
+        return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VaswaniConfig":
@@ -230,6 +295,15 @@ class VaswaniConfig(PreTrainedConfig):
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _check_positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
 
 __all__ = ["VaswaniConfig", "PRESETS"]

@@ -5,7 +5,7 @@ usually, the tokenizer) into the folder that goes to the Hub, and uploads it in 
 
 - `model.safetensors` (never pickle files) and `config.json`, whose `auto_map` names `AutoConfig`, `AutoModel` and
   `AutoModelForSeq2SeqLM`, and whose `custom_pipelines` names the translation pipeline;
-- the code files `configuration_vaswani.py`, `modeling_vaswani.py` and `pipeline_vaswani.py`, so that
+- the code files (`configuration_vaswani.py`, `modeling_vaswani.py`, its siblings and `pipeline_vaswani.py`), so that
   `trust_remote_code=True` works where this package is not installed;
 - `generation_config.json` with the paper's decoding settings (beam size 4, length penalty 0.6 in the form
   ((5 + |Y|) / 6) ** alpha that §6.1 cites);
@@ -45,7 +45,8 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .modeling_vaswani import PAPER_LENGTH_PENALTY_FORM, VaswaniForConditionalGeneration
+from .generation_vaswani import PAPER_LENGTH_PENALTY, PAPER_LENGTH_PENALTY_FORM, PAPER_NUM_BEAMS
+from .modeling_vaswani import AUTO_MAP, VaswaniForConditionalGeneration
 from .pipeline_vaswani import VaswaniTranslationPipeline
 from .tokenization import lowercases
 
@@ -54,8 +55,18 @@ logger = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "hub_card.md"
 # §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6". The output length limit (input + 50)
 # depends on the input, so the translation pipeline applies it (see pipeline_vaswani.py).
-PAPER_GENERATION = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_form": PAPER_LENGTH_PENALTY_FORM}
-CODE_FILES = ("configuration_vaswani.py", "modeling_vaswani.py", "pipeline_vaswani.py")
+PAPER_GENERATION = {
+    "num_beams": PAPER_NUM_BEAMS,
+    "length_penalty": PAPER_LENGTH_PENALTY,
+    "length_penalty_form": PAPER_LENGTH_PENALTY_FORM,
+}
+CODE_FILES = (
+    "configuration_vaswani.py",
+    "modeling_vaswani.py",
+    "kernels_vaswani.py",
+    "generation_vaswani.py",
+    "pipeline_vaswani.py",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = (
     "model.safetensors",
@@ -65,11 +76,7 @@ WEIGHT_FILES = (
 )
 # Deleted from the repo in the same commit, so that a re-published repo holds no stale pickled weights.
 PICKLE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt"]
-AUTO_CLASSES = {
-    "AutoConfig": "configuration_vaswani.VaswaniConfig",
-    "AutoModel": "modeling_vaswani.VaswaniModel",
-    "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
-}
+AUTO_CLASSES = AUTO_MAP
 TAGS = ["translation", "transformer", "attention-is-all-you-need", "vaswani", "custom_code"]
 _METRIC_PREFIXES = ("test_", "eval_", "predict_")
 # One sentence per source language for the card's usage example.

@@ -12,14 +12,17 @@ Decoding follows the model's `generation_config.json` (the paper's beam size 4 a
 generation parameter passed at construction or call time overrides it. When neither the caller nor the generation
 config sets an output length, the paper's limit applies: input length + 50 tokens (§6.1).
 
-This file is copied into saved model folders, so it imports only torch and transformers.
+This file is copied into saved model folders (with its sibling `generation_vaswani.py`), so it imports only torch,
+transformers and that sibling.
 """
 
 import torch
 from transformers import Pipeline
 
-# §6.1: "We set the maximum output length during inference to input length + 50, but terminate early when possible."
-EXTRA_OUTPUT_TOKENS = 50
+from .generation_vaswani import (
+    EXTRA_OUTPUT_TOKENS,  # §6.1: "input length + 50, but terminate early when possible"
+)
+
 _LENGTH_PARAMS = ("max_length", "max_new_tokens")
 
 

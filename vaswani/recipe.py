@@ -7,7 +7,7 @@ command line, 5. train with `VaswaniTrainer` (`vaswani.training`), resuming from
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -20,7 +20,14 @@ from transformers import DataCollatorForSeq2Seq, set_seed
 
 from .configuration_vaswani import VaswaniConfig
 from .data import iter_text, load_parallel_dataset, tokenize_dataset
-from .modeling_vaswani import LENGTH_PENALTY_FORMS, PAPER_LENGTH_PENALTY_FORM, VaswaniForConditionalGeneration
+from .generation_vaswani import (
+    LENGTH_PENALTY_FORMS,
+    PAPER_LENGTH_PENALTY,
+    PAPER_LENGTH_PENALTY_FORM,
+    PAPER_NUM_BEAMS,
+    paper_decoding,
+)
+from .modeling_vaswani import VaswaniForConditionalGeneration
 from .tokenization import (
     load_tokenizers,
     lowercases,
@@ -87,8 +94,12 @@ class FinishArguments:
     test_split: str | None = field(
         default=None, metadata={"help": "Translate this split with beam search and print BLEU (e.g. test)."}
     )
-    num_beams: int = field(default=4, metadata={"help": "Beam size for the test set (§6.1: 4)."})
-    length_penalty: float = field(default=0.6, metadata={"help": "Length penalty alpha (§6.1: 0.6)."})
+    num_beams: int = field(
+        default=PAPER_NUM_BEAMS, metadata={"help": "Beam size for the test set (§6.1: 4)."}
+    )
+    length_penalty: float = field(
+        default=PAPER_LENGTH_PENALTY, metadata={"help": "Length penalty alpha (§6.1: 0.6)."}
+    )
     length_penalty_form: str = field(
         default=PAPER_LENGTH_PENALTY_FORM,
         metadata={
@@ -108,7 +119,7 @@ class ModelArguments:
 
 def parse_config_overrides(remaining: list[str]) -> dict:
     """`--d_model 256 --dropout 0.3 ...` (any `VaswaniConfig` field) into a dict; unknown flags are an error."""
-    names = {f.name for f in dataclasses.fields(VaswaniConfig)}
+    names = set(inspect.signature(VaswaniConfig.__init__).parameters) - {"self", "kwargs"}
     overrides, i = {}, 0
     while i < len(remaining):
         flag = remaining[i]
@@ -168,11 +179,12 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
         vocab_size=len(source_tok),
         decoder_vocab_size=len(target_tok),
         share_encoder_decoder_embeddings=joint,
-        label_smoothing=training_args.label_smoothing_factor,
     )
     fields.update(overrides)
     config = VaswaniConfig.from_preset(model_args.preset, **fields)
-    return VaswaniForConditionalGeneration(config)
+    model = VaswaniForConditionalGeneration(config)
+    paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
+    return model
 
 
 def train_main(
@@ -269,7 +281,7 @@ def train_main(
             "wall_time_s": time.time() - started,
             "max_tokens_per_device": training_args.max_tokens,
             "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-            "label_smoothing": model.config.label_smoothing,
+            "label_smoothing": training_args.label_smoothing_factor,
             "max_grad_norm": training_args.max_grad_norm,  # 0: no clipping, as in the paper
             "dropped_pairs": dropped,
         }

@@ -199,7 +199,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         default="adamw_torch", metadata={"help": "Adam (weight decay 0 makes AdamW plain Adam)."}
     )
     label_smoothing_factor: float = field(
-        default=0.1, metadata={"help": "eps_ls of §5.4 (0.1). Applied by the model's own loss."}
+        default=0.1, metadata={"help": "eps_ls of §5.4 (0.1), applied by the recipe's loss."}
     )
     paper_lr_schedule: bool = field(
         default=True,
@@ -268,10 +268,13 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
 # The trainer
 # ---------------------------------------------------------------------------------------------------------------------
 class VaswaniTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` with token-budget batches and the paper's learning-rate schedule.
+    """`Seq2SeqTrainer` with token-budget batches, the paper's learning-rate schedule and label smoothing.
 
-    Label smoothing is done by the model's loss (`config.label_smoothing`, float32, exact under gradient
-    accumulation), so the Trainer's own label smoother stays off.
+    Label smoothing (eps_ls = `--label_smoothing_factor`, 0.1, §5.4) is the recipe's, applied as transformers'
+    `compute_loss_func` by `label_smoothed_loss`: the smoothed cross-entropy in float32 with one (N, V) buffer
+    (`kernels_vaswani.label_smoothed_cross_entropy`), exact under gradient accumulation. The Trainer's own smoother,
+    which would hold the logits of the whole batch in memory a second time, stays off. As with that smoother,
+    `eval_loss` is the smoothed loss; the model's own loss (`model(labels=...)`) is the plain cross-entropy.
     """
 
     def __init__(self, *args, **kwargs):
@@ -279,10 +282,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self._train_sampler = None
         if getattr(self.args, "max_train_minutes", None):
             self.add_callback(TimeBudget(self.args.max_train_minutes))
-        if self.label_smoother is not None:
-            # One knob, --label_smoothing_factor, applied once: by the model's loss rather than the Trainer's
-            # smoother (which would need the logits of the whole batch in memory a second time).
-            self.model.config.label_smoothing = self.args.label_smoothing_factor
+        if self.args.label_smoothing_factor and self.compute_loss_func is None:
+            self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
             self.label_smoother = None
 
     def token_sampler(self) -> TokenBudgetBatchSampler:
@@ -317,12 +318,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Generation during evaluation stops at source length + 50 tokens (§6.1) unless a maximum is given."""
+        from .generation_vaswani import EXTRA_OUTPUT_TOKENS
+
         if self.args.predict_with_generate and not prediction_loss_only:
             if not gen_kwargs:
                 gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
             if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
                 gen_kwargs.pop("max_length", None)
-                gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + 50
+                gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + EXTRA_OUTPUT_TOKENS
         # transformers' Seq2SeqTrainer.prediction_step writes every default into the model's generation config, and
         # checkpoints would save them all: `max_length: 20` among them, so that each later
         # `generate(max_new_tokens=...)` on the saved model warned that both were set. The model keeps its own.
@@ -344,6 +347,21 @@ class VaswaniTrainer(Seq2SeqTrainer):
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+
+def label_smoothed_loss(outputs, labels: torch.Tensor, num_items_in_batch=None, epsilon: float = 0.1):
+    """The training loss of §5.4 as a `compute_loss_func`: label-smoothed cross-entropy of the model's logits against
+    `labels` (-100 ignored), the mean over target tokens or the sum divided by `num_items_in_batch` (all target tokens
+    of a gradient-accumulation step)."""
+    from .kernels_vaswani import label_smoothed_cross_entropy
+
+    logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+    total = label_smoothed_cross_entropy(logits, labels, epsilon)
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels != -100).sum().clamp(min=1)
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:

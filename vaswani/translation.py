@@ -26,15 +26,19 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from .data import read_lines
+from .generation_vaswani import (
+    EXTRA_OUTPUT_TOKENS,
+    PAPER_LENGTH_PENALTY,
+    PAPER_LENGTH_PENALTY_FORM,
+    PAPER_NUM_BEAMS,
+)
 from .metrics import compute_bleu, reported_scores
-from .modeling_vaswani import PAPER_LENGTH_PENALTY_FORM
-from .pipeline_vaswani import EXTRA_OUTPUT_TOKENS
 from .tokenization import load_tokenizers
 
 logger = logging.getLogger(__name__)
 
-NUM_BEAMS = 4  # §6.1
-LENGTH_PENALTY = 0.6  # §6.1, alpha
+NUM_BEAMS = PAPER_NUM_BEAMS  # §6.1
+LENGTH_PENALTY = PAPER_LENGTH_PENALTY  # §6.1, alpha
 
 
 def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None) -> str:
@@ -132,7 +136,7 @@ def translate(
         num_beams, length_penalty: §6.1's beam size 4 and alpha = 0.6 by default.
         length_penalty_form: "gnmt" (((5 + |Y|) / 6) ** alpha, the form §6.1 cites) or "power" (|Y| ** alpha,
             transformers'); `None` leaves the model's generation config to decide (the paper's for this package's
-            models). See `modeling_vaswani.length_penalty_factor`.
+            models). See `generation_vaswani.length_penalty_factor`.
         max_new_tokens: a fixed output limit; `None` gives §6.1's input length + `extra_output_tokens`, where
             the input length is the longest source of the batch.
         show_progress: a tqdm bar over sentences.

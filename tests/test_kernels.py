@@ -1,0 +1,228 @@
+"""Each fast path of `kernels_vaswani.py` against the plain-torch reference it stands in for, by name."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import batch, tiny_config, tiny_model
+from torch import nn
+
+from vaswani import VaswaniForConditionalGeneration, kernels_vaswani, shift_tokens_right
+from vaswani.kernels_vaswani import FAST_ATTENTION, Linear, dropout, label_smoothed_cross_entropy
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Linear against nn.Linear / F.linear
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_equals_f_linear_in_value_and_gradient(bias):
+    torch.manual_seed(0)
+    ours = Linear(37, 23, bias=bias)
+    reference = nn.Linear(37, 23, bias=bias)
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(4, 9, 37)
+    assert kernels_vaswani.onednn_linear_applies(x, ours.weight) == kernels_vaswani._ONEDNN_AVAILABLE
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_ours, y_ref = ours(x_ours), reference(x_ref)
+    torch.testing.assert_close(y_ours, y_ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(y_ref)
+    y_ours.backward(g)
+    y_ref.backward(g)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.weight.grad, reference.weight.grad, atol=1e-4, rtol=1e-5)
+    if bias:
+        torch.testing.assert_close(ours.bias.grad, reference.bias.grad, atol=1e-4, rtol=1e-5)
+
+
+def test_linear_steps_aside_where_onednn_does_not_apply():
+    layer = Linear(8, 8)
+    x = torch.randn(2, 8)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not kernels_vaswani.onednn_linear_applies(x, layer.weight)
+    assert not kernels_vaswani.onednn_linear_applies(x.double(), layer.weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not kernels_vaswani.onednn_linear_applies(x, layer.weight)
+        assert layer(x).dtype == torch.bfloat16  # autocast's own product
+    assert isinstance(layer, nn.Linear)  # PEFT, isinstance checks and checkpoints see an nn.Linear
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# dropout against F.dropout
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_keeps_each_element_with_probability_one_minus_p_and_scales_it_as_f_dropout(dtype):
+    p, n = 0.3, 1 << 20
+    x = torch.randn(n, dtype=dtype, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, p, training=True)
+    kept = y != 0
+    # Bernoulli(1 - p) per element: the kept fraction within 5 standard deviations of 1 - p.
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    # Kept elements are x times 1 / (1 - p) rounded to x's dtype: the formula of torch's own dropout.
+    scaled_mask = kept.to(dtype) * torch.tensor(1 / (1 - p), dtype=dtype)
+    assert y.dtype == dtype and torch.equal(y, x.detach() * scaled_mask)
+    out, native_mask = torch.native_dropout(x.detach(), p, True)
+    assert torch.equal(out, x.detach() * native_mask.to(dtype) * torch.tensor(1 / (1 - p), dtype=dtype))
+    g = torch.randn(n, dtype=dtype)  # the gradient goes through the same mask and scale
+    y.backward(g)
+    assert torch.equal(x.grad, g * scaled_mask)
+    torch.manual_seed(0)  # a seed fixes the mask
+    assert torch.equal(dropout(x.detach(), p, training=True), y.detach())
+
+
+def test_dropout_is_f_dropout_when_off_and_at_p_zero_or_one():
+    x = torch.randn(4, 5)
+    assert dropout(x, 0.3, training=False) is x
+    assert torch.equal(dropout(x, 0.0, training=True), x)
+    assert torch.equal(dropout(x, 1.0, training=True), torch.zeros_like(x))
+
+
+def test_training_on_the_cpu_draws_every_dropout_mask_with_the_fast_path(monkeypatch):
+    """Each dropout site of the model (embeddings, sublayer outputs, attention weights, FFN activations) goes
+    through the uniform mask on the CPU, never through `F.dropout`'s slower `bernoulli_`."""
+    model = tiny_model(
+        dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, attn_implementation="eager"
+    )
+    model.train()
+    input_ids, attention_mask, labels = batch()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("F.dropout was called on the CPU in training")
+
+    monkeypatch.setattr(F, "dropout", refuse)
+    torch.manual_seed(1)
+    first = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    first.backward()
+    torch.manual_seed(1)
+    again = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    torch.manual_seed(2)
+    other = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# label_smoothed_cross_entropy against F.cross_entropy
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_loss_equals_f_cross_entropy_in_value_and_gradient(dtype, eps):
+    """Rows ignored inside and across chunk boundaries (chunks of 3 rows over 10), a scaled upstream gradient."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 5, 7, generator=generator) * 3).to(dtype)
+    labels = torch.randint(0, 7, (2, 5), generator=generator)
+    labels[0, 2] = labels[1, 0] = labels[1, 1] = -100
+    fused_in = logits.clone().requires_grad_()
+    fused = label_smoothed_cross_entropy(fused_in, labels, eps, chunk_elements=3 * 7)
+    (fused * 0.37).backward()
+    plain_in = logits.clone().requires_grad_()
+    plain = F.cross_entropy(
+        plain_in.flatten(0, 1).float(),
+        labels.flatten(),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=eps,
+    )
+    (plain * 0.37).backward()
+    torch.testing.assert_close(fused, plain)
+    assert fused_in.grad.dtype == dtype
+    torch.testing.assert_close(fused_in.grad, plain_in.grad)
+    assert fused_in.grad[0, 2].abs().sum() == 0 and fused_in.grad[1, :2].abs().sum() == 0
+    with torch.no_grad():  # no gradient buffer without autograd, same value
+        torch.testing.assert_close(label_smoothed_cross_entropy(logits, labels, eps), plain.detach())
+
+
+def test_fused_loss_refuses_a_second_backward_and_names_a_shape_mismatch():
+    logits = torch.randn(4, 6, requires_grad=True)
+    loss = label_smoothed_cross_entropy(logits, torch.tensor([1, 2, 3, -100]), 0.1)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backpropagated once"):
+        loss.backward()
+    with pytest.raises(ValueError, match="labels have 3 positions, logits 4"):
+        label_smoothed_cross_entropy(logits, torch.tensor([1, 2, 3]), 0.1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# attn_implementation="vaswani_sdpa" against "sdpa" and "eager"
+# --------------------------------------------------------------------------------------------------------------------
+def _count_matmul_calls(monkeypatch):
+    """Record the (is_cross_attention, query shape) of every call that `vaswani_sdpa` computes with matmuls."""
+    calls = []
+    original = kernels_vaswani.prefers_matmul_attention
+
+    def spy(module, query, key, attention_mask):
+        chosen = original(module, query, key, attention_mask)
+        if chosen:
+            calls.append((module.is_cross_attention, tuple(query.shape)))
+        return chosen
+
+    monkeypatch.setattr(kernels_vaswani, "prefers_matmul_attention", spy)
+    return calls
+
+
+def test_vaswani_sdpa_is_registered_and_equals_sdpa_and_eager():
+    torch.manual_seed(0)
+    models = {}
+    for name in ("eager", "sdpa", FAST_ATTENTION):
+        models[name] = VaswaniForConditionalGeneration(tiny_config(attn_implementation=name)).eval()
+        models[name].load_state_dict(models["eager"].state_dict())
+        assert models[name].config._attn_implementation == name
+    input_ids, attention_mask, labels = batch()
+    outputs = {
+        name: m(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+        for name, m in models.items()
+    }
+    for name in ("sdpa", FAST_ATTENTION):
+        torch.testing.assert_close(outputs[name].logits, outputs["eager"].logits, atol=1e-5, rtol=1e-5)
+
+
+def test_vaswani_sdpa_computes_decoding_steps_with_matmuls_and_equals_sdpa(monkeypatch):
+    """With the cache, each decoding step has one query per row: `vaswani_sdpa` computes it with matmuls; the
+    generations equal plain "sdpa"'s."""
+    calls = _count_matmul_calls(monkeypatch)
+    torch.manual_seed(0)
+    fast = VaswaniForConditionalGeneration(tiny_config(attn_implementation=FAST_ATTENTION)).eval()
+    plain = VaswaniForConditionalGeneration(tiny_config(attn_implementation="sdpa")).eval()
+    plain.load_state_dict(fast.state_dict())
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=8, num_beams=4, do_sample=False)
+    ours = fast.generate(input_ids, **kw)
+    # one query per row (3 sources x 4 beams), in self- and encoder-decoder attention
+    assert {(False, (12, 5, 1, 3)), (True, (12, 5, 1, 3))} == set(calls)
+    calls.clear()
+    assert torch.equal(ours, plain.generate(input_ids, **kw))
+    assert not calls  # plain "sdpa" never takes the matmul path
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_vaswani_sdpa_in_half_precision_training_is_causal_and_as_close_to_float32_as_sdpa(
+    dtype, monkeypatch
+):
+    """In half precision with gradients on the CPU, `vaswani_sdpa` computes attention with matmuls (a faster
+    backward); no target position sees a later one, and logits and gradients are as close to float32 as SDPA's."""
+    calls = _count_matmul_calls(monkeypatch)
+    input_ids, attention_mask, labels = batch()
+    dec = shift_tokens_right(labels, 0, 1)
+    results = []
+    for attention, model_dtype in ((FAST_ATTENTION, dtype), ("sdpa", dtype), ("eager", torch.float32)):
+        calls.clear()
+        model = tiny_model(dropout=0.0, attn_implementation=attention).to(model_dtype).train()
+        embeds = (model.get_input_embeddings()(dec) * model.config.d_model**0.5).detach().requires_grad_()
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_inputs_embeds=embeds
+        ).logits
+        logits[:, 2].float().sum().backward()
+        assert bool(calls) == (attention == FAST_ATTENTION)
+        assert embeds.grad[:, 3:].abs().sum() == 0 and embeds.grad[:, :3].abs().sum() > 0
+        results.append([t.float() for t in (logits.detach(), embeds.grad, model.lm_head.weight.grad)])
+    for ours, kernel, exact in zip(*results, strict=True):  # rounding errors of the same size as the kernel's
+        assert (ours - exact).norm() <= 1.5 * (kernel - exact).norm() + 1e-3
+
+
+def test_vaswani_sdpa_leaves_long_float32_training_to_the_sdpa_kernel(monkeypatch):
+    calls = _count_matmul_calls(monkeypatch)
+    model = tiny_model(attn_implementation=FAST_ATTENTION).train()
+    input_ids, attention_mask, labels = batch()
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+    assert not calls  # float32 training: SDPA's kernel throughout
