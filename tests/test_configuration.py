@@ -1,5 +1,8 @@
 """The configuration: presets from Table 3, parameter counts, and errors for configurations that cannot work."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import tiny_config
@@ -76,3 +79,13 @@ def test_config_round_trip(tmp_path):
 def test_configs_that_cannot_work_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         tiny_config(**overrides)
+
+
+def test_an_older_transformers_gets_a_clear_error():
+    """Saved folders carry these files to the user's transformers: below the tested range, a named ImportError."""
+    code = "import transformers; transformers.__version__ = '5.3.0'; import vaswani"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert (
+        "ImportError: The Vaswani model needs transformers >= 5.5.0, but 5.3.0 is installed" in result.stderr
+    )

@@ -5,7 +5,9 @@ import logging
 
 import pytest
 import torch
-from conftest import batch
+import transformers
+from conftest import batch, tiny_model
+from packaging.version import Version
 from transformers import GenerationConfig, GenerationMixin
 
 from vaswani import generation_vaswani
@@ -185,10 +187,9 @@ def test_generate_works_on_a_transformers_without_the_helpers(model, monkeypatch
     "options",
     [
         dict(num_beams=4, num_return_sequences=2, length_penalty=0.6),
-        dict(num_beams=3, cache_implementation="static"),
         dict(do_sample=True, num_beams=1, num_return_sequences=3),
     ],
-    ids=["beam", "beam-static-cache", "sampling"],
+    ids=["beam", "sampling"],
 )
 def test_share_encoder_outputs_keeps_one_copy_per_source_and_changes_no_result(model, options):
     """Opt-in: the beams and samples of a source share its encoder output and encoder-decoder attention keys and
@@ -300,3 +301,25 @@ def test_continuing_generation_from_a_returned_cache_equals_one_call(model):
             strict=True,
         ):
             torch.testing.assert_close(ours.keys, theirs.keys)
+
+
+def test_share_encoder_outputs_steps_aside_for_a_static_cache(model):
+    """A static cache holds one row per beam: sharing is off there (a warning), and results are unchanged."""
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=6, num_beams=3, cache_implementation="static")
+    assert torch.equal(
+        model.generate(input_ids, share_encoder_outputs=True, **kw), model.generate(input_ids, **kw)
+    )
+
+
+def test_beam_search_over_separate_vocabularies_is_named_where_transformers_cannot(monkeypatch):
+    separate = tiny_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=61)
+    input_ids, attention_mask, _ = batch()
+    monkeypatch.setattr(generation_vaswani.transformers, "__version__", "5.14.0")
+    with pytest.raises(ValueError, match=r"needs transformers >= 5.18.0 \(found 5.14.0\)"):
+        separate.generate(input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=3)
+    separate.generate(input_ids, attention_mask=attention_mask, max_new_tokens=3)  # greedy works there
+    monkeypatch.undo()
+    if Version(transformers.__version__) >= Version(generation_vaswani.BEAM_SEARCH_OVER_ANY_VOCABULARY):
+        beams = separate.generate(input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=3)
+        assert beams.shape[0] == 3

@@ -1,6 +1,7 @@
 """Saving and loading: safetensors with ties, Auto classes in-process and through trust_remote_code, PEFT."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -155,7 +156,9 @@ def test_trust_remote_code_load_in_a_fresh_interpreter(saved, tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={"HF_HOME": str(env_home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+        # PYTHONPATH only when set: the compatibility runs put another transformers on it
+        env={"HF_HOME": str(env_home), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+        | ({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = torch.load(tmp_path / "out.pt")

@@ -9,7 +9,19 @@ written with an explicit `__init__` (not as a dataclass), which every transforme
 
 import math
 
+import transformers
+from packaging.version import Version
 from transformers import PreTrainedConfig
+
+# The oldest transformers these files are tested on (pyproject.toml says the same). Earlier 5.x releases give wrong
+# outputs with a static cache under torch.compile (5.0-5.3) and fail half-precision loading (5.3). Hub folders carry
+# these files and run on the user's transformers, so an older one gets this error instead of wrong translations.
+MIN_TRANSFORMERS_VERSION = "5.5.0"
+if Version(transformers.__version__) < Version(MIN_TRANSFORMERS_VERSION):
+    raise ImportError(
+        f"The Vaswani model needs transformers >= {MIN_TRANSFORMERS_VERSION}, but {transformers.__version__} is "
+        f"installed: pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION}'."
+    )
 
 # Table 3 of the paper, as data. `small` is not in the paper: it is a CPU-sized model for quick experiments
 # (Multi30k-sized corpora), kept in the same family (post-norm, sinusoidal, shared embeddings).

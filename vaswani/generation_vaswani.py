@@ -21,6 +21,8 @@ import contextlib
 import inspect
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import GenerationMixin
 from transformers.utils import logging
 
@@ -83,6 +85,25 @@ def length_penalty_hooks_available() -> bool:
         "early_stopping",
         "length_penalty",
     )
+
+
+# Before 5.18, transformers' beam search sized its beams by `config.vocab_size` (the source vocabulary), not by the
+# logits: beam search over a target vocabulary of another size failed inside transformers with a reshape error.
+BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
+
+
+def check_beam_search_vocabulary(config, uses_beams: bool) -> None:
+    """A clear error where this transformers' beam search cannot handle separate vocabularies of different sizes."""
+    if (
+        uses_beams
+        and config.decoder_vocab_size != config.vocab_size
+        and Version(transformers.__version__) < Version(BEAM_SEARCH_OVER_ANY_VOCABULARY)
+    ):
+        raise ValueError(
+            f"Beam search over a target vocabulary ({config.decoder_vocab_size} tokens) of another size than the "
+            f"source's ({config.vocab_size}) needs transformers >= {BEAM_SEARCH_OVER_ANY_VOCABULARY} (found "
+            f"{transformers.__version__}); upgrade transformers, or decode greedily or by sampling."
+        )
 
 
 def _rescale(scores: torch.Tensor, length: int, alpha: float, form: str) -> torch.Tensor:
@@ -167,7 +188,7 @@ def paper_length_penalty(model, form: str, alpha: float, uses_beams: bool):
     )
 
 
-def shared_encoder_outputs(model, enabled: bool):
+def shared_encoder_outputs(model, enabled: bool, static_cache: bool = False):
     """A context for one `generate()` call in which the beams (or samples) of a source share its encoder output.
 
     transformers repeats the encoder output and its mask once per beam, so each beam computes, caches and reads its
@@ -177,6 +198,12 @@ def shared_encoder_outputs(model, enabled: bool):
     which is why this is not the default.
     """
     if not enabled:
+        return contextlib.nullcontext()
+    if static_cache:
+        logger.warning_once(
+            "share_encoder_outputs=True does not apply with a static cache, which is sized with one row per beam: "
+            "the encoder output is copied once per beam."
+        )
         return contextlib.nullcontext()
     if not _accepts("_expand_inputs_for_generation", "expand_size", "is_encoder_decoder", "input_ids"):
         logger.warning_once(

@@ -13,7 +13,8 @@ defaults (`q_proj`, `v_proj`) apply.
 Two siblings keep this file a reading of the paper: `kernels_vaswani.py` (faster CPU kernels for the same arithmetic:
 `Linear`, `dropout`, the loss, and the `"vaswani_sdpa"` attention) and `generation_vaswani.py` (the paper's decoding
 settings and length penalty). All three files are copied into saved model folders for `trust_remote_code`, so they
-import only torch and transformers, and they work with every transformers 5 release.
+import only torch and transformers, and they work with transformers 5.5 and later (tested on 5.5, 5.10, 5.20 and
+5.24; `configuration_vaswani.MIN_TRANSFORMERS_VERSION`).
 """
 
 import inspect
@@ -39,7 +40,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import paper_length_penalty, shared_encoder_outputs
+from .generation_vaswani import check_beam_search_vocabulary, paper_length_penalty, shared_encoder_outputs
 from .kernels_vaswani import Linear, dropout, label_smoothed_cross_entropy
 
 logger = logging.get_logger(__name__)
@@ -229,9 +230,7 @@ class VaswaniAttention(nn.Module):
                 key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                 cache.is_updated[self.layer_idx] = True
 
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        attention: Callable = _attention_function(self.config._attn_implementation)
         output, weights = attention(
             self,
             query,
@@ -826,9 +825,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         alpha = kwargs.get("length_penalty", config.length_penalty)
         share = kwargs.pop("share_encoder_outputs", None) or getattr(config, "share_encoder_outputs", False)
         beams = kwargs.get("num_beams", config.num_beams) or 1
+        check_beam_search_vocabulary(self.config, uses_beams=beams > 1)
+        static = kwargs.get("cache_implementation", config.cache_implementation) == "static"
         with (
             paper_length_penalty(self, form, alpha, uses_beams=beams > 1),
-            shared_encoder_outputs(self, share),
+            shared_encoder_outputs(self, share, static_cache=static),
         ):
             return super().generate(*args, **kwargs)
 
@@ -919,6 +920,15 @@ def _resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_o
             resized.bias[:kept] = module.bias[:kept]
             resized.bias[kept:] = module.bias.mean()
     return resized
+
+
+def _attention_function(name: str | None) -> Callable:
+    """The attention implementation of this name: "eager" is this file's `eager_attention_forward`. (transformers
+    before 5.1 has no `get_interface`; its presence in this file also tells transformers that
+    `model.set_attn_implementation(...)` works after loading.)"""
+    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
+        return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+    return eager_attention_forward if name in (None, "eager") else ALL_ATTENTION_FUNCTIONS[name]
 
 
 def _flag(value: bool | None, config: VaswaniConfig, name: str = "output_hidden_states") -> bool:
