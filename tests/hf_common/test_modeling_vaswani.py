@@ -205,3 +205,16 @@ class VaswaniSeparateVocabulariesModelTest(VaswaniCommonTests, unittest.TestCase
         self.assertEqual(model.get_decoder().embed_tokens.weight.shape[0], target - 15)
         inputs["decoder_input_ids"] = inputs["decoder_input_ids"].clamp(max=target - 16)
         self.assertEqual(model(**inputs).logits.shape[-1], target - 15)
+
+
+class VaswaniMarianLayoutModelTest(VaswaniCommonTests, unittest.TestCase):
+    """The layout converted Marian models use: sines before cosines, biases in attention and on the output
+    projection, swish, and an output projection of its own over the shared vocabulary."""
+
+    config_overrides = {
+        "sinusoid_layout": "concatenated",
+        "output_bias": True,
+        "activation_function": "swish",
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    }
