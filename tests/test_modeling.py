@@ -389,8 +389,7 @@ def _no_beams_over_separate_vocabularies(config) -> bool:  # transformers < 5.18
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_shape_loads_in_half_precision_and_generates(shape, dtype, tmp_path):
     """`from_pretrained(folder, dtype=..., device_map=...)` and `from_config(config, dtype=...)`: every tensor of the
-    forward pass
-    in that dtype (the sinusoids too), finite logits, and beam search that runs."""
+    forward pass in that dtype (the sinusoids too), finite logits, and beam search that runs."""
     tiny_model(**SHAPES[shape]).save_pretrained(tmp_path)
     input_ids, attention_mask, labels = batch()
     for model in (
