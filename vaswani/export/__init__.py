@@ -1,0 +1,201 @@
+"""Export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX (issue #18).
+
+    vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \
+        --output_dir runs/de-en/ct2-int8
+    vaswani-export --model_name_or_path runs/de-en/averaged --engine onnx --output_dir runs/de-en/onnx
+
+- `ctranslate2` (`to_ctranslate2.py`): CTranslate2's own transformers converter, with a loader registered for
+  `VaswaniConfig`; weights in float32, int8, bfloat16 or any other CTranslate2 quantization.
+- `onnx` (`to_onnx.py`): an encoder graph and a decoder graph whose self-attention cache is an input and an output,
+  written by `torch.onnx.export` (the dynamo-based exporter) and run with ONNX Runtime.
+
+Both write the tokenizer(s) next to the model and `vaswani_export.json`, which `vaswani.engines` reads to decode
+(`vaswani-translate --engine ctranslate2|onnx --model_name_or_path <exported folder>`). The engines are optional extras
+(`pip install vaswani-transformer[ctranslate2]` or `[onnx]`): they are imported when an export or an engine runs,
+never by `import vaswani`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import GenerationConfig
+
+from ..cli import command, parse_args, setup_logging
+from ..generation_vaswani import PAPER_LENGTH_PENALTY_FORM
+from ..tokenization import load_tokenizers, save_tokenizers
+from ..translation import check_model_path
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("ctranslate2", "onnx")
+METADATA_FILE = "vaswani_export.json"
+# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`, checked by the tests); the issue asks
+# for float32, int8 and bfloat16.
+CTRANSLATE2_QUANTIZATIONS = (
+    "float32",
+    "int8",
+    "bfloat16",
+    "float16",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+)
+
+
+def decoding_settings(model_path: str | os.PathLike) -> dict:
+    """The decoding a folder asks for in its generation config (§6.1's beam 4, alpha 0.6 and its length-penalty form
+    when the recipe trained it), as the exported model's defaults."""
+    try:
+        config = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # a folder without generation_config.json decodes as transformers' defaults
+        config = GenerationConfig()
+    return {
+        "num_beams": config.num_beams,
+        "length_penalty": config.length_penalty,
+        "length_penalty_form": getattr(config, "length_penalty_form", None) or PAPER_LENGTH_PENALTY_FORM,
+        # transformers reads None as False: stop a sentence by the heuristic, not at the first `num_beams` hypotheses
+        "early_stopping": config.early_stopping if config.early_stopping is not None else False,
+    }
+
+
+def prepare_output(output_dir: str | os.PathLike, force: bool) -> Path:
+    """The output folder, refused when it exists unless `force` (then it is emptied)."""
+    output_dir = Path(output_dir)
+    if output_dir.exists():
+        if not force:
+            raise FileExistsError(f"{output_dir} already exists: pass --force to overwrite it")
+        shutil.rmtree(output_dir)
+    output_dir.mkdir(parents=True)
+    return output_dir
+
+
+def finish_export(
+    output_dir: Path,
+    engine: str,
+    model_path: str | os.PathLike,
+    model_config,
+    tokenizer_path: str | os.PathLike | None,
+    **fields,
+) -> Path:
+    """Write the tokenizer(s) and `vaswani_export.json` (special ids, default decoding, versions) into the export."""
+    source, target = load_tokenizers(tokenizer_path or model_path)
+    save_tokenizers(source, target, output_dir)
+    metadata = {
+        "engine": engine,
+        "source_model": str(model_path),
+        "pad_token_id": model_config.pad_token_id,
+        "eos_token_id": model_config.eos_token_id,
+        "decoder_start_token_id": model_config.decoder_start_token_id,
+        "decoding": decoding_settings(model_path),
+        **fields,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    with open(output_dir / METADATA_FILE, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2)
+    logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
+    return output_dir
+
+
+def read_metadata(folder: str | os.PathLike) -> dict:
+    """The `vaswani_export.json` of an exported folder; a `ValueError` naming the file when it is missing."""
+    path = Path(folder) / METADATA_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} not found: {folder} is not a folder written by vaswani-export")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def export(
+    model_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    engine: str,
+    quantization: str | None = None,
+    tokenizer_path: str | os.PathLike | None = None,
+    force: bool = False,
+) -> Path:
+    """Export `model_path` (a `vaswani` folder) for `engine` into `output_dir`; returns `output_dir`.
+
+    `quantization` is CTranslate2's weight type (default float32); the ONNX graphs are float32.
+    The tokenizer comes from `tokenizer_path`, else from the model folder."""
+    check_model_path(model_path)
+    if engine == "ctranslate2":
+        from .to_ctranslate2 import export_ctranslate2
+
+        return export_ctranslate2(model_path, output_dir, quantization or "float32", tokenizer_path, force)
+    if engine == "onnx":
+        if quantization not in (None, "float32"):
+            raise ValueError(f"--quantization {quantization} applies to ctranslate2; ONNX graphs are float32")
+        from .to_onnx import export_onnx
+
+        return export_onnx(model_path, output_dir, tokenizer_path, force)
+    raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
+
+
+@dataclass
+class ExportArguments:
+    _argument_group_name = "export"
+
+    model_name_or_path: str = field(
+        metadata={"help": "The vaswani model folder (a checkpoint or an averaged model)."}
+    )
+    output_dir: str = field(metadata={"help": "The folder to write the exported model to."})
+    engine: str = field(metadata={"help": "The inference engine to export for.", "choices": list(ENGINES)})
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "ctranslate2: the weights' type (default float32).",
+            "choices": list(CTRANSLATE2_QUANTIZATIONS),
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder, if not the model folder (joint or source/ + target/)."},
+    )
+    force: bool = field(default=False, metadata={"help": "Overwrite --output_dir if it exists."})
+
+
+EPILOG = """\
+examples:
+  vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \\
+      --output_dir runs/de-en/ct2-int8
+  vaswani-export --model_name_or_path runs/de-en/averaged --engine onnx --output_dir runs/de-en/onnx
+  vaswani-translate --engine ctranslate2 --model_name_or_path runs/de-en/ct2-int8 --input test.de
+"""
+RENAMED = {"model": "model_name_or_path", "output": "output_dir", "tokenizer": "tokenizer_name"}
+
+
+@command("vaswani-export")
+def main(argv) -> Path:
+    """`vaswani-export` (`vaswani.cli` conventions: one-line errors, `--debug` for the traceback)."""
+    (args,) = parse_args(
+        ExportArguments, argv, description=__doc__.split("\n\n")[0], epilog=EPILOG, renamed=RENAMED
+    )
+    setup_logging()
+    return export(
+        args.model_name_or_path,
+        args.output_dir,
+        args.engine,
+        args.quantization,
+        args.tokenizer_name,
+        args.force,
+    )
+
+
+__all__ = [
+    "CTRANSLATE2_QUANTIZATIONS",
+    "ENGINES",
+    "METADATA_FILE",
+    "ExportArguments",
+    "export",
+    "main",
+    "read_metadata",
+]
