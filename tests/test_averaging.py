@@ -127,10 +127,10 @@ def test_separate_tokenizers_and_extra_code_are_copied(tmp_path, tokenizer):
         folder = write_checkpoint(run, step, seed)
         tokenizer.save_pretrained(folder / "source")
         tokenizer.save_pretrained(folder / "target")
-        (folder / "pipeline_vaswani.py").write_text("# pipeline code\n")
+        (folder / "custom_module.py").write_text("# code the config refers to\n")
     out = average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
     assert (out / "source" / "tokenizer.json").is_file() and (out / "target" / "tokenizer.json").is_file()
-    assert (out / "pipeline_vaswani.py").read_text() == "# pipeline code\n"
+    assert (out / "custom_module.py").read_text() == "# code the config refers to\n"
 
 
 def test_sharded_checkpoints(tmp_path):

@@ -624,7 +624,7 @@ def test_training_with_push_to_hub_publishes_once_with_the_run_results(hub, monk
         (data / f"{split}.en").write_text("\n".join(line.upper() for line in lines) + "\n")
     out = tmp_path / "run"
     train_script.main([
-        "--data", str(data), "--validation_split", "val", "--test_split", "val", "--vocab_size", "300",
+        "--dataset_name", str(data), "--validation_split", "val", "--test_split", "val", "--vocab_size", "300",
         "--preset", "small", "--d_model", "16", "--encoder_layers", "1", "--decoder_layers", "1",
         "--encoder_attention_heads", "2", "--decoder_attention_heads", "2", "--encoder_ffn_dim", "16",
         "--decoder_ffn_dim", "16", "--max_tokens", "128", "--max_steps", "4", "--save_steps", "2",

@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vaswani.recipe import parse_config_overrides
 from vaswani.training import (
     PaperTrainingArguments,
     TokenBudgetBatchSampler,
@@ -103,11 +102,15 @@ def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_
     pairs = {"de": ["Ein Mann läuft.", "Zwei Hunde spielen.", "Die Frau liest."] * 20}
     pairs["en"] = ["A man runs.", "Two dogs play.", "The woman reads."] * 20
     raw = {"train": Dataset.from_dict(pairs)}
-    args = DataArguments(data="unused", source_lang="de", target_lang="en", vocab_size=300, lowercase=True)
+    args = DataArguments(
+        dataset_name="unused", source_lang="de", target_lang="en", vocab_size=300, lowercase=True
+    )
     source, target = prepare_tokenizers(args, raw, str(tmp_path / "run"))
     assert source is target and lowercases(source)
     assert lowercases(prepare_tokenizers(args, raw, str(tmp_path / "run"))[0])  # a resumed run reloads it
-    cased = DataArguments(data="unused", tokenizer=str(tmp_path / "run" / "tokenizer"), lowercase=False)
+    cased = DataArguments(
+        dataset_name="unused", tokenizer_name=str(tmp_path / "run" / "tokenizer"), lowercase=False
+    )
     with pytest.raises(ValueError, match="--lowercase is False but the tokenizer in .* lowercases"):
         prepare_tokenizers(cased, raw, str(tmp_path / "other"))
 
@@ -131,13 +134,24 @@ def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
 
 
 def test_config_fields_on_the_command_line():
-    assert parse_config_overrides(["--d_model", "64", "--dropout", "0.3", "--normalize_before", "true"]) == {
+    from vaswani.cli import UsageError, parse_args
+    from vaswani.recipe import ModelConfigArguments, config_overrides
+
+    def overrides(argv):
+        (config_args,) = parse_args(ModelConfigArguments, argv, description="")
+        return config_overrides(config_args)
+
+    assert overrides(["--d_model", "64", "--dropout", "0.3", "--normalize_before", "true"]) == {
         "d_model": 64,
         "dropout": 0.3,
         "normalize_before": True,
     }
-    with pytest.raises(ValueError, match="--no_such_flag"):
-        parse_config_overrides(["--no_such_flag", "1"])
+    # the `=` form, and a bare boolean flag
+    assert overrides(["--d_model=64", "--normalize_before"]) == {"d_model": 64, "normalize_before": True}
+    with pytest.raises(UsageError, match="--no_such_flag"):
+        overrides(["--no_such_flag", "1"])
+    with pytest.raises(UsageError, match="--activation_function.*invalid choice"):
+        overrides(["--activation_function", "bogus"])
 
 
 # ---- end to end --------------------------------------------------------------------------------------------------
@@ -175,7 +189,7 @@ def tokenizer_dir(corpus, tmp_path_factory):
 
 def tiny_run_args(corpus, output_dir, max_steps=12, extra=()):
     return [
-        "--data", str(corpus), "--validation_split", "val", "--source_lang", "de", "--target_lang", "en",
+        "--dataset_name", str(corpus), "--validation_split", "val", "--source_lang", "de", "--target_lang", "en",
         "--preset", "small", "--vocab_size", "300", "--d_model", "16", "--encoder_layers", "1",
         "--decoder_layers", "2", "--encoder_attention_heads", "2", "--decoder_attention_heads", "2",
         "--encoder_ffn_dim", "24", "--decoder_ffn_dim", "24", "--max_tokens", "96", "--warmup_steps", "4",
@@ -187,7 +201,7 @@ def tiny_run_args(corpus, output_dir, max_steps=12, extra=()):
 
 def _with_tokenizer(folder):
     def args(corpus, output_dir, max_steps=12, extra=()):
-        return tiny_run_args(corpus, output_dir, max_steps, [*extra, "--tokenizer", str(folder)])
+        return tiny_run_args(corpus, output_dir, max_steps, [*extra, "--tokenizer_name", str(folder)])
 
     return args
 
@@ -220,7 +234,7 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
         max_steps=8,
         extra=["--eval_strategy", "steps", "--eval_steps", "8", "--average_last", "2", "--test_split", "val"],
     )
-    result = run([sys.executable, str(ROOT / "scripts" / "train.py"), *args])
+    result = run([str(BIN / "vaswani-train"), *args])
     assert "val: BLEU" in result.stdout and "BLEU|nrefs:1" in result.stdout
     assert [p.name for p in checkpoints(out)] == ["checkpoint-4", "checkpoint-8"]
     state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())

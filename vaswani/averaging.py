@@ -92,6 +92,17 @@ def _weight_files(checkpoint: Path) -> list[Path]:
     raise FileNotFoundError(f"No {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} in {checkpoint}")
 
 
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Raise `ValueError` naming `path` unless it is a complete safetensors file (its header parses and every
+    tensor it lists lies inside the file); no tensor data is read."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                f.get_slice(key)
+    except Exception as error:  # safetensors raises its own error types for bad headers and short buffers
+        raise ValueError(f"{path} is corrupt or truncated: {' '.join(str(error).split())}") from None
+
+
 def load_safetensors_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The tensors stored in a checkpoint folder's safetensors file(s), on the CPU.
 
@@ -199,23 +210,35 @@ def average_checkpoints(
     checkpoints: Sequence[str | os.PathLike],
     output_dir: str | os.PathLike,
     show_progress: bool = True,
+    tokenizer_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Average `checkpoints` (oldest first) and write the result as a model folder to `output_dir`.
 
     The folder loads with `AutoModelForSeq2SeqLM.from_pretrained` / `VaswaniForConditionalGeneration.from_pretrained`
-    and carries the newest checkpoint's config, tokenizer files (joint, or `source/` and `target/`) and
-    `generation_config.json`. Returns `output_dir` as a `Path`.
+    and carries the newest checkpoint's config, tokenizer files (joint, or `source/` and `target/`; those of
+    `tokenizer_dir` when given) and `generation_config.json`, and the translation pipeline
+    (`saving.add_translation_pipeline`). The folder is built beside `output_dir` and swapped in whole
+    (`fileio.atomic_folder`): a kill leaves the earlier folder or the new one, never new files mixed with old ones.
+    Returns `output_dir` as a `Path`.
     """
+    from .fileio import atomic_folder
+    from .saving import add_translation_pipeline
+    from .tokenization import load_tokenizers, save_tokenizers
+
     paths = [Path(path) for path in checkpoints]
     output_dir = Path(output_dir)
     if output_dir.resolve() in {path.resolve() for path in paths}:
         raise ValueError(f"The output folder {output_dir} is one of the checkpoints being averaged")
-    logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(str(path) for path in paths))
+    logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(path.name for path in paths))
     averaged = average_state_dicts(paths, show_progress=show_progress)
     newest = paths[-1]
     model = _load_averaged_model(newest, averaged)
-    model.save_pretrained(output_dir)
-    copied = _copy_companion_files(newest, output_dir)
+    with atomic_folder(output_dir) as building:
+        model.save_pretrained(building)
+        copied = _copy_companion_files(newest, building)
+        if tokenizer_dir is not None:
+            save_tokenizers(*load_tokenizers(tokenizer_dir), building)
+        add_translation_pipeline(building)
     logger.info("Wrote the averaged model to %s (copied from %s: %s)", output_dir, newest, ", ".join(copied))
     return output_dir
 
@@ -231,6 +254,7 @@ def average_last_checkpoints(
 
 
 __all__ = [
+    "check_safetensors",
     "average_checkpoints",
     "average_last_checkpoints",
     "average_state_dicts",

@@ -40,26 +40,38 @@ _JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")
 
 
+def _open_binary(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (`.gz` decompressed on the fly) without their line ending.
 
     Only "\\n" ends a line, as for `wc -l` and the Moses scripts, and a trailing "\\r" is dropped. Unicode
     separators such as U+2028 or U+0085 stay inside their line (`str.splitlines` would split there and shift
     every later line of a parallel file).
+
+    Raises `ValueError` naming the file and line of text that is not UTF-8, or of a truncated `.gz` file.
     """
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-        for line in f:
-            yield line.rstrip("\r\n")
+    number = 0
+    try:
+        with _open_binary(path) as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(
+                        f"{path}, line {number}: not UTF-8 text ({error.reason} at byte {error.start} of the line)"
+                    ) from None
+                yield line.rstrip("\r\n")
+    except (EOFError, gzip.BadGzipFile) as error:
+        raise ValueError(f"{path}: corrupt or truncated gzip file after line {number} ({error})") from None
 
 
 def count_lines(path: str | os.PathLike) -> int:
-    """Number of lines `read_lines` yields for `path`."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        return sum(1 for _ in f)
+    """Number of lines `read_lines` yields for `path` (which checks that they are UTF-8)."""
+    return sum(1 for _ in read_lines(path))
 
 
 def _generate_pairs(src_path: str, tgt_path: str, src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
@@ -94,6 +106,8 @@ def _load_text_split(
     src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str, cache_dir: str | None
 ) -> Dataset:
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+    if n_src == n_tgt == 0:
+        raise ValueError(f"{src_path} and {tgt_path} are empty: no sentence pairs to load")
     if n_src != n_tgt:
         raise ValueError(
             f"Misaligned parallel files: {src_path} has {n_src} lines but {tgt_path} has {n_tgt}"
@@ -210,6 +224,8 @@ def _load_json(
         )
     dataset = DatasetDict()
     for wanted, name in mapping.items():
+        if not any(line.strip() for line in read_lines(files[name])):  # also checks that it is UTF-8
+            raise ValueError(f"{files[name]} is empty: no sentence pairs to load")
         loaded = datasets.load_dataset("json", data_files={"data": str(files[name])}, cache_dir=cache_dir)
         dataset[wanted] = _to_language_columns(loaded["data"], src_lang, tgt_lang, str(files[name]))
     return dataset
@@ -269,7 +285,41 @@ def load_parallel_dataset(
     if path.is_absolute() or origin.startswith(".") or origin.count("/") > 1:
         raise FileNotFoundError(f"No such file or directory: {origin}")
     loaded = datasets.load_dataset(origin, name=config_name, revision=revision, cache_dir=cache_dir)
-    return _select_and_normalize(loaded, splits, src_lang, tgt_lang, origin)
+    return _check_not_empty(_select_and_normalize(loaded, splits, src_lang, tgt_lang, origin), origin)
+
+
+def _check_not_empty(dataset: DatasetDict, origin: str) -> DatasetDict:
+    for split, ds in dataset.items():
+        if len(ds) == 0:
+            raise ValueError(f"{origin}: split {split!r} holds no sentence pairs")
+    return dataset
+
+
+def parallel_file_paths(path: str | os.PathLike, src_lang: str, tgt_lang: str) -> list[Path]:
+    """The file(s) behind `load_parallel_file(path, ...)`: the JSON-lines file itself, or the text files
+    `{path}.{src_lang}[.gz]` and `{path}.{tgt_lang}[.gz]`. Raises `FileNotFoundError` naming what was looked for."""
+    path = Path(path)
+    if path.name.endswith(_JSON_SUFFIXES):
+        if not path.is_file():
+            raise FileNotFoundError(f"No such JSON-lines file: {path}")
+        return [path]
+    return [_find_text_file(path.parent, path.name, lang) for lang in (src_lang, tgt_lang)]
+
+
+def load_parallel_file(
+    path: str | os.PathLike, src_lang: str, tgt_lang: str, cache_dir: str | os.PathLike | None = None
+) -> Dataset:
+    """One split from files, as `run_translation.py --train_file` takes it: a JSON-lines file (`.jsonl`, `.json`,
+    `.gz` allowed; a `translation` column or one column per language), or a prefix `PREFIX` of the line-aligned text
+    files `PREFIX.{src_lang}` and `PREFIX.{tgt_lang}` (`.gz` allowed), fairseq's `--trainpref` convention."""
+    files = parallel_file_paths(path, src_lang, tgt_lang)
+    cache_dir = None if cache_dir is None else str(cache_dir)
+    if len(files) == 1:
+        return _load_json(files[0], src_lang, tgt_lang, ["train"], cache_dir)["train"]
+    source, target = files
+    split = _load_text_split(source, target, src_lang, tgt_lang, cache_dir)
+    logger.info("Loaded %d pairs from %s and %s", len(split), source, target)
+    return split
 
 
 def iter_text(dataset: Dataset, columns: Sequence[str], batch_size: int = 1000) -> Iterator[list[str]]:
@@ -310,9 +360,9 @@ def _both_sides_non_empty(batch, src_lang: str, tgt_lang: str) -> list[bool]:
     ]
 
 
-def _both_sides_fit(batch, max_length: int) -> list[bool]:
+def _both_sides_fit(batch, max_length: int, max_target_length: int) -> list[bool]:
     return [
-        len(src) <= max_length and len(tgt) <= max_length
+        len(src) <= max_length and len(tgt) <= max_target_length
         for src, tgt in zip(batch["input_ids"], batch["labels"], strict=True)
     ]
 
@@ -325,6 +375,7 @@ def tokenize_dataset(
     tgt_lang: str,
     max_length: int = 256,
     filter_splits: Sequence[str] | None = ("train",),
+    max_target_length: int | None = None,
     keep_text: bool = False,
     num_proc: int | None = None,
     batch_size: int = 1000,
@@ -336,8 +387,9 @@ def tokenize_dataset(
     padded: `DataCollatorForSeq2Seq` pads per batch, labels with -100.
 
     In the splits named by `filter_splits` (`None`: all), a pair is dropped when either side is empty or
-    whitespace, or when either side has more than `max_length` tokens (`</s>` included). Only "train" is
-    filtered by default, so validation and test BLEU stay comparable with published numbers.
+    whitespace, or when the source has more than `max_length` tokens or the target more than `max_target_length`
+    (default: `max_length`), `</s>` included. Only "train" is filtered by default, so validation and test BLEU stay
+    comparable with published numbers.
 
     Args:
         dataset: splits with `src_lang` and `tgt_lang` text columns (from `load_parallel_dataset`).
@@ -349,6 +401,8 @@ def tokenize_dataset(
     Returns:
         The tokenized `DatasetDict` and `{split: number of pairs dropped}`.
     """
+    if max_target_length is None:
+        max_target_length = max_length
     filtered = set(dataset) if filter_splits is None else set(filter_splits)
     unknown = filtered - set(dataset)
     if unknown:
@@ -386,22 +440,31 @@ def tokenize_dataset(
                 batched=True,
                 batch_size=batch_size,
                 num_proc=num_proc,
-                fn_kwargs={"max_length": max_length},
-                desc=f"Dropping pairs over {max_length} tokens ({split})",
+                fn_kwargs={"max_length": max_length, "max_target_length": max_target_length},
+                desc=f"Dropping pairs over {max_length}/{max_target_length} tokens ({split})",
             )
             n_long = n_kept - len(ds)
             logger.info(
-                "%s: dropped %d of %d pairs (%d with an empty side, %d over %d tokens)",
+                "%s: dropped %d of %d pairs (%d with an empty side, %d over %d source or %d target tokens)",
                 split,
                 n_empty + n_long,
                 n_before,
                 n_empty,
                 n_long,
                 max_length,
+                max_target_length,
             )
         result[split] = ds
         dropped[split] = n_empty + n_long
     return result, dropped
 
 
-__all__ = ["count_lines", "iter_text", "load_parallel_dataset", "read_lines", "tokenize_dataset"]
+__all__ = [
+    "count_lines",
+    "iter_text",
+    "load_parallel_dataset",
+    "load_parallel_file",
+    "parallel_file_paths",
+    "read_lines",
+    "tokenize_dataset",
+]

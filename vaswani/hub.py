@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -45,14 +46,17 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .fileio import atomic_folder
 from .generation_vaswani import PAPER_LENGTH_PENALTY, PAPER_LENGTH_PENALTY_FORM, PAPER_NUM_BEAMS
 from .modeling_vaswani import AUTO_MAP, VaswaniForConditionalGeneration
 from .pipeline_vaswani import VaswaniTranslationPipeline
+from .saving import CODE_FILES
 from .tokenization import lowercases
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "hub_card.md"
+# Package data: installed with the package (pyproject's package-data), so publishing works from any install.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "hub_card.md"
 # §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6". The output length limit (input + 50)
 # depends on the input, so the translation pipeline applies it (see pipeline_vaswani.py).
 PAPER_GENERATION = {
@@ -60,13 +64,6 @@ PAPER_GENERATION = {
     "length_penalty": PAPER_LENGTH_PENALTY,
     "length_penalty_form": PAPER_LENGTH_PENALTY_FORM,
 }
-CODE_FILES = (
-    "configuration_vaswani.py",
-    "modeling_vaswani.py",
-    "kernels_vaswani.py",
-    "generation_vaswani.py",
-    "pipeline_vaswani.py",
-)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = (
     "model.safetensors",
@@ -94,7 +91,7 @@ class PublishError(ValueError):
 # --------------------------------------------------------------------------------------------------------------------
 # What the run reports: evaluation results and training summary
 # --------------------------------------------------------------------------------------------------------------------
-def _from_dict(cls, values: dict, what: str):
+def _from_dict(cls, values: dict, what: str, path: str | os.PathLike | None = None):
     known = {field.name for field in dataclasses.fields(cls)}
     kwargs, unknown = {}, []
     for key, value in values.items():
@@ -107,17 +104,27 @@ def _from_dict(cls, values: dict, what: str):
             unknown.append(key)
     if unknown:
         logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
+    where = f"The {what} file {str(path)!r}" if path is not None else f"The {what}"
     try:
         return cls(**kwargs)
     except TypeError as error:  # a required field is missing
-        raise PublishError(f"The {what} lacks a required key: {error}") from None
+        raise PublishError(f"{where} lacks a required key: {error}") from None
+    except ValueError as error:  # a value the card cannot state
+        raise PublishError(f"{where}: {error}") from None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _read_json(path: str | os.PathLike, what: str) -> dict:
     path = Path(path)
     if not path.is_file():
         raise PublishError(f"No {what} file at {str(path)!r}.")
-    values = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise PublishError(f"The {what} file {str(path)!r} is not valid JSON: {error}") from None
     if not isinstance(values, dict):
         raise PublishError(f"The {what} file {str(path)!r} must hold a JSON object.")
     return values
@@ -141,9 +148,32 @@ class EvalResults:
     length_penalty: float | None = None
     length_penalty_form: str | None = None
 
+    def __post_init__(self):
+        for name in ("bleu", "chrf", "bleu_lowercase_moses_tokenized"):
+            value = getattr(self, name)
+            if value is None and name != "bleu":
+                continue
+            if not _is_number(value) or not 0 <= value <= 100:
+                raise ValueError(f"{name!r} must be a score between 0 and 100, got {value!r}")
+        if self.num_beams is not None and (not isinstance(self.num_beams, int) or self.num_beams < 1):
+            raise ValueError(f"'num_beams' must be a positive integer, got {self.num_beams!r}")
+        if self.length_penalty is not None and not _is_number(self.length_penalty):
+            raise ValueError(f"'length_penalty' must be a number, got {self.length_penalty!r}")
+        for name in (
+            "bleu_signature",
+            "chrf_signature",
+            "dataset",
+            "dataset_name",
+            "split",
+            "length_penalty_form",
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name!r} must be a string, got {value!r}")
+
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> EvalResults:
-        return _from_dict(cls, _read_json(path, "evaluation results"), "evaluation results")
+        return _from_dict(cls, _read_json(path, "evaluation results"), "evaluation results", path)
 
 
 @dataclass
@@ -163,9 +193,22 @@ class TrainingSummary:
     precision: str | None = None
     train_runtime: float | None = None
 
+    def __post_init__(self):
+        for name in ("source_lang", "target_lang"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name!r} must be a language code, got {getattr(self, name)!r}")
+        for name in ("steps", "batch_tokens", "warmup_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name!r} must be a whole number, got {value!r}")
+        for name in ("peak_learning_rate", "train_runtime"):
+            value = getattr(self, name)
+            if value is not None and (not _is_number(value) or value < 0):
+                raise ValueError(f"{name!r} must be a non-negative number, got {value!r}")
+
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> TrainingSummary:
-        return _from_dict(cls, _read_json(path, "training summary"), "training summary")
+        return _from_dict(cls, _read_json(path, "training summary"), "training summary", path)
 
     @property
     def train_time(self) -> str | None:
@@ -415,9 +458,6 @@ def build_folder(
 
     _register_translation_pipeline()
     pipe = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer, device="cpu")
-    pipe.save_pretrained(
-        output_dir
-    )  # model, config with custom_pipelines, code, generation config, tokenizer
     card = render_card(
         model,
         repo_id or str(output_dir.resolve()),
@@ -428,8 +468,13 @@ def build_folder(
         example_text=example_text,
         lowercase=lowercases(tokenizer),
     )
-    card.save(output_dir / "README.md")
-    check_folder(output_dir)
+    # Built beside `output_dir` and renamed into place once checked: a folder there is complete.
+    with atomic_folder(output_dir) as building:
+        pipe.save_pretrained(
+            building
+        )  # model, config with custom_pipelines, code, generation config, tokenizer
+        card.save(building / "README.md")
+        check_folder(building)
     return output_dir
 
 

@@ -55,11 +55,30 @@ class VaswaniTranslationPipeline(Pipeline):
         return preprocess_params, generate_kwargs, postprocess_params
 
     def __call__(self, inputs, **kwargs):
-        results = super().__call__(inputs, **kwargs)
+        # An empty (or all-whitespace) text translates to "" without running the model, as `vaswani.translate`
+        # does: a decoder given only `</s>` would otherwise invent a sentence.
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        if isinstance(texts, list) and any(isinstance(t, str) and not t.strip() for t in texts):
+            todo = [i for i, t in enumerate(texts) if not (isinstance(t, str) and not t.strip())]
+            done = super().__call__([texts[i] for i in todo], **kwargs) if todo else []
+            done = [result if isinstance(result, list) else [result] for result in done]
+            empty = [self._empty_result(kwargs)] * int(kwargs.get("num_return_sequences") or 1)
+            results = [list(empty) for _ in texts]
+            for i, result in zip(todo, done, strict=True):
+                results[i] = result
+            if isinstance(inputs, str):
+                return results[0]
+        else:
+            results = super().__call__(inputs, **kwargs)
         # One translation per input: a list of inputs gives a list of dicts, as transformers 4's pipeline did.
         if isinstance(inputs, list) and all(len(result) == 1 for result in results):
             return [result[0] for result in results]
         return results
+
+    def _empty_result(self, kwargs) -> dict:
+        if kwargs.get("return_tensors"):
+            return {"translation_token_ids": torch.zeros(0, dtype=torch.long)}
+        return {"translation_text": ""}
 
     def preprocess(self, text, truncation=False):
         if not isinstance(text, str):

@@ -1,16 +1,22 @@
-"""From raw parallel text to a trained model: the steps behind `scripts/train.py`.
+"""From raw parallel text to a trained model: the steps behind `vaswani-train` (`scripts/train.py`).
 
+0. check every flag before any data is read (`check_run`): the model configuration, the data sources, the output
+   folder (a folder belongs to one run), the checkpoint to resume from;
 1. load the corpus through `datasets` (`vaswani.data`), 2. train or load the joint BPE tokenizer
 (`vaswani.tokenization`), 3. tokenize and filter, 4. build the model from a preset plus any config field given on the
-command line, 5. train with `VaswaniTrainer` (`vaswani.training`), resuming from the last good checkpoint when asked.
+command line (or load one to fine-tune), 5. train with `VaswaniTrainer` (`vaswani.training`), resuming from the last
+good checkpoint when asked; 6. `finish`: average, translate the test split, score, draw, publish (§6.1).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import inspect
-import json
 import logging
 import os
+import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +24,17 @@ from pathlib import Path
 import torch
 from transformers import DataCollatorForSeq2Seq, set_seed
 
-from .configuration_vaswani import VaswaniConfig
-from .data import iter_text, load_parallel_dataset, tokenize_dataset
+from .cli import UsageError
+from .configuration_vaswani import (
+    ACTIVATIONS,
+    POSITION_EMBEDDING_TYPES,
+    PRESETS,
+    SINUSOID_FREQUENCIES,
+    SINUSOID_LAYOUTS,
+    VaswaniConfig,
+)
+from .data import iter_text, load_parallel_dataset, load_parallel_file, parallel_file_paths, tokenize_dataset
+from .fileio import atomic_folder, replace_files, temporary_sibling, write_json
 from .generation_vaswani import (
     LENGTH_PENALTY_FORMS,
     PAPER_LENGTH_PENALTY,
@@ -27,6 +42,7 @@ from .generation_vaswani import (
     PAPER_NUM_BEAMS,
     paper_decoding,
 )
+from .kernels_vaswani import FAST_ATTENTION
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .tokenization import (
     load_tokenizers,
@@ -35,30 +51,70 @@ from .tokenization import (
     train_bpe_tokenizer,
     train_separate_tokenizers,
 )
-from .training import PaperTrainingArguments, VaswaniTrainer, bleu_metric_fn, resolve_resume_checkpoint
+from .training import (
+    PaperTrainingArguments,
+    VaswaniTrainer,
+    bleu_metric_fn,
+    checkpoint_step,
+    resolve_resume_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test")
 
 
 @dataclass
 class DataArguments:
-    data: str = field(
-        default="bentrevett/multi30k",
+    """Where the parallel text comes from, the languages, and the tokenizer (the flags of transformers'
+    `run_translation.py` where the meaning is the same)."""
+
+    _argument_group_name = "data"
+
+    dataset_name: str | None = field(
+        default=None,
         metadata={
-            "help": "A directory of {split}.{lang}[.gz] files (e.g. ../shared/data/multi30k), JSON lines, or a Hub "
-            "dataset id (a `translation` column as in wmt14, or one column per language as in bentrevett/multi30k)."
+            "help": "A Hub dataset (a `translation` column as in wmt14, or one column per language as in "
+            "bentrevett/multi30k), or a local folder of {split}.{lang}[.gz] text files, JSON lines or save_to_disk."
         },
     )
-    data_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration, e.g. de-en."})
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "The Hub dataset's configuration, e.g. de-en for wmt14."}
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Training pairs from files: a JSON-lines file, or the prefix P of the text files P.<source_lang> "
+            "and P.<target_lang> (.gz allowed). Instead of, or over, --dataset_name's train split."
+        },
+    )
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Validation pairs from files, as --train_file."}
+    )
+    test_file: str | None = field(
+        default=None, metadata={"help": "Test pairs from files, as --train_file (translated after training)."}
+    )
     source_lang: str = field(default="de", metadata={"help": "Source language code."})
     target_lang: str = field(default="en", metadata={"help": "Target language code."})
-    train_split: str = field(default="train", metadata={"help": "Name of the training split in the source."})
-    validation_split: str = field(
-        default="validation", metadata={"help": "Validation split name in the source (multi30k files: val)."}
+    train_split: str = field(
+        default="train", metadata={"help": "Name of the training split of --dataset_name."}
     )
-    tokenizer: str | None = field(
+    validation_split: str = field(
+        default="validation", metadata={"help": "Validation split of --dataset_name (multi30k files: val)."}
+    )
+    test_split: str | None = field(
         default=None,
-        metadata={"help": "A trained tokenizer folder; None trains one into output_dir/tokenizer."},
+        metadata={
+            "help": "Translate this split of --dataset_name with beam search after training and score it "
+            "(e.g. test; multi30k files: test_2016_flickr)."
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A trained tokenizer folder; default: the --model_name_or_path folder's, else one trained "
+            "into <output_dir>/tokenizer."
+        },
     )
     vocab_size: int = field(default=37000, metadata={"help": "BPE vocabulary size when training one (§5.1)."})
     separate_vocabularies: bool = field(
@@ -71,8 +127,15 @@ class DataArguments:
             "model reads and writes lowercase (not the paper; the form of published Multi30k results)."
         },
     )
-    max_length: int = field(
-        default=256, metadata={"help": "Drop training pairs with a side longer than this."}
+    max_source_length: int = field(
+        default=256,
+        metadata={
+            "help": "Drop training pairs whose source has more tokens than this (nothing is truncated)."
+        },
+    )
+    max_target_length: int | None = field(
+        default=None,
+        metadata={"help": "Drop training pairs whose target has more tokens (default: --max_source_length)."},
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Use only the first N training pairs."}
@@ -80,19 +143,72 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Evaluate on the first N pairs only."}
     )
-    num_proc: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for tokenization."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache folder of the datasets library."})
+
+    def __post_init__(self):
+        for name in ("source_lang", "target_lang"):
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", getattr(self, name) or ""):
+                raise UsageError(
+                    f"--{name} must be a language code such as de or en, got {getattr(self, name)!r}"
+                )
+        if self.source_lang == self.target_lang:
+            raise UsageError(
+                f"--source_lang and --target_lang are both {self.source_lang!r}: translation needs two languages"
+            )
+        for name in (
+            "vocab_size",
+            "max_source_length",
+            "max_target_length",
+            "max_train_samples",
+            "max_eval_samples",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name} must be positive, got {value}")
+        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
+            raise UsageError(
+                f"--preprocessing_num_workers must be positive, got {self.preprocessing_num_workers}"
+            )
+
+    @property
+    def source(self) -> str:
+        """What the data is, for the training summary and the model card."""
+        return self.dataset_name or self.train_file or "?"
+
+
+@dataclass
+class ModelArguments:
+    _argument_group_name = "model"
+
+    preset: str = field(
+        default="base",
+        metadata={"help": "base or big (Table 3), or small (CPU).", "choices": sorted(PRESETS)},
+    )
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Fine-tune this model (a folder or Hub id) instead of training one from scratch."},
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Attention kernel: eager, sdpa, {FAST_ATTENTION}, ... Default: {FAST_ATTENTION} on the CPU "
+            "(this package's faster CPU path), sdpa elsewhere."
+        },
+    )
 
 
 @dataclass
 class FinishArguments:
     """What happens after training (§6.1): checkpoint averaging, beam search on the test set, BLEU, pictures."""
 
+    _argument_group_name = "after training (§6.1)"
+
     average_last: int = field(
         default=0,
         metadata={"help": "Average the last N checkpoints (§6.1: 5 for base, 20 for big); 0: none."},
-    )
-    test_split: str | None = field(
-        default=None, metadata={"help": "Translate this split with beam search and print BLEU (e.g. test)."}
     )
     num_beams: int = field(
         default=PAPER_NUM_BEAMS, metadata={"help": "Beam size for the test set (§6.1: 4)."}
@@ -110,43 +226,287 @@ class FinishArguments:
     translate_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
     plots: bool = field(default=True, metadata={"help": "Draw learning curves and an attention map."})
 
+    def __post_init__(self):
+        if self.average_last < 0:
+            raise UsageError(
+                f"--average_last must be 0 (none) or a number of checkpoints, got {self.average_last}"
+            )
+        for name in ("num_beams", "translate_batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
 
-@dataclass
-class ModelArguments:
-    preset: str = field(default="base", metadata={"help": "base or big (Table 3), or small (CPU)."})
-    init_from: str | None = field(default=None, metadata={"help": "Start from this model folder instead."})
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model configuration flags: every VaswaniConfig field that is not fixed by the tokenizer
+# ---------------------------------------------------------------------------------------------------------------------
+# Set from the tokenizer (sizes, special ids, sharing) or not a modelling choice.
+_CONFIG_FIELDS_NOT_FLAGS = {
+    "vocab_size",
+    "decoder_vocab_size",
+    "share_encoder_decoder_embeddings",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "use_cache",
+    "is_encoder_decoder",
+}
+_CONFIG_CHOICES = {
+    "activation_function": ACTIVATIONS,
+    "position_embedding_type": POSITION_EMBEDDING_TYPES,
+    "sinusoid_layout": SINUSOID_LAYOUTS,
+    "sinusoid_frequencies": SINUSOID_FREQUENCIES,
+}
 
 
-def parse_config_overrides(remaining: list[str]) -> dict:
-    """`--d_model 256 --dropout 0.3 ...` (any `VaswaniConfig` field) into a dict; unknown flags are an error."""
-    names = set(inspect.signature(VaswaniConfig.__init__).parameters) - {"self", "kwargs"}
-    overrides, i = {}, 0
-    while i < len(remaining):
-        flag = remaining[i]
-        key = flag[2:].replace("-", "_") if flag.startswith("--") else None
-        if key is None or key not in names:
-            raise ValueError(f"Unknown argument {flag!r}: neither a training flag nor a VaswaniConfig field.")
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        elif i + 1 < len(remaining):
-            value = remaining[i + 1]
-            i += 2
-        else:
-            raise ValueError(f"{flag} needs a value.")
+def _config_field_help() -> dict[str, str]:
+    """The first sentence of each field's entry in `VaswaniConfig`'s docstring (its Args section)."""
+    helps: dict[str, str] = {}
+    lines = (VaswaniConfig.__doc__ or "").splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"^ {8}([a-z_]+) \((.*)\):\s*(.*)$", line)
+        if not match:
+            continue
+        text = [match.group(3)]
+        for following in lines[i + 1 :]:
+            if not following.startswith(" " * 12):
+                break
+            text.append(following.strip())
+        entry = " ".join(part for part in text if part)
+        helps[match.group(1)] = entry.split(". ")[0].rstrip(".") + "."
+    return helps
+
+
+def _config_arguments_dataclass() -> type:
+    """A dataclass with one optional flag per `VaswaniConfig` field (None: the --preset's or the loaded model's)."""
+    helps = _config_field_help()
+    fields = []
+    for name, parameter in inspect.signature(VaswaniConfig.__init__).parameters.items():
+        if name in ("self", "kwargs") or name in _CONFIG_FIELDS_NOT_FLAGS:
+            continue
+        kind = parameter.annotation
+        base = next((t for t in getattr(kind, "__args__", (kind,)) if t is not type(None)), kind)
+        metadata = {"help": helps.get(name, "A VaswaniConfig field.")}
+        if name in _CONFIG_CHOICES:
+            metadata["choices"] = list(_CONFIG_CHOICES[name])
+        if base is bool:
+            metadata.update(nargs="?", const=True)
+        fields.append((name, base | None, field(default=None, metadata=metadata)))
+    cls = dataclasses.make_dataclass("ModelConfigArguments", fields)
+    cls._argument_group_name = "model configuration (VaswaniConfig fields over the --preset; §3, Table 3)"
+    cls.__doc__ = (
+        "VaswaniConfig fields set on the command line; None keeps the preset's (or loaded model's) value."
+    )
+    return cls
+
+
+ModelConfigArguments = _config_arguments_dataclass()
+
+
+def config_overrides(config_args) -> dict:
+    """The `VaswaniConfig` fields given on the command line."""
+    return {k: v for k, v in dataclasses.asdict(config_args).items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checks before any data is read
+# ---------------------------------------------------------------------------------------------------------------------
+# What this tool writes into a run folder; --overwrite_output_dir removes exactly these.
+RUN_ENTRIES = (
+    "checkpoint-*",
+    "averaged",
+    "tokenizer",
+    "source",
+    "target",
+    "runs",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model-*.safetensors",
+    "model.safetensors.index.json",
+    "*_vaswani.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "training_args.bin",
+    "trainer_state.json",
+    "*results.json",
+    "training_summary.json",
+    "learning_curves.png",
+    "attention_*.png",
+    "*.hyp.*",
+    ".*.tmp*",
+    ".*.old-*",
+)
+
+
+def claim_output_dir(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
+    """Make `output_dir` this run's folder. A folder that holds anything belongs to an earlier run: it is refused
+    (`UsageError`) unless the run continues it (`resuming`) or replaces it (`overwrite`: what this tool wrote there is
+    deleted first, so no checkpoint, model or score of the earlier run survives next to the new ones)."""
+    path = Path(output_dir)
+    if overwrite and resuming:
+        raise UsageError(
+            "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
+        )
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise UsageError(f"--output_dir {path} is a file, not a folder")
+    entries = sorted(p.name for p in path.iterdir())
+    if not entries or resuming:
+        return
+    if not overwrite:
+        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        raise UsageError(
+            f"--output_dir {path} already holds a run ({shown}): continue it with --resume_from_checkpoint last, "
+            "replace it with --overwrite_output_dir, or choose another --output_dir"
+        )
+    removed = []
+    for entry in sorted(path.iterdir()):
+        if any(fnmatch.fnmatch(entry.name, pattern) for pattern in RUN_ENTRIES):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            removed.append(entry.name)
+    logger.info(
+        "--overwrite_output_dir: removed the earlier run's %s from %s", ", ".join(removed) or "nothing", path
+    )
+    kept = sorted(set(entries) - set(removed))
+    if kept:
+        logger.warning("Left in %s (not written by this tool): %s", path, ", ".join(kept))
+
+
+def default_attention(device: torch.device | str) -> str:
+    """The attention kernel of a model that runs on `device`: this package's faster CPU path on the CPU."""
+    return FAST_ATTENTION if torch.device(device).type == "cpu" else "sdpa"
+
+
+def check_model_config(model_args: ModelArguments, data_args: DataArguments, overrides: dict) -> None:
+    """Build the configuration the run will train (with the flag's vocabulary size in place of the tokenizer's), so
+    that a bad field is reported before any data is read."""
+    if model_args.model_name_or_path:
+        from transformers import AutoConfig
+
         try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = {"True": True, "False": False, "None": None}.get(value, value)
-    return overrides
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {error}") from None
+        if not isinstance(config, VaswaniConfig):
+            raise UsageError(
+                f"--model_name_or_path {model_args.model_name_or_path} holds a {config.model_type!r} model, "
+                "not a vaswani one"
+            )
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        config.validate_fields()
+        return
+    VaswaniConfig.from_preset(model_args.preset, vocab_size=max(data_args.vocab_size, 8), **overrides)
 
 
-def prepare_tokenizers(data_args: DataArguments, raw, output_dir: str, is_main_process: bool = True):
-    """The given tokenizer, else the one a previous (resumed) run trained, else a new one (main process only;
-    the others load what it saved)."""
+def _check_data_sources(data_args: DataArguments, training_args, finish_args: FinishArguments) -> None:
+    if not data_args.dataset_name and not data_args.train_file:
+        raise UsageError(
+            "No training data: give --dataset_name (a Hub dataset or a local folder) or --train_file"
+        )
+    for split in SPLITS:
+        path = getattr(data_args, f"{split}_file")
+        if path:
+            try:
+                parallel_file_paths(path, data_args.source_lang, data_args.target_lang)
+            except FileNotFoundError as error:
+                raise UsageError(f"--{split}_file: {error}") from None
+    if data_args.dataset_name:
+        path = Path(data_args.dataset_name)
+        looks_local = (
+            path.is_absolute()
+            or data_args.dataset_name.startswith(".")
+            or data_args.dataset_name.count("/") > 1
+        )
+        if looks_local and not path.exists():
+            raise UsageError(f"--dataset_name {data_args.dataset_name}: no such file or folder")
+    wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
+    if wants_validation and not (data_args.validation_file or data_args.dataset_name):
+        raise UsageError(
+            "Evaluation needs validation data: give --validation_file (or --dataset_name), or --eval_strategy no"
+        )
+    if training_args.do_predict and not (data_args.test_split or data_args.test_file):
+        data_args.test_split = "test"
+    if data_args.test_split and not data_args.dataset_name and not data_args.test_file:
+        raise UsageError(f"--test_split {data_args.test_split} needs --dataset_name (or give --test_file)")
+    del finish_args  # (its flags check themselves)
+
+
+def check_run(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    finish_args: FinishArguments,
+    overrides: dict,
+) -> str | None:
+    """Every check that needs no data, before any is read; returns the checkpoint to resume from (or None).
+
+    Raises `UsageError` / `ValueError` naming the flag: a model configuration that cannot be built, missing data
+    sources or files, an output folder that holds another run, a checkpoint that cannot be resumed from."""
+    check_model_config(model_args, data_args, overrides)
+    _check_data_sources(data_args, training_args, finish_args)
+    if data_args.tokenizer_name and not Path(data_args.tokenizer_name).exists():
+        raise UsageError(f"--tokenizer_name {data_args.tokenizer_name}: no such folder")
+    resuming = training_args.resume_from_checkpoint not in (None, False, "", "False", "false", "no")
+    if training_args.process_index == 0:
+        claim_output_dir(training_args.output_dir, training_args.overwrite_output_dir, resuming)
+    try:
+        return resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(f"--resume_from_checkpoint: {error}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data and tokenizers
+# ---------------------------------------------------------------------------------------------------------------------
+def load_split(data_args: DataArguments, split: str):
+    """One split ("train", "validation" or "test") as a `Dataset` with the two language columns: from
+    `--{split}_file`, else from `--dataset_name`'s `--{split}_split`."""
+    path = getattr(data_args, f"{split}_file")
+    src, tgt = data_args.source_lang, data_args.target_lang
+    if path:
+        return load_parallel_file(path, src, tgt, cache_dir=data_args.cache_dir)
+    name = getattr(data_args, f"{split}_split")
+    return load_parallel_dataset(
+        data_args.dataset_name,
+        src,
+        tgt,
+        splits={split: name},
+        config_name=data_args.dataset_config_name,
+        cache_dir=data_args.cache_dir,
+    )[split]
+
+
+def _tokenizer_source(
+    data_args: DataArguments, model_args: ModelArguments | None, output_dir
+) -> Path | str | None:
+    if data_args.tokenizer_name:
+        return data_args.tokenizer_name
+    model = model_args.model_name_or_path if model_args else None
+    if model and Path(model).is_dir():
+        folder = Path(model)
+        if (folder / "tokenizer.json").is_file() or (folder / "source" / "tokenizer.json").is_file():
+            return folder
     saved = Path(output_dir) / "tokenizer"
-    if data_args.tokenizer or saved.is_dir() or not is_main_process:
-        path = data_args.tokenizer or saved
+    return saved if saved.is_dir() else None
+
+
+def prepare_tokenizers(
+    data_args: DataArguments,
+    raw,
+    output_dir: str,
+    is_main_process: bool = True,
+    model_args: ModelArguments | None = None,
+):
+    """The given tokenizer, else the fine-tuned model's, else the one a previous (resumed) run trained, else a new
+    one (main process only; the others load what it saved). A new tokenizer is written whole or not at all."""
+    path = _tokenizer_source(data_args, model_args, output_dir)
+    if path is not None or not is_main_process:
+        path = path or Path(output_dir) / "tokenizer"
         source, target = load_tokenizers(path)
         if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
             raise ValueError(
@@ -162,56 +522,87 @@ def prepare_tokenizers(data_args: DataArguments, raw, output_dir: str, is_main_p
             iter_text(train, [tgt]),
             vocab_size=data_args.vocab_size,
             lowercase=data_args.lowercase,
+            show_progress=False,
         )
     else:
         source = target = train_bpe_tokenizer(
-            iter_text(train, [src, tgt]), vocab_size=data_args.vocab_size, lowercase=data_args.lowercase
+            iter_text(train, [src, tgt]),
+            vocab_size=data_args.vocab_size,
+            lowercase=data_args.lowercase,
+            show_progress=False,
         )
-    save_tokenizers(source, target, Path(output_dir) / "tokenizer")
+    with atomic_folder(Path(output_dir) / "tokenizer") as folder:
+        save_tokenizers(source, target, folder)
+    logger.info("Saved the new tokenizer to %s", Path(output_dir) / "tokenizer")
     return source, target
 
 
 def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_tok, training_args):
-    if model_args.init_from:
-        return VaswaniForConditionalGeneration.from_pretrained(model_args.init_from, **overrides)
-    joint = source_tok is target_tok
-    fields = dict(
-        vocab_size=len(source_tok),
-        decoder_vocab_size=len(target_tok),
-        share_encoder_decoder_embeddings=joint,
-    )
-    fields.update(overrides)
-    config = VaswaniConfig.from_preset(model_args.preset, **fields)
-    model = VaswaniForConditionalGeneration(config)
+    """The model to train: the preset with the command line's fields over it and the tokenizer's vocabulary, or the
+    `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config."""
+    attention = model_args.attn_implementation or default_attention(training_args.device)
+    if model_args.model_name_or_path:
+        model = VaswaniForConditionalGeneration.from_pretrained(
+            model_args.model_name_or_path, attn_implementation=attention, **overrides
+        )
+        for name, tokenizer, size in (
+            ("source", source_tok, model.config.vocab_size),
+            ("target", target_tok, model.config.decoder_vocab_size),
+        ):
+            if len(tokenizer) > size:
+                raise ValueError(
+                    f"The {name} tokenizer has {len(tokenizer)} tokens but the model to fine-tune "
+                    f"({model_args.model_name_or_path}) only {size}: pass its own tokenizer (--tokenizer_name)"
+                )
+    else:
+        joint = source_tok is target_tok
+        fields = dict(
+            vocab_size=len(source_tok),
+            decoder_vocab_size=len(target_tok),
+            share_encoder_decoder_embeddings=joint,
+        )
+        fields.update(overrides)
+        config = VaswaniConfig.from_preset(model_args.preset, attn_implementation=attention, **fields)
+        model = VaswaniForConditionalGeneration(config)
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
     return model
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------------------
 def train_main(
     model_args: ModelArguments,
     data_args: DataArguments,
     training_args: PaperTrainingArguments,
     overrides: dict,
+    finish_args: FinishArguments | None = None,
 ) -> VaswaniTrainer:
     """Run the whole training; returns the trainer (its model is the final one, the checkpoints are on disk)."""
     started = time.time()
-    splits = {"train": data_args.train_split, "validation": data_args.validation_split}
-    raw = load_parallel_dataset(
-        data_args.data,
-        data_args.source_lang,
-        data_args.target_lang,
-        splits=splits,
-        config_name=data_args.data_config,
-    )
+    finish_args = finish_args or FinishArguments()
+    with training_args.main_process_first(desc="checks"):
+        resume = check_run(model_args, data_args, training_args, finish_args, overrides)
+    raw = {"train": load_split(data_args, "train")}
+    wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
+    if wants_validation:
+        raw["validation"] = load_split(data_args, "validation")
     if data_args.max_train_samples:
         raw["train"] = raw["train"].select(range(min(data_args.max_train_samples, len(raw["train"]))))
-    if data_args.max_eval_samples:
+    if data_args.max_eval_samples and "validation" in raw:
         raw["validation"] = raw["validation"].select(
             range(min(data_args.max_eval_samples, len(raw["validation"])))
         )
+    from datasets import DatasetDict
+
+    raw = DatasetDict(raw)
     with training_args.main_process_first(desc="tokenizer"):
         source_tok, target_tok = prepare_tokenizers(
-            data_args, raw, training_args.output_dir, is_main_process=training_args.process_index == 0
+            data_args,
+            raw,
+            training_args.output_dir,
+            is_main_process=training_args.process_index == 0,
+            model_args=model_args,
         )
     with training_args.main_process_first(desc="tokenization"):
         tokenized, dropped = tokenize_dataset(
@@ -220,8 +611,15 @@ def train_main(
             target_tok,
             data_args.source_lang,
             data_args.target_lang,
-            max_length=data_args.max_length,
-            num_proc=data_args.num_proc,
+            max_length=data_args.max_source_length,
+            max_target_length=data_args.max_target_length,
+            num_proc=data_args.preprocessing_num_workers,
+        )
+    if len(tokenized["train"]) == 0:
+        raise ValueError(
+            f"All {len(raw['train'])} training pairs were dropped (an empty side, or longer than "
+            f"--max_source_length {data_args.max_source_length} / --max_target_length "
+            f"{data_args.max_target_length or data_args.max_source_length} tokens)"
         )
     logger.info("Pairs dropped by filtering: %s", dropped)
 
@@ -229,8 +627,12 @@ def train_main(
     model = build_model(model_args, overrides, source_tok, target_tok, training_args)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(
-        "Model: %s preset, %d parameters, config %s", model_args.preset, n_params, model.config.to_diff_dict()
+        "Model: %s, %s parameters, %s attention",
+        model_args.model_name_or_path or f"{model_args.preset} preset",
+        f"{n_params:,}",
+        model.config._attn_implementation,
     )
+    logger.debug("Model configuration: %s", model.config.to_diff_dict())
 
     # The Trainer would push every checkpoint with a default card; `finish` publishes the final model once.
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
@@ -239,18 +641,28 @@ def train_main(
         model=model,
         args=training_args,
         train_dataset=tokenized["train"],
-        eval_dataset=tokenized["validation"],
+        eval_dataset=tokenized.get("validation"),
         data_collator=collator,
         processing_class=target_tok,
-        compute_metrics=bleu_metric_fn(target_tok, raw["validation"][data_args.target_lang]),
+        compute_metrics=bleu_metric_fn(target_tok, raw["validation"][data_args.target_lang])
+        if "validation" in raw
+        else None,
     )
-    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-    result = trainer.train(resume_from_checkpoint=resume)
-    # The Trainer turns the cache off while training; the saved model is for use.
-    trainer.model.config.use_cache = True
-    trainer.save_model()  # the final weights in output_dir
+    finished = resume is not None and 0 < training_args.max_steps <= checkpoint_step(resume)
+    result = None
+    if finished:
+        _finished_run(trainer, resume)
+    else:
+        result = trainer.train(resume_from_checkpoint=resume)
+        # The Trainer turns the cache off while training; the saved model is for use.
+        trainer.model.config.use_cache = True
+        trainer.save_model()  # the final weights in output_dir
     training_args.push_to_hub = push_to_hub
-    if trainer.is_world_process_zero():
+    if training_args.do_eval and training_args.eval_strategy == "no" and trainer.eval_dataset is not None:
+        metrics = trainer.evaluate()
+        if trainer.is_world_process_zero():
+            write_json(Path(training_args.output_dir, "eval_results.json"), metrics)
+    if trainer.is_world_process_zero() and result is not None:
         save_tokenizers(source_tok, target_tok, training_args.output_dir)
         tokens_per_step = (
             (training_args.max_tokens or 0)
@@ -261,8 +673,8 @@ def train_main(
             # the keys of vaswani.hub.TrainingSummary, reported on the model card
             "source_lang": data_args.source_lang,
             "target_lang": data_args.target_lang,
-            "dataset": data_args.data,
-            "preset": model_args.preset,
+            "dataset": data_args.source,
+            "preset": model_args.preset if not model_args.model_name_or_path else None,
             "steps": trainer.state.global_step,
             "batch_tokens": tokens_per_step or None,
             "schedule": "§5.3 inverse square root with linear warm-up"
@@ -277,6 +689,7 @@ def train_main(
             "precision": _precision(training_args),
             "train_runtime": result.metrics.get("train_runtime"),
             # more detail
+            "fine_tuned_from": model_args.model_name_or_path,
             "parameters": n_params,
             "wall_time_s": time.time() - started,
             "max_tokens_per_device": training_args.max_tokens,
@@ -285,8 +698,35 @@ def train_main(
             "max_grad_norm": training_args.max_grad_norm,  # 0: no clipping, as in the paper
             "dropped_pairs": dropped,
         }
-        Path(training_args.output_dir, "training_summary.json").write_text(json.dumps(summary, indent=2))
+        write_json(Path(training_args.output_dir, "training_summary.json"), summary)
     return trainer
+
+
+def _finished_run(trainer: VaswaniTrainer, checkpoint: str) -> None:
+    """A run resumed from a checkpoint at or past --max_steps has nothing left to train: take its state (for the
+    averaging and the learning curves), keep its final model, and restore that model from the checkpoint only if the
+    run was killed before writing it."""
+    from transformers import TrainerState
+
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    logger.info(
+        "%s already reached --max_steps %d (step %d): nothing left to train",
+        checkpoint,
+        trainer.args.max_steps,
+        trainer.state.global_step,
+    )
+    output_dir = Path(trainer.args.output_dir)
+    if trainer.is_world_process_zero() and not (output_dir / "model.safetensors").is_file():
+        building = temporary_sibling(output_dir)
+        for path in Path(checkpoint).iterdir():
+            if (
+                path.is_file()
+                and not path.name.endswith((".pt", ".pth", ".bin"))
+                and path.name != "trainer_state.json"
+            ):
+                shutil.copy2(path, building / path.name)
+        replace_files(building, output_dir)
+        logger.info("Restored the final model of %s from %s", output_dir, checkpoint)
 
 
 def _precision(training_args) -> str:
@@ -321,16 +761,15 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
             logger.warning(
                 "Only %d checkpoints to average (asked for %d)", len(chosen), finish_args.average_last
             )
-        final_dir = average_checkpoints(chosen, output_dir / "averaged")
-        save_tokenizers(*load_tokenizers(output_dir), final_dir)
+        final_dir = average_checkpoints(chosen, output_dir / "averaged", tokenizer_dir=output_dir)
     if finish_args.plots:
         from .plotting import plot_learning_curves
 
         plot_learning_curves(trainer.state.log_history, output_dir / "learning_curves.png")
     scores = None
-    if finish_args.test_split:
+    if data_args.test_split or data_args.test_file:
         scores = evaluate_test_split(final_dir, data_args, finish_args, plot_attention=finish_args.plots)
-        (output_dir / "test_results.json").write_text(json.dumps(scores, indent=2))
+        write_json(output_dir / "test_results.json", scores)
         logger.info("Test scores written to %s", output_dir / "test_results.json")
     if args.push_to_hub:
         from .hub import publish
@@ -354,15 +793,10 @@ def evaluate_test_split(
     """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
     of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`."""
     from .metrics import reported_scores
-    from .translation import load_translation_model, translate
+    from .translation import load_translation_model, translate, write_sentences
 
-    test = load_parallel_dataset(
-        data_args.data,
-        data_args.source_lang,
-        data_args.target_lang,
-        splits={"test": finish_args.test_split},
-        config_name=data_args.data_config,
-    )["test"]
+    test = load_split(data_args, "test")
+    split = data_args.test_split or Path(data_args.test_file).name
     model, source_tok, target_tok = load_translation_model(model_dir)
     hypotheses = translate(
         test[data_args.source_lang],
@@ -375,9 +809,7 @@ def evaluate_test_split(
         length_penalty_form=finish_args.length_penalty_form,
     )
     references = test[data_args.target_lang]
-    Path(model_dir, f"{finish_args.test_split}.hyp.{data_args.target_lang}").write_text(
-        "\n".join(hypotheses) + "\n"
-    )
+    write_sentences(hypotheses, Path(model_dir, f"{split}.hyp.{data_args.target_lang}"))
     if plot_attention:
         from .plotting import attention_maps, load_attention_model, plot_attention_maps
 
@@ -386,8 +818,8 @@ def evaluate_test_split(
         plot_attention_maps(maps, model_dir, prefix="attention")
     return {
         **reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)),
-        "dataset": data_args.data,
-        "split": finish_args.test_split,
+        "dataset": data_args.source,
+        "split": split,
         "num_beams": finish_args.num_beams,
         "length_penalty": finish_args.length_penalty,
         "length_penalty_form": finish_args.length_penalty_form,

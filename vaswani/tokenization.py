@@ -27,8 +27,10 @@ when it shifts the labels right.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from .data import read_lines
+from .fileio import replace_files, temporary_sibling
 
 logger = logging.getLogger(__name__)
 
@@ -233,15 +236,26 @@ def save_tokenizers(
     target_tokenizer: PreTrainedTokenizerFast,
     directory: str | os.PathLike,
 ) -> None:
-    """Write a joint tokenizer (the same object twice) to `directory`, separate ones to `directory/{source,target}`."""
+    """Write a joint tokenizer (the same object twice) to `directory`, separate ones to `directory/{source,target}`.
+
+    Each file appears whole (written beside `directory`, then renamed into it, `fileio.replace_files`), so a run killed
+    while saving never leaves a torn `tokenizer.json`."""
     directory = Path(directory)
+    building = temporary_sibling(directory)
+    try:
+        if source_tokenizer is target_tokenizer:
+            source_tokenizer.save_pretrained(building)
+        else:
+            source_tokenizer.save_pretrained(building / SOURCE_SUBDIR)
+            target_tokenizer.save_pretrained(building / TARGET_SUBDIR)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    replace_files(building, directory)
     if source_tokenizer is target_tokenizer:
-        source_tokenizer.save_pretrained(directory)
-        logger.info("Saved the joint tokenizer (%d tokens) to %s", len(source_tokenizer), directory)
+        logger.debug("Saved the joint tokenizer (%d tokens) to %s", len(source_tokenizer), directory)
         return
-    source_tokenizer.save_pretrained(directory / SOURCE_SUBDIR)
-    target_tokenizer.save_pretrained(directory / TARGET_SUBDIR)
-    logger.info(
+    logger.debug(
         "Saved the source (%d tokens) and target (%d tokens) tokenizers to %s/{%s,%s}",
         len(source_tokenizer),
         len(target_tokenizer),
@@ -261,20 +275,35 @@ def load_tokenizers(
     """
     path = Path(path)
     if (path / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        check_special_ids(tokenizer, str(path))
+        tokenizer = _load_tokenizer(path)
         return tokenizer, tokenizer
     source_dir, target_dir = path / SOURCE_SUBDIR, path / TARGET_SUBDIR
     if (source_dir / "tokenizer.json").is_file() and (target_dir / "tokenizer.json").is_file():
-        source = AutoTokenizer.from_pretrained(source_dir)
-        target = AutoTokenizer.from_pretrained(target_dir)
-        check_special_ids(source, str(source_dir))
-        check_special_ids(target, str(target_dir))
-        return source, target
+        return _load_tokenizer(source_dir), _load_tokenizer(target_dir)
     raise FileNotFoundError(
         f"No tokenizer in {path}: expected {path / 'tokenizer.json'} (joint vocabulary) or "
         f"{source_dir / 'tokenizer.json'} and {target_dir / 'tokenizer.json'} (separate vocabularies)"
     )
+
+
+def _load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
+    """`AutoTokenizer.from_pretrained(folder)`, its special ids checked; a file that is not valid JSON (cut short by
+    a kill, say) raises `ValueError` naming it."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        file = folder / name
+        if file.is_file():
+            try:
+                json.loads(file.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:
+                raise ValueError(
+                    f"Tokenizer file {file} is corrupt or truncated ({error}): delete {folder} to train a new one"
+                ) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as error:  # tokenizers' own exception types
+        raise ValueError(f"Cannot load the tokenizer in {folder}: {' '.join(str(error).split())}") from error
+    check_special_ids(tokenizer, str(folder))
+    return tokenizer
 
 
 __all__ = [

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from .fileio import replace_files, temporary_sibling
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +150,51 @@ class TimeBudget(TrainerCallback):
         return control
 
 
+class RunProgress(ProgressCallback):
+    """The training progress bar, ending where the run ends: at `max_steps`, or at `minutes` of wall time when
+    `TimeBudget` stops the run first (`--max_train_minutes`), so that a 10-minute run never shows a 40-hour ETA.
+
+    With a time budget the bar counts seconds, and moves ahead to the step fraction when steps run out first."""
+
+    def __init__(self, minutes: float | None = None):
+        super().__init__()
+        self.seconds = None if minutes is None else minutes * 60
+        self.started = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.seconds is None:
+            return super().on_train_begin(args, state, control, **kwargs)
+        self.current_step = state.global_step
+        self.started = time.monotonic()
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(
+                total=max(1, round(self.seconds)),
+                unit="s",
+                dynamic_ncols=True,
+                desc=f"Training ({self.seconds / 60:g} min or {state.max_steps} steps)",
+            )
+
+    def fraction(self, state) -> float:
+        """How much of the run is done: the larger of the time and the step fractions."""
+        elapsed = time.monotonic() - self.started
+        return min(1.0, max(elapsed / self.seconds, state.global_step / max(state.max_steps, 1)))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.seconds is None:
+            return super().on_step_end(args, state, control, **kwargs)
+        self.current_step = state.global_step
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.n = round(self.fraction(state) * self.training_bar.total)
+            self.training_bar.set_postfix(step=state.global_step, refresh=False)
+            self.training_bar.refresh()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and self.seconds is not None:
+            self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
+            self.training_bar.refresh()
+        return super().on_train_end(args, state, control, **kwargs)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # §5.3 Optimizer schedule
 # ---------------------------------------------------------------------------------------------------------------------
@@ -177,7 +227,27 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe; every Trainer flag still works."""
 
     output_dir: str | None = field(
-        default="runs/vaswani", metadata={"help": "Where checkpoints are written."}
+        default="runs/vaswani",
+        metadata={"help": "The run's folder: checkpoints, the final and averaged models, scores, pictures."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace the run in --output_dir (its checkpoints, models, scores); without it a folder that "
+            "holds anything is refused unless --resume_from_checkpoint continues its run."
+        },
+    )
+    do_train: bool = field(default=True, metadata={"help": "Always true: this tool trains."})
+    do_eval: bool = field(
+        default=False,
+        metadata={
+            "help": "Evaluate (loss, BLEU) on the validation data at the end of training; with --eval_strategy "
+            "steps it also runs every --eval_steps."
+        },
+    )
+    do_predict: bool = field(
+        default=False,
+        metadata={"help": "Translate and score the test data after training (--test_split, default 'test')."},
     )
     learning_rate: float = field(
         default=1.0,
@@ -247,6 +317,17 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
+        _check_training_length(self)
+        if not self.do_train:
+            raise ValueError(
+                "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
+            )
+        _check_launch()
+        if self.deepspeed and not torch.cuda.is_available():
+            raise ValueError(
+                "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
+                "processes with --fsdp instead"
+            )
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
             # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
             # gloo process group only when asked for the CPU; otherwise every rank would train alone.
@@ -262,6 +343,41 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             self.gradient_accumulation_steps = max(
                 1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
             )
+
+
+def _check_training_length(args) -> None:
+    """Raise `ValueError` naming the flag unless the run has a length: a run of 0 or -5 steps would save an untrained
+    model as if it were trained."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(
+            f"--max_steps must be a positive number of optimizer steps (or -1 to train for --num_train_epochs), "
+            f"got {args.max_steps}"
+        )
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(
+            f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
+        )
+    minutes = getattr(args, "max_train_minutes", None)
+    if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
+        raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")
+
+
+_MPI_WORLD_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
+
+
+def _check_launch() -> None:
+    """`accelerate launch --cpu --num_processes N` (N > 1, no MPI host file) starts one process that would train
+    alone: refuse it with the launch that works."""
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    asked_for_several = (
+        "MASTER_ADDR" in os.environ
+    )  # accelerate's simple launcher sets it for num_processes > 1
+    if cpu and asked_for_several and not any(name in os.environ for name in _MPI_WORLD_SIZE_VARIABLES):
+        raise ValueError(
+            "accelerate launch --cpu --num_processes N starts ONE process (Accelerate runs several CPU processes "
+            "only through MPI): launch N processes on gloo with `accelerate launch --multi_gpu --num_processes N` "
+            "or `torchrun --nproc_per_node N` (both work without a GPU)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -280,11 +396,57 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._train_sampler = None
-        if getattr(self.args, "max_train_minutes", None):
-            self.add_callback(TimeBudget(self.args.max_train_minutes))
+        minutes = getattr(self.args, "max_train_minutes", None)
+        if minutes:
+            self.add_callback(TimeBudget(minutes))
+        if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(RunProgress(minutes))
         if self.args.label_smoothing_factor and self.compute_loss_func is None:
             self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
             self.label_smoother = None
+
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        _enable_fsdp_on_cpu(self)
+
+    def create_optimizer(self, model=None):
+        if self.is_fsdp_enabled:
+            shard_with_fsdp2(self.model, self.accelerator)
+        return super().create_optimizer(model)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save the model folder (a checkpoint's or the final one) as transformers does, with three differences:
+        every file appears whole (written beside the folder, then renamed into it), the folder also carries the
+        translation pipeline (`pipeline("translation", model=folder, trust_remote_code=True)` works on it), and
+        `training_args.bin` never holds the Hub token."""
+        from .saving import add_translation_pipeline
+
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        token, self.args.hub_token = self.args.hub_token, None
+        try:
+            if not self.args.should_save:
+                return super()._save(output_dir, state_dict=state_dict)
+            if self.is_fsdp_enabled and state_dict:
+                # A gathered FSDP state dict holds a tied matrix once per name: tie them again, so that it is saved
+                # once, as without FSDP.
+                for target, source in self.model.get_expanded_tied_weights_keys(all_submodels=True).items():
+                    if target in state_dict and source in state_dict:
+                        state_dict[target] = state_dict[source]
+            building = temporary_sibling(output_dir)
+            try:
+                super()._save(str(building), state_dict=state_dict)
+                if self.is_fsdp_enabled:
+                    # transformers copies the source files of the saved class, which FSDP2 has swapped for its own
+                    # (`FSDPVaswani...` from torch's package): keep the model's code files only.
+                    for stray in building.glob("_fsdp_*.py"):
+                        stray.unlink()
+                add_translation_pipeline(building)
+            except BaseException:
+                shutil.rmtree(building, ignore_errors=True)
+                raise
+            replace_files(building, output_dir)
+        finally:
+            self.args.hub_token = token
 
     def token_sampler(self) -> TokenBudgetBatchSampler:
         if self._train_sampler is None:
@@ -349,6 +511,53 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return self.lr_scheduler
 
 
+def _enable_fsdp_on_cpu(trainer) -> None:
+    """Accelerate turns its FSDP plugin on for accelerator devices only; torch's FSDP2 also runs on CPU processes
+    over gloo (several CPU machines, or tests). With `--fsdp` on such a run, switch the plugin on here."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    plugin_args = trainer.args.fsdp_plugin_args
+    if plugin_args is None or state.distributed_type != DistributedType.MULTI_CPU:
+        return
+    if plugin_args.get("fsdp_version", 2) != 2:
+        raise ValueError("FSDP on CPU processes needs FSDP2: drop `version: 1` from --fsdp_config")
+    plugin_args = {**plugin_args, "sync_module_states": False}  # no accelerator device to broadcast from
+    state.fsdp_plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    # Both shared states: each later `AcceleratorState()` copies the process state's distributed type over its own.
+    state.distributed_type = PartialState().distributed_type = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+    logger.info("FSDP2 on %d CPU processes (gloo)", state.num_processes)
+
+
+def shard_with_fsdp2(model: torch.nn.Module, accelerator) -> None:
+    """Shard `model` with FSDP2: each encoder and decoder layer is one unit, and the rest (the shared embedding,
+    which the encoder, the decoder and the output projection all use, §3.4) is the root unit.
+
+    Accelerate's own FSDP2 wrapping puts the input and output embeddings into a unit of their own, which torch refuses
+    for this model: the encoder's and decoder's `embed_tokens` hold the same tied matrix, which would then belong to
+    two units. Sharded here first, the model is left as it is by Accelerate (`fsdp2_prepare_model` returns an
+    FSDP module unchanged)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    if isinstance(model, FSDPModule) or accelerator.state.fsdp_plugin.fsdp_version != 2:
+        return
+    plugin = accelerator.state.fsdp_plugin
+    # Resolve the plugin's wrap policy on the plain model (its layer classes by name; from `_no_split_modules`
+    # unless --fsdp_config names others): Accelerate resolves it again on the sharded model, whose classes are renamed.
+    plugin.set_auto_wrap_policy(model)
+    layer_names = set(plugin.transformer_cls_names_to_wrap or model._no_split_modules or ())
+    options = {
+        "reshard_after_forward": plugin.reshard_after_forward,
+        "offload_policy": plugin.cpu_offload,
+        "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+    }
+    for module in [m for m in model.modules() if type(m).__name__ in layer_names]:
+        fully_shard(module, **options)
+    fully_shard(model, **{k: v for k, v in options.items() if k != "reshard_after_forward"})
+
+
 def label_smoothed_loss(outputs, labels: torch.Tensor, num_items_in_batch=None, epsilon: float = 0.1):
     """The training loss of §5.4 as a `compute_loss_func`: label-smoothed cross-entropy of the model's logits against
     `labels` (-100 ignored), the mean over target tokens or the sum divided by `num_items_in_batch` (all target tokens
@@ -403,9 +612,42 @@ def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+# What transformers' Trainer reads from a checkpoint when it resumes (all with `torch.load(weights_only=True)`), and
+# the JSON files it parses. Nothing else in the folder is opened, so a file dropped into a checkpoint is never run.
+TORCH_STATE_FILES = (
+    "optimizer.pt",
+    "scheduler.pt",
+    "scaler.pt",
+    "rng_state.pth",
+    "rng_state_*.pth",
+    # FSDP runs (Accelerate's full-state-dict files)
+    "pytorch_model_fsdp*.bin",
+    "optimizer*.bin",
+)
+JSON_FILES = ("config.json", "generation_config.json", "trainer_state.json")
+
+
+def _check_torch_archive(path: Path) -> None:
+    """Check a `torch.save` file without unpickling it: it is a zip archive (torch's format) whose every member's
+    CRC matches, which a file cut short or damaged is not."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
+    if bad is not None:
+        raise ValueError(f"Checkpoint file {path} is corrupt: member {bad} fails its CRC check")
+
+
 def verify_checkpoint(folder: str | os.PathLike) -> None:
-    """Raise `ValueError` naming the file when a checkpoint is incomplete, corrupt or truncated."""
-    from safetensors import safe_open
+    """Raise `ValueError` naming the file when a checkpoint is incomplete, corrupt or truncated.
+
+    Reads the safetensors headers and tensors, parses the JSON files, and checks the archives of the files the
+    Trainer loads on resume (`TORCH_STATE_FILES`) without unpickling anything.
+    """
+    from .averaging import check_safetensors
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -413,25 +655,33 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
     for required in ("config.json", "trainer_state.json"):
         if not (folder / required).is_file():
             raise ValueError(f"Checkpoint {folder} is incomplete: {folder / required} is missing.")
+    for name in JSON_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:
+                raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         raise ValueError(f"Checkpoint {folder} is incomplete: no *.safetensors weights file.")
     for path in weights:
         try:
-            with safe_open(str(path), framework="pt") as f:
-                for key in f.keys():
-                    f.get_slice(key)
-        except Exception as error:  # safetensors raises its own error types for bad headers/buffers
-            raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from error
-    for path in sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth")):
-        try:
-            torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as error:
-            raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from error
+            check_safetensors(path)
+        except ValueError as error:
+            raise ValueError(f"Checkpoint file {error}") from None
+    for pattern in TORCH_STATE_FILES:
+        for path in sorted(folder.glob(pattern)):
+            _check_torch_archive(path)
+
+
+def checkpoint_step(folder: str | os.PathLike) -> int:
+    """The global step a checkpoint was saved at, from its `trainer_state.json`."""
+    path = Path(folder) / "trainer_state.json"
     try:
-        json.loads((folder / "trainer_state.json").read_text())
-    except ValueError as error:
-        raise ValueError(f"Checkpoint file {folder / 'trainer_state.json'} is corrupt: {error}") from error
+        return int(json.loads(path.read_text(encoding="utf-8"))["global_step"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"Cannot read the step of {path}: {error}") from None
 
 
 def resolve_resume_checkpoint(resume: str | bool | None, output_dir: str | os.PathLike) -> str | None:

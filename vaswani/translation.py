@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,12 +28,14 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from .data import read_lines
+from .fileio import atomic_write
 from .generation_vaswani import (
     EXTRA_OUTPUT_TOKENS,
     PAPER_LENGTH_PENALTY,
     PAPER_LENGTH_PENALTY_FORM,
     PAPER_NUM_BEAMS,
 )
+from .kernels_vaswani import FAST_ATTENTION
 from .metrics import compute_bleu, reported_scores
 from .tokenization import load_tokenizers
 
@@ -66,10 +70,20 @@ def load_translation_model(
 
     The tokenizer(s) come from `tokenizer_path`, else from the model folder: a joint vocabulary
     (`tokenizer.json`) or separate ones (`source/` and `target/`), see `tokenization.load_tokenizers`.
-    `bf16` casts the weights to bfloat16. `model_kwargs` go to `from_pretrained` (e.g. `attn_implementation`).
+    `bf16` casts the weights to bfloat16. `model_kwargs` go to `from_pretrained`; `attn_implementation` defaults to
+    this package's fast CPU attention on the CPU.
+
+    Raises `FileNotFoundError` / `ValueError` naming the folder or file: a local path that does not exist, a folder
+    without `config.json`, a weights file that is cut short or corrupt.
     """
     device = torch.device(device or default_device())
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
+    check_model_path(model_path)
+    if device.type == "cpu":
+        model_kwargs.setdefault("attn_implementation", FAST_ATTENTION)
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
+    except (OSError, ValueError) as error:
+        raise type(error)(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
     model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
     source_tokenizer, target_tokenizer = load_tokenizers(tokenizer_path or model_path)
     logger.info(
@@ -80,6 +94,46 @@ def load_translation_model(
         tokenizer_path or model_path,
     )
     return model, source_tokenizer, target_tokenizer
+
+
+def _looks_local(name: str) -> bool:
+    """Whether a model name can only be a local path (a Hub id is "name" or "owner/name")."""
+    return (
+        Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or name.endswith("/")
+    )
+
+
+def check_model_path(model_path: str | os.PathLike) -> None:
+    """Raise, naming the path, when `model_path` is not a usable model folder: a local path that does not exist, a
+    file, a folder without `config.json`, or safetensors weights that are cut short or corrupt. A name that can be a
+    Hub id is left to `from_pretrained`."""
+    from .averaging import check_safetensors
+
+    path = Path(model_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a model folder: it has no config.json")
+        for weights in sorted(path.glob("*.safetensors")):
+            check_safetensors(weights)
+        return
+    if path.exists():
+        raise ValueError(f"{path} is a file: give the model's folder")
+    if _looks_local(str(model_path)):
+        raise FileNotFoundError(f"No model folder at {model_path}")
+
+
+def check_decoding(
+    num_beams: int, length_penalty: float, max_new_tokens: int | None = None, n_best: int = 1
+) -> None:
+    """Raise `ValueError` naming the setting that beam search cannot run with."""
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be at least 1, got {num_beams!r}")
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens!r}")
+    if n_best < 1 or n_best > num_beams:
+        raise ValueError(f"n_best must be between 1 and num_beams ({num_beams}), got {n_best!r}")
 
 
 def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
@@ -107,6 +161,16 @@ def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
     if current:
         batches.append(current)
     return batches
+
+
+@dataclass
+class Hypothesis:
+    """One translation and its score: for beam search the beam's score, the summed log-probability divided by the
+    length penalty lp(Y) (§6.1, `generation_vaswani.length_penalty_factor`); for greedy decoding the summed
+    log-probability."""
+
+    text: str
+    score: float
 
 
 @torch.inference_mode()
@@ -142,15 +206,62 @@ def translate(
         show_progress: a tqdm bar over sentences.
         generate_kwargs: further arguments of `model.generate` (e.g. `early_stopping`).
     """
+    n_best = translate_n_best(
+        sentences,
+        model,
+        source_tokenizer,
+        target_tokenizer,
+        n_best=1,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        length_penalty_form=length_penalty_form,
+        max_new_tokens=max_new_tokens,
+        extra_output_tokens=extra_output_tokens,
+        show_progress=show_progress,
+        with_scores=False,
+        **generate_kwargs,
+    )
+    return [hypotheses[0].text for hypotheses in n_best]
+
+
+@torch.inference_mode()
+def translate_n_best(
+    sentences: Iterable[str],
+    model: PreTrainedModel,
+    source_tokenizer: PreTrainedTokenizerBase,
+    target_tokenizer: PreTrainedTokenizerBase | None = None,
+    n_best: int = 1,
+    batch_size: int = 64,
+    max_tokens: int | None = None,
+    num_beams: int = NUM_BEAMS,
+    length_penalty: float = LENGTH_PENALTY,
+    length_penalty_form: str | None = None,
+    max_new_tokens: int | None = None,
+    extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
+    show_progress: bool = True,
+    with_scores: bool = True,
+    max_source_length: int | None = None,
+    **generate_kwargs,
+) -> list[list[Hypothesis]]:
+    """The `n_best` best translations of each sentence, best first, with their scores (`Hypothesis`), as
+    fairseq-generate's H lines or OpenNMT's `-n_best`. `n_best` is at most `num_beams`. An empty sentence gives
+    `n_best` empty translations of score 0. `max_source_length` truncates longer sources (default: none is cut).
+    The other arguments are `translate`'s; with `with_scores=False` the scores are not computed (0.0)."""
+    check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
     sentences = list(sentences)  # e.g. a `datasets` column
     target_tokenizer = target_tokenizer or source_tokenizer
-    translations = [""] * len(sentences)
+    results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    encoded = source_tokenizer([sentences[i] for i in todo])["input_ids"] if todo else []
+    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
+    encoded = source_tokenizer([sentences[i] for i in todo], **truncation)["input_ids"] if todo else []
     batches = make_batches([len(ids) for ids in encoded], batch_size, max_tokens)
     device = model.device
     if length_penalty_form is not None:
         generate_kwargs["length_penalty_form"] = length_penalty_form
+    if with_scores:
+        generate_kwargs.update(output_scores=True, return_dict_in_generate=True)
     with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
         progress.update(len(sentences) - len(todo))  # the empty lines
         for batch in batches:
@@ -160,26 +271,57 @@ def translate(
             limit = max_new_tokens
             if limit is None:
                 limit = inputs["input_ids"].shape[1] + extra_output_tokens
-            output_ids = model.generate(
+            output = model.generate(
                 **inputs,
                 num_beams=num_beams,
+                num_return_sequences=n_best,
                 length_penalty=length_penalty,
                 max_new_tokens=limit,
                 **generate_kwargs,
             )
-            texts = target_tokenizer.batch_decode(output_ids, skip_special_tokens=True)
-            for j, text in zip(batch, texts, strict=True):
-                translations[todo[j]] = text
+            sequences = output.sequences if with_scores else output
+            scores = _sequence_scores(model, output, num_beams) if with_scores else [0.0] * len(sequences)
+            texts = target_tokenizer.batch_decode(sequences, skip_special_tokens=True)
+            for k, j in enumerate(batch):
+                rows = range(k * n_best, (k + 1) * n_best)
+                results[todo[j]] = [Hypothesis(texts[r], float(scores[r])) for r in rows]
             progress.update(len(batch))
-    return translations
+    return results
+
+
+def _sequence_scores(model: PreTrainedModel, output, num_beams: int) -> list[float]:
+    """Beam search: the beams' own scores. Greedy: the summed log-probabilities of the tokens up to `</s>`."""
+    if num_beams > 1:
+        return output.sequences_scores.tolist()
+    steps = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)  # (B, T)
+    generated = output.sequences[:, -steps.shape[1] :]
+    eos = model.generation_config.eos_token_id
+    eos = eos if isinstance(eos, int) else (eos[0] if eos else None)
+    # a token counts up to and including the first </s>; after it, the rows are padding
+    ended_before = torch.zeros_like(generated, dtype=torch.bool)
+    if eos is not None:
+        is_eos = (generated == eos).long()
+        ended_before = (is_eos.cumsum(dim=1) - is_eos) > 0
+    return steps.masked_fill(ended_before, 0.0).sum(dim=1).tolist()
 
 
 def read_sentences(path: str | os.PathLike | None) -> list[str]:
-    """The lines of a UTF-8 file (`.gz` allowed), or of standard input for `None` or "-"."""
+    """The lines of a UTF-8 file (`.gz` allowed), or of standard input for `None` or "-". A line that is not UTF-8
+    raises `ValueError` naming the file (or standard input) and the line."""
     if path is None or str(path) == "-":
-        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
-        return [line.rstrip("\r\n") for line in stdin]
+        return list(stdin_lines())
     return list(read_lines(path))
+
+
+def stdin_lines() -> Iterator[str]:
+    """The lines of standard input as they arrive (UTF-8, without line ends); `ValueError` names a bad line."""
+    for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"standard input, line {number}: not UTF-8 text ({error.reason} at byte {error.start} of the line)"
+            ) from None
 
 
 def _one_line(text: str) -> str:
@@ -188,17 +330,29 @@ def _one_line(text: str) -> str:
 
 
 def write_sentences(sentences: Iterable[str], path: str | os.PathLike | None) -> None:
-    """Write one sentence a line to a UTF-8 file, or to standard output for `None` or "-"."""
-    lines: Iterator[str] = (_one_line(sentence) + "\n" for sentence in sentences)
+    """Write one sentence a line to a UTF-8 file, or to standard output for `None` or "-".
+
+    A file appears whole when everything is written (`fileio.atomic_write`): a kill leaves the earlier file as it
+    was, and two processes writing one path leave one complete file, never a mix."""
+    write_lines((_one_line(sentence) for sentence in sentences), path)
+
+
+def write_lines(lines: Iterable[str], path: str | os.PathLike | None) -> None:
+    """Write lines (without their line end) to a UTF-8 file atomically, or to standard output for `None` or "-"."""
+    ended: Iterator[str] = (line + "\n" for line in lines)
     if path is None or str(path) == "-":
         stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n", write_through=True)
-        stdout.writelines(lines)
+        stdout.writelines(ended)
         stdout.flush()
         stdout.detach()  # leave sys.stdout's buffer open
         return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(lines)
+    with atomic_write(path) as f:
+        f.writelines(ended)
+
+
+def format_n_best(index: int, hypotheses: Sequence[Hypothesis]) -> list[str]:
+    """The output lines of one source's n-best list: `index<TAB>score<TAB>translation`, best first."""
+    return [f"{index}\t{h.score:.4f}\t{_one_line(h.text)}" for h in hypotheses]
 
 
 def score_translations(
@@ -214,6 +368,8 @@ def score_translations(
 
     Raises `ValueError` naming the file whose line count differs.
     """
+    if not translations:
+        raise ValueError("No translations to score: the input was empty")
     references = [list(read_lines(path)) for path in reference_paths]
     for path, stream in zip(reference_paths, references, strict=True):
         if len(stream) != len(translations):
@@ -230,11 +386,18 @@ def score_translations(
 __all__ = [
     "LENGTH_PENALTY",
     "NUM_BEAMS",
+    "Hypothesis",
+    "check_decoding",
+    "check_model_path",
     "default_device",
+    "format_n_best",
     "load_translation_model",
     "make_batches",
     "read_sentences",
     "score_translations",
+    "stdin_lines",
     "translate",
+    "translate_n_best",
+    "write_lines",
     "write_sentences",
 ]

@@ -1,4 +1,4 @@
-"""Runs `scripts/train.py`'s main with two test hooks, set through the environment:
+"""Runs `vaswani-train`'s main (`vaswani.commands.train`) with two test hooks, set through the environment:
 
 VASWANI_KILL_AT_STEP=N   the process SIGKILLs itself right after the checkpoint of step N is written;
 VASWANI_DUMP_WEIGHTS=DIR every rank writes its final state dict to DIR/rank<r>.pt.
@@ -6,16 +6,13 @@ VASWANI_DUMP_WEIGHTS=DIR every rank writes its final state dict to DIR/rank<r>.p
 
 import os
 import signal
-import sys
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import train  # noqa: E402  (scripts/train.py)
-
-from vaswani import training  # noqa: E402
+from vaswani import training
+from vaswani.commands import train
 
 
 class KillAfterSave(TrainerCallback):

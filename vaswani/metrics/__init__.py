@@ -13,15 +13,49 @@ out of the package before importing it, so it cannot import this package; tests 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF
 
 from ..data import read_lines
 
+logger = logging.getLogger(__name__)
+
 METRIC_PATH = Path(__file__).parent / "sacrebleu_chrf"
+BLEU_TOKENIZERS = tuple(BLEU.TOKENIZERS)  # sacreBLEU's `tokenize` values: 13a, intl, char, none, ...
+
+
+def check_bleu_tokenizer(tokenize: str) -> None:
+    """Raise `ValueError` unless sacreBLEU has the BLEU tokenizer `tokenize`."""
+    if tokenize not in BLEU_TOKENIZERS:
+        raise ValueError(
+            f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
+        )
+
+
+@cache
+def moses_languages() -> tuple[str, ...]:
+    """The language codes for which sacremoses has Moses' rules (nonbreaking prefixes)."""
+    try:
+        from sacremoses.corpus import NonbreakingPrefixes
+    except ImportError as error:
+        raise ImportError(
+            "Moses-tokenized BLEU needs sacremoses: pip install sacremoses (or this package's [test] extra)"
+        ) from error
+    return tuple(sorted(set(NonbreakingPrefixes().available_langs.values())))
+
+
+def check_moses_lang(lang: str) -> None:
+    """Raise `ValueError` unless Moses has rules for `lang` (sacremoses would silently tokenize anything else
+    without them, giving BLEU that no published figure was computed with)."""
+    if lang not in moses_languages():
+        raise ValueError(
+            f"Moses has no rules for the language {lang!r}; choose one of {', '.join(moses_languages())}"
+        )
 
 
 def load_translation_metric(**kwargs):
@@ -67,6 +101,9 @@ def compute_bleu(
     """
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    if not predictions:
+        raise ValueError("No predictions to score")
+    check_bleu_tokenizer(tokenize)
     streams = _reference_streams(references)
     bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
     chrf = CHRF(word_order=chrf_word_order, lowercase=lowercase)
@@ -119,6 +156,7 @@ def compute_moses_bleu(
     """
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    check_moses_lang(lang)
     streams = _reference_streams(references)
     tokenized_refs = [moses_lowercase_tokenize(stream, lang) for stream in streams]
     per_segment = [list(refs) for refs in zip(*tokenized_refs, strict=True)]
@@ -138,7 +176,12 @@ def score_files(
     Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` when
     `moses_lang` is given. Raises `ValueError` naming the files if their line counts differ.
     """
+    check_bleu_tokenizer(tokenize)
+    if moses_lang is not None:
+        check_moses_lang(moses_lang)
     hypotheses = list(read_lines(hypotheses_path))
+    if not hypotheses:
+        raise ValueError(f"{hypotheses_path} is empty: nothing to score")
     references = [list(read_lines(path)) for path in reference_paths]
     for path, stream in zip(reference_paths, references, strict=True):
         if len(stream) != len(hypotheses):
@@ -158,21 +201,31 @@ def reported_scores(
 ) -> dict:
     """BLEU and chrF on the raw text and BLEU on lowercased Moses-tokenized `lang` text, with their signatures,
     under the keys a run's `test_results.json` uses and `vaswani.hub.EvalResults` reads. `lowercase` makes the
-    raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only."""
+    raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only.
+
+    For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
     raw = compute_bleu(predictions, references, lowercase=lowercase)
-    comparable = compute_moses_bleu(predictions, references, lang)
-    return {
+    record = {
         "bleu": raw["bleu"],
         "bleu_signature": raw["bleu_signature"],
         "chrf": raw["chrf"],
         "chrf_signature": raw["chrf_signature"],
-        "bleu_lowercase_moses_tokenized": comparable["bleu"],
-        "bleu_lowercase_moses_tokenized_signature": comparable["bleu_signature"],
     }
+    if lang not in moses_languages():
+        logger.warning("No Moses rules for %r: the scores leave out lowercased Moses-tokenized BLEU", lang)
+        return record
+    comparable = compute_moses_bleu(predictions, references, lang)
+    record["bleu_lowercase_moses_tokenized"] = comparable["bleu"]
+    record["bleu_lowercase_moses_tokenized_signature"] = comparable["bleu_signature"]
+    return record
 
 
 __all__ = [
+    "BLEU_TOKENIZERS",
     "METRIC_PATH",
+    "check_bleu_tokenizer",
+    "check_moses_lang",
+    "moses_languages",
     "compute_bleu",
     "compute_moses_bleu",
     "load_translation_metric",

@@ -1,0 +1,111 @@
+"""`vaswani-push-to-hub`: publish a trained model folder to the Hugging Face Hub with its model card, or write the
+folder that would be published.
+
+The token comes from --hub_token, else `HF_TOKEN`, else `hf auth login`. All the work is `vaswani.hub.publish`; the
+card template ships with the package (`vaswani/hub_card.md`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..cli import command, parse_args, setup_logging
+from ..hub import publish
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = __doc__.replace("`vaswani-push-to-hub`: p", "P", 1)
+
+EPILOG = """\
+examples:
+  vaswani-push-to-hub --model_name_or_path runs/de-en/averaged --hub_model_id you/vaswani-de-en \\
+      --results_json runs/de-en/test_results.json --training_summary_json runs/de-en/training_summary.json
+  vaswani-push-to-hub --model_name_or_path runs/de-en/averaged --hub_model_id you/vaswani-de-en --dry_run \\
+      --output_dir hub/                       (the same folder, written locally and not pushed)
+"""
+
+RENAMED = {
+    "model_dir": "model_name_or_path",
+    "repo_id": "hub_model_id",
+    "token": "hub_token",
+    "private": "hub_private_repo",
+    "revision": "hub_revision",
+    "tokenizer_dir": "tokenizer_name",
+}
+
+
+@dataclass
+class PushArguments:
+    _argument_group_name = "publishing"
+
+    model_name_or_path: str = field(
+        metadata={"help": "The trained model folder (config.json, safetensors weights)."}
+    )
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "The Hub repo to push to, 'namespace/name'."}
+    )
+    output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Write the published folder here (must be new or empty). Alone, it means a dry run."
+        },
+    )
+    dry_run: bool = field(default=False, metadata={"help": "Write the folder to --output_dir; push nothing."})
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "The tokenizer folder, if it is not saved in --model_name_or_path."}
+    )
+    results_json: str | None = field(
+        default=None,
+        metadata={"help": "Evaluation results (bleu, bleu_signature, chrf, ...; see vaswani.hub)."},
+    )
+    training_summary_json: str | None = field(
+        default=None,
+        metadata={"help": "Training summary (source_lang, target_lang, steps, ...; see vaswani.hub)."},
+    )
+    hub_private_repo: bool = field(
+        default=False, metadata={"help": "Create the repo as private (if it does not exist)."}
+    )
+    hub_revision: str | None = field(
+        default=None, metadata={"help": "Branch to push to (created if missing)."}
+    )
+    create_pr: bool = field(default=False, metadata={"help": "Open a pull request instead of committing."})
+    hub_token: str | None = field(
+        default=None, metadata={"help": "Hub token; default: HF_TOKEN or the saved login."}
+    )
+    commit_message: str | None = field(default=None, metadata={"help": "Message of the upload commit."})
+    license: str = field(default="apache-2.0", metadata={"help": "License in the model card metadata."})
+    card_template: str | None = field(
+        default=None, metadata={"help": "Model card template; default: the package's hub_card.md."}
+    )
+
+
+@command("vaswani-push-to-hub")
+def main(argv):
+    (args,) = parse_args(PushArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
+    setup_logging()
+    published = publish(
+        args.model_name_or_path,
+        repo_id=args.hub_model_id,
+        output_dir=args.output_dir,
+        dry_run=args.dry_run,
+        tokenizer_dir=args.tokenizer_name,
+        results=args.results_json,
+        summary=args.training_summary_json,
+        private=args.hub_private_repo or None,  # None: the Hub's default visibility
+        revision=args.hub_revision,
+        token=args.hub_token,
+        commit_message=args.commit_message,
+        create_pr=args.create_pr,
+        template_path=args.card_template,
+        license=args.license,
+    )
+    if published.folder is not None:
+        logger.info("Published folder: %s", published.folder)
+    if published.commit is not None:
+        logger.info("Pushed: %s", published.commit.commit_url)
+    return published
+
+
+if __name__ == "__main__":
+    main()

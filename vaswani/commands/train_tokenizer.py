@@ -1,0 +1,123 @@
+"""`vaswani-train-tokenizer`: train the byte-pair encoding vocabulary of §5.1 on the training split of a parallel
+corpus.
+
+The paper's vocabulary is joint ("shared source-target vocabulary"); `--separate_vocabularies` writes one per
+language to `<output_dir>/source` and `<output_dir>/target`. Load the result with
+`vaswani.tokenization.load_tokenizers(output_dir)`, or pass it to `vaswani-train --tokenizer_name`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..cli import UsageError, command, parse_args, setup_logging
+from ..data import iter_text
+from ..recipe import DataArguments, load_split
+from ..tokenization import save_tokenizers, train_bpe_tokenizer, train_separate_tokenizers
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = __doc__.replace("`vaswani-train-tokenizer`: t", "T", 1)
+
+EPILOG = """\
+examples:
+  vaswani-train-tokenizer --dataset_name ../shared/data/multi30k --source_lang de --target_lang en \\
+      --vocab_size 8000 --output_dir runs/tokenizer-multi30k
+  vaswani-train-tokenizer --dataset_name wmt14 --dataset_config_name de-en --source_lang en --target_lang de \\
+      --vocab_size 37000 --output_dir runs/tokenizer-wmt14          (§5.1: about 37000 tokens)
+"""
+
+RENAMED = {
+    "source": "dataset_name",
+    "src_lang": "source_lang",
+    "tgt_lang": "target_lang",
+    "dataset_config": "dataset_config_name",
+    "separate_vocab": "separate_vocabularies",
+}
+
+# The data flags that choose the training text; the rest of DataArguments concerns a training run.
+_DATA_FLAGS = (
+    "dataset_name",
+    "dataset_config_name",
+    "train_file",
+    "source_lang",
+    "target_lang",
+    "train_split",
+    "vocab_size",
+    "separate_vocabularies",
+    "lowercase",
+    "max_train_samples",
+    "cache_dir",
+)
+
+
+@dataclass
+class TokenizerArguments:
+    _argument_group_name = "tokenizer"
+
+    output_dir: str = field(metadata={"help": "Folder to write the tokenizer(s) to."})
+    target_vocab_size: int | None = field(
+        default=None,
+        metadata={"help": "With --separate_vocabularies: target vocabulary size (default: --vocab_size)."},
+    )
+    min_frequency: int = field(default=2, metadata={"help": "Merge only pairs seen at least this often."})
+    model_max_length: int = field(default=1024, metadata={"help": "Length above which transformers warns."})
+
+    def __post_init__(self):
+        for name in ("target_vocab_size", "min_frequency", "model_max_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name} must be at least 1, got {value}")
+
+
+@command("vaswani-train-tokenizer")
+def main(argv):
+    data_args, args = parse_args(
+        [DataArguments, TokenizerArguments],
+        argv,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        renamed=RENAMED,
+        sections={"data": list(_DATA_FLAGS)},
+        brief=[DataArguments],
+    )
+    if not data_args.dataset_name and not data_args.train_file:
+        raise UsageError("No training text: give --dataset_name or --train_file")
+    setup_logging()
+    train = load_split(data_args, "train")
+    if data_args.max_train_samples:
+        train = train.select(range(min(data_args.max_train_samples, len(train))))
+    src, tgt = data_args.source_lang, data_args.target_lang
+    if data_args.separate_vocabularies:
+        src_tok, tgt_tok = train_separate_tokenizers(
+            iter_text(train, [src]),
+            iter_text(train, [tgt]),
+            vocab_size=data_args.vocab_size,
+            target_vocab_size=args.target_vocab_size,
+            min_frequency=args.min_frequency,
+            model_max_length=args.model_max_length,
+            lowercase=data_args.lowercase,
+        )
+    else:
+        src_tok = tgt_tok = train_bpe_tokenizer(
+            iter_text(train, [src, tgt]),
+            vocab_size=data_args.vocab_size,
+            min_frequency=args.min_frequency,
+            model_max_length=args.model_max_length,
+            lowercase=data_args.lowercase,
+        )
+    save_tokenizers(src_tok, tgt_tok, args.output_dir)
+    logger.info(
+        "Vocabulary size: source %d, target %d (%s) from %d sentence pairs, saved to %s",
+        len(src_tok),
+        len(tgt_tok),
+        "separate" if data_args.separate_vocabularies else "joint",
+        len(train),
+        args.output_dir,
+    )
+    return src_tok, tgt_tok
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""`vaswani-translate`: translate a file (or standard input), one sentence a line, with the paper's decoding (§6.1).
+
+Beam size 4, length penalty 0.6 and at most (longest source of the batch) + 50 new tokens unless overridden. Sentences
+are sorted by length for speed and written back in input order; empty lines stay empty. The tokenizer is read from the
+model folder (joint, or `source/` + `target/`) unless --tokenizer_name is given. The output file is written whole or
+not at all. With --references, BLEU and chrF (sacreBLEU) go to standard error, never mixed with translations.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from ..cli import UsageError, command, flag_errors, parse_args, setup_logging
+from ..fileio import write_json
+from ..generation_vaswani import LENGTH_PENALTY_FORMS
+from ..metrics import check_moses_lang
+from ..tokenization import lowercases
+from ..translation import (
+    LENGTH_PENALTY,
+    NUM_BEAMS,
+    check_decoding,
+    format_n_best,
+    length_penalty_form_of,
+    load_translation_model,
+    read_sentences,
+    score_translations,
+    stdin_lines,
+    translate_n_best,
+    write_lines,
+    write_sentences,
+)
+
+DESCRIPTION = __doc__.replace("`vaswani-translate`: t", "T", 1)
+
+EPILOG = """\
+examples:
+  vaswani-translate --model_name_or_path runs/de-en/averaged --input test.de --output test.hyp.en
+  echo "Ein Hund läuft." | vaswani-translate --model_name_or_path runs/de-en/averaged
+  vaswani-translate --model_name_or_path runs/de-en/averaged --input test.de --n_best 4   (index, score, text)
+  vaswani-translate --model_name_or_path runs/de-en/averaged --interactive                (a line in, a line out)
+  vaswani-translate --model_name_or_path runs/en-de/averaged --input test_2016_flickr.en.gz --output hyp.de \\
+      --references test_2016_flickr.de.gz --moses_lang de --results_json runs/en-de/test_results.json \\
+      --dataset_name multi30k --split test_2016_flickr
+"""
+
+RENAMED = {"model": "model_name_or_path", "tokenizer": "tokenizer_name", "dataset": "dataset_name"}
+
+
+@dataclass
+class TranslationArguments:
+    _argument_group_name = "translation"
+
+    model_name_or_path: str = field(
+        metadata={"help": "Model folder (a checkpoint, an averaged model) or Hub id."}
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder, if not the model folder (joint or source/ + target/)."},
+    )
+    input: str = field(
+        default="-", metadata={"help": "Source file, one sentence a line (.gz allowed); - for stdin."}
+    )
+    output: str = field(
+        default="-", metadata={"help": "Output file (written whole at the end); - for stdout."}
+    )
+    batch_size: int = field(default=64, metadata={"help": "At most this many sentences per batch."})
+    max_tokens: int | None = field(
+        default=None, metadata={"help": "Also at most this many padded source tokens per batch."}
+    )
+    num_beams: int = field(default=NUM_BEAMS, metadata={"help": "Beam size (§6.1: 4)."})
+    length_penalty: float = field(
+        default=LENGTH_PENALTY, metadata={"help": "Length penalty alpha (§6.1: 0.6)."}
+    )
+    length_penalty_form: str | None = field(
+        default=None,
+        metadata={
+            "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha. "
+            "Default: the model's generation config (gnmt for this package's models).",
+            "choices": list(LENGTH_PENALTY_FORMS),
+        },
+    )
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Fixed output limit instead of the batch's longest source + 50 (§6.1)."},
+    )
+    max_source_length: int | None = field(
+        default=None, metadata={"help": "Truncate sources to this many tokens (default: none is cut)."}
+    )
+    n_best: int | None = field(
+        default=None,
+        metadata={
+            "help": "Write the N best translations of each sentence with their scores, as lines "
+            "'index<TAB>score<TAB>translation', best first (N <= --num_beams; the score is the beam's "
+            "log-probability divided by the length penalty)."
+        },
+    )
+    interactive: bool = field(
+        default=False,
+        metadata={
+            "help": "Translate each line of standard input as soon as it is read (fairseq-interactive)."
+        },
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "cuda, cpu, cuda:1...; default: cuda if available."}
+    )
+    bf16: bool = field(default=False, metadata={"help": "Run the model in bfloat16."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={"help": "Attention kernel (default: vaswani_sdpa on the CPU, sdpa elsewhere)."},
+    )
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar (--no_progress to hide it)."})
+
+    def __post_init__(self):
+        with flag_errors("num_beams"):
+            check_decoding(self.num_beams, self.length_penalty)
+        for name in ("batch_size", "max_tokens", "max_new_tokens", "max_source_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name} must be at least 1, got {value}")
+        if self.n_best is not None and not 1 <= self.n_best <= self.num_beams:
+            raise UsageError(
+                f"--n_best must be between 1 and --num_beams ({self.num_beams}), got {self.n_best}"
+            )
+        if self.interactive and self.input != "-":
+            raise UsageError("--interactive reads standard input: drop --input")
+
+
+@dataclass
+class ScoringArguments:
+    _argument_group_name = "scoring (with --references)"
+
+    references: list[str] | None = field(
+        default=None, metadata={"help": "Reference file(s): also report BLEU and chrF on standard error."}
+    )
+    moses_lang: str | None = field(
+        default=None,
+        metadata={
+            "help": "Also BLEU on lowercased, Moses-tokenized text of this language (published Multi30k)."
+        },
+    )
+    results_json: str | None = field(
+        default=None,
+        metadata={"help": "Write the scores here (the format vaswani-push-to-hub --results_json reads)."},
+    )
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Dataset name recorded in --results_json."}
+    )
+    split: str = field(default="test", metadata={"help": "Split name recorded in --results_json."})
+
+    def __post_init__(self):
+        if (self.moses_lang or self.results_json) and not self.references:
+            raise UsageError(
+                "--moses_lang and --results_json score the translations: they need --references."
+            )
+        if self.moses_lang is not None:
+            with flag_errors("moses_lang"):
+                check_moses_lang(self.moses_lang)
+
+
+@command("vaswani-translate")
+def main(argv):
+    args, scoring = parse_args(
+        [TranslationArguments, ScoringArguments],
+        argv,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        renamed=RENAMED,
+    )
+    if args.interactive and scoring.references:
+        raise UsageError("--interactive translates as lines arrive: --references needs a whole --input")
+    setup_logging()
+    model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
+    model, source_tokenizer, target_tokenizer = load_translation_model(
+        args.model_name_or_path, args.tokenizer_name, device=args.device, bf16=args.bf16, **model_kwargs
+    )
+    decoding = dict(
+        n_best=args.n_best or 1,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
+        length_penalty_form=args.length_penalty_form,
+        max_new_tokens=args.max_new_tokens,
+        max_source_length=args.max_source_length,
+        with_scores=args.n_best is not None,
+    )
+    if args.interactive:
+        return _interactive(model, source_tokenizer, target_tokenizer, decoding, args.n_best is not None)
+    results = translate_n_best(
+        read_sentences(args.input),
+        model,
+        source_tokenizer,
+        target_tokenizer,
+        show_progress=args.progress,
+        **decoding,
+    )
+    translations = [hypotheses[0].text for hypotheses in results]
+    if args.n_best is not None:
+        write_lines((line for i, h in enumerate(results) for line in format_n_best(i, h)), args.output)
+    else:
+        write_sentences(translations, args.output)
+    if scoring.references:
+        _score(translations, scoring, args, model, target_tokenizer)
+    return translations
+
+
+def _interactive(model, source_tokenizer, target_tokenizer, decoding: dict, with_scores: bool) -> None:
+    """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
+    one is read, so that another program can hold a conversation with this one through pipes."""
+    if sys.stdin.isatty():
+        print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
+    for index, line in enumerate(stdin_lines()):
+        (hypotheses,) = translate_n_best(
+            [line], model, source_tokenizer, target_tokenizer, show_progress=False, **decoding
+        )
+        if with_scores:
+            text = "\n".join(format_n_best(index, hypotheses))
+        else:
+            text = hypotheses[0].text.replace("\r", " ").replace("\n", " ")
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def _score(
+    translations, scoring: ScoringArguments, args: TranslationArguments, model, target_tokenizer
+) -> None:
+    # A model whose tokenizer lowercases writes lowercase only: its raw-text scores are case-insensitive
+    # (signature case:lc), never a case-sensitive score it cannot earn.
+    lowercase = lowercases(target_tokenizer)
+    scores = score_translations(
+        translations, scoring.references, moses_lang=scoring.moses_lang, lowercase=lowercase
+    )
+    print(f"BLEU = {scores['bleu']:.2f}\t{scores['bleu_signature']}", file=sys.stderr)
+    print(f"chrF = {scores['chrf']:.2f}\t{scores['chrf_signature']}", file=sys.stderr)
+    if scoring.moses_lang:
+        print(
+            f"BLEU (lowercased, Moses-tokenized, {scoring.moses_lang}) = "
+            f"{scores['bleu_lowercase_moses_tokenized']:.2f}\t"
+            f"{scores['bleu_lowercase_moses_tokenized_signature']}",
+            file=sys.stderr,
+        )
+    if scoring.results_json:
+        record = {
+            **scores,
+            "dataset": scoring.dataset_name,
+            "split": scoring.split,
+            "num_beams": args.num_beams,
+            "length_penalty": args.length_penalty,
+            "length_penalty_form": length_penalty_form_of(model, args.length_penalty_form),
+            "model": args.model_name_or_path,
+            "input": args.input,
+            "references": scoring.references,
+        }
+        write_json(scoring.results_json, record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Every file a tool writes appears whole or not at all.
+
+A file is written to a temporary sibling (`.<name>.<random>.tmp`, same folder, so the same file system), flushed to
+disk and renamed over its destination: a reader, a kill at any moment or a second process writing the same path sees
+the old complete file or the new complete file, never a prefix or a mix (POSIX `rename` is atomic). A folder is built
+the same way, beside its destination, and swapped in by two renames.
+
+- `atomic_write(path)`: a context manager yielding the open temporary file (text or binary).
+- `write_text(path, text)`, `write_json(path, value)`: the usual one-liners on top of it.
+- `atomic_folder(path)`: a context manager yielding a temporary folder that replaces `path` on success.
+- `replace_files(source_dir, destination_dir)`: move every file of a folder built beside `destination_dir` into it, one
+  atomic rename per file (for folders that also hold other things, such as a run folder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger(__name__)
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (a no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def atomic_write(
+    path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = "\n"
+) -> Iterator[IO]:
+    """Open a temporary sibling of `path` for writing; on a clean exit it replaces `path`, on an error it is removed.
+
+    `mode` is "w" (text, `encoding` and `newline` apply) or "wb". The parent folder is created if needed.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write writes whole files: mode must be 'w' or 'wb', not {mode!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent
+    )
+    text = mode == "w"
+    try:
+        with os.fdopen(
+            descriptor,
+            mode,
+            encoding=encoding if text else None,
+            newline=newline if text else None,
+        ) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_folder(path.parent)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` (UTF-8, "\\n" line ends) to `path` atomically; returns the path."""
+    with atomic_write(path) as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, value) -> Path:
+    """Write `value` as indented JSON to `path` atomically; returns the path."""
+    return write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def temporary_sibling(path: str | os.PathLike, tag: str = "tmp") -> Path:
+    """A new empty folder beside `path` (same file system), for building what will be renamed to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder to fill; on a clean exit it becomes `path`, replacing any folder there.
+
+    The old folder is first renamed aside, then the new one into place, then the old one is deleted: a kill at any
+    point leaves `path` either the old complete folder, the new complete folder, or absent (with the old one beside
+    it as `.<name>.old-*`), never a mix of both.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} exists and is not a folder")
+    building = temporary_sibling(path)
+    try:
+        yield building
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = temporary_sibling(path, "old")
+        os.replace(path, old / path.name)
+    os.replace(building, path)
+    _fsync_folder(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def replace_files(source_dir: str | os.PathLike, destination_dir: str | os.PathLike) -> list[str]:
+    """Move every file under `source_dir` to the same relative path under `destination_dir`, each by one atomic
+    rename (so each file is old or new, never torn), then remove `source_dir`. Returns the relative paths moved.
+
+    `source_dir` must be on the same file system (build it with `temporary_sibling`).
+    """
+    source_dir, destination_dir = Path(source_dir), Path(destination_dir)
+    moved = []
+    for source in sorted(p for p in source_dir.rglob("*") if p.is_file()):
+        relative = source.relative_to(source_dir)
+        target = destination_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, target)
+        moved.append(relative.as_posix())
+    _fsync_folder(destination_dir)
+    shutil.rmtree(source_dir, ignore_errors=True)
+    return moved
+
+
+__all__ = ["atomic_folder", "atomic_write", "replace_files", "temporary_sibling", "write_json", "write_text"]
