@@ -83,6 +83,27 @@ FORWARD_ASSUMPTIONS = {
     "add_bias_logits": False,
     "do_blenderbot_90_layernorm": False,
 }
+# Fields with the same name and meaning in MarianConfig, FSMTConfig and VaswaniConfig.
+SAME_FIELDS = (
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "activation_function",
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "max_position_embeddings",
+    "scale_embedding",
+    "init_std",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+)
 # A stored position table may differ from the computed sinusoids by float32 rounding (about 6e-5 at position 1000);
 # a trained table differs by far more.
 POSITION_TABLE_TOLERANCE = 1e-3
@@ -146,36 +167,19 @@ def vaswani_config(config: PreTrainedConfig, share_embeddings: bool, tie_output:
                 getattr(config, name),
             )
     return VaswaniConfig(
+        **{name: getattr(config, name) for name in SAME_FIELDS},
         vocab_size=vocab_size,
         decoder_vocab_size=decoder_vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
         attention_bias=True,
         output_bias=not fsmt,  # Marian's final_logits_bias
-        max_position_embeddings=config.max_position_embeddings,
         position_embedding_type="sinusoidal",
         sinusoid_layout="concatenated",
         sinusoid_frequencies="fairseq" if fsmt else "paper",
         position_offset=config.pad_token_id + 1 if fsmt else 0,
-        scale_embedding=config.scale_embedding,
         normalize_before=False,
         layer_norm_eps=1e-5,  # both use nn.LayerNorm's default
         share_encoder_decoder_embeddings=share_embeddings,
         tie_word_embeddings=tie_output,
-        init_std=config.init_std,
-        pad_token_id=config.pad_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
         use_cache=True,
     )
 
