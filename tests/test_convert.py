@@ -27,7 +27,14 @@ from transformers import (
 )
 
 from vaswani import VaswaniForConditionalGeneration
-from vaswani.convert import check_source_config, convert, convert_model, main, vaswani_config
+from vaswani.convert import (
+    check_parity,
+    check_source_config,
+    convert,
+    convert_model,
+    main,
+    vaswani_config,
+)
 
 SOURCE = [
     "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
@@ -558,6 +565,20 @@ def test_a_source_module_the_vaswani_model_lacks_is_refused_not_dropped():
         "model.encoder.layernorm_embedding.bias, model.encoder.layernorm_embedding.weight$",
     ):
         convert_model(source)
+
+
+def test_a_conversion_whose_logits_differ_from_the_source_is_refused():
+    source = MarianMTModel(
+        marian_config(d_model=16, encoder_attention_heads=2, decoder_attention_heads=2)
+    ).eval()
+    converted = convert_model(source)
+    assert check_parity(source, converted) <= 1e-5
+    with torch.no_grad():
+        converted.lm_head.bias[5] += 0.01
+    with pytest.raises(
+        ValueError, match=r"^the converted model's logits differ from the source's by [0-9.e-]+ "
+    ):
+        check_parity(source, converted)
 
 
 def test_the_command_line_names_the_problem_on_one_line_and_keeps_an_existing_folder(
