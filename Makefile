@@ -25,10 +25,10 @@ $(BIN)/.installed: pyproject.toml
 # The main job: a small Transformer on Multi30k de->en with the paper's recipe (joint BPE, token-budget batches,
 # Adam + warm-up, label smoothing), average of the last 5 checkpoints, beam-4 translation of the test set, BLEU.
 run: $(BIN)/.installed
-	$(BIN)/python scripts/train.py --data $(DATA) $(SPLITS) --source_lang de --target_lang en \
+	$(BIN)/vaswani-train --dataset_name $(DATA) $(SPLITS) --source_lang de --target_lang en \
 		--preset small --vocab_size 8000 --max_tokens 4096 --warmup_steps 200 --learning_rate 0.3 \
 		--max_train_minutes $(MINUTES) --max_steps 100000 --save_steps 50 --eval_steps 150 --logging_steps 25 \
-		--per_device_eval_batch_size 64 --average_last 5 --save_total_limit 5 --output_dir $(OUT)
+		--per_device_eval_batch_size 64 --average_last 5 --save_total_limit 5 --output_dir $(OUT) --overwrite_output_dir
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -265,6 +266,9 @@ class _Parser(HfArgumentParser):
     """`HfArgumentParser` whose errors raise `UsageError` (one line) instead of printing the whole usage and exiting."""
 
     def error(self, message):
+        message = re.sub(
+            r"(--\w+)/--[\w-]+", r"\1", message
+        )  # not the `--flag-name` spelling beside each flag
         raise UsageError(f"{message} ({self.prog} --help lists the flags)")
 
 
@@ -410,6 +414,22 @@ def parse_args(
 # ---------------------------------------------------------------------------------------------------------------------
 # Logging
 # ---------------------------------------------------------------------------------------------------------------------
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time of each message (a tool called twice in one process, or under
+    a test's capture, logs where standard error is now)."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def setup_logging(main_process: bool = True) -> None:
     """Quiet logs on standard error: this package's INFO messages, warnings from everyone else, no progress bars of
     transformers' loading and saving or of `datasets`; with `--verbose`, transformers' and datasets' INFO logs and bars as well. Processes other than
@@ -419,10 +439,9 @@ def setup_logging(main_process: bool = True) -> None:
 
     level = logging.INFO if main_process else logging.WARNING
     root = logging.getLogger()
-    if not any(getattr(handler, "_vaswani", False) for handler in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler._vaswani = True
         root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("vaswani").setLevel(level)

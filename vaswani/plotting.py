@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .averaging import find_checkpoints
+from .fileio import atomic_write
 from .translation import load_translation_model, translate
 
 logger = logging.getLogger(__name__)
@@ -91,9 +92,9 @@ def learning_curves(log_history: Sequence[dict]) -> dict[str, tuple[list[int], l
 
 def _save(figure: Figure, output_path: str | os.PathLike, dpi: int) -> Path:
     output_path = Path(output_path)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(figure)
-    figure.savefig(output_path, dpi=dpi, format="png")
+    with atomic_write(output_path, "wb") as handle:  # a PNG is complete or absent
+        figure.savefig(handle, dpi=dpi, format="png")
     logger.info("Wrote %s", output_path)
     return output_path
 

@@ -387,6 +387,12 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
     if model_args.model_name_or_path:
         from transformers import AutoConfig
 
+        from .translation import check_model_path
+
+        try:
+            check_model_path(model_args.model_name_or_path)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--model_name_or_path: {error}") from None
         try:
             config = AutoConfig.from_pretrained(model_args.model_name_or_path)
         except (OSError, ValueError) as error:

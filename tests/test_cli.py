@@ -1,0 +1,272 @@
+"""The tools' shared conventions (`vaswani.cli`): console commands, arguments files, flag names, --help, and a
+non-editable install that ships the commands and the card template."""
+
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from vaswani.cli import UsageError, build_parser, command, parse_args, read_arguments_file
+from vaswani.commands import push_to_hub, train, translate
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+OUR_COMMANDS = {
+    "vaswani-train": "vaswani.commands.train:main",
+    "vaswani-train-tokenizer": "vaswani.commands.train_tokenizer:main",
+    "vaswani-average-checkpoints": "vaswani.commands.average_checkpoints:main",
+    "vaswani-translate": "vaswani.commands.translate:main",
+    "vaswani-evaluate": "vaswani.commands.evaluate:main",
+    "vaswani-plot": "vaswani.commands.plot:main",
+    "vaswani-push-to-hub": "vaswani.commands.push_to_hub:main",
+}
+
+
+@dataclass
+class Example:
+    source_lang: str = field(default="de", metadata={"help": "source"})
+    num_beams: int = field(default=4, metadata={"help": "beams"})
+    references: list[str] | None = field(default=None, metadata={"help": "files"})
+    lowercase: bool = field(default=False, metadata={"help": "lowercase"})
+
+
+def test_arguments_files_json_and_yaml_with_command_line_overrides(tmp_path):
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("source_lang: en\nnum_beams: 2\nreferences: [a.txt, b.txt]\nlowercase: true\n")
+    json_file = tmp_path / "run.json"
+    json_file.write_text(json.dumps({"source_lang": "fr", "num_beams": 5}))
+    (args,) = parse_args(Example, [str(yaml_file)], description="")
+    assert (args.source_lang, args.num_beams, args.references, args.lowercase) == (
+        "en",
+        2,
+        ["a.txt", "b.txt"],
+        True,
+    )
+    (args,) = parse_args(Example, [str(yaml_file), "--num_beams", "8"], description="")  # later flags win
+    assert (args.source_lang, args.num_beams) == ("en", 8)
+    (args,) = parse_args(Example, ["--num_beams=3", "--args_file", str(json_file)], description="")
+    assert (args.source_lang, args.num_beams) == ("fr", 5)  # the file comes after --num_beams=3 here
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_beams: [1, [2]]\n")
+    with pytest.raises(UsageError, match="bad.yaml: num_beams holds a nested list"):
+        read_arguments_file(bad)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(UsageError, match="bad.yaml must hold a mapping"):
+        read_arguments_file(bad)
+    with pytest.raises(UsageError, match="missing.json does not exist"):
+        parse_args(Example, ["--args_file", str(tmp_path / "missing.json")], description="")
+    with pytest.raises(UsageError, match="unrecognized arguments: --no_such_flag"):
+        parse_args(Example, [str(json_file), "--no_such_flag", "1"], description="")
+
+
+def test_the_training_arguments_file_carries_model_config_and_trainer_flags(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "dataset_name: somewhere\npreset: small\nd_model: 64\nnormalize_before: true\nmax_steps: 10\n"
+        "fsdp_config: {min_num_params: 0}\nlearning_rate: 2.0\n"
+    )
+    model_args, config_args, data_args, _, training_args = parse_args(
+        [train.ModelArguments, train.ModelConfigArguments, train.DataArguments, train.FinishArguments]
+        + [train.PaperTrainingArguments],
+        [str(config), "--output_dir", str(tmp_path / "run")],
+        description="",
+    )
+    assert model_args.preset == "small" and data_args.dataset_name == "somewhere"
+    assert (config_args.d_model, config_args.normalize_before) == (64, True)
+    assert training_args.max_steps == 10 and training_args.learning_rate == 2.0
+
+
+def test_renamed_flags_still_work_and_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="vaswani.cli"):
+        (args,) = parse_args(Example, ["--src_lang=en", "--beams", "2"], description="", renamed={
+            "src_lang": "source_lang", "beams": "num_beams"
+        })  # fmt: skip
+    assert (args.source_lang, args.num_beams) == ("en", 2)
+    assert "--src_lang is deprecated; use --source_lang" in caplog.text
+    assert "--beams is deprecated; use --num_beams" in caplog.text
+
+
+def test_one_line_errors_exit_statuses_and_debug(capsys):
+    @command("vaswani-example")
+    def main(argv):
+        (args,) = parse_args(Example, argv, description="")
+        if args.num_beams == 7:
+            raise FileNotFoundError(2, "No such file or directory", "/data/x.de")
+        if args.num_beams == 8:
+            raise KeyError("oops")
+        return args
+
+    assert main(["--num_beams", "2"]).num_beams == 2
+    for argv, status, message in [
+        (
+            ["--num_beams", "two"],
+            2,
+            "vaswani-example: error: argument --num_beams: invalid int value: 'two' "
+            "(vaswani-example --help lists the flags)",
+        ),
+        (
+            ["--num_beams", "7"],
+            1,
+            "vaswani-example: error: [Errno 2] No such file or directory: '/data/x.de'",
+        ),
+        (
+            ["--num_beams", "8"],
+            1,
+            "vaswani-example: error: KeyError: 'oops' (run with --debug for the traceback)",
+        ),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            main(argv)
+        assert exit.value.code == status
+        assert capsys.readouterr().err == message + "\n"
+    with pytest.raises(KeyError):
+        main(["--num_beams", "8", "--debug"])
+
+
+def test_train_help_is_short_grouped_and_lists_the_model_configuration(capsys):
+    with pytest.raises(SystemExit) as exit:
+        train.main(["--help"])
+    assert exit.value.code == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 330  # transformers' full list alone is over 600 lines
+    for title in (
+        "Train the Transformer",
+        "model configuration (VaswaniConfig fields",
+        "the paper's training recipe (§5",
+        "data:",
+        "after training (§6.1)",
+        "more than one process or machine",
+        "examples:",
+    ):
+        assert title in text, title
+    for flag in (
+        "--d_model",
+        "--normalize_before",
+        "--warmup_steps",
+        "--label_smoothing_factor",
+        "--dataset_name",
+    ):
+        assert flag in text, flag
+    assert "--torch_compile_mode" not in text and "--d-model" not in text
+    with pytest.raises(SystemExit):
+        train.main(["--help_all"])
+    assert "--torch_compile_mode" in capsys.readouterr().out
+
+
+def test_pyproject_installs_a_console_command_per_tool():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {name: scripts[name] for name in OUR_COMMANDS} == OUR_COMMANDS
+    assert (
+        scripts["vaswani-export"] == "vaswani.export:main"
+        and scripts["vaswani-convert"] == "vaswani.convert:main"
+    )
+    for name, target in OUR_COMMANDS.items():
+        module, function = target.split(":")
+        assert callable(getattr(__import__(module, fromlist=[function]), function)), name
+        assert (BIN / name).is_file(), f"{name} is not installed in this environment"
+
+
+def _commands_in(text: str) -> list[list[str]]:
+    """The `vaswani-*` command lines of a document (continuation lines joined)."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    found = []
+    for line in joined.splitlines():
+        match = re.search(r"(?:^|\s|-m )(vaswani-[a-z-]+|vaswani\.commands\.[a-z_]+)( .*)?$", line)
+        if match and not line.lstrip().startswith(("#", "|")):
+            found.append([match.group(1), *shlex.split((match.group(2) or "").split(" #")[0], posix=True)])
+    return found
+
+
+def test_documented_commands_use_flags_the_tools_have():
+    """Every `vaswani-*` command in the README and the Makefile parses with the current flags and no renamed one."""
+    from vaswani.commands import average_checkpoints, evaluate, plot, train_tokenizer
+
+    tools = {
+        "train": train,
+        "translate": translate,
+        "push-to-hub": push_to_hub,
+        "average-checkpoints": average_checkpoints,
+        "evaluate": evaluate,
+        "train-tokenizer": train_tokenizer,
+        "plot": plot,
+    }
+    makefile = (ROOT / "Makefile").read_text().replace("$(BIN)/vaswani-", "vaswani-")
+    commands = _commands_in((ROOT / "README.md").read_text()) + _commands_in(makefile)
+    assert any(c[0] == "vaswani-train" for c in commands) and any(
+        c[0] == "vaswani-translate" for c in commands
+    )
+    for tokens in commands:
+        name = tokens[0].removeprefix("vaswani-").removeprefix("vaswani.commands.").replace("_", "-")
+        if name not in tools:
+            continue  # vaswani-export, vaswani-convert: other tools' own tests
+        flags = {t.split("=")[0].lstrip("-").replace("-", "_") for t in tokens[1:] if t.startswith("--")}
+        module = tools[name]
+        for old in getattr(module, "RENAMED", {}):
+            assert old not in flags or name == "plot", f"{' '.join(tokens)} uses the renamed --{old}"
+        if name == "plot":
+            continue
+        types = [
+            getattr(module, n)
+            for n in dir(module)
+            if n.endswith("Arguments") and isinstance(getattr(module, n), type)
+        ]
+        parser = build_parser(types, description="")
+        known = {a.dest for a in parser._actions} | {
+            o.lstrip("-") for a in parser._actions for o in a.option_strings
+        }
+        unknown = sorted(f for f in flags if f not in known)
+        assert not unknown, f"{' '.join(tokens)}: unknown {unknown}"
+
+
+def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
+    """`pip install .` (not editable): the wheel's entry points name every command, and `vaswani-push-to-hub`
+    installed from it finds `hub_card.md` inside the package, from outside the repository."""
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+         "-w", str(wheels), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = wheels.glob("vaswani_transformer-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    assert "vaswani/hub_card.md" in names and "vaswani/commands/translate.py" in names
+    for name, target in OUR_COMMANDS.items():
+        assert f"{name} = {target}" in entry_points
+    target = tmp_path / "site"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    from tiny_translation_assets import tiny_tokenizer, translation_model
+
+    model_dir = tmp_path / "model"
+    tokenizer = tiny_tokenizer()
+    translation_model(len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    where = subprocess.run(
+        [sys.executable, "-c", "import vaswani.hub as h; print(h.__file__); print(h.DEFAULT_TEMPLATE)"],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    module_file, template = where.stdout.split()
+    assert module_file.startswith(str(target)) and template.startswith(str(target)), where.stdout
+    published = subprocess.run(
+        [str(target / "bin" / "vaswani-push-to-hub"), "--model_name_or_path", str(model_dir), "--dry_run",
+         "--output_dir", str(tmp_path / "hub"), "--hub_model_id", "someone/tiny"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr[-3000:]
+    assert 'pipeline("translation"' in (tmp_path / "hub" / "README.md").read_text()
