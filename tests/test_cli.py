@@ -263,10 +263,12 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
     )  # fmt: skip
     module_file, template = where.stdout.split()
     assert module_file.startswith(str(target)) and template.startswith(str(target)), where.stdout
+    arguments = tmp_path / "publish.yaml"  # the arguments file works from the installed command too
+    arguments.write_text(f"model_name_or_path: {model_dir}\ndry_run: true\nhub_model_id: someone/tiny\n")
     published = subprocess.run(
-        [str(target / "bin" / "vaswani-push-to-hub"), "--model_name_or_path", str(model_dir), "--dry_run",
-         "--output_dir", str(tmp_path / "hub"), "--hub_model_id", "someone/tiny"],
+        [str(target / "bin" / "vaswani-push-to-hub"), str(arguments), "--output_dir", str(tmp_path / "hub")],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert published.returncode == 0, published.stderr[-3000:]
-    assert 'pipeline("translation"' in (tmp_path / "hub" / "README.md").read_text()
+    card = (tmp_path / "hub" / "README.md").read_text()
+    assert 'pipeline("translation"' in card and "someone/tiny" in card

@@ -152,8 +152,16 @@ def test_script(eager_model, tmp_path):
     write_run(run)
     env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     commands = [
-        ["curves", "--run", str(run), "--output", str(tmp_path / "curves.png")],
-        ["attention", "--model", str(folder), "--source", SENTENCES[0], "--target", SENTENCES[4]]
+        ["curves", "--run_dir", str(run), "--output", str(tmp_path / "curves.png")],
+        [
+            "attention",
+            "--model_name_or_path",
+            str(folder),
+            "--source_text",
+            SENTENCES[0],
+            "--target_text",
+            SENTENCES[4],
+        ]
         + ["--output_dir", str(tmp_path / "att"), "--device", "cpu"],
     ]
     for command in commands:

@@ -230,6 +230,9 @@ def test_train_tokenizer_script(tmp_path, separate, lowercase):
     assert result.returncode == 0, result.stderr
     expected = "source 350, target 320 (separate)" if separate else "source 350, target 350 (joint)"
     assert f"Vocabulary size: {expected} from 96 sentence pairs" in result.stderr
+    # the flags of the tokenizer tool before they took the names every tool shares: still accepted, with a warning
+    assert "--src_lang is deprecated; use --source_lang" in result.stderr
+    assert "--source is deprecated; use --dataset_name" in result.stderr
     src_tok, tgt_tok = load_tokenizers(out)
     assert (src_tok is tgt_tok) is not separate
     assert lowercases(src_tok) is lowercases(tgt_tok) is lowercase

@@ -144,7 +144,7 @@ def test_script_stdin_to_stdout_with_references(tmp_path, model, tokenizer):
     references = tmp_path / "ref.txt"
     references.write_text("\n".join(["A man rides a bike.", "", "A book.", "Two dogs."]) + "\n")
     result = subprocess.run(
-        [sys.executable, "scripts/translate.py", "--model", str(folder), "--max_new_tokens", "8"]
+        [sys.executable, "scripts/translate.py", "--model_name_or_path", str(folder), "--max_new_tokens", "8"]
         + ["--batch_size", "2", "--device", "cpu", "--references", str(references)],
         input="\n".join(sentences) + "\n",
         cwd=ROOT,
@@ -198,7 +198,14 @@ def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokeni
     source, references, results = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "results.json"
     source.write_text("\n".join(SENTENCES[:3]) + "\n")
     references.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde.\nEin Buch.\n")
-    command = [sys.executable, "scripts/translate.py", "--model", str(folder), "--input", str(source)]
+    command = [
+        sys.executable,
+        "scripts/translate.py",
+        "--model_name_or_path",
+        str(folder),
+        "--input",
+        str(source),
+    ]
     command += [
         "--output",
         str(tmp_path / "hyp.txt"),
@@ -215,7 +222,7 @@ def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokeni
     assert refused.returncode != 0 and b"need --references" in refused.stderr and not results.exists()
 
     command += ["--references", str(references), "--moses_lang", "de", "--results_json", str(results)]
-    command += ["--dataset", "multi30k", "--split", "test_2016_flickr", "--num_beams", "2"]
+    command += ["--dataset_name", "multi30k", "--split", "test_2016_flickr", "--num_beams", "2"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, encoding="utf-8")
     assert result.returncode == 0, result.stderr
     assert "BLEU (lowercased, Moses-tokenized, de) = " in result.stderr

@@ -169,9 +169,9 @@ class RunProgress(ProgressCallback):
         if state.is_world_process_zero:
             self.training_bar = tqdm(
                 total=max(1, round(self.seconds)),
-                unit="s",
                 dynamic_ncols=True,
                 desc=f"Training ({self.seconds / 60:g} min or {state.max_steps} steps)",
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s [{elapsed}<{remaining}{postfix}]",
             )
 
     def fraction(self, state) -> float:
