@@ -19,7 +19,7 @@ from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 from vaswani import engines
 from vaswani.export import CTRANSLATE2_QUANTIZATIONS, export, main, read_metadata
 from vaswani.tokenization import save_tokenizers
-from vaswani.translation import translate
+from vaswani.translation import translate, translate_n_best
 
 ROOT = Path(__file__).resolve().parents[1]
 MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
@@ -116,7 +116,7 @@ def test_ctranslate2_export_follows_each_departure_from_the_paper(tmp_path, toke
             )[0]
             for ids in sources
         ]
-        assert [hypotheses[0] for hypotheses in got] == expected
+        assert [hypotheses[0].ids for hypotheses in got] == expected
 
 
 def test_int8_and_bfloat16_exports_are_smaller_and_translate(saved, ct2_folder, tmp_path):
@@ -142,7 +142,30 @@ def test_ctranslate2_n_best_starts_with_the_best(ct2_folder, tokenizer):
     sources = tokenizer(MORE[:3])["input_ids"]
     best = engine.generate(sources, num_beams=4, max_new_tokens=12)
     two = engine.generate(sources, num_beams=4, max_new_tokens=12, num_return_sequences=2)
-    assert [len(h) for h in two] == [2, 2, 2] and [h[0] for h in two] == [h[0] for h in best]
+    assert [len(h) for h in two] == [2, 2, 2] and [h[0].ids for h in two] == [h[0].ids for h in best]
+
+
+@pytest.mark.parametrize("beams, n_best", [(1, 1), (4, 2)], ids=["greedy", "beam-4-2-best"])
+def test_ctranslate2_n_best_lists_and_scores_are_the_pytorch_ones(
+    saved, ct2_folder, tokenizer, beams, n_best
+):
+    assert_same_n_best(
+        saved[0], engines.load_exported(ct2_folder), tokenizer, beams, n_best, **CTRANSLATE2_SEARCH
+    )
+
+
+def assert_same_n_best(model, exported, tokenizer, beams, n_best, **search):
+    """`engines.translate_n_best` gives `translation.translate_n_best`'s texts and scores (an empty line included)."""
+    sentences = MORE[:5] + [""]
+    options = dict(
+        n_best=n_best, num_beams=beams, max_new_tokens=20, batch_size=4, show_progress=False, **search
+    )
+    engine, source, target = exported
+    got = engines.translate_n_best(sentences, engine, source, target, **options)
+    expected = translate_n_best(sentences, model, tokenizer, **options)
+    assert [[h.text for h in hypotheses] for hypotheses in got] == [[h.text for h in e] for e in expected]
+    scores = [[h.score for h in hypotheses] for hypotheses in got]
+    assert np.allclose(scores, [[h.score for h in e] for e in expected], atol=1e-4) and min(min(scores)) < 0
 
 
 def test_ctranslate2_warns_that_it_has_no_paper_length_penalty(ct2_folder, tokenizer, caplog):
@@ -219,7 +242,12 @@ def test_onnx_n_best_is_the_pytorch_n_best(saved, onnx_folder, tokenizer):
     got = engine.generate(sources, num_beams=4, max_new_tokens=10, num_return_sequences=3)
     for ids, hypotheses in zip(sources, got, strict=True):
         expected = model.generate(torch.tensor([ids]), num_beams=4, max_new_tokens=10, num_return_sequences=3)
-        assert hypotheses == ids_of(expected)
+        assert [h.ids for h in hypotheses] == ids_of(expected)
+
+
+@pytest.mark.parametrize("beams, n_best", [(1, 1), (4, 3)], ids=["greedy", "beam-4-3-best"])
+def test_onnx_n_best_lists_and_scores_are_the_pytorch_ones(saved, onnx_folder, tokenizer, beams, n_best):
+    assert_same_n_best(saved[0], engines.load_exported(onnx_folder), tokenizer, beams, n_best)
 
 
 def test_onnx_export_of_every_departure_at_once(tmp_path, tokenizer):

@@ -2,11 +2,13 @@
 
     engine, source_tokenizer, target_tokenizer = load_exported("runs/de-en/ct2-int8")
     translations = translate(sentences, engine, source_tokenizer, target_tokenizer)
+    n_best = translate_n_best(sentences, engine, source_tokenizer, target_tokenizer, n_best=4)  # with scores
 
-Both engines take token ids (`generate`) and return, per sentence, the best `num_return_sequences` outputs as id lists:
-the generated tokens after the start token, `</s>` included when a hypothesis ended with it. `translate` adds what
-`vaswani.translation.translate` does around `generate()`: length-sorted batches, §6.1's maximum output length
-(longest source of the batch + 50), empty lines kept empty, input order.
+Both engines take token ids (`generate`) and return, per sentence, its best `num_return_sequences` outputs (`Output`:
+the generated ids after the start token, `</s>` included when a hypothesis ended with it, and the score).
+`translate` and `translate_n_best` are `vaswani.translation`'s functions of the same names with an engine in place of
+the model: length-sorted batches, §6.1's maximum output length (longest source of the batch + 50), empty lines kept
+empty, input order, `translation.Hypothesis` results.
 
 How each engine decodes, against the PyTorch model's `generate()`:
 
@@ -30,6 +32,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -38,9 +41,18 @@ from tqdm.auto import tqdm
 from .export import ENGINES, read_metadata
 from .generation_vaswani import EXTRA_OUTPUT_TOKENS, length_penalty_factor
 from .tokenization import load_tokenizers
-from .translation import LENGTH_PENALTY, NUM_BEAMS, make_batches
+from .translation import LENGTH_PENALTY, NUM_BEAMS, Hypothesis, check_decoding, make_batches
 
 logger = logging.getLogger(__name__)
+
+
+class Output(NamedTuple):
+    """One decoded sequence: the generated ids (after the start token, `</s>` included when it ended there) and its
+    score as `generate()` gives it: for beam search the summed log-probability divided by the length penalty, for
+    greedy decoding the summed log-probability (0.0 unless asked for)."""
+
+    ids: list[int]
+    score: float
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -76,7 +88,8 @@ class CTranslate2Engine:
         early_stopping: bool | str = True,
         num_return_sequences: int = 1,
         min_new_tokens: int = 0,
-    ) -> list[list[list[int]]]:
+        with_scores: bool = False,
+    ) -> list[list[Output]]:
         """Decode a batch of sources (id lists, `</s>` included). `early_stopping` is CTranslate2's own (k finished
         hypotheses) whatever is asked; `length_penalty_form` "gnmt" falls back to "power" with a warning."""
         if num_beams > 1 and length_penalty and length_penalty_form != "power" and not self.warned:
@@ -96,14 +109,24 @@ class CTranslate2Engine:
         results = self.translator.translate_batch(
             [[self.source_tokens[i] for i in ids] for ids in input_ids],
             beam_size=num_beams,
-            length_penalty=length_penalty,
+            # greedy: no length penalty, so that a score is the summed log-probability, as in transformers
+            length_penalty=length_penalty if num_beams > 1 else 0.0,
             num_hypotheses=num_return_sequences,
             return_end_token=True,  # |Y| counts </s>, as in transformers
+            return_scores=with_scores,
             min_decoding_length=min_new_tokens,
             max_decoding_length=max_new_tokens,
             max_input_length=0,
         )
-        return [[[self.target_ids[t] for t in tokens] for tokens in result.hypotheses] for result in results]
+        return [
+            [
+                Output([self.target_ids[t] for t in tokens], score)
+                for tokens, score in zip(
+                    result.hypotheses, result.scores or [0.0] * len(result.hypotheses), strict=True
+                )
+            ]
+            for result in results
+        ]
 
 
 def _ctranslate2_vocabularies(folder: Path) -> tuple[list[str], list[str]]:
@@ -181,7 +204,8 @@ class OnnxEngine:
         early_stopping: bool | str = False,
         num_return_sequences: int = 1,
         min_new_tokens: int = 0,
-    ) -> list[list[list[int]]]:
+        with_scores: bool = False,
+    ) -> list[list[Output]]:
         """Decode a batch of sources (id lists, `</s>` included; right-padded here), as `generate()` does."""
         pad, eos = self.metadata["pad_token_id"], self.metadata["eos_token_id"]
         longest = max(len(ids) for ids in input_ids)
@@ -195,9 +219,8 @@ class OnnxEngine:
                 raise ValueError(
                     "greedy search returns one sequence per source: num_return_sequences must be 1"
                 )
-            return [
-                [out] for out in greedy_search(self, mask, cross, max_new_tokens, min_new_tokens, eos, pad)
-            ]
+            outputs = greedy_search(self, mask, cross, max_new_tokens, min_new_tokens, eos, pad, with_scores)
+            return [[output] for output in outputs]
         return beam_search(
             self,
             mask,
@@ -225,24 +248,35 @@ def greedy_search(
     min_new_tokens: int,
     eos: int,
     pad: int,
-) -> list[list[int]]:
-    """The most probable token at each step until `</s>` or `max_new_tokens`; finished rows continue with padding."""
+    with_scores: bool = False,
+) -> list[Output]:
+    """The most probable token at each step until `</s>` or `max_new_tokens`; finished rows continue with padding.
+    With `with_scores`, each output's summed log-probability (up to and with `</s>`)."""
     rows = mask.shape[0]
     tokens, past = _start_tokens(engine, rows), engine.empty_cache(rows)
     finished = np.zeros(rows, dtype=bool)
+    scores = np.zeros(rows, dtype=np.float64)
     outputs: list[np.ndarray] = []
     for step in range(max_new_tokens):
         logits, past = engine.decode(tokens, mask, past, cross)
         logits = logits[:, -1]  # (B, V)
         if step < min_new_tokens:
             logits[:, eos] = -np.inf
-        tokens = np.where(finished, pad, logits.argmax(-1))[:, None]
+        chosen = logits.argmax(-1)
+        if with_scores:  # log p(chosen) = logit - logsumexp(logits)
+            top = logits[np.arange(rows), chosen]
+            log_p = top - (top + np.log(np.exp(logits - top[:, None]).sum(-1)))
+            scores += np.where(finished, 0.0, log_p)
+        tokens = np.where(finished, pad, chosen)[:, None]
         outputs.append(tokens[:, 0])
         finished |= tokens[:, 0] == eos
         if finished.all():
             break
     generated = np.stack(outputs, axis=1)  # (B, steps)
-    return [_until_eos(row.tolist(), eos) for row in generated]
+    return [
+        Output(_until_eos(row.tolist(), eos), float(score))
+        for row, score in zip(generated, scores, strict=True)
+    ]
 
 
 def _until_eos(tokens: list[int], eos: int) -> list[int]:
@@ -261,7 +295,7 @@ def beam_search(
     num_return_sequences: int,
     min_new_tokens: int,
     eos: int,
-) -> list[list[list[int]]]:
+) -> list[list[Output]]:
     """transformers' beam search (`GenerationMixin._beam_search`, no sampling), in which a finished hypothesis' summed
     log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts the generated tokens, `</s>`
     included).
@@ -317,7 +351,9 @@ def beam_search(
         order = (beams + rows * k).flatten().numpy()  # the cache rows each continuing beam extends
         past = [np.take(cache, order, axis=0) for cache in past]
         tokens = new_tokens.reshape(-1, 1).numpy()
-    return [[tokens for _, tokens in hypotheses[:num_return_sequences]] for hypotheses in finished]
+    return [
+        [Output(ids, score) for score, ids in hypotheses[:num_return_sequences]] for hypotheses in finished
+    ]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -347,63 +383,81 @@ def load_exported(folder: str | os.PathLike, engine: str | None = None, **option
     return load_engine(folder, engine, **options), source, target
 
 
-def translate(
+def translate_n_best(
     sentences: Iterable[str],
     engine: Engine,
     source_tokenizer,
     target_tokenizer=None,
+    n_best: int = 1,
     batch_size: int = 64,
     max_tokens: int | None = None,
     num_beams: int = NUM_BEAMS,
     length_penalty: float = LENGTH_PENALTY,
     length_penalty_form: str | None = None,
-    early_stopping: bool | str | None = None,
     max_new_tokens: int | None = None,
     extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
-    num_return_sequences: int = 1,
     show_progress: bool = True,
-) -> list[str] | list[list[str]]:
-    """Translate `sentences` with an exported model, in input order, as `vaswani.translation.translate` does with the
-    PyTorch model (same batching, same default output limit: the longest source of the batch + 50).
+    with_scores: bool = True,
+    max_source_length: int | None = None,
+    early_stopping: bool | str | None = None,
+) -> list[list[Hypothesis]]:
+    """`vaswani.translation.translate_n_best` with an exported model instead of the PyTorch one: the `n_best` best
+    translations of each sentence, best first, with their scores, in input order; the same batching, the same default
+    output limit (the longest source of the batch + 50), empty lines as `n_best` empty translations of score 0.
 
-    `length_penalty_form` and `early_stopping` default to the exported model's generation config. With
-    `num_return_sequences` > 1 each sentence gets a list of its best translations (an empty line: one empty string).
-    """
+    `length_penalty_form` and `early_stopping` default to the exported model's generation config (CTranslate2 runs
+    its own, see the module docstring)."""
+    check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
     sentences = list(sentences)
     target_tokenizer = target_tokenizer or source_tokenizer
     decoding = engine.metadata["decoding"]
-    form = length_penalty_form or decoding["length_penalty_form"]
-    early_stopping = decoding["early_stopping"] if early_stopping is None else early_stopping
-    translations: list[list[str]] = [[""] for _ in sentences]
+    results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    encoded = source_tokenizer([sentences[i] for i in todo])["input_ids"] if todo else []
+    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
+    encoded = source_tokenizer([sentences[i] for i in todo], **truncation)["input_ids"] if todo else []
     with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
-        progress.update(len(sentences) - len(todo))
+        progress.update(len(sentences) - len(todo))  # the empty lines
         for batch in make_batches([len(ids) for ids in encoded], batch_size, max_tokens):
             sources = [encoded[j] for j in batch]
-            limit = max_new_tokens or max(len(ids) for ids in sources) + extra_output_tokens
             outputs = engine.generate(
                 sources,
                 num_beams=num_beams,
-                max_new_tokens=limit,
+                max_new_tokens=max_new_tokens or max(len(ids) for ids in sources) + extra_output_tokens,
                 length_penalty=length_penalty,
-                length_penalty_form=form,
-                early_stopping=early_stopping,
-                num_return_sequences=num_return_sequences,
+                length_penalty_form=length_penalty_form or decoding["length_penalty_form"],
+                early_stopping=decoding["early_stopping"] if early_stopping is None else early_stopping,
+                num_return_sequences=n_best,
+                with_scores=with_scores,
             )
             for j, hypotheses in zip(batch, outputs, strict=True):
-                translations[todo[j]] = target_tokenizer.batch_decode(hypotheses, skip_special_tokens=True)
+                texts = target_tokenizer.batch_decode([h.ids for h in hypotheses], skip_special_tokens=True)
+                results[todo[j]] = [
+                    Hypothesis(text, h.score) for text, h in zip(texts, hypotheses, strict=True)
+                ]
             progress.update(len(batch))
-    return translations if num_return_sequences > 1 else [best[0] for best in translations]
+    return results
+
+
+def translate(
+    sentences: Iterable[str], engine: Engine, source_tokenizer, target_tokenizer=None, **options
+) -> list[str]:
+    """The best translation of each sentence (`translate_n_best` with `n_best=1`, no scores computed), as
+    `vaswani.translation.translate` gives it with the PyTorch model."""
+    n_best = translate_n_best(
+        sentences, engine, source_tokenizer, target_tokenizer, with_scores=False, **options
+    )
+    return [hypotheses[0].text for hypotheses in n_best]
 
 
 __all__ = [
     "CTranslate2Engine",
     "ENGINES",
     "OnnxEngine",
+    "Output",
     "beam_search",
     "greedy_search",
     "load_engine",
     "load_exported",
     "translate",
+    "translate_n_best",
 ]
