@@ -1,4 +1,4 @@
-"""Export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX (issue #18).
+"""Export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX.
 
     vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \
         --output_dir runs/de-en/ct2-int8

@@ -15,8 +15,10 @@ methods, since the parameter names are BART's. What differs from BART and Marian
   stop short of `vocab_size`); separate source and target vocabularies when the model has them.
 
 CTranslate2's beam search divides a finished hypothesis' log-probability by |Y|^alpha (`length_penalty`), the "power"
-form of `generation_vaswani.length_penalty_factor`, and stops a sentence once `beam_size` hypotheses have finished
-(transformers' `early_stopping=True`). It has no ((5 + |Y|) / 6)^alpha form (the paper's); see `vaswani.engines`.
+form of `generation_vaswani.length_penalty_factor`, where |Y| leaves `</s>` out unless `return_end_token=True` (which
+`vaswani.engines` passes, so that |Y| counts it as transformers does), and stops a sentence once `beam_size` hypotheses
+have finished (transformers' `early_stopping=True`). It has no ((5 + |Y|) / 6)^alpha form (the paper's): asked for it,
+`vaswani.engines` warns and decodes with |Y|^alpha.
 """
 
 from __future__ import annotations
