@@ -617,3 +617,41 @@ def test_overwrite_output_dir_replaces_a_converted_folder(folders, tmp_path):
     (output / "stale.txt").write_text("old")
     convert(source, output, overwrite_output_dir=True)
     assert not (output / "stale.txt").exists() and (output / "model.safetensors").is_file()
+
+
+def test_the_recipes_tools_translate_a_converted_folder(folders, tmp_path):
+    """`vaswani-translate` (and everything else that loads tokenizers with `vaswani.tokenization`) takes a converted
+    folder: its own tokenizer encodes the source and decodes the target, as the source model's generate() does."""
+    from vaswani.commands.translate import main as translate_main
+
+    for name in ("marian-separate-gelu", "fsmt-separate-relu"):
+        source_dir, converted = folders[name]
+        source = AutoModelForSeq2SeqLM.from_pretrained(source_dir).eval()
+        tokenizer = AutoTokenizer.from_pretrained(source_dir)
+        inputs = tmp_path / f"{name}.txt"
+        inputs.write_text("\n".join(SOURCE) + "\n")
+        ours = translate_main(
+            [
+                "--model_name_or_path",
+                str(converted),
+                "--input",
+                str(inputs),
+                "--output",
+                str(tmp_path / "hyp"),
+                "--length_penalty_form",
+                "power",
+                "--num_beams",
+                "2",
+                "--max_new_tokens",
+                "8",
+                "--no_progress",
+            ]
+        )
+        with torch.no_grad():
+            ids = source.generate(
+                **tokenizer(SOURCE, return_tensors="pt", padding=True),
+                num_beams=2,
+                max_new_tokens=8,
+                length_penalty=0.6,
+            )
+        assert ours == [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]

@@ -311,3 +311,44 @@ def test_the_package_imports_no_engine():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
+def test_vaswani_translate_runs_an_export_and_records_what_ran(
+    engine, saved, ct2_folder, onnx_folder, tmp_path
+):
+    """`vaswani-translate --engine ctranslate2|onnx` on an exported folder: the translations of the engine's own
+    `translate`, scores against references, and a results file that records the engine and the length penalty's
+    form that ran; flags of the PyTorch path are refused for an export."""
+    from vaswani.commands.translate import main as translate_main
+
+    folder = ct2_folder if engine == "ctranslate2" else onnx_folder
+    source = tmp_path / "src.txt"
+    source.write_text("\n".join(MORE[:4]) + "\n")
+    results = tmp_path / "results.json"
+    out = translate_main(
+        [
+            "--model_name_or_path",
+            str(folder),
+            "--engine",
+            engine,
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "hyp.txt"),
+            "--references",
+            str(source),
+            "--results_json",
+            str(results),
+            "--no_progress",
+        ]
+    )
+    engine_object, src_tok, tgt_tok = engines.load_exported(folder, engine)
+    assert out == engines.translate(MORE[:4], engine_object, src_tok, tgt_tok, show_progress=False)
+    record = json.loads(results.read_text())
+    assert record["engine"] == engine
+    assert record["length_penalty_form"] == ("power" if engine == "ctranslate2" else "gnmt")
+    with pytest.raises(SystemExit):
+        translate_main(
+            ["--model_name_or_path", str(folder), "--engine", engine, "--bf16", "--input", str(source)]
+        )

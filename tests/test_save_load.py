@@ -206,3 +206,39 @@ def test_lora_adapter_on_q_and_v_trains_and_saves(tmp_path):
         a = lora(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
         b = reloaded(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
     torch.testing.assert_close(a, b)
+
+
+PIPELINE_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["vaswani"] = None  # the package must not be importable here
+    from transformers import pipeline
+
+    translator = pipeline("translation", model=sys.argv[1], trust_remote_code=True)
+    assert type(translator).__module__.startswith("transformers_modules"), type(translator).__module__
+    print(translator(["Ein Mann fährt Fahrrad.", ""], max_new_tokens=5))
+    """
+)
+
+
+def test_a_plain_save_pretrained_folder_translates_through_the_pipeline(tmp_path):
+    """`save_pretrained` alone writes the translation pipeline: a folder with its tokenizer beside it translates
+    with `pipeline("translation", model=folder, trust_remote_code=True)` where the package is not installed."""
+    from tiny_translation_assets import tiny_model as translation_tiny_model
+    from tiny_translation_assets import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    folder = tmp_path / "model"
+    translation_tiny_model(len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_vaswani.VaswaniTranslationPipeline"
+    assert (folder / "pipeline_vaswani.py").is_file()
+    script = tmp_path / "child.py"
+    script.write_text(PIPELINE_CHILD)
+    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, str(script), str(folder)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "translation_text" in result.stdout and "{'translation_text': ''}" in result.stdout

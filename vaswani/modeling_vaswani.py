@@ -19,8 +19,10 @@ import only torch and transformers, and they work with transformers 5.5 and late
 
 import inspect
 import math
+import shutil
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -45,7 +47,12 @@ from .kernels_vaswani import Linear, dropout, label_smoothed_cross_entropy
 
 logger = logging.get_logger(__name__)
 
-# `AutoModel` / `AutoModelForSeq2SeqLM` entries written into every saved folder's config.json.
+# Written into every saved folder's config.json: the `auto_map` of the Auto classes, and the translation pipeline
+# (`pipeline_vaswani.py`, copied beside the model's code).
+CUSTOM_PIPELINES = {
+    "translation": {"impl": "pipeline_vaswani.VaswaniTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"]}
+}
+_PIPELINE_FILE = Path(__file__).with_name("pipeline_vaswani.py")
 AUTO_MAP = {
     "AutoConfig": "configuration_vaswani.VaswaniConfig",
     "AutoModel": "modeling_vaswani.VaswaniModel",
@@ -401,9 +408,18 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save as usual, with an `auto_map` naming both model classes, so that `AutoModel` and
         `AutoModelForSeq2SeqLM` load the folder with `trust_remote_code=True` (transformers writes only the class
-        being saved)."""
+        being saved), and with the translation pipeline, so that `pipeline("translation", model=folder,
+        trust_remote_code=True)` works on it (transformers 5 has none of its own)."""
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        if _PIPELINE_FILE.is_file():  # not in a remote-code cache that never loaded the pipeline
+            self.config.custom_pipelines = {
+                **(getattr(self.config, "custom_pipelines", None) or {}),
+                **CUSTOM_PIPELINES,
+            }
+        saved = super().save_pretrained(save_directory, *args, **kwargs)
+        if _PIPELINE_FILE.is_file() and kwargs.get("is_main_process", True):
+            shutil.copyfile(_PIPELINE_FILE, Path(save_directory) / _PIPELINE_FILE.name)
+        return saved
 
     def _init_weights(self, module: nn.Module) -> None:
         """The paper gives no initialisation. Linear layers: Xavier-uniform, zero biases (tensor2tensor, fairseq).

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from .fileio import write_text
-from .modeling_vaswani import AUTO_MAP
+from .modeling_vaswani import AUTO_MAP, CUSTOM_PIPELINES
 
 # The files `trust_remote_code=True` loads: the model's (which `save_pretrained` copies through relative imports) and
 # the pipeline's. Copied from the package when missing or different, e.g. when an FSDP-wrapped model was saved and
@@ -31,9 +31,6 @@ CODE_FILES = (
     "generation_vaswani.py",
     "pipeline_vaswani.py",
 )
-CUSTOM_PIPELINES = {
-    "translation": {"impl": "pipeline_vaswani.VaswaniTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"]}
-}
 _PACKAGE = Path(__file__).resolve().parent
 
 

@@ -268,10 +268,11 @@ def save_tokenizers(
 def load_tokenizers(
     path: str | os.PathLike,
 ) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
-    """Load `(source_tokenizer, target_tokenizer)` from a folder written by `save_tokenizers`.
+    """Load `(source_tokenizer, target_tokenizer)` from a folder written by `save_tokenizers`, or by `vaswani.convert`.
 
     A joint vocabulary (`path/tokenizer.json`) gives the same object twice; separate vocabularies come from
-    `path/source` and `path/target`. Both layouts are checked for the special ids the model expects.
+    `path/source` and `path/target`. Both layouts are checked for the special ids the model expects. A converted
+    model's own tokenizer (Marian's sentencepiece, FSMT's) serves both sides.
     """
     path = Path(path)
     if (path / "tokenizer.json").is_file():
@@ -280,13 +281,18 @@ def load_tokenizers(
     source_dir, target_dir = path / SOURCE_SUBDIR, path / TARGET_SUBDIR
     if (source_dir / "tokenizer.json").is_file() and (target_dir / "tokenizer.json").is_file():
         return _load_tokenizer(source_dir), _load_tokenizer(target_dir)
+    if (path / "tokenizer_config.json").is_file():
+        # A tokenizer of another kind that encodes the source and decodes the target itself, as a converted Marian
+        # (sentencepiece) or FSMT model carries it (`vaswani.convert`); its special ids are the converted config's.
+        tokenizer = _load_tokenizer(path, check_ids=False)
+        return tokenizer, tokenizer
     raise FileNotFoundError(
         f"No tokenizer in {path}: expected {path / 'tokenizer.json'} (joint vocabulary) or "
         f"{source_dir / 'tokenizer.json'} and {target_dir / 'tokenizer.json'} (separate vocabularies)"
     )
 
 
-def _load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
+def _load_tokenizer(folder: Path, check_ids: bool = True) -> PreTrainedTokenizerFast:
     """`AutoTokenizer.from_pretrained(folder)`, its special ids checked; a file that is not valid JSON (cut short by
     a kill, say) raises `ValueError` naming it."""
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -302,7 +308,8 @@ def _load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as error:  # tokenizers' own exception types
         raise ValueError(f"Cannot load the tokenizer in {folder}: {' '.join(str(error).split())}") from error
-    check_special_ids(tokenizer, str(folder))
+    if check_ids:
+        check_special_ids(tokenizer, str(folder))
     return tokenizer
 
 

@@ -39,6 +39,7 @@ examples:
   echo "Ein Hund läuft." | vaswani-translate --model_name_or_path runs/de-en/averaged
   vaswani-translate --model_name_or_path runs/de-en/averaged --input test.de --n_best 4   (index, score, text)
   vaswani-translate --model_name_or_path runs/de-en/averaged --interactive                (a line in, a line out)
+  vaswani-translate --model_name_or_path runs/de-en/ct2-int8 --engine ctranslate2 --input test.de   (an export)
   vaswani-translate --model_name_or_path runs/en-de/averaged --input test_2016_flickr.en.gz --output hyp.de \\
       --references test_2016_flickr.de.gz --moses_lang de --results_json runs/en-de/test_results.json \\
       --dataset_name multi30k --split test_2016_flickr
@@ -110,6 +111,15 @@ class TranslationArguments:
         metadata={"help": "Attention kernel (default: vaswani_sdpa on the CPU, sdpa elsewhere)."},
     )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar (--no_progress to hide it)."})
+    engine: str = field(
+        default="pytorch",
+        metadata={
+            "help": "pytorch (the model folder), or ctranslate2 / onnx (a folder written by vaswani-export; "
+            "pip install vaswani-transformer[ctranslate2] or [onnx]).",
+            "choices": ["pytorch", "ctranslate2", "onnx"],
+        },
+    )
+    threads: int = field(default=0, metadata={"help": "CPU threads of an exported engine (0: its default)."})
 
     def __post_init__(self):
         with flag_errors("num_beams"):
@@ -124,6 +134,14 @@ class TranslationArguments:
             )
         if self.interactive and self.input != "-":
             raise UsageError("--interactive reads standard input: drop --input")
+        if self.engine != "pytorch":
+            for name in ("bf16", "attn_implementation", "tokenizer_name") + (
+                ("device",) if self.engine == "onnx" else ()
+            ):
+                if getattr(self, name):
+                    raise UsageError(f"--{name} applies to --engine pytorch, not {self.engine}")
+        if self.threads < 0:
+            raise UsageError(f"--threads must be 0 or more, got {self.threads}")
 
 
 @dataclass
@@ -170,10 +188,20 @@ def main(argv):
     if args.interactive and scoring.references:
         raise UsageError("--interactive translates as lines arrive: --references needs a whole --input")
     setup_logging()
-    model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
-    model, source_tokenizer, target_tokenizer = load_translation_model(
-        args.model_name_or_path, args.tokenizer_name, device=args.device, bf16=args.bf16, **model_kwargs
-    )
+    if args.engine == "pytorch":
+        model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
+        model, source_tokenizer, target_tokenizer = load_translation_model(
+            args.model_name_or_path, args.tokenizer_name, device=args.device, bf16=args.bf16, **model_kwargs
+        )
+        decode = translate_n_best
+    else:  # an exported model: the same decoding, by CTranslate2 or ONNX Runtime (vaswani.engines)
+        from .. import engines
+
+        options = {"device": args.device} if args.device else {}
+        model, source_tokenizer, target_tokenizer = engines.load_exported(
+            args.model_name_or_path, args.engine, threads=args.threads, **options
+        )
+        decode = engines.translate_n_best
     decoding = dict(
         n_best=args.n_best or 1,
         batch_size=args.batch_size,
@@ -186,8 +214,10 @@ def main(argv):
         with_scores=args.n_best is not None,
     )
     if args.interactive:
-        return _interactive(model, source_tokenizer, target_tokenizer, decoding, args.n_best is not None)
-    results = translate_n_best(
+        return _interactive(
+            decode, model, source_tokenizer, target_tokenizer, decoding, args.n_best is not None
+        )
+    results = decode(
         read_sentences(args.input),
         model,
         source_tokenizer,
@@ -205,13 +235,15 @@ def main(argv):
     return translations
 
 
-def _interactive(model, source_tokenizer, target_tokenizer, decoding: dict, with_scores: bool) -> None:
+def _interactive(
+    decode, model, source_tokenizer, target_tokenizer, decoding: dict, with_scores: bool
+) -> None:
     """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
     one is read, so that another program can hold a conversation with this one through pipes."""
     if sys.stdin.isatty():
         print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
     for index, line in enumerate(stdin_lines()):
-        (hypotheses,) = translate_n_best(
+        (hypotheses,) = decode(
             [line], model, source_tokenizer, target_tokenizer, show_progress=False, **decoding
         )
         if with_scores:
@@ -247,12 +279,23 @@ def _score(
             "split": scoring.split,
             "num_beams": args.num_beams,
             "length_penalty": args.length_penalty,
-            "length_penalty_form": length_penalty_form_of(model, args.length_penalty_form),
+            "length_penalty_form": _length_penalty_form(model, args),
+            "engine": args.engine,
             "model": args.model_name_or_path,
             "input": args.input,
             "references": scoring.references,
         }
         write_json(scoring.results_json, record)
+
+
+def _length_penalty_form(model, args: TranslationArguments) -> str:
+    """The form that ran: CTranslate2 has only |Y| ** alpha; an ONNX export decodes as its model's generation
+    config says (kept in the export's metadata)."""
+    if args.engine == "ctranslate2":
+        return "power"
+    if args.engine == "onnx":
+        return args.length_penalty_form or model.metadata["decoding"]["length_penalty_form"]
+    return length_penalty_form_of(model, args.length_penalty_form)
 
 
 if __name__ == "__main__":
