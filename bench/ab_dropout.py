@@ -53,6 +53,7 @@ def main(argv=None) -> dict:
         encoder_ffn_dim=args.ffn,
         decoder_ffn_dim=args.ffn,
         dropout=args.dropout,
+        attn_implementation=common.FAST_ATTENTION,  # as the recipe trains on the CPU
     )
     torch.manual_seed(0)
     model = VaswaniForConditionalGeneration(config).train()
