@@ -1,4 +1,4 @@
-"""Translation quality of the exported models against the PyTorch model on a test set (issue #18): the BLEU change of
+"""Translation quality of the exported models against the PyTorch model on a test set: the BLEU change of
 CTranslate2's int8 weights, and how many sentences each export translates exactly as PyTorch does.
 
 Every system decodes with beam 4 and length penalty 0.6 as CTranslate2 can (|Y|^alpha, a sentence stops at 4 finished

@@ -5,7 +5,7 @@ interleaved.
 Base preset, batch 32, source 20, exactly 30 new tokens (no EOS id), beam 4, random weights. Checks that both give
 the same sequences, then prints the median seconds per batch of each and their ratio.
 
-    python -m bench.ab_shared_encoder --repeats 5
+    python -m bench.ab_shared_encoder --repeats 5 --json bench/results/ab_shared_encoder.json
 """
 
 import argparse
@@ -24,6 +24,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     model = common.build_model("vaswani", common.vaswani_config(args.preset, args.vocab)).eval()
     source = common.random_batch(32, 20, 1, args.vocab, seed=args.beams)
@@ -45,7 +46,18 @@ def main(argv=None) -> dict:
     result = {name: common.median(seconds) for name, seconds in times.items()}
     for name, seconds in times.items():
         print(f"{name}: median {result[name]:.3f} s per batch ({', '.join(f'{s:.3f}' for s in seconds)})")
-    print(f"copied / shared = {result['copied per beam'] / result['shared']:.3f}")
+    speedup = result["copied per beam"] / result["shared"]
+    print(f"copied / shared = {speedup:.3f}")
+    common.write_json(
+        args.json,
+        {
+            "machine": common.machine(),
+            "settings": vars(args),
+            "seconds": times,
+            "median_s": result,
+            "speedup": speedup,
+        },
+    )
     return result
 
 

@@ -1,4 +1,4 @@
-"""Decoding speed and memory of the exported models (issue #18) next to PyTorch, at equal sizes, in one run.
+"""Decoding speed and memory of the exported models next to PyTorch, at equal sizes, in one run.
 
 Implementations, all built from one `VaswaniConfig` preset with random weights (`common.build_model`, seed 0):
 
@@ -35,7 +35,7 @@ IMPLEMENTATIONS = (
     "vaswani-onnx",
     *(f"{model}-ct2-{q}" for q in QUANTIZATIONS for model in ("vaswani", "marian")),
 )
-# Each export's bar (issue #18): at least as fast as this peer.
+# Each export's peer: the implementation it is compared with.
 PEERS = {"vaswani-onnx": "vaswani", **{f"vaswani-ct2-{q}": f"marian-ct2-{q}" for q in QUANTIZATIONS}}
 
 

@@ -55,6 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--gpu", action="store_true", help="GPU mode: bf16, SDPA, static cache + torch.compile"
     )
+    parser.add_argument(
+        "--attention",
+        default=common.FAST_ATTENTION,
+        help="vaswani's attn_implementation (default vaswani_sdpa, the CPU-fast one the recipe uses; sdpa, eager)",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
     parser.add_argument(
@@ -68,7 +73,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build(name: str, preset: str, dtype: str, args, device: str):
-    model = common.build_model(name, common.vaswani_config(preset, args.vocab)).eval().to(device)
+    model = (
+        common.build_model(
+            name, common.vaswani_config(preset, args.vocab, attn_implementation=args.attention)
+        )
+        .eval()
+        .to(device)
+    )
     if dtype == "bf16":
         model = model.to(torch.bfloat16)
     return model

@@ -44,6 +44,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--curve-preset", nargs="*", default=["small"], help="presets that get a loss curve")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--gpu", action="store_true", help="GPU mode (bf16, SDPA, torch.compile); needs CUDA")
+    parser.add_argument(
+        "--attention",
+        default=common.FAST_ATTENTION,
+        help="vaswani's attn_implementation (default vaswani_sdpa, the CPU-fast one the recipe uses; sdpa, eager)",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
     parser.add_argument(
@@ -72,7 +77,7 @@ def make_step(name, model, optimizer, batch, dtype: str, device: str):
 
 
 def build(name: str, preset: str, args, device: str):
-    config = common.vaswani_config(preset, args.vocab)
+    config = common.vaswani_config(preset, args.vocab, attn_implementation=args.attention)
     model = common.build_model(name, config).to(device).train()
     if args.gpu:
         model = torch.compile(model)

@@ -6,7 +6,7 @@ from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 from vaswani.tokenization import save_tokenizers
 
 
-def test_bench_engines_times_every_engine_and_states_the_bars(tmp_path):
+def test_bench_engines_times_every_engine_against_its_peer(tmp_path):
     stdout, result = run_script("bench.bench_engines", tmp_path, "--no-memory")
     assert "x peer" in stdout and "----" in stdout
     rows = {(row["impl"], row["decoding"]): row for row in result["results"]}
@@ -14,7 +14,7 @@ def test_bench_engines_times_every_engine_and_states_the_bars(tmp_path):
     implementations += [f"{model}-ct2-{q}" for model in ("vaswani", "marian") for q in ("float32", "int8")]
     assert set(rows) == {(impl, decoding) for impl in implementations for decoding in ("greedy", "beam-4")}
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
-    # The bars of issue #18: ONNX against our PyTorch path, our CTranslate2 export against CTranslate2's Marian.
+    # Each export's peer: ONNX against our PyTorch path, our CTranslate2 export against CTranslate2's Marian.
     assert rows["vaswani-onnx", "greedy"]["peer"] == "vaswani"
     assert rows["vaswani-ct2-int8", "beam-4"]["peer"] == "marian-ct2-int8"
     assert rows["vaswani-ct2-float32", "greedy"]["vs_peer"] > 0

@@ -1,4 +1,4 @@
-"""Export to CTranslate2 and ONNX (issue #18): the exports decode as the PyTorch model does.
+"""Export to CTranslate2 and ONNX: the exports decode as the PyTorch model does.
 
 CTranslate2 reproduces the PyTorch beam search with its own settings (|Y|^alpha, stop at k finished hypotheses); the
 ONNX graphs give the PyTorch logits at every step, and this package's search over them its greedy and beam outputs.

@@ -1,4 +1,4 @@
-"""The faults of issue #17, each rerun as the issue describes it: the tools give the right result or a one-line error
+"""Faults a user of the tools meets (bad input, kills, reruns, secrets), each rerun: the tools give the right result or a one-line error
 that names the file, line or flag (no traceback unless --debug)."""
 
 import json

@@ -1,4 +1,4 @@
-"""`vaswani-convert`: import a pretrained OPUS-MT or fairseq WMT translation model as a `vaswani` model (issue #18).
+"""`vaswani-convert`: import a pretrained OPUS-MT or fairseq WMT translation model as a `vaswani` model.
 
     vaswani-convert --model_name_or_path Helsinki-NLP/opus-mt-de-en --output_dir models/opus-mt-de-en
     vaswani-convert --model_name_or_path path/to/wmt19-de-en --output_dir models/wmt19-de-en

@@ -36,12 +36,17 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from .export import ENGINES, read_metadata
 from .generation_vaswani import EXTRA_OUTPUT_TOKENS, length_penalty_factor
 from .tokenization import load_tokenizers
-from .translation import LENGTH_PENALTY, NUM_BEAMS, Hypothesis, check_decoding, make_batches
+from .translation import (
+    LENGTH_PENALTY,
+    NUM_BEAMS,
+    Hypothesis,
+    check_decoding,
+    decode_in_batches,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -408,34 +413,32 @@ def translate_n_best(
     `length_penalty_form` and `early_stopping` default to the exported model's generation config (CTranslate2 runs
     its own, see the module docstring)."""
     check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
-    sentences = list(sentences)
-    target_tokenizer = target_tokenizer or source_tokenizer
     decoding = engine.metadata["decoding"]
-    results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
-    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
-    encoded = source_tokenizer([sentences[i] for i in todo], **truncation)["input_ids"] if todo else []
-    with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
-        progress.update(len(sentences) - len(todo))  # the empty lines
-        for batch in make_batches([len(ids) for ids in encoded], batch_size, max_tokens):
-            sources = [encoded[j] for j in batch]
-            outputs = engine.generate(
-                sources,
-                num_beams=num_beams,
-                max_new_tokens=max_new_tokens or max(len(ids) for ids in sources) + extra_output_tokens,
-                length_penalty=length_penalty,
-                length_penalty_form=length_penalty_form or decoding["length_penalty_form"],
-                early_stopping=decoding["early_stopping"] if early_stopping is None else early_stopping,
-                num_return_sequences=n_best,
-                with_scores=with_scores,
-            )
-            for j, hypotheses in zip(batch, outputs, strict=True):
-                texts = target_tokenizer.batch_decode([h.ids for h in hypotheses], skip_special_tokens=True)
-                results[todo[j]] = [
-                    Hypothesis(text, h.score) for text, h in zip(texts, hypotheses, strict=True)
-                ]
-            progress.update(len(batch))
-    return results
+
+    def decode(sources: list[list[int]]) -> list[list[tuple[list[int], float]]]:
+        outputs = engine.generate(
+            sources,
+            num_beams=num_beams,
+            max_new_tokens=max_new_tokens or max(len(ids) for ids in sources) + extra_output_tokens,
+            length_penalty=length_penalty,
+            length_penalty_form=length_penalty_form or decoding["length_penalty_form"],
+            early_stopping=decoding["early_stopping"] if early_stopping is None else early_stopping,
+            num_return_sequences=n_best,
+            with_scores=with_scores,
+        )
+        return [[(h.ids, h.score) for h in hypotheses] for hypotheses in outputs]
+
+    return decode_in_batches(
+        sentences,
+        decode,
+        source_tokenizer,
+        target_tokenizer,
+        n_best,
+        batch_size,
+        max_tokens,
+        max_source_length,
+        show_progress,
+    )
 
 
 def translate(

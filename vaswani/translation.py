@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,41 +250,69 @@ def translate_n_best(
     `n_best` empty translations of score 0. `max_source_length` truncates longer sources (default: none is cut).
     The other arguments are `translate`'s; with `with_scores=False` the scores are not computed (0.0)."""
     check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
+    device = model.device
+    if length_penalty_form is not None:
+        generate_kwargs["length_penalty_form"] = length_penalty_form
+    if with_scores:
+        generate_kwargs.update(output_scores=True, return_dict_in_generate=True)
+
+    def decode(sources: list[list[int]]) -> list[list[tuple[list[int], float]]]:
+        inputs = source_tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(device)
+        output = model.generate(
+            **inputs,
+            num_beams=num_beams,
+            num_return_sequences=n_best,
+            length_penalty=length_penalty,
+            max_new_tokens=max_new_tokens or inputs["input_ids"].shape[1] + extra_output_tokens,
+            **generate_kwargs,
+        )
+        sequences = output.sequences if with_scores else output
+        scores = _sequence_scores(model, output, num_beams) if with_scores else [0.0] * len(sequences)
+        rows = list(zip(sequences.tolist(), scores, strict=True))
+        return [rows[k * n_best : (k + 1) * n_best] for k in range(len(sources))]
+
+    return decode_in_batches(
+        sentences,
+        decode,
+        source_tokenizer,
+        target_tokenizer,
+        n_best,
+        batch_size,
+        max_tokens,
+        max_source_length,
+        show_progress,
+    )
+
+
+def decode_in_batches(
+    sentences: Iterable[str],
+    decode: Callable[[list[list[int]]], list[list[tuple[list[int], float]]]],
+    source_tokenizer: PreTrainedTokenizerBase,
+    target_tokenizer: PreTrainedTokenizerBase | None,
+    n_best: int,
+    batch_size: int,
+    max_tokens: int | None,
+    max_source_length: int | None,
+    show_progress: bool,
+) -> list[list[Hypothesis]]:
+    """What every decoder of `translate_n_best` (the PyTorch model, or an exported one in `vaswani.engines`) shares:
+    encode, batch by length (`make_batches`), `decode` each batch's token ids into `n_best` (ids, score) rows per
+    source, detokenize, and return them in input order; empty sentences give `n_best` empty translations of score
+    0 without decoding."""
     sentences = list(sentences)  # e.g. a `datasets` column
     target_tokenizer = target_tokenizer or source_tokenizer
     results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
     encoded = source_tokenizer([sentences[i] for i in todo], **truncation)["input_ids"] if todo else []
-    batches = make_batches([len(ids) for ids in encoded], batch_size, max_tokens)
-    device = model.device
-    if length_penalty_form is not None:
-        generate_kwargs["length_penalty_form"] = length_penalty_form
-    if with_scores:
-        generate_kwargs.update(output_scores=True, return_dict_in_generate=True)
     with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
         progress.update(len(sentences) - len(todo))  # the empty lines
-        for batch in batches:
-            inputs = source_tokenizer.pad(
-                {"input_ids": [encoded[j] for j in batch]}, padding=True, return_tensors="pt"
-            ).to(device)
-            limit = max_new_tokens
-            if limit is None:
-                limit = inputs["input_ids"].shape[1] + extra_output_tokens
-            output = model.generate(
-                **inputs,
-                num_beams=num_beams,
-                num_return_sequences=n_best,
-                length_penalty=length_penalty,
-                max_new_tokens=limit,
-                **generate_kwargs,
-            )
-            sequences = output.sequences if with_scores else output
-            scores = _sequence_scores(model, output, num_beams) if with_scores else [0.0] * len(sequences)
-            texts = target_tokenizer.batch_decode(sequences, skip_special_tokens=True)
-            for k, j in enumerate(batch):
-                rows = range(k * n_best, (k + 1) * n_best)
-                results[todo[j]] = [Hypothesis(texts[r], float(scores[r])) for r in rows]
+        for batch in make_batches([len(ids) for ids in encoded], batch_size, max_tokens):
+            for j, rows in zip(batch, decode([encoded[j] for j in batch]), strict=True):
+                texts = target_tokenizer.batch_decode([ids for ids, _ in rows], skip_special_tokens=True)
+                results[todo[j]] = [
+                    Hypothesis(text, float(score)) for text, (_, score) in zip(texts, rows, strict=True)
+                ]
             progress.update(len(batch))
     return results
 

@@ -37,8 +37,8 @@ logger = logging.getLogger(__name__)
 
 ENGINES = ("ctranslate2", "onnx")
 METADATA_FILE = "vaswani_export.json"
-# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`, checked by the tests); the issue asks
-# for float32, int8 and bfloat16.
+# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`, checked by the tests); the three
+# precisions offered are float32, int8 and bfloat16.
 CTRANSLATE2_QUANTIZATIONS = (
     "float32",
     "int8",
