@@ -268,7 +268,7 @@ def test_command_line_exports_and_says_what_went_wrong_in_one_line(saved, tmp_pa
     assert json.loads((out / "vaswani_export.json").read_text())["decoding"]["length_penalty_form"] == "gnmt"
     capsys.readouterr()
     failures = [
-        ([*flags, "--output_dir", str(out)], "--force"),
+        ([*flags, "--output_dir", str(out)], "--overwrite_output_dir"),
         (
             ["--model", str(tmp_path / "nowhere"), "--output", str(tmp_path / "x"), "--engine", "onnx"],
             "nowhere",
@@ -293,7 +293,7 @@ def test_script_is_the_command_line():
     assert (
         "--engine {ctranslate2,onnx}" in done.stdout
         and "--quantization" in done.stdout
-        and "--force" in done.stdout
+        and "--overwrite_output_dir" in done.stdout
     )
 
 

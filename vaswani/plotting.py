@@ -34,8 +34,8 @@ logger = logging.getLogger(__name__)
 TRAINER_STATE_FILE = "trainer_state.json"
 # Series of `plot_learning_curves`: log_history key -> label.
 CURVES = {
-    "loss": "training loss",
-    "eval_loss": "eval loss",
+    "loss": "training loss (label-smoothed)",
+    "eval_loss": "eval loss (cross-entropy)",
     "eval_bleu": "eval BLEU",
     "learning_rate": "learning rate",
 }

@@ -72,7 +72,7 @@ def prepare_output(output_dir: str | os.PathLike, force: bool) -> Path:
     output_dir = Path(output_dir)
     if output_dir.exists():
         if not force:
-            raise FileExistsError(f"{output_dir} already exists: pass --force to overwrite it")
+            raise FileExistsError(f"{output_dir} already exists: pass --overwrite_output_dir to replace it")
         shutil.rmtree(output_dir)
     output_dir.mkdir(parents=True)
     return output_dir
@@ -160,7 +160,9 @@ class ExportArguments:
         default=None,
         metadata={"help": "Tokenizer folder, if not the model folder (joint or source/ + target/)."},
     )
-    force: bool = field(default=False, metadata={"help": "Overwrite --output_dir if it exists."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace --output_dir if it exists (as every vaswani tool says it)."}
+    )
 
 
 EPILOG = """\
@@ -170,7 +172,12 @@ examples:
   vaswani-export --model_name_or_path runs/de-en/averaged --engine onnx --output_dir runs/de-en/onnx
   vaswani-translate --engine ctranslate2 --model_name_or_path runs/de-en/ct2-int8 --input test.de
 """
-RENAMED = {"model": "model_name_or_path", "output": "output_dir", "tokenizer": "tokenizer_name"}
+RENAMED = {
+    "model": "model_name_or_path",
+    "output": "output_dir",
+    "tokenizer": "tokenizer_name",
+    "force": "overwrite_output_dir",
+}
 
 
 @command("vaswani-export")
@@ -186,7 +193,7 @@ def main(argv) -> Path:
         args.engine,
         args.quantization,
         args.tokenizer_name,
-        args.force,
+        args.overwrite_output_dir,
     )
 
 
