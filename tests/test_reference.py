@@ -1,8 +1,8 @@
 """The model against independent references with copied weights.
 
 Post-norm (the paper): `torch.nn.TransformerEncoderLayer` / `TransformerDecoderLayer` with `norm_first=False`.
-Pre-norm (`normalize_before=True`): a reference written here from the seed documents' description, the Annotated
-Transformer's `x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm on the encoder and decoder stacks.
+Pre-norm (`normalize_before=True`): a reference written here from the Annotated Transformer's layout,
+`x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm on the encoder and decoder stacks.
 Both references compute embeddings as `Embedding(x) * sqrt(d_model) + PE` with the §3.5 formula written out here.
 """
 
@@ -110,7 +110,7 @@ def test_post_norm_model_equals_torch_nn_transformer_layers(attention_bias, attn
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
 
 
-# ---- pre-norm: the seed documents' layout, written out with plain tensor operations -------------------------------
+# ---- pre-norm: the Annotated Transformer's layout, written out with plain tensor operations ----------------------
 def attention(q_in, kv_in, attn, mask):
     """softmax(QK^T / sqrt(d_k)) V with h heads; mask (B, 1 or Tq, Tk) True = attend."""
     h = attn.num_heads
