@@ -74,6 +74,8 @@ SUMMARY = {
     "batch_tokens": 25000,
     "schedule": "inverse square root with linear warm-up (§5.3)",
     "warmup_steps": 4000,
+    "peak_learning_rate": 0.0006987712429686844,
+    "label_smoothing": 0.1,
     "hardware": "1x NVIDIA H200",
     "precision": "bf16 autocast",
     "train_runtime": 3725.0,
@@ -280,6 +282,8 @@ def test_card_metadata_and_contents(published):
         SUMMARY["schedule"],
         "1x NVIDIA H200",
         "| Precision | bf16 autocast |",
+        "| Peak learning rate | 0.000699 |",  # three significant digits, not a float's repr
+        "| Label smoothing (ε_ls) | 0.1 |",
         "1 h 02 min",
         RESULTS["bleu_signature"],
         RESULTS["chrf_signature"],

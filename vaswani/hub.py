@@ -26,7 +26,7 @@ Two JSON files describe the run. Every key is optional unless noted; other keys 
   decoded);
 - training summary (`TrainingSummary`): `source_lang` and `target_lang` (required), `dataset`, `preset`, `steps`,
   `batch_tokens`, `schedule`, `warmup_steps`, `peak_learning_rate`, `hardware`, `precision` (e.g. `"fp32"`,
-  `"bf16 autocast"`), `train_runtime` (seconds).
+  `"bf16 autocast"`), `label_smoothing` (ε_ls of the training loss), `train_runtime` (seconds).
 """
 
 from __future__ import annotations
@@ -191,6 +191,7 @@ class TrainingSummary:
     peak_learning_rate: float | None = None
     hardware: str | None = None
     precision: str | None = None
+    label_smoothing: float | None = None
     train_runtime: float | None = None
 
     def __post_init__(self):
@@ -201,7 +202,7 @@ class TrainingSummary:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name!r} must be a whole number, got {value!r}")
-        for name in ("peak_learning_rate", "train_runtime"):
+        for name in ("peak_learning_rate", "label_smoothing", "train_runtime"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or value < 0):
                 raise ValueError(f"{name!r} must be a non-negative number, got {value!r}")
