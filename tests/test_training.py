@@ -305,6 +305,11 @@ def test_killed_run_resumes_to_the_same_weights(corpus, tokenizer_dir, tmp_path)
             "last",
         ]
     )
+    # The training time counts both processes: the resumed one started from checkpoint-8's clock.
+    state = json.loads((killed / "checkpoint-8" / "trainer_state.json").read_text())
+    before = state["stateful_callbacks"]["TrainingClock"]["args"]["seconds_before"]
+    summary = json.loads((killed / "training_summary.json").read_text())
+    assert before > 0 and summary["train_runtime"] > before
     a, b = final_weights(straight), final_weights(killed)
     assert a.keys() == b.keys()
     for key in a:

@@ -53,6 +53,7 @@ from .tokenization import (
 )
 from .training import (
     PaperTrainingArguments,
+    TrainingClock,
     VaswaniTrainer,
     bleu_metric_fn,
     checkpoint_step,
@@ -659,6 +660,9 @@ def train_main(
     if finished:
         _finished_run(trainer, resume)
     else:
+        if resume is not None:  # the training time counts every process of the run
+            trainer.pop_callback(TrainingClock)
+            trainer.add_callback(TrainingClock.from_checkpoint(resume))
         result = trainer.train(resume_from_checkpoint=resume)
         # The Trainer turns the cache off while training; the saved model is for use.
         trainer.model.config.use_cache = True
@@ -693,7 +697,7 @@ def train_main(
             else training_args.learning_rate,
             "hardware": _hardware(training_args.world_size),
             "precision": _precision(training_args),
-            "train_runtime": result.metrics.get("train_runtime"),
+            "train_runtime": _training_clock(trainer, result),  # seconds, over every process of a resumed run
             # more detail
             "fine_tuned_from": model_args.model_name_or_path,
             "parameters": n_params,
@@ -706,6 +710,12 @@ def train_main(
         }
         write_json(Path(training_args.output_dir, "training_summary.json"), summary)
     return trainer
+
+
+def _training_clock(trainer: VaswaniTrainer, result) -> float | None:
+    """Seconds of training over the whole run (a killed and resumed run included)."""
+    clocks = [callback for callback in trainer.callback_handler.callbacks if isinstance(callback, TrainingClock)]
+    return clocks[0].seconds if clocks else result.metrics.get("train_runtime")
 
 
 def _finished_run(trainer: VaswaniTrainer, checkpoint: str) -> None:

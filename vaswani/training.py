@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import ExportableState, ProgressCallback
 
 from .fileio import replace_files, temporary_sibling
 
@@ -148,6 +148,44 @@ class TimeBudget(TrainerCallback):
             control.should_training_stop = True
             control.should_save = True
         return control
+
+
+class TrainingClock(TrainerCallback, ExportableState):
+    """Seconds of training over every process of a run. The Trainer's `train_runtime` counts one process: a run
+    killed and resumed would report only its last part. Each checkpoint's `trainer_state.json` keeps the clock
+    (`stateful_callbacks`), and `from_checkpoint` starts the resumed process from it."""
+
+    def __init__(self, seconds_before: float = 0.0):
+        self.seconds_before = float(seconds_before)
+        self.started = time.monotonic()
+        self.ended = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started, self.ended = time.monotonic(), None
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.ended = time.monotonic()
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_before + (self.ended or time.monotonic()) - self.started
+
+    def state(self) -> dict:
+        return {"args": {"seconds_before": self.seconds}, "attributes": {}}
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | os.PathLike) -> TrainingClock:
+        """The clock as `checkpoint` saved it; from zero, with a warning, for a checkpoint written without one."""
+        state = json.loads(Path(checkpoint, "trainer_state.json").read_text())
+        saved = state.get("stateful_callbacks", {}).get(cls.__name__)
+        if isinstance(saved, list):
+            saved = saved[0] if saved else None
+        if not saved:
+            logger.warning(
+                "%s holds no training clock: the training time reported counts from this resumption only", checkpoint
+            )
+            return cls()
+        return cls(**saved.get("args", {}))
 
 
 class RunProgress(ProgressCallback):
@@ -397,6 +435,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._train_sampler = None
+        self.add_callback(TrainingClock())
         minutes = getattr(self.args, "max_train_minutes", None)
         if minutes:
             self.add_callback(TimeBudget(minutes))
