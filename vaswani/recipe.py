@@ -714,7 +714,9 @@ def train_main(
 
 def _training_clock(trainer: VaswaniTrainer, result) -> float | None:
     """Seconds of training over the whole run (a killed and resumed run included)."""
-    clocks = [callback for callback in trainer.callback_handler.callbacks if isinstance(callback, TrainingClock)]
+    clocks = [
+        callback for callback in trainer.callback_handler.callbacks if isinstance(callback, TrainingClock)
+    ]
     return clocks[0].seconds if clocks else result.metrics.get("train_runtime")
 
 

@@ -182,7 +182,8 @@ class TrainingClock(TrainerCallback, ExportableState):
             saved = saved[0] if saved else None
         if not saved:
             logger.warning(
-                "%s holds no training clock: the training time reported counts from this resumption only", checkpoint
+                "%s holds no training clock: the training time reported counts from this resumption only",
+                checkpoint,
             )
             return cls()
         return cls(**saved.get("args", {}))
