@@ -39,6 +39,14 @@ def test_defaults_are_the_base_model():
     assert config.decoder_vocab_size == config.vocab_size
 
 
+def test_cpu_presets_parameter_counts():
+    """Not in the paper: `small`, and `tiny`, the Transformer-Tiny of the en->de anchor (RESULTS.md)."""
+    for preset, expected in (("small", 7_568_384), ("tiny", 2_342_912)):
+        config = VaswaniConfig.from_preset(preset, vocab_size=8000)
+        assert sum(p.numel() for p in VaswaniForConditionalGeneration(config).parameters()) == expected
+    assert VaswaniConfig.from_preset("tiny").dropout == 0.3
+
+
 def test_big_preset_and_overrides():
     config = VaswaniConfig.from_preset("big", dropout=0.1, vocab_size=1000)
     assert (config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim) == (1024, 16, 4096)

@@ -186,7 +186,7 @@ class ModelArguments:
 
     preset: str = field(
         default="base",
-        metadata={"help": "base or big (Table 3), or small (CPU).", "choices": sorted(PRESETS)},
+        metadata={"help": "base or big (Table 3), or small or tiny (CPU).", "choices": sorted(PRESETS)},
     )
     model_name_or_path: str | None = field(
         default=None,
