@@ -31,13 +31,18 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
-# The main job: a small Transformer on Multi30k de->en with the paper's recipe (joint BPE, token-budget batches,
-# Adam + warm-up, label smoothing), average of the last 5 checkpoints, beam-4 translation of the test set, BLEU.
+# The main job: the small preset on Multi30k de->en with the paper's recipe (joint BPE, token-budget batches,
+# Adam + warm-up, label smoothing) for 10 minutes, average of the last 5 checkpoints, beam-4 translation of the test
+# set, BLEU, and beside it what the full recipe reaches (RESULTS.md). bf16 autocast where the CPU computes in bf16
+# (AVX512-BF16 or AMX), else float32.
+BF16 := $(if $(shell grep -m1 -o -w -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null),--bf16 --use_cpu,)
 run: $(BIN)/.installed
 	$(BIN)/vaswani-train --dataset_name $(DATA) $(SPLITS) --source_lang de --target_lang en \
-		--preset small --vocab_size 8000 --max_tokens 4096 --warmup_steps 200 --learning_rate 0.3 \
-		--max_train_minutes $(MINUTES) --max_steps 100000 --save_steps 50 --eval_steps 150 --logging_steps 25 \
-		--per_device_eval_batch_size 64 --average_last 5 --save_total_limit 5 --output_dir $(OUT) --overwrite_output_dir
+		--preset small --vocab_size 8000 $(BF16) --max_tokens 8192 --warmup_steps 300 --learning_rate 0.5 \
+		--max_train_minutes $(MINUTES) --max_steps 100000 --save_steps 30 --eval_steps 200 --logging_steps 25 \
+		--per_device_eval_batch_size 128 --average_last 5 --save_total_limit 5 --output_dir $(OUT) --overwrite_output_dir
+	@echo "The full recipe (make full-run: the tiny preset for 90 minutes on 2 CPU cores, RESULTS.md) reaches on test2016:"
+	@echo "  BLEU 42.15  chrF 61.65  lowercased Moses-tokenized BLEU 42.45"
 
 full-run: $(BIN)/.installed
 	$(BIN)/vaswani-train --dataset_name $(DATA) $(SPLITS) --source_lang $(SRC) --target_lang $(TGT) $(FULL_RECIPE) \
