@@ -14,9 +14,10 @@ MINUTES ?= 10
 
 # The recipe of RESULTS.md: the tiny preset (Transformer-Tiny) with the en->de anchor's batches and schedule, bf16
 # autocast on the CPU, a checkpoint every epoch, the last 10 averaged. `make full-run SRC=en TGT=de` trains it for 90
-# minutes, as reported there.
+# minutes, as reported there (SEED=2 for another seed).
 SRC ?= de
 TGT ?= en
+SEED ?= 1
 FULL_RECIPE := --preset tiny --vocab_size 8000 --bf16 --use_cpu --max_tokens 8192 --warmup_steps 2000 \
 	--learning_rate 2.53 --save_steps 60 --save_total_limit 11 --eval_steps 1000 --logging_steps 50 \
 	--per_device_eval_batch_size 128 --average_last 10
@@ -46,7 +47,7 @@ run: $(BIN)/.installed
 
 full-run: $(BIN)/.installed
 	$(BIN)/vaswani-train --dataset_name $(DATA) $(SPLITS) --source_lang $(SRC) --target_lang $(TGT) $(FULL_RECIPE) \
-		--max_steps 100000 --max_train_minutes 90 --output_dir runs/multi30k-$(SRC)-$(TGT)-tiny --seed 1
+		--max_steps 100000 --max_train_minutes 90 --output_dir runs/multi30k-$(SRC)-$(TGT)-tiny --seed $(SEED)
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
