@@ -85,33 +85,28 @@ class VaswaniTranslationPipeline(Pipeline):
             raise TypeError(f"The translation pipeline translates strings, got {type(text).__name__}.")
         return self.tokenizer(text, truncation=truncation, return_tensors="pt")
 
-    def _generate_kwargs_for_call(self, generate_kwargs: dict) -> dict:
-        """The call's generation parameters on top of those given at construction, unless the call passes a whole
-        `generation_config`. Recent transformers releases set construction-time parameters aside in
-        `_generate_kwargs`; earlier ones pass them through `_sanitize_parameters` with the call's. Only public
-        attributes are relied on, as this file runs on the user's transformers."""
+    def _generate_kwargs_for_call(self, generate_kwargs: dict) -> tuple[dict, bool]:
+        """The call's generation parameters on top of those given at construction (unless the call passes a whole
+        `generation_config`) with the tokenizer's pad id, and whether any of them or a generation config sets a length.
+
+        Newer transformers releases keep construction-time parameters in the pipeline's `_generate_kwargs`; older
+        ones pass them to `_sanitize_parameters` with the call's. That attribute, read where it exists, is the only
+        transformers internal used: this file runs as remote code on the user's release."""
         if "generation_config" not in generate_kwargs:
             generate_kwargs = {**(getattr(self, "_generate_kwargs", None) or {}), **generate_kwargs}
         else:
             generate_kwargs = dict(generate_kwargs)
-        pad_token_id = getattr(self.tokenizer, "pad_token_id", None)
-        if pad_token_id is not None and "pad_token_id" not in self._set_generation_params(generate_kwargs):
-            generate_kwargs["pad_token_id"] = pad_token_id
-        return generate_kwargs
-
-    def _set_generation_params(self, generate_kwargs: dict) -> set:
-        """The generation parameters the call, its `generation_config` or the model's generation config sets."""
         configs = [self.model.generation_config, generate_kwargs.get("generation_config")]
-        return {key for config in configs if config is not None for key in config.to_diff_dict()} | set(
-            generate_kwargs
-        )
-
-    def _sets_output_length(self, generate_kwargs: dict) -> bool:
-        return any(key in self._set_generation_params(generate_kwargs) for key in _LENGTH_PARAMS)
+        set_params = {key for config in configs if config is not None for key in config.to_diff_dict()}
+        set_params.update(generate_kwargs)
+        pad_token_id = getattr(self.tokenizer, "pad_token_id", None)
+        if pad_token_id is not None and "pad_token_id" not in set_params:
+            generate_kwargs["pad_token_id"] = pad_token_id
+        return generate_kwargs, not set_params.isdisjoint(_LENGTH_PARAMS)
 
     def _forward(self, model_inputs, **generate_kwargs):
-        generate_kwargs = self._generate_kwargs_for_call(generate_kwargs)
-        if not self._sets_output_length(generate_kwargs):
+        generate_kwargs, sets_length = self._generate_kwargs_for_call(generate_kwargs)
+        if not sets_length:
             # Under batching, the longest source of the batch sets the limit for all of its rows.
             source_length = int(model_inputs["attention_mask"].sum(dim=-1).max())
             generate_kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_TOKENS
