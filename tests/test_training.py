@@ -277,6 +277,75 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
 
 
 @pytest.mark.slow
+def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypatch, caplog):
+    """--average_last with several numbers: each average of the last N checkpoints translates the validation split
+    with the test's beam search, the highest BLEU is kept (the fewest checkpoints among equals), and every
+    candidate's scores are written down."""
+    from vaswani import recipe
+    from vaswani.averaging import average_state_dicts
+
+    out = tmp_path / "run"
+    args = _with_tokenizer(tokenizer_dir)(
+        corpus, out, max_steps=12, extra=["--average_last", "3", "1", "5", "2"]
+    )
+    run([str(BIN / "vaswani-train"), *args, "--test_split", "val"])
+    record = json.loads((out / "average_on_validation.json").read_text())
+    assert record["criterion"] == "bleu" and record["split"] == "val" and record["num_beams"] == 4
+    sizes = [len(c["checkpoints"]) for c in record["candidates"]]
+    assert sizes == [1, 2, 3]  # 5 asks for more checkpoints than the run has: all 3
+    assert record["candidates"][2]["checkpoints"] == ["checkpoint-4", "checkpoint-8", "checkpoint-12"]
+    bleus = [c["bleu"] for c in record["candidates"]]
+    assert all(0 <= b <= 100 for b in bleus) and all("chrf" in c for c in record["candidates"])
+    best = record["candidates"][bleus.index(max(bleus))]["checkpoints"]
+    assert record["chosen"] == best
+    expected = average_state_dicts([out / name for name in best], show_progress=False)
+    averaged = load_file(str(out / "averaged" / "model.safetensors"))
+    key = "model.encoder.layers.0.fc1.weight"
+    torch.testing.assert_close(averaged[key], expected[key])
+    assert json.loads((out / "test_results.json").read_text())["averaged_checkpoints"] == best
+    assert not list(out.glob(".average-*"))  # the candidates' folders are gone
+
+    # The choice itself: a candidate that translates the validation split perfectly wins.
+    data_args = recipe.DataArguments(
+        dataset_name=str(corpus), validation_split="val", source_lang="de", target_lang="en"
+    )
+    finish_args = recipe.FinishArguments(average_last=[1, 2, 3])
+    references = (corpus / "val.en").read_text().splitlines()
+    target_tok = recipe.load_tokenizers(out)[1]
+
+    def translate(model_dir, sources, finish_args):
+        assert len(sources) == len(references)
+        perfect = Path(model_dir).name == "last-2"
+        return (references if perfect else ["ein"] * len(sources)), target_tok
+
+    monkeypatch.setattr(recipe, "_translate_with", translate)
+    own = checkpoints(out)
+    assert recipe.choose_average_on_validation(own, out, data_args, finish_args) == own[-2:]
+    assert json.loads((out / "average_on_validation.json").read_text())["chosen"] == [
+        "checkpoint-8",
+        "checkpoint-12",
+    ]
+
+
+def test_average_choices_are_checked(tmp_path):
+    from vaswani.cli import UsageError
+    from vaswani.recipe import DataArguments, FinishArguments, _check_data_sources
+
+    assert FinishArguments(average_last=5).average_last == [5]
+    assert not FinishArguments(average_last=[5, 5]).chooses_average
+    with pytest.raises(UsageError, match="0 \\(no averaging\\) cannot be one of several"):
+        FinishArguments(average_last=[0, 5])
+    with pytest.raises(UsageError, match="--average_last must be 0"):
+        FinishArguments(average_last=[-1])
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"translation": {"de": "Ein Hund .", "en": "A dog ."}}) + "\n")
+    data_args = DataArguments(train_file=str(train), source_lang="de", target_lang="en")
+    training_args = PaperTrainingArguments(output_dir="unused", eval_strategy="no")
+    with pytest.raises(UsageError, match="chooses among the averages on validation data"):
+        _check_data_sources(data_args, training_args, FinishArguments(average_last=[5, 10]))
+
+
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_weights(corpus, tokenizer_dir, tmp_path):
     """SIGKILL after the checkpoint of step 8, resume from it: the final weights equal an uninterrupted run's
     (dropout on, so the restored random state matters too)."""

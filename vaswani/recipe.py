@@ -5,7 +5,8 @@
 1. load the corpus through `datasets` (`vaswani.data`), 2. train or load the joint BPE tokenizer
 (`vaswani.tokenization`), 3. tokenize and filter, 4. build the model from a preset plus any config field given on the
 command line (or load one to fine-tune), 5. train with `VaswaniTrainer` (`vaswani.training`), resuming from the last
-good checkpoint when asked; 6. `finish`: average, translate the test split, score, draw, publish (§6.1).
+good checkpoint when asked; 6. `finish`: average (the last N checkpoints, or the best of several N on the validation
+split), translate the test split, score, draw, publish (§6.1).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from .cli import UsageError
@@ -207,9 +209,13 @@ class FinishArguments:
 
     _argument_group_name = "after training (§6.1)"
 
-    average_last: int = field(
-        default=0,
-        metadata={"help": "Average the last N checkpoints (§6.1: 5 for base, 20 for big); 0: none."},
+    average_last: list[int] = field(
+        default_factory=lambda: [0],
+        metadata={
+            "help": "Average the last N checkpoints (§6.1: 5 for base, 20 for big); 0: none. Several numbers "
+            "(--average_last 10 20 40; not the paper, which fixes N) average each, translate the validation split "
+            "with the test's beam search, and keep the average of the highest BLEU."
+        },
     )
     num_beams: int = field(
         default=PAPER_NUM_BEAMS, metadata={"help": "Beam size for the test set (§6.1: 4)."}
@@ -228,13 +234,25 @@ class FinishArguments:
     plots: bool = field(default=True, metadata={"help": "Draw learning curves and an attention map."})
 
     def __post_init__(self):
-        if self.average_last < 0:
+        if isinstance(self.average_last, int):  # FinishArguments(average_last=5) in code
+            self.average_last = [self.average_last]
+        if not self.average_last or any(n < 0 for n in self.average_last):
             raise UsageError(
-                f"--average_last must be 0 (none) or a number of checkpoints, got {self.average_last}"
+                f"--average_last must be 0 (none) or numbers of checkpoints, got {self.average_last}"
+            )
+        if len(self.average_last) > 1 and 0 in self.average_last:
+            raise UsageError(
+                f"--average_last {' '.join(map(str, self.average_last))}: 0 (no averaging) cannot be one of "
+                "several choices; 1 is the last checkpoint alone"
             )
         for name in ("num_beams", "translate_batch_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+
+    @property
+    def chooses_average(self) -> bool:
+        """Whether several averages are compared on the validation split (`--average_last` with several numbers)."""
+        return len(set(self.average_last)) > 1
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -440,7 +458,11 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
         data_args.test_split = "test"
     if data_args.test_split and not data_args.dataset_name and not data_args.test_file:
         raise UsageError(f"--test_split {data_args.test_split} needs --dataset_name (or give --test_file)")
-    del finish_args  # (its flags check themselves)
+    if finish_args.chooses_average and not (data_args.validation_file or data_args.dataset_name):
+        raise UsageError(
+            "--average_last with several numbers chooses among the averages on validation data: give "
+            "--validation_file (or --dataset_name)"
+        )
 
 
 def check_run(
@@ -772,14 +794,23 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
         return None
     output_dir = Path(args.output_dir)
     final_dir = output_dir
-    if finish_args.average_last > 0:
+    averaged = None
+    if max(finish_args.average_last) > 0:
         own = [c for c in checkpoints(output_dir) if int(c.name.split("-")[1]) <= trainer.state.global_step]
-        chosen = own[-finish_args.average_last :]
-        if len(chosen) < finish_args.average_last:
-            logger.warning(
-                "Only %d checkpoints to average (asked for %d)", len(chosen), finish_args.average_last
-            )
-        final_dir = average_checkpoints(chosen, output_dir / "averaged", tokenizer_dir=output_dir)
+        if not own:
+            logger.warning("No checkpoints in %s to average: the final model is the result", output_dir)
+        elif finish_args.chooses_average:
+            averaged = choose_average_on_validation(own, output_dir, data_args, finish_args)
+        else:
+            averaged = own[-finish_args.average_last[0] :]
+            if len(averaged) < finish_args.average_last[0]:
+                logger.warning(
+                    "Only %d checkpoints to average (asked for %d)",
+                    len(averaged),
+                    finish_args.average_last[0],
+                )
+        if averaged:
+            final_dir = average_checkpoints(averaged, output_dir / "averaged", tokenizer_dir=output_dir)
     if finish_args.plots:
         from .plotting import plot_learning_curves
 
@@ -787,6 +818,8 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
     scores = None
     if data_args.test_split or data_args.test_file:
         scores = evaluate_test_split(final_dir, data_args, finish_args, plot_attention=finish_args.plots)
+        if averaged is not None:
+            scores["averaged_checkpoints"] = [c.name for c in averaged]
         write_json(output_dir / "test_results.json", scores)
         logger.info("Test scores written to %s", output_dir / "test_results.json")
     if args.push_to_hub:
@@ -805,19 +838,68 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
     return scores
 
 
-def evaluate_test_split(
-    model_dir, data_args: DataArguments, finish_args: FinishArguments, plot_attention: bool = False
-) -> dict:
-    """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
-    of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`."""
-    from .metrics import reported_scores
-    from .translation import load_translation_model, translate, write_sentences
+def choose_average_on_validation(
+    own: list[Path], output_dir: Path, data_args: DataArguments, finish_args: FinishArguments
+) -> list[Path]:
+    """The checkpoints whose average translates the validation split best: for each N of `--average_last` (several
+    numbers), the last N of `own` (oldest first) are averaged and the validation split is translated with the test's
+    beam search and scored. The highest BLEU wins, the fewest checkpoints among equals. The scores of every
+    candidate are written to `average_on_validation.json` in `output_dir`."""
+    import tempfile
 
-    test = load_split(data_args, "test")
-    split = data_args.test_split or Path(data_args.test_file).name
+    from .averaging import average_checkpoints
+    from .metrics import reported_scores
+
+    validation = load_split(data_args, "validation")
+    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
+    sizes = sorted({min(n, len(own)) for n in finish_args.average_last})
+    if len(own) < max(finish_args.average_last):
+        logger.warning(
+            "Only %d checkpoints to average (asked for up to %d)", len(own), max(finish_args.average_last)
+        )
+    candidates, best = [], None
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".average-") as scratch:
+        for size in tqdm(sizes, desc="Averages on validation", disable=len(sizes) < 2):
+            chosen = own[-size:]
+            folder = average_checkpoints(
+                chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
+            )
+            hypotheses, target_tok = _translate_with(folder, sources, finish_args)
+            scores = reported_scores(
+                hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)
+            )
+            candidates.append({"checkpoints": [c.name for c in chosen], **scores})
+            logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
+            if best is None or scores["bleu"] > best[1]:
+                best = (chosen, scores["bleu"])
+            shutil.rmtree(folder)
+    write_json(
+        output_dir / "average_on_validation.json",
+        {
+            "criterion": "bleu",
+            "split": data_args.validation_split
+            if not data_args.validation_file
+            else data_args.validation_file,
+            "num_beams": finish_args.num_beams,
+            "length_penalty": finish_args.length_penalty,
+            "length_penalty_form": finish_args.length_penalty_form,
+            "chosen": [c.name for c in best[0]],
+            "candidates": candidates,
+        },
+    )
+    logger.info(
+        "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", len(best[0]), best[1]
+    )
+    return best[0]
+
+
+def _translate_with(model_dir, sources, finish_args: FinishArguments):
+    """`sources` translated by the model folder with the test's decoding; returns the texts and the target tokenizer."""
+    from .translation import load_translation_model, translate
+
     model, source_tok, target_tok = load_translation_model(model_dir)
     hypotheses = translate(
-        test[data_args.source_lang],
+        sources,
         model,
         source_tok,
         target_tok,
@@ -826,6 +908,20 @@ def evaluate_test_split(
         length_penalty=finish_args.length_penalty,
         length_penalty_form=finish_args.length_penalty_form,
     )
+    return hypotheses, target_tok
+
+
+def evaluate_test_split(
+    model_dir, data_args: DataArguments, finish_args: FinishArguments, plot_attention: bool = False
+) -> dict:
+    """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
+    of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`."""
+    from .metrics import reported_scores
+    from .translation import write_sentences
+
+    test = load_split(data_args, "test")
+    split = data_args.test_split or Path(data_args.test_file).name
+    hypotheses, target_tok = _translate_with(model_dir, test[data_args.source_lang], finish_args)
     references = test[data_args.target_lang]
     write_sentences(hypotheses, Path(model_dir, f"{split}.hyp.{data_args.target_lang}"))
     if plot_attention:
