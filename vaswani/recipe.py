@@ -801,6 +801,7 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
             logger.warning("No checkpoints in %s to average: the final model is the result", output_dir)
         elif finish_args.chooses_average:
             averaged = choose_average_on_validation(own, output_dir, data_args, finish_args)
+            final_dir = output_dir / "averaged"
         else:
             averaged = own[-finish_args.average_last[0] :]
             if len(averaged) < finish_args.average_last[0]:
@@ -809,7 +810,6 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
                     len(averaged),
                     finish_args.average_last[0],
                 )
-        if averaged:
             final_dir = average_checkpoints(averaged, output_dir / "averaged", tokenizer_dir=output_dir)
     if finish_args.plots:
         from .plotting import plot_learning_curves
@@ -843,8 +843,9 @@ def choose_average_on_validation(
 ) -> list[Path]:
     """The checkpoints whose average translates the validation split best: for each N of `--average_last` (several
     numbers), the last N of `own` (oldest first) are averaged and the validation split is translated with the test's
-    beam search and scored. The highest BLEU wins, the fewest checkpoints among equals. The scores of every
-    candidate are written to `average_on_validation.json` in `output_dir`."""
+    beam search and scored. The highest BLEU wins, the fewest checkpoints among equals; its folder becomes
+    `output_dir/averaged`. The scores of every candidate are written to `average_on_validation.json` in
+    `output_dir`."""
     import tempfile
 
     from .averaging import average_checkpoints
@@ -871,8 +872,13 @@ def choose_average_on_validation(
             candidates.append({"checkpoints": [c.name for c in chosen], **scores})
             logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
             if best is None or scores["bleu"] > best[1]:
-                best = (chosen, scores["bleu"])
-            shutil.rmtree(folder)
+                if best is not None:
+                    shutil.rmtree(best[2])
+                best = (chosen, scores["bleu"], folder)
+            else:
+                shutil.rmtree(folder)
+        with atomic_folder(output_dir / "averaged") as building:
+            replace_files(best[2], building)
     write_json(
         output_dir / "average_on_validation.json",
         {
