@@ -249,6 +249,7 @@ def test_a_checkpoint_with_a_truncated_config_is_skipped_on_resume(finished_run,
         (["--max_steps", "0"], "--max_steps"),
         (["--num_train_epochs", "0"], "--num_train_epochs"),
         (["--max_steps", "10", "--max_train_minutes", "0"], "--max_train_minutes"),
+        (["--max_steps", "10", "--lr_cooldown_fraction", "1"], "--lr_cooldown_fraction"),
     ],
 )
 def test_runs_of_no_length_are_refused(corpus, tmp_path, capsys, flags, named):

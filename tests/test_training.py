@@ -6,6 +6,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,11 @@ from safetensors.torch import load_file
 
 from vaswani.training import (
     PaperTrainingArguments,
+    TimeBudget,
     TokenBudgetBatchSampler,
     checkpoints,
+    cooldown_factor,
+    cooled_paper_schedule,
     paper_learning_rate,
     paper_schedule,
     resolve_resume_checkpoint,
@@ -81,6 +85,51 @@ def test_paper_learning_rate_formula_and_schedule():
         optimizer.step()
         schedule.step()
     assert seen == pytest.approx([paper_learning_rate(s, d_model, warmup) for s in range(1, 6)])
+
+
+def _learning_rates(optimizer, schedule, steps):
+    seen = []
+    for _ in range(steps):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    return seen
+
+
+def test_cooldown_falls_to_zero_where_the_run_ends():
+    assert [cooldown_factor(p, 0.2) for p in (0.0, 0.8, 0.9, 1.0, 1.5)] == pytest.approx([1, 1, 0.5, 0, 0])
+    assert cooldown_factor(0.99, 0.0) == 1.0  # 0: the paper's schedule
+    d_model, warmup = 64, 4
+
+    def adam():
+        return torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+
+    # Bound by steps: 10 steps, the last half cooling; the rate of update k is lrate(k) * factor((k - 1) / 10).
+    optimizer = adam()
+    seen = _learning_rates(optimizer, cooled_paper_schedule(optimizer, d_model, warmup, 0.5, 10), 10)
+    expected = [
+        paper_learning_rate(k, d_model, warmup) * min(1, (1 - (k - 1) / 10) / 0.5) for k in range(1, 11)
+    ]
+    assert seen == pytest.approx(expected)
+    assert seen[:6] == pytest.approx([paper_learning_rate(k, d_model, warmup) for k in range(1, 7)])
+    # Bound by time: with 90% of the budget spent, a 20% cool-down is half-way down, whatever the step count says.
+    budget = TimeBudget(minutes=10.0)
+    budget.started = time.monotonic() - 0.9 * budget.seconds
+    optimizer = adam()
+    seen = _learning_rates(
+        optimizer, cooled_paper_schedule(optimizer, d_model, warmup, 0.2, 100000, budget), 3
+    )
+    assert seen[1:] == pytest.approx(
+        [paper_learning_rate(k, d_model, warmup) * 0.5 for k in (2, 3)], rel=1e-3
+    )
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, float("nan")])
+def test_cooldown_fraction_is_checked(tmp_path, fraction):
+    with pytest.raises(ValueError, match="--lr_cooldown_fraction"):
+        PaperTrainingArguments(output_dir=str(tmp_path), lr_cooldown_fraction=fraction)
+    with pytest.raises(ValueError, match="--lr_cooldown_fraction acts on the §5.3 schedule"):
+        PaperTrainingArguments(output_dir=str(tmp_path), lr_cooldown_fraction=0.2, paper_lr_schedule=False)
 
 
 def test_training_arguments_default_to_the_paper(tmp_path):
@@ -286,9 +335,21 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
 
     out = tmp_path / "run"
     args = _with_tokenizer(tokenizer_dir)(
-        corpus, out, max_steps=12, extra=["--average_last", "3", "1", "5", "2"]
+        corpus,
+        out,
+        max_steps=12,
+        extra=["--average_last", "3", "1", "5", "2", "--lr_cooldown_fraction", "0.5"],
     )
     run([str(BIN / "vaswani-train"), *args, "--test_split", "val"])
+    # Over the last half of the 12 steps the learning rate fell linearly towards 0: the rate of update k (logged
+    # after updates 2, 4, ... 12) is lrate(k) * factor((k - 1) / 12), the last one a sixth of lrate(12).
+    state = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())
+    lrs = [e["learning_rate"] for e in state["log_history"] if "learning_rate" in e]
+    assert lrs == pytest.approx(
+        [paper_learning_rate(k, 16, 4) * cooldown_factor((k - 1) / 12, 0.5) for k in range(2, 13, 2)]
+    )
+    assert lrs[-1] == pytest.approx(paper_learning_rate(12, 16, 4) / 6)
+    assert "last 50% of the run" in json.loads((out / "training_summary.json").read_text())["schedule"]
     record = json.loads((out / "average_on_validation.json").read_text())
     assert record["criterion"] == "bleu" and record["split"] == "val" and record["num_beams"] == 4
     sizes = [len(c["checkpoints"]) for c in record["candidates"]]

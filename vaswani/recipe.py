@@ -709,9 +709,7 @@ def train_main(
             "preset": model_args.preset if not model_args.model_name_or_path else None,
             "steps": trainer.state.global_step,
             "batch_tokens": tokens_per_step or None,
-            "schedule": "§5.3 inverse square root with linear warm-up"
-            if training_args.paper_lr_schedule
-            else training_args.lr_scheduler_type,
+            "schedule": _schedule_name(training_args),
             "warmup_steps": training_args.warmup_steps,
             "peak_learning_rate": training_args.learning_rate
             * (model.config.d_model * training_args.warmup_steps) ** -0.5
@@ -732,6 +730,15 @@ def train_main(
         }
         write_json(Path(training_args.output_dir, "training_summary.json"), summary)
     return trainer
+
+
+def _schedule_name(training_args) -> str:
+    if not training_args.paper_lr_schedule:
+        return training_args.lr_scheduler_type
+    name = "§5.3 inverse square root with linear warm-up"
+    if training_args.lr_cooldown_fraction:
+        name += f", falling linearly to 0 over the last {training_args.lr_cooldown_fraction:.0%} of the run"
+    return name
 
 
 def _training_clock(trainer: VaswaniTrainer, result) -> float | None:

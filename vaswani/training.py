@@ -131,7 +131,7 @@ class _EpochSetter(TrainerCallback):
 class TimeBudget(TrainerCallback):
     """Ends training after `minutes` of wall time (counted from the start of this process's training), saving a
     checkpoint at the step that crosses the line. The §5.3 schedule does not depend on the number of steps, so a
-    run may stop at any point."""
+    run may stop at any point; with `--lr_cooldown_fraction` the learning rate falls to 0 as the budget runs out."""
 
     def __init__(self, minutes: float):
         self.seconds = minutes * 60
@@ -139,6 +139,10 @@ class TimeBudget(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started = time.monotonic()
+
+    def elapsed_fraction(self) -> float:
+        """The share of the budget spent so far (0 before training starts)."""
+        return 0.0 if self.started is None else (time.monotonic() - self.started) / self.seconds
 
     def on_step_end(self, args, state, control, **kwargs):
         if time.monotonic() - self.started >= self.seconds:
@@ -258,6 +262,47 @@ def _shifted_paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> 
     return paper_learning_rate(step + 1, d_model, warmup_steps)
 
 
+def cooldown_factor(progress: float, fraction: float) -> float:
+    """The multiplier of `--lr_cooldown_fraction`: 1 until the last `fraction` of the run, then falling linearly
+    to 0 at its end (`progress` 1). `fraction` 0 is the paper's schedule: always 1."""
+    if fraction <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / fraction))
+
+
+def cooled_paper_schedule(
+    optimizer: torch.optim.Optimizer,
+    d_model: int,
+    warmup_steps: int,
+    fraction: float,
+    max_steps: int,
+    budget: TimeBudget | None = None,
+):
+    """`paper_schedule` times `cooldown_factor`, with the run's progress the larger of the step fraction
+    (`step / max_steps`) and, with a time budget, the share of `--max_train_minutes` spent: the learning rate
+    reaches 0 where the run ends, whichever limit ends it."""
+    if warmup_steps <= 0:
+        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        partial(
+            _cooled_paper_learning_rate,
+            d_model=d_model,
+            warmup_steps=warmup_steps,
+            fraction=fraction,
+            max_steps=max_steps,
+            budget=budget,
+        ),
+    )
+
+
+def _cooled_paper_learning_rate(step, d_model, warmup_steps, fraction, max_steps, budget) -> float:
+    progress = step / max(max_steps, 1)
+    if budget is not None:
+        progress = max(progress, budget.elapsed_fraction())
+    return paper_learning_rate(step + 1, d_model, warmup_steps) * cooldown_factor(progress, fraction)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Arguments: all of Seq2SeqTrainingArguments, with the paper's values as defaults
 # ---------------------------------------------------------------------------------------------------------------------
@@ -314,6 +359,14 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         default=True,
         metadata={
             "help": "Use the §5.3 schedule; false falls back to --lr_scheduler_type with --learning_rate."
+        },
+    )
+    lr_cooldown_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "A departure from §5.3 for runs of a known length: over the last FRACTION of the run "
+            "(of --max_steps, or of --max_train_minutes when that ends it first) the learning rate falls "
+            "linearly to 0. 0 (default) is the paper's schedule."
         },
     )
     max_tokens: int | None = field(
@@ -374,6 +427,16 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         if not torch.cuda.is_available():
             self.dataloader_pin_memory = False  # pinning needs an accelerator
         super().__post_init__()
+        if not 0.0 <= self.lr_cooldown_fraction < 1.0 or not math.isfinite(self.lr_cooldown_fraction):
+            raise ValueError(
+                f"--lr_cooldown_fraction must be at least 0 and below 1 (the share of the run over which the "
+                f"learning rate falls to 0), got {self.lr_cooldown_fraction}"
+            )
+        if self.lr_cooldown_fraction and not self.paper_lr_schedule:
+            raise ValueError(
+                "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
+                "--lr_scheduler_type (linear, cosine) instead"
+            )
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise ValueError(f"`max_tokens` must be positive, got {self.max_tokens}.")
         if self.batch_tokens is not None:
@@ -545,9 +608,21 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
             d_model = self.model.config.d_model
-            self.lr_scheduler = paper_schedule(
-                optimizer or self.optimizer, d_model, int(self.args.warmup_steps)
-            )
+            fraction = getattr(self.args, "lr_cooldown_fraction", 0.0)
+            if fraction:
+                budgets = [c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)]
+                self.lr_scheduler = cooled_paper_schedule(
+                    optimizer or self.optimizer,
+                    d_model,
+                    int(self.args.warmup_steps),
+                    fraction,
+                    num_training_steps,
+                    budgets[0] if budgets else None,
+                )
+            else:
+                self.lr_scheduler = paper_schedule(
+                    optimizer or self.optimizer, d_model, int(self.args.warmup_steps)
+                )
             self._created_lr_scheduler = True
         return self.lr_scheduler
 

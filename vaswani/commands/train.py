@@ -49,6 +49,7 @@ SECTIONS = {
         "learning_rate",
         "warmup_steps",
         "paper_lr_schedule",
+        "lr_cooldown_fraction",
         "adam_beta1",
         "adam_beta2",
         "adam_epsilon",
