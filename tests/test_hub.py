@@ -335,6 +335,24 @@ def test_card_says_when_the_model_writes_lowercase_only(trained_dir, tmp_path):
     assert "reads and writes lowercase only" in (tmp_path / "hub" / "README.md").read_text()
 
 
+def test_the_folder_decoding_is_published(trained_dir, tmp_path):
+    """A length penalty the folder's generation config holds (`vaswani-train --length_penalty` chooses one on
+    validation) is published as it is, and the card states it; keys the folder lacks are the paper's."""
+    folder = _copy_without(trained_dir, tmp_path / "chosen")
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "length_penalty": 1.5}))
+    publish(folder, REPO_ID, tmp_path / "hub", dry_run=True, results=folder / "results.json")
+    published = json.loads((tmp_path / "hub" / "generation_config.json").read_text())
+    assert (published["num_beams"], published["length_penalty"], published["length_penalty_form"]) == (
+        4,
+        1.5,
+        "gnmt",  # absent from the folder: the paper's
+    )
+    assert (
+        "beam search with 4 beams and length penalty\nα = 1.5" in (tmp_path / "hub" / "README.md").read_text()
+    )
+
+
 def test_card_names_a_local_dataset_without_its_path(trained_dir):
     model, _ = in_process(trained_dir)
     local = "/data/corpora/multi30k"

@@ -338,9 +338,19 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
         corpus,
         out,
         max_steps=12,
-        extra=["--average_last", "3", "1", "5", "2", "--lr_cooldown_fraction", "0.5"],
+        extra=["--average_last", "3", "1", "5", "2", "--lr_cooldown_fraction", "0.5"]
+        + ["--length_penalty", "0.6", "2.0", "0.0"],
     )
     run([str(BIN / "vaswani-train"), *args, "--test_split", "val"])
+    # The length penalty, chosen on val with the chosen average, is the saved model's and the test's.
+    chosen = json.loads((out / "length_penalty_on_validation.json").read_text())
+    alphas = [c["length_penalty"] for c in chosen["candidates"]]
+    assert alphas == [0.6, 2.0, 0.0] and chosen["model"] == str(out / "averaged")
+    bleus = [c["bleu"] for c in chosen["candidates"]]
+    assert chosen["chosen"] == alphas[bleus.index(max(bleus))]  # the first of the best
+    generation = json.loads((out / "averaged" / "generation_config.json").read_text())
+    assert generation["length_penalty"] == chosen["chosen"]
+    assert json.loads((out / "test_results.json").read_text())["length_penalty"] == chosen["chosen"]
     # Over the last half of the 12 steps the learning rate fell linearly towards 0: the rate of update k (logged
     # after updates 2, 4, ... 12) is lrate(k) * factor((k - 1) / 12), the last one a sixth of lrate(12).
     state = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())
@@ -352,6 +362,7 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     assert "last 50% of the run" in json.loads((out / "training_summary.json").read_text())["schedule"]
     record = json.loads((out / "average_on_validation.json").read_text())
     assert record["criterion"] == "bleu" and record["split"] == "val" and record["num_beams"] == 4
+    assert record["length_penalty"] == 0.6  # averages are compared with the first length penalty
     sizes = [len(c["checkpoints"]) for c in record["candidates"]]
     assert sizes == [1, 2, 3]  # 5 asks for more checkpoints than the run has: all 3
     assert record["candidates"][2]["checkpoints"] == ["checkpoint-4", "checkpoint-8", "checkpoint-12"]
@@ -374,7 +385,7 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     references = (corpus / "val.en").read_text().splitlines()
     target_tok = recipe.load_tokenizers(out)[1]
 
-    def translate(model_dir, sources, finish_args):
+    def translate(model_dir, sources, finish_args, length_penalty):
         assert len(sources) == len(references)
         perfect = Path(model_dir).name == "last-2"
         return (references if perfect else ["ein"] * len(sources)), target_tok
@@ -386,6 +397,24 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
         "checkpoint-8",
         "checkpoint-12",
     ]
+
+    # And of the length penalty: the value that translates val perfectly wins; among equals, the first given.
+    def translate_by_alpha(perfect_alpha):
+        def translate(model_dir, sources, finish_args, length_penalty):
+            return (references if length_penalty == perfect_alpha else ["ein"] * len(sources)), target_tok
+
+        return translate
+
+    finish_args = recipe.FinishArguments(length_penalty=[0.6, 1.0, 1.5])
+    monkeypatch.setattr(recipe, "_translate_with", translate_by_alpha(1.0))
+    assert recipe.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 1.0
+    monkeypatch.setattr(recipe, "_translate_with", translate_by_alpha(None))
+    assert recipe.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 0.6
+    recipe.save_length_penalty(out / "averaged", 1.5)
+    from transformers import GenerationConfig
+
+    saved = GenerationConfig.from_pretrained(out / "averaged")
+    assert saved.length_penalty == 1.5 and saved.length_penalty_form == "gnmt" and saved.num_beams == 4
 
 
 def test_average_choices_are_checked(tmp_path):
@@ -402,8 +431,19 @@ def test_average_choices_are_checked(tmp_path):
     train.write_text(json.dumps({"translation": {"de": "Ein Hund .", "en": "A dog ."}}) + "\n")
     data_args = DataArguments(train_file=str(train), source_lang="de", target_lang="en")
     training_args = PaperTrainingArguments(output_dir="unused", eval_strategy="no")
-    with pytest.raises(UsageError, match="chooses among the averages on validation data"):
+    with pytest.raises(
+        UsageError, match="--average_last with several numbers chooses among them on validation"
+    ):
         _check_data_sources(data_args, training_args, FinishArguments(average_last=[5, 10]))
+    # --length_penalty: one value or several, finite, several only with validation data to choose on.
+    assert FinishArguments(length_penalty=1.0).length_penalty == [1.0]
+    assert not FinishArguments(length_penalty=[2.0, 2.0]).chooses_length_penalty
+    with pytest.raises(UsageError, match="--length_penalty must be finite numbers"):
+        FinishArguments(length_penalty=[0.6, float("inf")])
+    with pytest.raises(
+        UsageError, match="--length_penalty with several numbers chooses among them on validation"
+    ):
+        _check_data_sources(data_args, training_args, FinishArguments(length_penalty=[0.6, 1.0]))
 
 
 @pytest.mark.slow

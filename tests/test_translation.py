@@ -1,5 +1,6 @@
 """Batched translation: same output as one-by-one `generate`, input order kept, empty lines, stdin/stdout."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from vaswani.metrics import reported_scores
 from vaswani.tokenization import save_tokenizers
 from vaswani.translation import (
     length_penalty_form_of,
+    length_penalty_of,
     load_translation_model,
     make_batches,
     read_sentences,
@@ -195,6 +197,9 @@ def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokeni
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    # A length penalty the model's generation config holds (vaswani-train --length_penalty chooses one on val).
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "length_penalty": 1.3}))
     source, references, results = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "results.json"
     source.write_text("\n".join(SENTENCES[:3]) + "\n")
     references.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde.\nEin Buch.\n")
@@ -236,14 +241,23 @@ def test_script_writes_results_that_the_model_card_reads(tmp_path, model, tokeni
         "multi30k",
         "test_2016_flickr",
         2,
-        0.6,
+        1.3,
     )
-    assert card.length_penalty_form == "gnmt"  # the model's own, which the script did not override
+    # the model's own length penalty and form, which the script did not override
+    assert card.length_penalty_form == "gnmt"
+    command += ["--output", str(tmp_path / "hyp-0.6.txt"), "--length_penalty", "0.6"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, encoding="utf-8")
+    assert result.returncode == 0, result.stderr
+    assert EvalResults.from_json(results).length_penalty == 0.6
 
 
 def test_the_recorded_length_penalty_form_is_the_one_that_ran():
     model = tiny_model()  # a generation config without the setting: generate() uses the paper's form
     assert length_penalty_form_of(model) == "gnmt"
+    # alpha as generate() takes it: the generation config's (transformers' 1.0 in one the recipe has not written)
+    assert length_penalty_of(model) == 1.0 and length_penalty_of(model, 2.0) == 2.0
+    model.generation_config.length_penalty = 1.5
+    assert length_penalty_of(model) == 1.5
     assert length_penalty_form_of(model, "power") == "power"
     model.generation_config.length_penalty_form = "power"
     assert length_penalty_form_of(model) == "power"

@@ -397,7 +397,7 @@ def translate_n_best(
     batch_size: int = 64,
     max_tokens: int | None = None,
     num_beams: int = NUM_BEAMS,
-    length_penalty: float = LENGTH_PENALTY,
+    length_penalty: float | None = None,
     length_penalty_form: str | None = None,
     max_new_tokens: int | None = None,
     extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
@@ -410,10 +410,12 @@ def translate_n_best(
     translations of each sentence, best first, with their scores, in input order; the same batching, the same default
     output limit (the longest source of the batch + 50), empty lines as `n_best` empty translations of score 0.
 
-    `length_penalty_form` and `early_stopping` default to the exported model's generation config (CTranslate2 runs
-    its own, see the module docstring)."""
-    check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
+    `length_penalty`, `length_penalty_form` and `early_stopping` default to the exported model's generation config
+    (CTranslate2 runs its own form, see the module docstring)."""
     decoding = engine.metadata["decoding"]
+    if length_penalty is None:
+        length_penalty = decoding.get("length_penalty", LENGTH_PENALTY)
+    check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
 
     def decode(sources: list[list[int]]) -> list[list[tuple[list[int], float]]]:
         outputs = engine.generate(

@@ -7,8 +7,8 @@ usually, the tokenizer) into the folder that goes to the Hub, and uploads it in 
   `AutoModelForSeq2SeqLM`, and whose `custom_pipelines` names the translation pipeline;
 - the code files (`configuration_vaswani.py`, `modeling_vaswani.py`, its siblings and `pipeline_vaswani.py`), so that
   `trust_remote_code=True` works where this package is not installed;
-- `generation_config.json` with the paper's decoding settings (beam size 4, length penalty 0.6 in the form
-  ((5 + |Y|) / 6) ** alpha that §6.1 cites);
+- `generation_config.json` with the model folder's decoding settings, the paper's where it has none (beam size 4,
+  length penalty 0.6 in the form ((5 + |Y|) / 6) ** alpha that §6.1 cites);
 - the tokenizer (`tokenizer.json`, `tokenizer_config.json`);
 - `README.md`, the model card rendered from `hub_card.md` with metadata and a `model-index` of the run's scores.
 
@@ -421,6 +421,12 @@ def _register_translation_pipeline() -> None:
         )
 
 
+def _saved_generation(model_dir) -> dict:
+    """The keys the folder's `generation_config.json` sets (empty without one)."""
+    path = Path(model_dir, "generation_config.json")
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def build_folder(
     model_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -451,10 +457,13 @@ def build_folder(
     )
     _check_tokenizer(tokenizer, model)
     model.config.use_cache = True  # Trainer saves use_cache=False; decoding wants the cache
-    # setattr, not update(): a generation config saved before `length_penalty_form` existed lacks the key, and
-    # update() skips keys it lacks; nor may it stay marked as made from the model config, whose loading drops it.
+    # The folder's own decoding (vaswani-train --length_penalty may have chosen alpha on validation), the paper's for
+    # what it does not say. setattr, not update(): a generation config saved before `length_penalty_form` existed
+    # lacks the key, and update() skips keys it lacks; nor may it stay marked as made from the model config, whose
+    # loading drops it.
+    saved = _saved_generation(model_dir)
     for key, value in PAPER_GENERATION.items():
-        setattr(model.generation_config, key, value)
+        setattr(model.generation_config, key, saved.get(key, value))
     model.generation_config._from_model_config = False
 
     _register_translation_pipeline()

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import inspect
+import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -220,8 +222,14 @@ class FinishArguments:
     num_beams: int = field(
         default=PAPER_NUM_BEAMS, metadata={"help": "Beam size for the test set (§6.1: 4)."}
     )
-    length_penalty: float = field(
-        default=PAPER_LENGTH_PENALTY, metadata={"help": "Length penalty alpha (§6.1: 0.6)."}
+    length_penalty: list[float] = field(
+        default_factory=lambda: [PAPER_LENGTH_PENALTY],
+        metadata={
+            "help": "Length penalty alpha of the test's beam search, saved in the final model's generation config "
+            "(§6.1: 0.6). Several values (--length_penalty 0.6 1.0 1.5 2.0; not the paper, which fixes alpha) "
+            "each translate the validation split with the final model, and the highest BLEU is kept (the first "
+            "given among equals); averages chosen on validation are compared with the first."
+        },
     )
     length_penalty_form: str = field(
         default=PAPER_LENGTH_PENALTY_FORM,
@@ -248,11 +256,20 @@ class FinishArguments:
         for name in ("num_beams", "translate_batch_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if isinstance(self.length_penalty, (int, float)):  # FinishArguments(length_penalty=1.0) in code
+            self.length_penalty = [float(self.length_penalty)]
+        if not self.length_penalty or not all(math.isfinite(a) for a in self.length_penalty):
+            raise UsageError(f"--length_penalty must be finite numbers, got {self.length_penalty}")
 
     @property
     def chooses_average(self) -> bool:
         """Whether several averages are compared on the validation split (`--average_last` with several numbers)."""
         return len(set(self.average_last)) > 1
+
+    @property
+    def chooses_length_penalty(self) -> bool:
+        """Whether several length penalties are compared on the validation split."""
+        return len(set(self.length_penalty)) > 1
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -458,11 +475,16 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
         data_args.test_split = "test"
     if data_args.test_split and not data_args.dataset_name and not data_args.test_file:
         raise UsageError(f"--test_split {data_args.test_split} needs --dataset_name (or give --test_file)")
-    if finish_args.chooses_average and not (data_args.validation_file or data_args.dataset_name):
-        raise UsageError(
-            "--average_last with several numbers chooses among the averages on validation data: give "
-            "--validation_file (or --dataset_name)"
-        )
+    has_validation = data_args.validation_file or data_args.dataset_name
+    for flag, chooses in (
+        ("--average_last", finish_args.chooses_average),
+        ("--length_penalty", finish_args.chooses_length_penalty),
+    ):
+        if chooses and not has_validation:
+            raise UsageError(
+                f"{flag} with several numbers chooses among them on validation data: give --validation_file "
+                "(or --dataset_name)"
+            )
 
 
 def check_run(
@@ -818,13 +840,19 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
                     finish_args.average_last[0],
                 )
             final_dir = average_checkpoints(averaged, output_dir / "averaged", tokenizer_dir=output_dir)
+    alpha = finish_args.length_penalty[0]
+    if finish_args.chooses_length_penalty:
+        alpha = choose_length_penalty_on_validation(final_dir, output_dir, data_args, finish_args)
+    save_length_penalty(final_dir, alpha)
     if finish_args.plots:
         from .plotting import plot_learning_curves
 
         plot_learning_curves(trainer.state.log_history, output_dir / "learning_curves.png")
     scores = None
     if data_args.test_split or data_args.test_file:
-        scores = evaluate_test_split(final_dir, data_args, finish_args, plot_attention=finish_args.plots)
+        scores = evaluate_test_split(
+            final_dir, data_args, finish_args, plot_attention=finish_args.plots, length_penalty=alpha
+        )
         if averaged is not None:
             scores["averaged_checkpoints"] = [c.name for c in averaged]
         write_json(output_dir / "test_results.json", scores)
@@ -872,7 +900,9 @@ def choose_average_on_validation(
             folder = average_checkpoints(
                 chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
             )
-            hypotheses, target_tok = _translate_with(folder, sources, finish_args)
+            hypotheses, target_tok = _translate_with(
+                folder, sources, finish_args, finish_args.length_penalty[0]
+            )
             scores = reported_scores(
                 hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)
             )
@@ -894,7 +924,7 @@ def choose_average_on_validation(
             if not data_args.validation_file
             else data_args.validation_file,
             "num_beams": finish_args.num_beams,
-            "length_penalty": finish_args.length_penalty,
+            "length_penalty": finish_args.length_penalty[0],
             "length_penalty_form": finish_args.length_penalty_form,
             "chosen": [c.name for c in best[0]],
             "candidates": candidates,
@@ -906,7 +936,57 @@ def choose_average_on_validation(
     return best[0]
 
 
-def _translate_with(model_dir, sources, finish_args: FinishArguments):
+def choose_length_penalty_on_validation(
+    model_dir: Path, output_dir: Path, data_args: DataArguments, finish_args: FinishArguments
+) -> float:
+    """The length penalty alpha, among `--length_penalty`'s values, with which `model_dir` translates the validation
+    split best (the test's beam size and form): the highest BLEU wins, the first given among equals. The scores of
+    every value are written to `length_penalty_on_validation.json` in `output_dir`."""
+    from .metrics import reported_scores
+
+    validation = load_split(data_args, "validation")
+    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
+    candidates, best = [], None
+    for alpha in tqdm(list(dict.fromkeys(finish_args.length_penalty)), desc="Length penalties on validation"):
+        hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
+        scores = reported_scores(
+            hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)
+        )
+        candidates.append({"length_penalty": alpha, **scores})
+        logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
+        if best is None or scores["bleu"] > best[1]:
+            best = (alpha, scores["bleu"])
+    write_json(
+        output_dir / "length_penalty_on_validation.json",
+        {
+            "criterion": "bleu",
+            "split": data_args.validation_split
+            if not data_args.validation_file
+            else data_args.validation_file,
+            "model": str(model_dir),
+            "num_beams": finish_args.num_beams,
+            "length_penalty_form": finish_args.length_penalty_form,
+            "chosen": best[0],
+            "candidates": candidates,
+        },
+    )
+    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", *best)
+    return best[0]
+
+
+def save_length_penalty(model_dir: Path, alpha: float) -> None:
+    """Write `alpha` into the model folder's generation config, so that `generate()`, the translation pipeline and
+    `vaswani-translate` decode the saved model as its test score was made."""
+    path = Path(model_dir, "generation_config.json")
+    if not path.exists():
+        return
+    config = json.loads(path.read_text())
+    if config.get("length_penalty") != alpha:
+        config["length_penalty"] = alpha
+        write_json(path, config)
+
+
+def _translate_with(model_dir, sources, finish_args: FinishArguments, length_penalty: float):
     """`sources` translated by the model folder with the test's decoding; returns the texts and the target tokenizer."""
     from .translation import load_translation_model, translate
 
@@ -918,23 +998,29 @@ def _translate_with(model_dir, sources, finish_args: FinishArguments):
         target_tok,
         batch_size=finish_args.translate_batch_size,
         num_beams=finish_args.num_beams,
-        length_penalty=finish_args.length_penalty,
+        length_penalty=length_penalty,
         length_penalty_form=finish_args.length_penalty_form,
     )
     return hypotheses, target_tok
 
 
 def evaluate_test_split(
-    model_dir, data_args: DataArguments, finish_args: FinishArguments, plot_attention: bool = False
+    model_dir,
+    data_args: DataArguments,
+    finish_args: FinishArguments,
+    plot_attention: bool = False,
+    length_penalty: float | None = None,
 ) -> dict:
     """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
-    of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`."""
+    of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`. The length
+    penalty is `length_penalty`, else the first of `--length_penalty`."""
     from .metrics import reported_scores
     from .translation import write_sentences
 
+    alpha = finish_args.length_penalty[0] if length_penalty is None else length_penalty
     test = load_split(data_args, "test")
     split = data_args.test_split or Path(data_args.test_file).name
-    hypotheses, target_tok = _translate_with(model_dir, test[data_args.source_lang], finish_args)
+    hypotheses, target_tok = _translate_with(model_dir, test[data_args.source_lang], finish_args, alpha)
     references = test[data_args.target_lang]
     write_sentences(hypotheses, Path(model_dir, f"{split}.hyp.{data_args.target_lang}"))
     if plot_attention:
@@ -948,7 +1034,7 @@ def evaluate_test_split(
         "dataset": data_args.source,
         "split": split,
         "num_beams": finish_args.num_beams,
-        "length_penalty": finish_args.length_penalty,
+        "length_penalty": alpha,
         "length_penalty_form": finish_args.length_penalty_form,
         "model": str(model_dir),
     }

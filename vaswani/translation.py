@@ -55,6 +55,14 @@ def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None)
     return PAPER_LENGTH_PENALTY_FORM if getattr(model.config, "model_type", None) == "vaswani" else "power"
 
 
+def length_penalty_of(model: PreTrainedModel, requested: float | None = None) -> float:
+    """The length penalty alpha a beam search of `model` uses: `requested`, else its generation config's."""
+    if requested is not None:
+        return requested
+    value = getattr(model.generation_config, "length_penalty", None)
+    return 1.0 if value is None else float(value)  # transformers' default when the config has none
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -182,7 +190,7 @@ def translate(
     batch_size: int = 64,
     max_tokens: int | None = None,
     num_beams: int = NUM_BEAMS,
-    length_penalty: float = LENGTH_PENALTY,
+    length_penalty: float | None = None,
     length_penalty_form: str | None = None,
     max_new_tokens: int | None = None,
     extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
@@ -197,7 +205,9 @@ def translate(
         source_tokenizer: encodes the sources; `target_tokenizer` (default: the same) decodes the outputs.
         batch_size: at most this many sentences per `generate` call.
         max_tokens: if given, also at most this many padded source tokens per call.
-        num_beams, length_penalty: §6.1's beam size 4 and alpha = 0.6 by default.
+        num_beams: §6.1's beam size 4 by default.
+        length_penalty: alpha; `None` takes the model's generation config (§6.1's 0.6 for a model this package
+            trained, unless `vaswani-train --length_penalty` chose another on validation).
         length_penalty_form: "gnmt" (((5 + |Y|) / 6) ** alpha, the form §6.1 cites) or "power" (|Y| ** alpha,
             transformers'); `None` leaves the model's generation config to decide (the paper's for this package's
             models). See `generation_vaswani.length_penalty_factor`.
@@ -236,7 +246,7 @@ def translate_n_best(
     batch_size: int = 64,
     max_tokens: int | None = None,
     num_beams: int = NUM_BEAMS,
-    length_penalty: float = LENGTH_PENALTY,
+    length_penalty: float | None = None,
     length_penalty_form: str | None = None,
     max_new_tokens: int | None = None,
     extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
@@ -249,6 +259,7 @@ def translate_n_best(
     fairseq-generate's H lines or OpenNMT's `-n_best`. `n_best` is at most `num_beams`. An empty sentence gives
     `n_best` empty translations of score 0. `max_source_length` truncates longer sources (default: none is cut).
     The other arguments are `translate`'s; with `with_scores=False` the scores are not computed (0.0)."""
+    length_penalty = length_penalty_of(model, length_penalty)
     check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
     device = model.device
     if length_penalty_form is not None:
@@ -419,6 +430,7 @@ __all__ = [
     "check_model_path",
     "default_device",
     "format_n_best",
+    "length_penalty_of",
     "load_translation_model",
     "make_batches",
     "read_sentences",

@@ -22,6 +22,7 @@ from ..translation import (
     check_decoding,
     format_n_best,
     length_penalty_form_of,
+    length_penalty_of,
     load_translation_model,
     read_sentences,
     score_translations,
@@ -70,8 +71,12 @@ class TranslationArguments:
         default=None, metadata={"help": "Also at most this many padded source tokens per batch."}
     )
     num_beams: int = field(default=NUM_BEAMS, metadata={"help": "Beam size (§6.1: 4)."})
-    length_penalty: float = field(
-        default=LENGTH_PENALTY, metadata={"help": "Length penalty alpha (§6.1: 0.6)."}
+    length_penalty: float | None = field(
+        default=None,
+        metadata={
+            "help": "Length penalty alpha. Default: the model's generation config (§6.1's 0.6 for a model "
+            "vaswani-train wrote, unless its --length_penalty chose another on validation)."
+        },
     )
     length_penalty_form: str | None = field(
         default=None,
@@ -123,7 +128,9 @@ class TranslationArguments:
 
     def __post_init__(self):
         with flag_errors("num_beams"):
-            check_decoding(self.num_beams, self.length_penalty)
+            check_decoding(
+                self.num_beams, LENGTH_PENALTY if self.length_penalty is None else self.length_penalty
+            )
         for name in ("batch_size", "max_tokens", "max_new_tokens", "max_source_length"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -278,7 +285,7 @@ def _score(
             "dataset": scoring.dataset_name,
             "split": scoring.split,
             "num_beams": args.num_beams,
-            "length_penalty": args.length_penalty,
+            "length_penalty": _length_penalty(model, args),
             "length_penalty_form": _length_penalty_form(model, args),
             "engine": args.engine,
             "model": args.model_name_or_path,
@@ -286,6 +293,15 @@ def _score(
             "references": scoring.references,
         }
         write_json(scoring.results_json, record)
+
+
+def _length_penalty(model, args: TranslationArguments) -> float:
+    """The alpha that ran: the flag's, else the model's generation config (an export keeps it in its metadata)."""
+    if args.length_penalty is not None:
+        return args.length_penalty
+    if args.engine != "pytorch":
+        return model.metadata["decoding"].get("length_penalty", LENGTH_PENALTY)
+    return length_penalty_of(model)
 
 
 def _length_penalty_form(model, args: TranslationArguments) -> str:
