@@ -884,7 +884,6 @@ def choose_average_on_validation(
     import tempfile
 
     from .averaging import average_checkpoints
-    from .metrics import reported_scores
 
     validation = load_split(data_args, "validation")
     sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
@@ -900,11 +899,8 @@ def choose_average_on_validation(
             folder = average_checkpoints(
                 chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
             )
-            hypotheses, target_tok = _translate_with(
-                folder, sources, finish_args, finish_args.length_penalty[0]
-            )
-            scores = reported_scores(
-                hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)
+            scores = _validation_scores(
+                folder, sources, references, data_args, finish_args, finish_args.length_penalty[0]
             )
             candidates.append({"checkpoints": [c.name for c in chosen], **scores})
             logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
@@ -918,17 +914,13 @@ def choose_average_on_validation(
             replace_files(best[2], building)
     write_json(
         output_dir / "average_on_validation.json",
-        {
-            "criterion": "bleu",
-            "split": data_args.validation_split
-            if not data_args.validation_file
-            else data_args.validation_file,
-            "num_beams": finish_args.num_beams,
-            "length_penalty": finish_args.length_penalty[0],
-            "length_penalty_form": finish_args.length_penalty_form,
-            "chosen": [c.name for c in best[0]],
-            "candidates": candidates,
-        },
+        _choice_record(
+            data_args,
+            finish_args,
+            length_penalty=finish_args.length_penalty[0],
+            chosen=[c.name for c in best[0]],
+            candidates=candidates,
+        ),
     )
     logger.info(
         "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", len(best[0]), best[1]
@@ -942,36 +934,42 @@ def choose_length_penalty_on_validation(
     """The length penalty alpha, among `--length_penalty`'s values, with which `model_dir` translates the validation
     split best (the test's beam size and form): the highest BLEU wins, the first given among equals. The scores of
     every value are written to `length_penalty_on_validation.json` in `output_dir`."""
-    from .metrics import reported_scores
 
     validation = load_split(data_args, "validation")
     sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
     candidates, best = [], None
     for alpha in tqdm(list(dict.fromkeys(finish_args.length_penalty)), desc="Length penalties on validation"):
-        hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
-        scores = reported_scores(
-            hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)
-        )
+        scores = _validation_scores(model_dir, sources, references, data_args, finish_args, alpha)
         candidates.append({"length_penalty": alpha, **scores})
         logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
         if best is None or scores["bleu"] > best[1]:
             best = (alpha, scores["bleu"])
     write_json(
         output_dir / "length_penalty_on_validation.json",
-        {
-            "criterion": "bleu",
-            "split": data_args.validation_split
-            if not data_args.validation_file
-            else data_args.validation_file,
-            "model": str(model_dir),
-            "num_beams": finish_args.num_beams,
-            "length_penalty_form": finish_args.length_penalty_form,
-            "chosen": best[0],
-            "candidates": candidates,
-        },
+        _choice_record(data_args, finish_args, model=str(model_dir), chosen=best[0], candidates=candidates),
     )
     logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", *best)
     return best[0]
+
+
+def _validation_scores(model_dir, sources, references, data_args, finish_args, length_penalty) -> dict:
+    """The scores of the model folder's translation of the validation split with the test's decoding."""
+    from .metrics import reported_scores
+
+    hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, length_penalty)
+    return reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok))
+
+
+def _choice_record(data_args: DataArguments, finish_args: FinishArguments, **choice) -> dict:
+    """What a choice on the validation split writes down: the criterion, the split, the decoding, `choice`."""
+    split = data_args.validation_split if not data_args.validation_file else data_args.validation_file
+    return {
+        "criterion": "bleu",
+        "split": split,
+        "num_beams": finish_args.num_beams,
+        "length_penalty_form": finish_args.length_penalty_form,
+        **choice,
+    }
 
 
 def save_length_penalty(model_dir: Path, alpha: float) -> None:
