@@ -19,7 +19,6 @@ from vaswani.training import (
     TokenBudgetBatchSampler,
     checkpoints,
     cooldown_factor,
-    cooled_paper_schedule,
     paper_learning_rate,
     paper_schedule,
     resolve_resume_checkpoint,
@@ -106,7 +105,9 @@ def test_cooldown_falls_to_zero_where_the_run_ends():
 
     # Bound by steps: 10 steps, the last half cooling; the rate of update k is lrate(k) * factor((k - 1) / 10).
     optimizer = adam()
-    seen = _learning_rates(optimizer, cooled_paper_schedule(optimizer, d_model, warmup, 0.5, 10), 10)
+    seen = _learning_rates(
+        optimizer, paper_schedule(optimizer, d_model, warmup, cooldown_fraction=0.5, max_steps=10), 10
+    )
     expected = [
         paper_learning_rate(k, d_model, warmup) * min(1, (1 - (k - 1) / 10) / 0.5) for k in range(1, 11)
     ]
@@ -116,9 +117,7 @@ def test_cooldown_falls_to_zero_where_the_run_ends():
     budget = TimeBudget(minutes=10.0)
     budget.started = time.monotonic() - 0.9 * budget.seconds
     optimizer = adam()
-    seen = _learning_rates(
-        optimizer, cooled_paper_schedule(optimizer, d_model, warmup, 0.2, 100000, budget), 3
-    )
+    seen = _learning_rates(optimizer, paper_schedule(optimizer, d_model, warmup, 0.2, 100000, budget), 3)
     assert seen[1:] == pytest.approx(
         [paper_learning_rate(k, d_model, warmup) * 0.5 for k in (2, 3)], rel=1e-3
     )

@@ -247,21 +247,6 @@ def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
     return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
-def paper_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int):
-    """A `LambdaLR` giving each parameter group `learning_rate * lrate(step)`: with `learning_rate` 1.0 (the default
-    of `PaperTrainingArguments`) exactly Eq. 3; other values scale it (tensor2tensor's `learning_rate` multiplier)."""
-    if warmup_steps <= 0:
-        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
-    # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update.
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, partial(_shifted_paper_learning_rate, d_model=d_model, warmup_steps=warmup_steps)
-    )
-
-
-def _shifted_paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
-    return paper_learning_rate(step + 1, d_model, warmup_steps)
-
-
 def cooldown_factor(progress: float, fraction: float) -> float:
     """The multiplier of `--lr_cooldown_fraction`: 1 until the last `fraction` of the run, then falling linearly
     to 0 at its end (`progress` 1). `fraction` 0 is the paper's schedule: always 1."""
@@ -270,37 +255,44 @@ def cooldown_factor(progress: float, fraction: float) -> float:
     return min(1.0, max(0.0, (1.0 - progress) / fraction))
 
 
-def cooled_paper_schedule(
+def paper_schedule(
     optimizer: torch.optim.Optimizer,
     d_model: int,
     warmup_steps: int,
-    fraction: float,
-    max_steps: int,
+    cooldown_fraction: float = 0.0,
+    max_steps: int = 1,
     budget: TimeBudget | None = None,
 ):
-    """`paper_schedule` times `cooldown_factor`, with the run's progress the larger of the step fraction
-    (`step / max_steps`) and, with a time budget, the share of `--max_train_minutes` spent: the learning rate
-    reaches 0 where the run ends, whichever limit ends it."""
+    """A `LambdaLR` giving each parameter group `learning_rate * lrate(step)`: with `learning_rate` 1.0 (the default
+    of `PaperTrainingArguments`) exactly Eq. 3; other values scale it (tensor2tensor's `learning_rate` multiplier).
+
+    `cooldown_fraction` > 0 (`--lr_cooldown_fraction`, not the paper) multiplies it by `cooldown_factor`, with the
+    run's progress the larger of the step fraction (`step / max_steps`) and, with a time budget, the share of
+    `--max_train_minutes` spent: the learning rate reaches 0 where the run ends, whichever limit ends it."""
     if warmup_steps <= 0:
         raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         partial(
-            _cooled_paper_learning_rate,
+            _shifted_paper_learning_rate,
             d_model=d_model,
             warmup_steps=warmup_steps,
-            fraction=fraction,
+            cooldown_fraction=cooldown_fraction,
             max_steps=max_steps,
             budget=budget,
         ),
     )
 
 
-def _cooled_paper_learning_rate(step, d_model, warmup_steps, fraction, max_steps, budget) -> float:
+def _shifted_paper_learning_rate(step, d_model, warmup_steps, cooldown_fraction, max_steps, budget) -> float:
+    # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update.
+    rate = paper_learning_rate(step + 1, d_model, warmup_steps)
+    if not cooldown_fraction:
+        return rate
     progress = step / max(max_steps, 1)
     if budget is not None:
         progress = max(progress, budget.elapsed_fraction())
-    return paper_learning_rate(step + 1, d_model, warmup_steps) * cooldown_factor(progress, fraction)
+    return rate * cooldown_factor(progress, cooldown_fraction)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -608,21 +600,15 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
             d_model = self.model.config.d_model
-            fraction = getattr(self.args, "lr_cooldown_fraction", 0.0)
-            if fraction:
-                budgets = [c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)]
-                self.lr_scheduler = cooled_paper_schedule(
-                    optimizer or self.optimizer,
-                    d_model,
-                    int(self.args.warmup_steps),
-                    fraction,
-                    num_training_steps,
-                    budgets[0] if budgets else None,
-                )
-            else:
-                self.lr_scheduler = paper_schedule(
-                    optimizer or self.optimizer, d_model, int(self.args.warmup_steps)
-                )
+            budgets = [c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)]
+            self.lr_scheduler = paper_schedule(
+                optimizer or self.optimizer,
+                d_model,
+                int(self.args.warmup_steps),
+                cooldown_fraction=getattr(self.args, "lr_cooldown_fraction", 0.0),
+                max_steps=num_training_steps,
+                budget=budgets[0] if budgets else None,
+            )
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
