@@ -9,7 +9,13 @@ from conftest import batch, tiny_config, tiny_model
 from torch import nn
 
 from vaswani import VaswaniForConditionalGeneration, kernels_vaswani, shift_tokens_right
-from vaswani.kernels_vaswani import FAST_ATTENTION, Linear, dropout, label_smoothed_cross_entropy
+from vaswani.kernels_vaswani import (
+    FAST_ATTENTION,
+    Linear,
+    dropout,
+    label_smoothed_cross_entropy,
+    quantized_dropout_probability,
+)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -53,14 +59,17 @@ def test_linear_steps_aside_where_onednn_does_not_apply():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_keeps_each_element_with_probability_one_minus_p_and_scales_it_as_f_dropout(dtype):
     p, n = 0.3, 1 << 20
+    applied = quantized_dropout_probability(p)  # p to a multiple of 2**-15
+    assert applied != p and abs(applied - p) <= 2**-16
     x = torch.randn(n, dtype=dtype, requires_grad=True)
     torch.manual_seed(0)
     y = dropout(x, p, training=True)
     kept = y != 0
     # Bernoulli(1 - p) per element: the kept fraction within 5 standard deviations of 1 - p.
     assert abs(kept.float().mean().item() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
-    # Kept elements are x times 1 / (1 - p) rounded to x's dtype: the formula of torch's own dropout.
-    scaled_mask = kept.to(dtype) * torch.tensor(1 / (1 - p), dtype=dtype)
+    # Kept elements are x times 1 / (1 - p') rounded to x's dtype, p' the applied probability: the formula of
+    # torch's own dropout, whose expectation is x.
+    scaled_mask = kept.to(dtype) * torch.tensor(1 / (1 - applied), dtype=dtype)
     assert y.dtype == dtype and torch.equal(y, x.detach() * scaled_mask)
     out, native_mask = torch.native_dropout(x.detach(), p, True)
     assert torch.equal(out, x.detach() * native_mask.to(dtype) * torch.tensor(1 / (1 - p), dtype=dtype))
@@ -69,6 +78,31 @@ def test_dropout_keeps_each_element_with_probability_one_minus_p_and_scales_it_a
     assert torch.equal(x.grad, g * scaled_mask)
     torch.manual_seed(0)  # a seed fixes the mask
     assert torch.equal(dropout(x.detach(), p, training=True), y.detach())
+
+
+def test_dropout_masks_are_independent_across_the_four_elements_of_one_draw():
+    """Four neighbouring elements share one 64-bit draw: each position of the four is kept with probability 1 - p,
+    and a pair of them both kept with probability (1 - p)^2, as independent draws are."""
+    p, n = 0.5, 1 << 20
+    torch.manual_seed(3)
+    kept = (dropout(torch.ones(n), p, training=True) != 0).view(-1, 4).float()
+    tolerance = 5 * math.sqrt(0.25 / (n // 4))
+    for lane in range(4):
+        assert abs(kept[:, lane].mean().item() - (1 - p)) < tolerance
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert abs((kept[:, a] * kept[:, b]).mean().item() - (1 - p) ** 2) < tolerance
+
+
+def test_dropout_leaves_probabilities_within_2_to_the_minus_16_of_0_or_1_to_f_dropout(monkeypatch):
+    calls = []
+    monkeypatch.setattr(F, "dropout", lambda x, p, training: calls.append(p) or x)
+    x = torch.randn(64)
+    dropout(x, 1e-6, training=True)
+    dropout(x, 1 - 1e-6, training=True)
+    assert calls == [1e-6, 1 - 1e-6]
+    dropout(x, 0.1, training=True)
+    assert len(calls) == 2
 
 
 def test_dropout_is_f_dropout_when_off_and_at_p_zero_or_one():
@@ -131,6 +165,23 @@ def test_fused_loss_equals_f_cross_entropy_in_value_and_gradient(dtype, eps):
     assert fused_in.grad[0, 2].abs().sum() == 0 and fused_in.grad[1, :2].abs().sum() == 0
     with torch.no_grad():  # no gradient buffer without autograd, same value
         torch.testing.assert_close(label_smoothed_cross_entropy(logits, labels, eps), plain.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_loss_is_exact_where_the_target_probability_underflows(dtype):
+    """Logits 200 apart: the target's probability is 0 in float32 (log p_t = -200), which the loss must still
+    count from the logits themselves."""
+    logits = torch.tensor([[0.0, 200.0, -100.0, 5.0], [3.0, -2.0, 1.0, 0.5]], dtype=dtype)
+    labels = torch.tensor([0, 2])
+    fused_in = logits.clone().requires_grad_()
+    fused = label_smoothed_cross_entropy(fused_in, labels, 0.1)
+    fused.backward()
+    plain_in = logits.clone().requires_grad_()
+    plain = F.cross_entropy(plain_in.float(), labels, reduction="sum", label_smoothing=0.1)
+    plain.backward()
+    assert torch.isfinite(fused) and fused.item() > 190  # 0.9 * 200 from the first row alone
+    torch.testing.assert_close(fused, plain)
+    torch.testing.assert_close(fused_in.grad, plain_in.grad)
 
 
 def test_fused_loss_refuses_a_second_backward_and_names_a_shape_mismatch():

@@ -5,8 +5,8 @@ Each entry below names its reference, and `tests/test_kernels.py` checks it agai
 | here | reference | where it is faster (figures: BENCHMARKS.md) |
 |---|---|---|
 | `Linear` | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD): oneDNN's GEMM |
-| `dropout` | `F.dropout` | CPU training: a uniform draw compared with p instead of `bernoulli_` |
-| `label_smoothed_cross_entropy` | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | less memory: one (N, V) buffer |
+| `dropout` | `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
+| `label_smoothed_cross_entropy` | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `attn_implementation="vaswani_sdpa"` | `"sdpa"` | CPU decoding steps and short half-precision training: matmuls |
 
 Every fast path steps aside (to the reference) under `torch.compile`, which picks its own kernels, and off the CPU.
@@ -86,13 +86,30 @@ class Linear(nn.Linear):
 # --------------------------------------------------------------------------------------------------------------------
 # Dropout: the keep mask drawn as uniform >= p
 # --------------------------------------------------------------------------------------------------------------------
+# The keep mask is drawn from random bits, 15 per element: four elements from each 64-bit draw of torch's generator
+# (`random_()` on int64 fills 63 bits; the low 15 of each 16-bit lane are uniform). An element is kept when its 15
+# bits, read as an integer in [0, 2**15), are at least round(p * 2**15).
+_MASK_BITS = 15
+
+
+def quantized_dropout_probability(p: float) -> float:
+    """The drop probability that `dropout` applies on its fast path: p rounded to a multiple of 2**-15 (within
+    1.6e-5 of p). Kept elements are scaled by 1 / (1 - this), so that the output's expectation is x exactly."""
+    return round(p * (1 << _MASK_BITS)) / (1 << _MASK_BITS)
+
+
 class _UniformMaskDropoutFunction(torch.autograd.Function):
-    """Dropout whose keep mask is drawn as `uniform >= p`: Bernoulli(1 - p) per element, scaled by 1 / (1 - p)."""
+    """Dropout whose keep mask is drawn from 15 random bits per element: Bernoulli(1 - p') per element with p' =
+    `quantized_dropout_probability(p)`, kept elements scaled by 1 / (1 - p')."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        # 0 where dropped, 1 / (1 - p) in x's dtype where kept: torch's own dropout scales by the same rounded factor.
-        mask = torch.rand(x.shape, device=x.device).ge_(p).to(x.dtype).mul_(1.0 / (1.0 - p))
+        threshold = round(p * (1 << _MASK_BITS))
+        n = x.numel()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
+        bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_((1 << _MASK_BITS) - 1)
+        # 0 where dropped, 1 / (1 - p') in x's dtype where kept: torch's dropout scales by the same rounded factor.
+        mask = bits.ge_(threshold).to(x.dtype).mul_((1 << _MASK_BITS) / ((1 << _MASK_BITS) - threshold))
         ctx.save_for_backward(mask)
         return x * mask
 
@@ -106,13 +123,16 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """`F.dropout(x, p, training)`, with the mask drawn faster on the CPU.
 
     torch's CPU dropout draws its mask with `bernoulli_`, which took a quarter of a training step of a small model on
-    two cores. Uniforms compared with p give the same distribution (each element kept with probability 1 - p, kept
-    elements scaled by 1 / (1 - p)); only the random stream differs (a seed still fixes the masks). GPUs (one fused
-    kernel), `torch.compile`, p = 0 and p = 1 take `F.dropout`.
+    two cores, and a float32 uniform per element costs one draw of the generator each. Here four elements share one
+    64-bit draw, 15 bits each: every element is kept with probability 1 - p' and kept elements are scaled by
+    1 / (1 - p'), where p' is p rounded to a multiple of 2**-15 (`quantized_dropout_probability`; 0.3 becomes
+    0.29999, and the expectation stays x). Only the random stream differs from torch's; a seed still fixes the
+    masks. GPUs (one fused kernel), `torch.compile`, and p within 2**-16 of 0 or 1 (p = 0 and p = 1 included) take
+    `F.dropout`.
     """
     if (
         training
-        and 0.0 < p < 1.0
+        and 0 < round(p * (1 << _MASK_BITS)) < (1 << _MASK_BITS)
         and not is_torchdynamo_compiling()
         and x.device.type == "cpu"
         and x.is_floating_point()
@@ -128,10 +148,13 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy over rows of `logits` (N, V), and its gradient, in one pass of chunks.
 
     Per row with target t (rows labelled -100 count 0): loss = -(1 - eps) * log p_t - eps * mean_v(log p_v), with
-    log p = log_softmax(z), in float32 whatever the dtype of `logits`. Its gradient, softmax(z) - eps / V -
-    (1 - eps) * onehot(t), is written during the forward pass into one tensor of the logits' shape and dtype, chunk by
-    chunk, so that neither the float32 log-probabilities (N, V) nor their gradient are ever held in full. The backward
-    only scales it, in place, so the graph can be differentiated once (`retain_graph` is refused with an error).
+    p = softmax(z), in float32 whatever the dtype of `logits`. With lse = log sum_v exp(z_v), log p_v = z_v - lse, so
+    loss = lse - (1 - eps) * z_t - eps * mean_v(z_v): one softmax per chunk gives both the loss and the gradient,
+    softmax(z) - eps / V - (1 - eps) * onehot(t). lse is read off the softmax at the row's largest logit, lse = max_v
+    z_v - log max_v p_v, where that probability is at least 1 / V and cannot underflow. The gradient is written during
+    the forward pass into one tensor of the logits' shape and dtype, chunk by chunk, so that neither the float32
+    probabilities (N, V) nor their gradient are ever held in full. The backward only scales it, in place, so the graph
+    can be differentiated once (`retain_graph` is refused with an error).
     """
 
     @staticmethod
@@ -139,31 +162,41 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         rows, vocab = logits.shape
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        in_float32 = logits.dtype == torch.float32
+        # One float32 chunk, reused: the chunk's logits (cast once when they are not float32), then their softmax.
+        buffer = None
+        if not in_float32 or grad is None:
+            buffer = torch.empty(min(chunk_rows, rows), vocab, dtype=torch.float32, device=logits.device)
         for start in range(0, rows, chunk_rows):
             z = logits[start : start + chunk_rows]
             target = labels[start : start + chunk_rows]
             ignored = target == -100
             target = target.masked_fill(ignored, 0).unsqueeze(1)
             g = grad[start : start + chunk_rows] if grad is not None else None
-            if g is not None and g.dtype == torch.float32:
-                log_p = torch.ops.aten._log_softmax.out(z, -1, False, out=g)  # log p, written into the buffer
-            else:
-                log_p = torch.log_softmax(z, dim=-1, dtype=torch.float32)
-            row_loss = (eps - 1.0) * log_p.gather(1, target)
+            z = z if in_float32 else buffer[: z.shape[0]].copy_(z)
+            largest = z.amax(dim=-1, keepdim=True)
+            row_loss = (1.0 - eps) * z.gather(1, target)
             if eps:
-                row_loss = row_loss - eps * log_p.mean(dim=-1, keepdim=True)
-            total += row_loss.masked_fill(ignored.unsqueeze(1), 0.0).sum()
+                row_loss = row_loss + (eps / vocab) * z.sum(dim=-1, keepdim=True)
+            # softmax(z): into the gradient buffer when that is float32, else over z in the float32 chunk.
+            p = g if (in_float32 and g is not None) else buffer[: z.shape[0]]
+            p = torch.ops.aten._softmax.out(z, -1, False, out=p)
+            row_loss = (
+                largest - p.amax(dim=-1, keepdim=True).log_() - row_loss
+            )  # lse - (1 - eps) z_t - eps mean z
+            total += row_loss.masked_fill_(ignored.unsqueeze(1), 0.0).sum()
             if g is not None:  # p - eps / V - (1 - eps) * onehot(t), float32 until stored
-                log_p.exp_()
+                p.scatter_add_(1, target, p.new_full(target.shape, eps - 1.0))
                 if eps:
-                    log_p.sub_(eps / vocab)
-                log_p.scatter_add_(1, target, log_p.new_full(target.shape, eps - 1.0))
-                if log_p is not g:
-                    g.copy_(log_p)
-                # On the CPU, skip the pass when no row is ignored; on an accelerator, asking would make the host
-                # wait for the device at every chunk, which costs more than the pass.
-                if g.device.type != "cpu" or ignored.any():
+                    p.sub_(eps / vocab)
+                if p is not g:
+                    g.copy_(p)
+                # On the CPU, skip the rows' zeroing when no row is ignored; on an accelerator, asking would make the
+                # host wait for the device at every chunk, which costs more than the zeroing.
+                if g.device.type != "cpu":
                     g.masked_fill_(ignored.unsqueeze(1), 0.0)
+                elif ignored.any():
+                    g.index_fill_(0, ignored.nonzero().squeeze(1), 0.0)
         ctx.used = False
         if grad is not None:
             ctx.save_for_backward(grad)
@@ -259,4 +292,11 @@ AttentionInterface.register(FAST_ATTENTION, vaswani_sdpa_attention)
 AttentionMaskInterface.register(FAST_ATTENTION, sdpa_mask)
 
 
-__all__ = ["FAST_ATTENTION", "Linear", "dropout", "label_smoothed_cross_entropy", "vaswani_sdpa_attention"]
+__all__ = [
+    "FAST_ATTENTION",
+    "Linear",
+    "dropout",
+    "label_smoothed_cross_entropy",
+    "quantized_dropout_probability",
+    "vaswani_sdpa_attention",
+]
