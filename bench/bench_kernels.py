@@ -13,7 +13,7 @@ median of `--repeats`) so the choice can be checked on any machine:
 - the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the chunked
   `kernels_vaswani.label_smoothed_cross_entropy`, fp32 and bf16 logits.
 - dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against `kernels_vaswani.dropout` (a
-  uniform >= p mask), fp32 and bf16, at a base batch (tokens x 512) and at the en->de run of RESULTS.md
+  mask of 15 random bits per element, four elements per 64-bit draw), fp32 and bf16, at a base batch (tokens x 512) and at the en->de run of RESULTS.md
   (8192 x 128).
 
     python -m bench.bench_kernels --repeats 5 --json bench/results/kernels.json
@@ -136,7 +136,7 @@ def dropout_jobs(shapes: list[tuple[int, int]], probabilities: list[float]) -> d
             for p in probabilities:
                 key = ("dropout", f"{tokens}x{width}", dtype_name, f"p={p}")
                 jobs[key + ("F.dropout",)] = lambda x=x, g=grad, p=p: F.dropout(x, p, True).backward(g)
-                jobs[key + ("uniform mask",)] = lambda x=x, g=grad, p=p: dropout(x, p, True).backward(g)
+                jobs[key + ("bit mask",)] = lambda x=x, g=grad, p=p: dropout(x, p, True).backward(g)
     return jobs
 
 

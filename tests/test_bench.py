@@ -37,15 +37,17 @@ def test_bench_kernels(tmp_path):
     paths = {(r["what"], r["path"]) for r in result["results"]}
     assert {("attention", "sdpa kernel"), ("attention", "matmuls"), ("dW = dY^T X", "torch mm")} <= paths
     assert {("label-smoothed loss", "F.cross_entropy"), ("label-smoothed loss", "chunked")} <= paths
-    assert {("dropout", "F.dropout"), ("dropout", "uniform mask")} <= paths
+    assert {("dropout", "F.dropout"), ("dropout", "bit mask")} <= paths
     assert all(r["ms"] > 0 and r["speedup"] >= 1.0 for r in result["results"])
 
 
-def test_ab_dropout(tmp_path):
-    stdout, result = run_script("bench.ab_dropout", tmp_path)
-    assert "F.dropout / uniform mask" in stdout
-    assert set(result["median_s"]) == {"F.dropout", "uniform mask"}
-    assert all(s > 0 for s in result["median_s"].values()) and result["speedup"] > 0
+def test_ab_training_kernels(tmp_path):
+    stdout, result = run_script("bench.ab_training_kernels", tmp_path)
+    assert "x torch" in stdout and "----" in stdout
+    jobs = {"F.dropout + F.cross_entropy", "kernel dropout", "kernel loss", "both kernels"}
+    assert set(result["median_s"]) == jobs == set(result["speedup_over_torch"])
+    assert all(s > 0 for s in result["median_s"].values())
+    assert result["speedup_over_torch"]["F.dropout + F.cross_entropy"] == 1.0
 
 
 @pytest.mark.parametrize("memory", [False, True], ids=["timing", "memory"])

@@ -114,7 +114,7 @@ def test_dropout_is_f_dropout_when_off_and_at_p_zero_or_one():
 
 def test_training_on_the_cpu_draws_every_dropout_mask_with_the_fast_path(monkeypatch):
     """Each dropout site of the model (embeddings, sublayer outputs, attention weights, FFN activations) goes
-    through the uniform mask on the CPU, never through `F.dropout`'s slower `bernoulli_`."""
+    through the bit mask on the CPU, never through `F.dropout`'s slower `bernoulli_`."""
     model = tiny_model(
         dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, attn_implementation="eager"
     )

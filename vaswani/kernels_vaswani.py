@@ -84,7 +84,7 @@ class Linear(nn.Linear):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Dropout: the keep mask drawn as uniform >= p
+# Dropout: the keep mask drawn from 15 random bits per element
 # --------------------------------------------------------------------------------------------------------------------
 # The keep mask is drawn from random bits, 15 per element: four elements from each 64-bit draw of torch's generator
 # (`random_()` on int64 fills 63 bits; the low 15 of each 16-bit lane are uniform). An element is kept when its 15
@@ -98,7 +98,7 @@ def quantized_dropout_probability(p: float) -> float:
     return round(p * (1 << _MASK_BITS)) / (1 << _MASK_BITS)
 
 
-class _UniformMaskDropoutFunction(torch.autograd.Function):
+class _BitMaskDropoutFunction(torch.autograd.Function):
     """Dropout whose keep mask is drawn from 15 random bits per element: Bernoulli(1 - p') per element with p' =
     `quantized_dropout_probability(p)`, kept elements scaled by 1 / (1 - p')."""
 
@@ -137,7 +137,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         and x.device.type == "cpu"
         and x.is_floating_point()
     ):
-        return _UniformMaskDropoutFunction.apply(x, p)
+        return _BitMaskDropoutFunction.apply(x, p)
     return F.dropout(x, p=p, training=training)
 
 

@@ -8,6 +8,7 @@ defaults) and calls into this module.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate.utils import extract_model_from_parallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
@@ -126,6 +128,17 @@ class _EpochSetter(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.sampler.set_epoch(self.next_epoch)
         self.next_epoch += 1
+
+
+class _AutocastInTheTrainer(TrainerCallback):
+    """Once training begins (the model prepared by Accelerate), hands mixed precision from Accelerate's forward
+    wrapper to the trainer's own autocast (`VaswaniTrainer.autocast_smart_context_manager`)."""
+
+    def __init__(self, trainer: VaswaniTrainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.take_over_autocast()
 
 
 class TimeBudget(TrainerCallback):
@@ -492,6 +505,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self._train_sampler = None
         self.add_callback(TrainingClock())
+        if self._autocast_dtype is not None:
+            self.add_callback(_AutocastInTheTrainer(self))
         minutes = getattr(self.args, "max_train_minutes", None)
         if minutes:
             self.add_callback(TimeBudget(minutes))
@@ -504,6 +519,37 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
         _enable_fsdp_on_cpu(self)
+        self._autocast_dtype = None
+        if self.accelerator.native_amp:  # bf16 or fp16 mixed precision
+            self._autocast_dtype = torch.bfloat16 if self.args.bf16 else torch.float16
+
+    def take_over_autocast(self) -> None:
+        """Run mixed precision through `autocast_smart_context_manager` instead of Accelerate's forward wrapper.
+
+        Under bf16 or fp16 mixed precision, Accelerate wraps the model's forward in autocast and converts every
+        half-precision output to float32: the logits too, (tokens, V), which the loss then reads and differentiates in
+        float32 and whose gradient is converted back. At the en->de recipe's shape (8160 x 8000 logits) that costs
+        two extra (N, V) float32 tensors per step. Here the wrapper is removed (`extract_model_from_parallel(...,
+        keep_fp32_wrapper=False)`, Accelerate's own way to undo it) and the trainer enters the same autocast around
+        the loss and around generation in evaluation, so the label-smoothed loss receives the logits in the autocast
+        dtype and computes in float32 chunk by chunk (`kernels_vaswani.label_smoothed_cross_entropy`). Weights,
+        gradients and Adam's state stay in float32, as before.
+        """
+        if self._autocast_dtype is None or getattr(self, "_owns_autocast", False):
+            return
+        extract_model_from_parallel(self.model_wrapped, keep_fp32_wrapper=False)
+        self._owns_autocast = True
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        """transformers leaves autocast to Accelerate's forward wrapper; once `take_over_autocast` has removed that
+        wrapper, the trainer's loss and evaluation enter torch's autocast here, in the same dtype."""
+        if not getattr(self, "_owns_autocast", False):
+            return super().autocast_smart_context_manager(cache_enabled)
+        return torch.autocast(
+            device_type=self.accelerator.device.type,
+            dtype=self._autocast_dtype,
+            cache_enabled=cache_enabled,
+        )
 
     def create_optimizer(self, model=None):
         if self.is_fsdp_enabled:
@@ -588,10 +634,17 @@ class VaswaniTrainer(Seq2SeqTrainer):
         # checkpoints would save them all: `max_length: 20` among them, so that each later
         # `generate(max_new_tokens=...)` on the saved model warned that both were set. The model keeps its own.
         own = copy.deepcopy(self.model.generation_config)
+        # Generation in evaluation under the trainer's autocast once it has taken autocast over from Accelerate.
+        autocast = (
+            self.autocast_smart_context_manager()
+            if getattr(self, "_owns_autocast", False)
+            else contextlib.nullcontext()
+        )
         try:
-            return super().prediction_step(
-                model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
-            )
+            with autocast:
+                return super().prediction_step(
+                    model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+                )
         finally:
             self.model.generation_config = own
 

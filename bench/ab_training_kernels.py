@@ -1,0 +1,125 @@
+"""Whole training steps with the model's CPU kernels for dropout and the loss against torch's own functions, same
+model, same batch, jobs interleaved.
+
+The two kernels of `kernels_vaswani.py` that a CPU training step spends its time in besides matrix products:
+
+- dropout: `kernels_vaswani.dropout` (a bit mask, four elements per 64-bit draw) at every dropout site, against
+  `F.dropout` (a `bernoulli_` mask);
+- the label-smoothed loss: `kernels_vaswani.label_smoothed_cross_entropy` (one softmax per chunk of rows, the
+  gradient written in the forward pass), against `F.cross_entropy(logits.float(), ..., label_smoothing=0.1)`.
+
+Four jobs switch them on in every combination. By default the shape of the en->de run of RESULTS.md (the `tiny`
+preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an 8000-token vocabulary) on a batch of 480 pairs
+of 17 + 17 tokens (8160 tokens a side, one of its 8192-token batches), bf16 autocast as it trains. A step is the
+forward pass, the label-smoothed loss (mean over target tokens), the backward pass and a fused Adam step. Prints the
+median seconds per step of each job and its speed against torch's functions for both.
+
+    python -m bench.ab_training_kernels --repeats 10 --json bench/results/training_kernels_tiny_cpu.json
+"""
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from bench import common
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels_vaswani, modeling_vaswani
+
+REFERENCE = "F.dropout + F.cross_entropy"
+
+
+def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return F.dropout(x, p=p, training=training)
+
+
+def torch_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
+    """The reference that `label_smoothed_cross_entropy` names."""
+    return F.cross_entropy(
+        logits.flatten(0, -2).float(),
+        labels.flatten(),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=epsilon,
+    )
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4, help="encoder and decoder layers each")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn", type=int, default=256)
+    parser.add_argument("--dropout", type=float, default=0.3)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--batch-size", type=int, default=480, help="sentence pairs per batch")
+    parser.add_argument("--length", type=int, default=17, help="source and target tokens per sentence")
+    parser.add_argument("--fp32", action="store_true", help="train in float32 instead of bf16 autocast")
+    parser.add_argument("--repeats", type=int, default=10, help="timed steps of each job (median reported)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.d_model, args.ffn, args.vocab, args.batch_size, args.length, args.repeats = 32, 64, 500, 8, 6, 1
+    config = VaswaniConfig.from_preset(
+        "tiny",
+        vocab_size=args.vocab,
+        d_model=args.d_model,
+        encoder_layers=args.layers,
+        decoder_layers=args.layers,
+        encoder_attention_heads=args.heads,
+        decoder_attention_heads=args.heads,
+        encoder_ffn_dim=args.ffn,
+        decoder_ffn_dim=args.ffn,
+        dropout=args.dropout,
+        attn_implementation=common.FAST_ATTENTION,  # as the recipe trains on the CPU
+    )
+    torch.manual_seed(0)
+    model = VaswaniForConditionalGeneration(config).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    batch = common.random_batch(args.batch_size, args.length, args.length, args.vocab)
+    kernels = {"dropout": kernels_vaswani.dropout, "loss": kernels_vaswani.label_smoothed_cross_entropy}
+
+    def step(dropout, loss) -> None:
+        # What every dropout site of the model calls, and what `training.label_smoothed_loss` calls.
+        modeling_vaswani.dropout = modeling_vaswani._dropout = dropout
+        kernels_vaswani.label_smoothed_cross_entropy = loss
+        try:
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
+                loss_value = common.training_loss("vaswani", model, batch, 0.1)  # `training.label_smoothed_loss`
+            loss_value.backward()
+            optimizer.step()
+        finally:
+            modeling_vaswani.dropout = modeling_vaswani._dropout = kernels["dropout"]
+            kernels_vaswani.label_smoothed_cross_entropy = kernels["loss"]
+
+    jobs = {
+        REFERENCE: lambda: step(torch_dropout, torch_loss),
+        "kernel dropout": lambda: step(kernels["dropout"], torch_loss),
+        "kernel loss": lambda: step(torch_dropout, kernels["loss"]),
+        "both kernels": lambda: step(kernels["dropout"], kernels["loss"]),
+    }
+    times = common.interleaved_times(jobs, args.repeats, warmup=2)
+    medians = {name: common.median(seconds) for name, seconds in times.items()}
+    speedups = {name: medians[REFERENCE] / median for name, median in medians.items()}
+    print(f"{'job':<28} {'s/step':>8} {'x torch':>8}")
+    print("-" * 46)
+    for name in jobs:
+        print(f"{name:<28} {medians[name]:>8.3f} {speedups[name]:>8.2f}")
+    result = {
+        "machine": common.machine(),
+        "settings": vars(args),
+        "parameters": common.num_parameters(model),
+        "seconds": times,
+        "median_s": medians,
+        "speedup_over_torch": speedups,
+    }
+    common.write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
