@@ -1,6 +1,7 @@
 """The training recipe: token-budget batches, the §5.3 schedule, Adam defaults, checkpoints, resume, DDP."""
 
 import json
+import math
 import os
 import random
 import shutil
@@ -322,6 +323,53 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
     assert (out / "learning_curves.png").stat().st_size > 5000
     for kind in ("encoder", "decoder", "cross"):
         assert (out / "averaged" / f"attention_{kind}.png").stat().st_size > 5000
+
+
+def test_bf16_training_hands_the_loss_bf16_logits_and_evaluates_under_autocast(
+    corpus, tokenizer_dir, tmp_path, monkeypatch
+):
+    """Under `--bf16` the trainer runs autocast itself (`VaswaniTrainer.take_over_autocast`): the label-smoothed loss
+    receives the logits in bf16, not Accelerate's float32 copy of them, generation in evaluation runs under the same
+    autocast, and the run trains and saves as in float32."""
+    from vaswani import kernels_vaswani
+    from vaswani.commands import train as train_command
+
+    seen = []
+    fused = kernels_vaswani.label_smoothed_cross_entropy
+
+    def spy(logits, labels, epsilon=0.0, chunk_elements=None):
+        seen.append((logits.dtype, torch.is_autocast_enabled("cpu")))
+        return fused(logits, labels, epsilon, chunk_elements)
+
+    monkeypatch.setattr(kernels_vaswani, "label_smoothed_cross_entropy", spy)
+    generating = []
+    from vaswani.modeling_vaswani import VaswaniForConditionalGeneration
+
+    generate = VaswaniForConditionalGeneration.generate
+
+    def generate_spy(self, *args, **kwargs):
+        generating.append(torch.is_autocast_enabled("cpu"))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(VaswaniForConditionalGeneration, "generate", generate_spy)
+    out = tmp_path / "run"
+    args = _with_tokenizer(tokenizer_dir)(
+        corpus,
+        out,
+        max_steps=4,
+        extra=["--bf16", "--use_cpu", "--eval_strategy", "steps", "--eval_steps", "4"],
+    )
+    train_command.main(args)
+    training = seen[:4]  # the 4 training steps; then evaluation's loss (the model's own, plain cross-entropy)
+    assert training == [(torch.bfloat16, True)] * 4
+    assert generating and all(generating)
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["precision"] == "bf16 autocast"
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert any("eval_bleu" in entry for entry in state["log_history"])
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert losses and all(math.isfinite(loss) for loss in losses)
+    assert final_weights(out)["model.shared.weight"].dtype == torch.float32
 
 
 @pytest.mark.slow
