@@ -348,9 +348,11 @@ def test_the_folder_decoding_is_published(trained_dir, tmp_path):
         1.5,
         "gnmt",  # absent from the folder: the paper's
     )
-    assert (
-        "beam search with 4 beams and length penalty\nα = 1.5" in (tmp_path / "hub" / "README.md").read_text()
-    )
+    card = (tmp_path / "hub" / "README.md").read_text()
+    assert "beam search with 4 beams and length penalty\nα = 1.5 (§6.1 of the paper uses 0.6)" in card
+    model, _ = in_process(trained_dir)  # the paper's own alpha is named as the paper's
+    model.generation_config.length_penalty = 0.6
+    assert "length penalty\nα = 0.6 (§6.1 of the paper)" in render_card(model, REPO_ID).text
 
 
 def test_card_names_a_local_dataset_without_its_path(trained_dir):
