@@ -8,7 +8,6 @@ defaults) and calls into this module.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -520,6 +519,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         super().create_accelerator_and_postprocess()
         _enable_fsdp_on_cpu(self)
         self._autocast_dtype = None
+        self._owns_autocast = False  # set by take_over_autocast
         if self.accelerator.native_amp:  # bf16 or fp16 mixed precision
             self._autocast_dtype = torch.bfloat16 if self.args.bf16 else torch.float16
 
@@ -535,7 +535,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         dtype and computes in float32 chunk by chunk (`kernels_vaswani.label_smoothed_cross_entropy`). Weights,
         gradients and Adam's state stay in float32, as before.
         """
-        if self._autocast_dtype is None or getattr(self, "_owns_autocast", False):
+        if self._autocast_dtype is None or self._owns_autocast:
             return
         extract_model_from_parallel(self.model_wrapped, keep_fp32_wrapper=False)
         self._owns_autocast = True
@@ -543,7 +543,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
         """transformers leaves autocast to Accelerate's forward wrapper; once `take_over_autocast` has removed that
         wrapper, the trainer's loss and evaluation enter torch's autocast here, in the same dtype."""
-        if not getattr(self, "_owns_autocast", False):
+        if not self._owns_autocast:
             return super().autocast_smart_context_manager(cache_enabled)
         return torch.autocast(
             device_type=self.accelerator.device.type,
@@ -634,14 +634,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         # checkpoints would save them all: `max_length: 20` among them, so that each later
         # `generate(max_new_tokens=...)` on the saved model warned that both were set. The model keeps its own.
         own = copy.deepcopy(self.model.generation_config)
-        # Generation in evaluation under the trainer's autocast once it has taken autocast over from Accelerate.
-        autocast = (
-            self.autocast_smart_context_manager()
-            if getattr(self, "_owns_autocast", False)
-            else contextlib.nullcontext()
-        )
         try:
-            with autocast:
+            # Generation in evaluation under the trainer's autocast once it has taken autocast over from Accelerate.
+            with self.autocast_smart_context_manager():
                 return super().prediction_step(
                     model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
                 )
