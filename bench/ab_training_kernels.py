@@ -89,9 +89,8 @@ def main(argv=None) -> dict:
         try:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
-                loss_value = common.training_loss(
-                    "vaswani", model, batch, 0.1
-                )  # `training.label_smoothed_loss`
+                # What `training.label_smoothed_loss` computes.
+                loss_value = common.training_loss("vaswani", model, batch, 0.1)
             loss_value.backward()
             optimizer.step()
         finally:
