@@ -15,9 +15,9 @@ MINUTES ?= 10
 # The recipe of RESULTS.md: the tiny preset (Transformer-Tiny) with the en->de anchor's batches and schedule, bf16
 # autocast on the CPU, a checkpoint every epoch, the last 10 averaged. `make full-run SRC=de TGT=en` trains it for 90
 # minutes, as reported there; the reported en->de model also chose its average and length penalty on val:
-# `make full-run SRC=en TGT=de AVERAGE="5 10 20" EXTRA="--length_penalty 0.6 1.0 1.5"` (SEED=2 for another seed). VOCAB=4096 changes the tokenizer's size; AVERAGE="10 20 40"
-# keeps whichever average of the last N checkpoints scores best on val; EXTRA="--lr_cooldown_fraction 0.2" adds
-# any other vaswani-train flags.
+# `make full-run SRC=en TGT=de AVERAGE="5 10 20" EXTRA="--length_penalty 0.6 1.0 1.5"` (SEED=2 for another seed).
+# VOCAB=4096 changes the tokenizer's size; AVERAGE="10 20 40" keeps whichever average of the last N checkpoints scores
+# best on val; EXTRA="--lr_cooldown_fraction 0.2" adds any other vaswani-train flags.
 SRC ?= de
 TGT ?= en
 SEED ?= 1
