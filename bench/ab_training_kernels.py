@@ -8,11 +8,14 @@ The two kernels of `kernels_vaswani.py` that a CPU training step spends its time
 - the label-smoothed loss: `kernels_vaswani.label_smoothed_cross_entropy` (one softmax per chunk of rows, the
   gradient written in the forward pass), against `F.cross_entropy(logits.float(), ..., label_smoothing=0.1)`.
 
-Four jobs switch them on in every combination. By default the shape of the en->de run of RESULTS.md (the `tiny`
-preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an 8000-token vocabulary) on a batch of 480 pairs
-of 17 + 17 tokens (8160 tokens a side, one of its 8192-token batches), bf16 autocast as it trains. A step is the
-forward pass, the label-smoothed loss (mean over target tokens), the backward pass and a fused Adam step. Prints the
-median seconds per step of each job and its speed against torch's functions for both.
+Four jobs switch them on in every combination. A fifth, under autocast only (as the trainer does), adds the output
+projection fused into the loss (`kernels_vaswani.linear_label_smoothed_cross_entropy`, through
+`training.fused_output_loss`), which never holds the logits: what the recipe trains with. By default the shape of
+the en->de run of RESULTS.md (the `tiny` preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an
+8000-token vocabulary) on a batch of 480 pairs of 17 + 17 tokens (8160 tokens a side, one of its 8192-token
+batches), bf16 autocast as it trains. A step is the forward pass, the label-smoothed loss (mean over target tokens),
+the backward pass and a fused Adam step. Prints the median seconds per step of each job and its speed against
+torch's functions for both.
 
     python -m bench.ab_training_kernels --repeats 10 --json bench/results/training_kernels_tiny_cpu.json
 """
@@ -27,6 +30,7 @@ from bench import common
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels_vaswani, modeling_vaswani
 
 REFERENCE = "F.dropout + F.cross_entropy"
+FUSED = "both kernels, fused projection"
 
 
 def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -82,15 +86,15 @@ def main(argv=None) -> dict:
     batch = common.random_batch(args.batch_size, args.length, args.length, args.vocab)
     kernels = {"dropout": kernels_vaswani.dropout, "loss": kernels_vaswani.label_smoothed_cross_entropy}
 
-    def step(dropout, loss) -> None:
+    def step(dropout, loss, fused_output: bool = False) -> None:
         # What every dropout site of the model calls, and what `training.label_smoothed_loss` calls.
         modeling_vaswani.dropout = modeling_vaswani._dropout = dropout
         kernels_vaswani.label_smoothed_cross_entropy = loss
         try:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
-                # What `training.label_smoothed_loss` computes.
-                loss_value = common.training_loss("vaswani", model, batch, 0.1)
+                # What `training.label_smoothed_loss` computes (or, fused, `training.fused_output_loss`).
+                loss_value = common.training_loss("vaswani", model, batch, 0.1, fused_output=fused_output)
             loss_value.backward()
             optimizer.step()
         finally:
@@ -103,13 +107,15 @@ def main(argv=None) -> dict:
         "kernel loss": lambda: step(torch_dropout, kernels["loss"]),
         "both kernels": lambda: step(kernels["dropout"], kernels["loss"]),
     }
+    if not args.fp32:  # the trainer fuses the output projection into the loss under autocast only
+        jobs[FUSED] = lambda: step(kernels["dropout"], kernels["loss"], fused_output=True)
     times = common.interleaved_times(jobs, args.repeats, warmup=2)
     medians = {name: common.median(seconds) for name, seconds in times.items()}
     speedups = {name: medians[REFERENCE] / median for name, median in medians.items()}
-    print(f"{'job':<28} {'s/step':>8} {'x torch':>8}")
-    print("-" * 46)
+    print(f"{'job':<32} {'s/step':>8} {'x torch':>8}")
+    print("-" * 50)
     for name in jobs:
-        print(f"{name:<28} {medians[name]:>8.3f} {speedups[name]:>8.2f}")
+        print(f"{name:<32} {medians[name]:>8.3f} {speedups[name]:>8.2f}")
     result = {
         "machine": common.machine(),
         "settings": vars(args),

@@ -36,7 +36,7 @@ from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, shift_tokens_right
 from vaswani.kernels_vaswani import FAST_ATTENTION
-from vaswani.training import label_smoothed_loss
+from vaswani.training import fused_output_loss, label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
 PAD, BOS, EOS = 0, 1, 2
@@ -166,18 +166,23 @@ def label_smoothed_ce(logits: torch.Tensor, labels: torch.Tensor, eps: float) ->
     return total / (labels != -100).sum()
 
 
-def training_loss(name: str, model: nn.Module, batch: dict[str, torch.Tensor], eps: float) -> torch.Tensor:
-    """Forward pass and loss of one implementation, in the way a user of that implementation trains it."""
+def training_loss(
+    name: str, model: nn.Module, batch: dict[str, torch.Tensor], eps: float, fused_output: bool = True
+) -> torch.Tensor:
+    """Forward pass and loss of one implementation, in the way a user of that implementation trains it. Ours is the
+    recipe's loss as `VaswaniTrainer` computes it: under CPU autocast the output projection and the loss in one kernel
+    (`training.fused_output_loss`, unless `fused_output` is False), else the model's logits into
+    `training.label_smoothed_loss`."""
     decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
-    if (
-        name == "vaswani"
-    ):  # the recipe's loss, as `VaswaniTrainer` computes it (`training.label_smoothed_loss`)
-        outputs = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            decoder_input_ids=decoder_input_ids,
-        )
-        return label_smoothed_loss(outputs, batch["labels"], epsilon=eps)
+    if name == "vaswani":
+        inputs = {
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch["attention_mask"],
+            "decoder_input_ids": decoder_input_ids,
+        }
+        if fused_output and model.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            return fused_output_loss(model, {**inputs, "labels": batch["labels"]}, eps)
+        return label_smoothed_loss(model(**inputs), batch["labels"], epsilon=eps)
     if name == "marian":
         logits = model(
             input_ids=batch["input_ids"],

@@ -44,7 +44,13 @@ def test_bench_kernels(tmp_path):
 def test_ab_training_kernels(tmp_path):
     stdout, result = run_script("bench.ab_training_kernels", tmp_path)
     assert "x torch" in stdout and "----" in stdout
-    jobs = {"F.dropout + F.cross_entropy", "kernel dropout", "kernel loss", "both kernels"}
+    jobs = {
+        "F.dropout + F.cross_entropy",
+        "kernel dropout",
+        "kernel loss",
+        "both kernels",
+        "both kernels, fused projection",
+    }
     assert set(result["median_s"]) == jobs == set(result["speedup_over_torch"])
     assert all(s > 0 for s in result["median_s"].values())
     assert result["speedup_over_torch"]["F.dropout + F.cross_entropy"] == 1.0

@@ -14,6 +14,7 @@ from vaswani.kernels_vaswani import (
     Linear,
     dropout,
     label_smoothed_cross_entropy,
+    linear_label_smoothed_cross_entropy,
     quantized_dropout_probability,
 )
 
@@ -192,6 +193,112 @@ def test_fused_loss_refuses_a_second_backward_and_names_a_shape_mismatch():
         loss.backward()
     with pytest.raises(ValueError, match="labels have 3 positions, logits 4"):
         label_smoothed_cross_entropy(logits, torch.tensor([1, 2, 3]), 0.1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# linear_label_smoothed_cross_entropy against label_smoothed_cross_entropy(F.linear(...))
+# --------------------------------------------------------------------------------------------------------------------
+def _projection_and_loss(hidden, weight, bias, labels, loss_fn, autocast: bool):
+    """loss_fn's loss (times 0.37) of leaf copies of the inputs, backpropagated: (loss, their gradients)."""
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in (hidden, weight, bias)]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = loss_fn(*leaves, labels)
+    (loss * 0.37).backward()
+    return loss, [t.grad if t is not None else None for t in leaves]
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_projection_and_loss_equal_the_projection_then_the_loss(autocast, with_bias, eps):
+    """Chunks of 4 rows over 18, rows ignored inside and across chunk boundaries, a scaled upstream gradient: the
+    loss and the gradients of the hidden states, the weight and the bias equal those of F.linear followed by
+    `label_smoothed_cross_entropy` (under bf16 autocast, to bf16 rounding: the weight's gradient is summed chunk by
+    chunk)."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, 16, generator=generator)
+    weight = torch.randn(11, 16, generator=generator) * 0.3
+    bias = torch.randn(11, generator=generator) if with_bias else None
+    labels = torch.randint(0, 11, (2, 9), generator=generator)
+    labels[0, 3] = labels[1, 0] = labels[1, 1] = -100
+
+    fused, fused_grads = _projection_and_loss(
+        hidden,
+        weight,
+        bias,
+        labels,
+        lambda h, w, b, y: linear_label_smoothed_cross_entropy(h, w, b, y, eps, chunk_elements=4 * 11),
+        autocast,
+    )
+    plain, plain_grads = _projection_and_loss(
+        hidden,
+        weight,
+        bias,
+        labels,
+        lambda h, w, b, y: label_smoothed_cross_entropy(F.linear(h, w, b), y, eps),
+        autocast,
+    )
+    assert fused.dtype == torch.float32
+    torch.testing.assert_close(fused, plain)
+    tolerance = dict(rtol=2e-2, atol=1e-2) if autocast else {}
+    for got, expected in zip(fused_grads, plain_grads, strict=True):
+        if expected is None:
+            assert got is None
+            continue
+        assert got.dtype == expected.dtype == torch.float32
+        torch.testing.assert_close(got, expected, **tolerance)
+    assert fused_grads[0][0, 3].abs().sum() == 0 and fused_grads[0][1, :2].abs().sum() == 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        # no gradients computed without autograd, same value
+        torch.testing.assert_close(
+            linear_label_smoothed_cross_entropy(hidden, weight, bias, labels, eps), plain
+        )
+
+
+def test_fused_projection_and_loss_in_a_bf16_training_step_of_the_model():
+    """The tiny model's decoder output through its tied output projection: the loss and every parameter's gradient
+    of one bf16-autocast step match the step through the model's logits."""
+    model = tiny_model(dropout=0.0)
+    input_ids, attention_mask, labels = batch(model.config.vocab_size)
+    labels[0, -2:] = -100
+
+    def step(fused: bool):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+                hidden = model.base_model(
+                    input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids
+                ).last_hidden_state
+                head = model.get_output_embeddings()
+                loss = linear_label_smoothed_cross_entropy(hidden, head.weight, head.bias, labels, 0.1)
+            else:
+                logits = model(input_ids, attention_mask=attention_mask, labels=labels).logits
+                loss = label_smoothed_cross_entropy(logits, labels, 0.1)
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    fused_loss, fused_grads = step(True)
+    plain_loss, plain_grads = step(False)
+    torch.testing.assert_close(fused_loss, plain_loss)
+    assert fused_grads.keys() == plain_grads.keys()
+    for name in plain_grads:
+        torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=2e-2, atol=2e-3, msg=name)
+
+
+def test_fused_projection_and_loss_refuse_bad_labels_and_a_second_backward():
+    hidden = torch.randn(4, 8, requires_grad=True)
+    weight = torch.randn(6, 8, requires_grad=True)
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 6\).*e\.g\. 6"):
+        linear_label_smoothed_cross_entropy(hidden, weight, None, torch.tensor([1, 6, 2, -100]))
+    with pytest.raises(ValueError, match=r"outside the vocabulary.*e\.g\. -3"):
+        linear_label_smoothed_cross_entropy(hidden, weight, None, torch.tensor([1, -3, 2, 0]))
+    with pytest.raises(ValueError, match="labels have 3 positions, hidden states 4"):
+        linear_label_smoothed_cross_entropy(hidden, weight, None, torch.tensor([1, 2, 3]))
+    loss = linear_label_smoothed_cross_entropy(hidden, weight, None, torch.tensor([1, 2, 3, -100]), 0.1)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backpropagated once"):
+        loss.backward()
 
 
 # --------------------------------------------------------------------------------------------------------------------

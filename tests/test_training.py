@@ -325,23 +325,33 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
         assert (out / "averaged" / f"attention_{kind}.png").stat().st_size > 5000
 
 
-def test_bf16_training_hands_the_loss_bf16_logits_and_evaluates_under_autocast(
-    corpus, tokenizer_dir, tmp_path, monkeypatch
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-output-loss", "logits-then-loss"])
+def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
+    corpus, tokenizer_dir, tmp_path, monkeypatch, fused
 ):
-    """Under `--bf16` the trainer runs autocast itself (`VaswaniTrainer.take_over_autocast`): the label-smoothed loss
-    receives the logits in bf16, not Accelerate's float32 copy of them, generation in evaluation runs under the same
-    autocast, and the run trains and saves as in float32."""
+    """Under `--bf16` the trainer runs autocast itself (`VaswaniTrainer.take_over_autocast`). Each training step
+    computes the output projection and the label-smoothed loss in one kernel under that autocast (the default), or,
+    with `--fused_output_loss False`, hands the loss the logits in bf16 (not Accelerate's float32 copy of them).
+    Generation in evaluation runs under the same autocast, and the run trains and saves as in float32."""
     from vaswani import kernels_vaswani
     from vaswani.commands import train as train_command
 
-    seen = []
-    fused = kernels_vaswani.label_smoothed_cross_entropy
+    seen = {"fused": [], "logits": []}
+    projection_and_loss = kernels_vaswani.linear_label_smoothed_cross_entropy
+    loss_of_logits = kernels_vaswani.label_smoothed_cross_entropy
 
-    def spy(logits, labels, epsilon=0.0, chunk_elements=None):
-        seen.append((logits.dtype, torch.is_autocast_enabled("cpu")))
-        return fused(logits, labels, epsilon, chunk_elements)
+    def fused_spy(hidden, weight, bias, labels, epsilon=0.0, chunk_elements=None):
+        seen["fused"].append((epsilon, torch.is_autocast_enabled("cpu"), torch.is_grad_enabled()))
+        return projection_and_loss(hidden, weight, bias, labels, epsilon, chunk_elements)
 
-    monkeypatch.setattr(kernels_vaswani, "label_smoothed_cross_entropy", spy)
+    def logits_spy(logits, labels, epsilon=0.0, chunk_elements=None):
+        seen["logits"].append(
+            (logits.dtype, epsilon, torch.is_autocast_enabled("cpu"), torch.is_grad_enabled())
+        )
+        return loss_of_logits(logits, labels, epsilon, chunk_elements)
+
+    monkeypatch.setattr(kernels_vaswani, "linear_label_smoothed_cross_entropy", fused_spy)
+    monkeypatch.setattr(kernels_vaswani, "label_smoothed_cross_entropy", logits_spy)
     generating = []
     from vaswani.modeling_vaswani import VaswaniForConditionalGeneration
 
@@ -353,15 +363,17 @@ def test_bf16_training_hands_the_loss_bf16_logits_and_evaluates_under_autocast(
 
     monkeypatch.setattr(VaswaniForConditionalGeneration, "generate", generate_spy)
     out = tmp_path / "run"
+    extra = ["--bf16", "--use_cpu", "--eval_strategy", "steps", "--eval_steps", "4"]
     args = _with_tokenizer(tokenizer_dir)(
-        corpus,
-        out,
-        max_steps=4,
-        extra=["--bf16", "--use_cpu", "--eval_strategy", "steps", "--eval_steps", "4"],
+        corpus, out, max_steps=4, extra=extra + ["--fused_output_loss", str(fused)]
     )
     train_command.main(args)
-    training = seen[:4]  # the 4 training steps; then evaluation's loss (the model's own, plain cross-entropy)
-    assert training == [(torch.bfloat16, True)] * 4
+    training = [call for call in seen["logits"] if call[-1]]  # with autograd on: a training step's loss
+    if fused:
+        assert seen["fused"] == [(0.1, True, True)] * 4 and training == []
+    else:
+        assert seen["fused"] == []
+        assert training == [(torch.bfloat16, 0.1, True, True)] * 4
     assert generating and all(generating)
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["steps"] == 4 and summary["precision"] == "bf16 autocast"

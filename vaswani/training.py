@@ -359,6 +359,15 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     label_smoothing_factor: float = field(
         default=0.1, metadata={"help": "eps_ls of §5.4 (0.1), applied by the recipe's loss."}
     )
+    fused_output_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "In CPU training under bf16/fp16 autocast with the recipe's label-smoothed loss, compute the "
+            "output projection and the loss together, chunk by chunk, without the (tokens x vocabulary) logits "
+            "(kernels_vaswani.linear_label_smoothed_cross_entropy): the same loss and gradients to rounding, "
+            "faster. False computes the logits, then the loss."
+        },
+    )
     paper_lr_schedule: bool = field(
         default=True,
         metadata={
@@ -511,9 +520,37 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.add_callback(TimeBudget(minutes))
         if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RunProgress(minutes))
+        self._owns_loss = False
         if self.args.label_smoothing_factor and self.compute_loss_func is None:
             self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
             self.label_smoother = None
+            self._owns_loss = True
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """transformers' `compute_loss`, except in the training steps that `fuses_output_loss` picks: there the
+        decoder's output goes to `fused_output_loss` (the output projection and the label-smoothed loss in one
+        kernel) instead of through the model's logits to `label_smoothed_loss`. Same loss, same normalisation."""
+        if return_outputs or not self.fuses_output_loss(model, inputs):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return fused_output_loss(model, inputs, self.args.label_smoothing_factor, num_items_in_batch)
+
+    def fuses_output_loss(self, model, inputs) -> bool:
+        """Whether this step takes `fused_output_loss`: `--fused_output_loss` (the default), the recipe's own
+        label-smoothed loss, a training step of the bare model in one process (not wrapped for DDP, FSDP or PEFT)
+        on the CPU, under the trainer's bf16/fp16 autocast (where it is measured faster: BENCHMARKS.md)."""
+        from .modeling_vaswani import VaswaniForConditionalGeneration
+
+        return (
+            getattr(self.args, "fused_output_loss", False)
+            and self._owns_loss
+            and "labels" in inputs
+            and self.accelerator.num_processes == 1
+            and not self.is_fsdp_enabled
+            and isinstance(model, VaswaniForConditionalGeneration)
+            and model.training
+            and model.device.type == "cpu"
+            and torch.is_autocast_enabled("cpu")
+        )
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
@@ -716,6 +753,27 @@ def label_smoothed_loss(outputs, labels: torch.Tensor, num_items_in_batch=None, 
 
     logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
     total = label_smoothed_cross_entropy(logits, labels, epsilon)
+    return _per_target_token(total, labels, num_items_in_batch)
+
+
+def fused_output_loss(model, inputs: dict, epsilon: float, num_items_in_batch=None) -> torch.Tensor:
+    """`label_smoothed_loss(model(**inputs without labels), labels, ...)` without the logits: the decoder's last
+    hidden states (`model.base_model`) and the output projection's weights go to
+    `kernels_vaswani.linear_label_smoothed_cross_entropy`, which never holds the (tokens, V) logits. The mean over
+    target tokens, or the sum divided by `num_items_in_batch`."""
+    from .kernels_vaswani import linear_label_smoothed_cross_entropy
+
+    inputs = dict(inputs)
+    labels = inputs.pop("labels")
+    if inputs.get("decoder_input_ids") is None and inputs.get("decoder_inputs_embeds") is None:
+        inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels)
+    hidden = model.base_model(**inputs, use_cache=False).last_hidden_state
+    head = model.get_output_embeddings()
+    total = linear_label_smoothed_cross_entropy(hidden, head.weight, head.bias, labels, epsilon)
+    return _per_target_token(total, labels, num_items_in_batch)
+
+
+def _per_target_token(total: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
     if num_items_in_batch is None:
         num_items_in_batch = (labels != -100).sum().clamp(min=1)
     if isinstance(num_items_in_batch, torch.Tensor):
