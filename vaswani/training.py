@@ -504,9 +504,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
     Label smoothing (eps_ls = `--label_smoothing_factor`, 0.1, §5.4) is the recipe's, applied as transformers'
     `compute_loss_func` by `label_smoothed_loss`: the smoothed cross-entropy in float32 with one (N, V) buffer
     (`kernels_vaswani.label_smoothed_cross_entropy`), exact under gradient accumulation. The Trainer's own smoother,
-    which would hold the logits of the whole batch in memory a second time, stays off. The model's own loss
-    (`model(labels=...)`) is the plain cross-entropy, and so is `eval_loss` when evaluation generates
-    (`predict_with_generate`, as in the recipe): `Seq2SeqTrainer` then takes the model's loss.
+    which would hold the logits of the whole batch in memory a second time, stays off. In bf16/fp16 CPU training the
+    output projection runs inside that loss, so that the logits are never held (`compute_loss`, `--fused_output_loss`).
+    The model's own loss (`model(labels=...)`) is the plain cross-entropy, and so is `eval_loss` when evaluation
+    generates (`predict_with_generate`, as in the recipe): `Seq2SeqTrainer` then takes the model's loss.
     """
 
     def __init__(self, *args, **kwargs):
