@@ -274,7 +274,8 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
     chunk's logits (in the dtype of `hidden`), their loss and gradient in float32 (`_smoothed_rows`), and from that
     gradient, stored back in the logits' dtype, the chunk's rows of dL/dhidden = G W and its share of dL/dW = G^T
     hidden (and dL/db, the column sums of G), accumulated in float32. All of it is computed in the forward pass, in
-    one buffer of the chunk's size; the backward scales the three gradients by the upstream one."""
+    a buffer for the chunk's logits and, unless they are float32, one float32 copy of them; the backward scales the
+    three gradients by the upstream one."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, eps: float, chunk_rows: int) -> torch.Tensor:
