@@ -1,15 +1,15 @@
 """Whole training steps with the model's CPU kernels for dropout and the loss against torch's own functions, same
 model, same batch, jobs interleaved.
 
-The two kernels of `kernels_vaswani.py` that a CPU training step spends its time in besides matrix products:
+The two kernels of `vaswani.kernels` that a CPU training step spends its time in besides matrix products:
 
-- dropout: `kernels_vaswani.dropout` (a bit mask, four elements per 64-bit draw) at every dropout site, against
-  `F.dropout` (a `bernoulli_` mask);
-- the label-smoothed loss: `kernels_vaswani.label_smoothed_cross_entropy` (one softmax per chunk of rows, the
+- dropout: `kernels.Dropout` (a bit mask, four elements per 64-bit draw) at every dropout site of the model, against
+  torch's `nn.Dropout` (a `bernoulli_` mask);
+- the label-smoothed loss: `kernels.label_smoothed_cross_entropy` (one softmax per chunk of rows, the
   gradient written in the forward pass), against `F.cross_entropy(logits.float(), ..., label_smoothing=0.1)`.
 
 Four jobs switch them on in every combination. A fifth, under autocast only (as the trainer does), adds the output
-projection fused into the loss (`kernels_vaswani.linear_label_smoothed_cross_entropy`, through
+projection fused into the loss (`kernels.linear_label_smoothed_cross_entropy`, through
 `training.fused_output_loss`), which never holds the logits: what the recipe trains with. By default the shape of
 the en->de run of RESULTS.md (the `tiny` preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an
 8000-token vocabulary) on a batch of 480 pairs of 17 + 17 tokens (8160 tokens a side, one of its 8192-token
@@ -25,16 +25,20 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from bench import common
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels_vaswani, modeling_vaswani
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels
 
 REFERENCE = "F.dropout + F.cross_entropy"
 FUSED = "both kernels, fused projection"
 
 
-def torch_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    return F.dropout(x, p=p, training=training)
+def use_dropout(model: nn.Module, kind: type) -> None:
+    """Every dropout module of `model` becomes `kind` (`nn.Dropout` or `kernels.Dropout`), in place."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.__class__ = kind
 
 
 def torch_loss(logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
@@ -81,15 +85,15 @@ def main(argv=None) -> dict:
         attn_implementation=common.FAST_ATTENTION,  # as the recipe trains on the CPU
     )
     torch.manual_seed(0)
-    model = VaswaniForConditionalGeneration(config).train()
+    model = kernels.use_cpu_kernels(VaswaniForConditionalGeneration(config), attention=False).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     batch = common.random_batch(args.batch_size, args.length, args.length, args.vocab)
-    kernels = {"dropout": kernels_vaswani.dropout, "loss": kernels_vaswani.label_smoothed_cross_entropy}
+    fast = {"dropout": kernels.Dropout, "loss": kernels.label_smoothed_cross_entropy}
 
     def step(dropout, loss, fused_output: bool = False) -> None:
-        # What every dropout site of the model calls, and what `training.label_smoothed_loss` calls.
-        modeling_vaswani.dropout = modeling_vaswani._dropout = dropout
-        kernels_vaswani.label_smoothed_cross_entropy = loss
+        # The model's dropout modules, and what `training.label_smoothed_loss` calls.
+        use_dropout(model, dropout)
+        kernels.label_smoothed_cross_entropy = loss
         try:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
@@ -98,17 +102,17 @@ def main(argv=None) -> dict:
             loss_value.backward()
             optimizer.step()
         finally:
-            modeling_vaswani.dropout = modeling_vaswani._dropout = kernels["dropout"]
-            kernels_vaswani.label_smoothed_cross_entropy = kernels["loss"]
+            use_dropout(model, fast["dropout"])
+            kernels.label_smoothed_cross_entropy = fast["loss"]
 
     jobs = {
-        REFERENCE: lambda: step(torch_dropout, torch_loss),
-        "kernel dropout": lambda: step(kernels["dropout"], torch_loss),
-        "kernel loss": lambda: step(torch_dropout, kernels["loss"]),
-        "both kernels": lambda: step(kernels["dropout"], kernels["loss"]),
+        REFERENCE: lambda: step(nn.Dropout, torch_loss),
+        "kernel dropout": lambda: step(fast["dropout"], torch_loss),
+        "kernel loss": lambda: step(nn.Dropout, fast["loss"]),
+        "both kernels": lambda: step(fast["dropout"], fast["loss"]),
     }
     if not args.fp32:  # the trainer fuses the output projection into the loss under autocast only
-        jobs[FUSED] = lambda: step(kernels["dropout"], kernels["loss"], fused_output=True)
+        jobs[FUSED] = lambda: step(fast["dropout"], fast["loss"], fused_output=True)
     times = common.interleaved_times(jobs, args.repeats, warmup=2)
     medians = {name: common.median(seconds) for name, seconds in times.items()}
     speedups = {name: medians[REFERENCE] / median for name, median in medians.items()}

@@ -6,13 +6,13 @@ median of `--repeats`) so the choice can be checked on any machine:
 - attention: torch's SDPA kernel against the same formula in batched matmuls (`eager_attention_forward`, float32
   softmax), forward + backward, fp32 and bf16, encoder-style (padding mask) and causal, at several lengths; and
   forward only for one query per hypothesis (a decoding step with the KV cache), and for the 4 beams of a source
-  sharing one encoder-decoder attention call. `kernels_vaswani.prefers_matmul_attention` (attn_implementation="vaswani_sdpa") picks matmuls for half
+  sharing one encoder-decoder attention call. `kernels.prefers_matmul_attention` (attn_implementation="vaswani_sdpa") picks matmuls for half
   precision with gradients up to 128 keys and for decoding steps.
 - the weight gradient of a linear layer, dW = dY^T X: oneDNN's linear on the transposed operands (copied to be
   contiguous) against torch's default `mm`, which reads them transposed in place.
 - the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the chunked
-  `kernels_vaswani.label_smoothed_cross_entropy`, fp32 and bf16 logits.
-- dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against `kernels_vaswani.dropout` (a
+  `kernels.label_smoothed_cross_entropy`, fp32 and bf16 logits.
+- dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against `kernels.dropout` (a
   mask of 15 random bits per element, four elements per 64-bit draw), fp32 and bf16, at a base batch (tokens x 512) and at the en->de run of RESULTS.md
   (8192 x 128).
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import common
-from vaswani.kernels_vaswani import dropout, label_smoothed_cross_entropy
+from vaswani.kernels import dropout, label_smoothed_cross_entropy
 from vaswani.modeling_vaswani import eager_attention_forward
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

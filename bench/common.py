@@ -2,7 +2,8 @@
 
 The three implementations, built from one `VaswaniConfig` preset so that sizes are equal:
 
-- `vaswani`: `VaswaniForConditionalGeneration` (this repository), as configured by the preset.
+- `vaswani`: `VaswaniForConditionalGeneration` (this repository), as configured by the preset, with the CPU kernels
+  turned on as the recipe's tools turn them on (`vaswani.kernels.use_cpu_kernels`; on a GPU they step aside).
 - `marian`: transformers' `MarianMTModel`, the same architecture family (post-norm, sinusoidal positions, one
   shared embedding matrix scaled by sqrt(d_model) and tied to the output projection, ReLU). Its attention
   projections carry biases and its logits get `final_logits_bias` added (zeros: no effect on values, but the add
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, shift_tokens_right
-from vaswani.kernels_vaswani import FAST_ATTENTION
+from vaswani.kernels import FAST_ATTENTION, use_cpu_kernels
 from vaswani.training import fused_output_loss, label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
@@ -48,7 +49,7 @@ DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 t
 # --------------------------------------------------------------------------------------------------------------------
 def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:
     """The model as a CPU user should run it: attention through `attn_implementation="vaswani_sdpa"`
-    (`kernels_vaswani.py`; the same as "sdpa" on a GPU)."""
+    (`vaswani.kernels`; the same as "sdpa" on a GPU)."""
     overrides.setdefault("attn_implementation", FAST_ATTENTION)
     return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
 
@@ -113,8 +114,8 @@ class TorchTransformerLM(nn.Module):
 def build_model(name: str, config: VaswaniConfig, seed: int = 0) -> nn.Module:
     """One of `IMPLEMENTATIONS` at the sizes of `config`, random weights from `seed`."""
     torch.manual_seed(seed)
-    if name == "vaswani":
-        return VaswaniForConditionalGeneration(config)
+    if name == "vaswani":  # the attention is the config's (`vaswani_config`)
+        return use_cpu_kernels(VaswaniForConditionalGeneration(config), attention=False)
     if name == "marian":
         from transformers import MarianConfig, MarianMTModel
 

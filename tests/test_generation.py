@@ -1,7 +1,10 @@
-"""`generate()`: the paper's decoding (§6.1) and its length penalty, caches, beams and samples, and what happens on a
-transformers version without the beam-search helpers the length penalty needs."""
+"""`generate()`: the paper's decoding (§6.1) and its length penalty through transformers' public `custom_generate`
+seam, caches, beams and samples."""
 
+import itertools
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,11 +13,13 @@ from conftest import batch, tiny_model
 from packaging.version import Version
 from transformers import GenerationConfig, GenerationMixin
 
+import vaswani
 from vaswani import generation_vaswani
 from vaswani.generation_vaswani import (
     EXTRA_OUTPUT_TOKENS,
     PAPER_LENGTH_PENALTY,
     PAPER_NUM_BEAMS,
+    beam_search,
     length_penalty_factor,
     paper_decoding,
 )
@@ -113,7 +118,6 @@ def test_beam_search_scores_finished_hypotheses_with_the_length_penalty_form(mod
     other = "power" if form != "power" else "gnmt"
     other_divisors = torch.tensor([length_penalty_factor(int(n), 0.6, other) for n in lengths])
     assert not torch.allclose(scores, summed / other_divisors)
-    assert "_update_finished_beams" not in vars(model)  # the wrappers lived for the one call only
 
 
 def test_the_length_penalty_form_can_come_from_the_generation_config(model):
@@ -122,27 +126,171 @@ def test_the_length_penalty_form_can_come_from_the_generation_config(model):
     torch.testing.assert_close(scores, summed / torch.tensor([int(n) ** 0.6 for n in lengths]))
 
 
-def test_the_early_stop_bound_uses_the_length_penalty_form(model):
+def test_the_early_stop_bound_uses_the_length_penalty_form():
     """transformers stops extending a sentence's beams once its best running hypothesis, length-penalised, cannot
     beat the worst finished one. Here the best running log-probability is -2.0 after 9 generated tokens and the worst
     finished score is -0.55: dividing by 9 ** 0.6 = 3.74 gives -0.53 (keep searching), by (14 / 6) ** 0.6 = 1.66
     gives -1.20 (stop)."""
     kw = dict(
-        is_early_stop_heuristic_unsatisfied=torch.tensor([[True]]),
-        running_beam_scores=torch.tensor([[-2.0, -3.0]]),
-        beam_scores=torch.tensor([[-0.5, -0.55]]),
-        is_sent_finished=torch.tensor([[True, True]]),
+        running_scores=torch.tensor([[-2.0, -3.0]]),
+        finished_scores=torch.tensor([[-0.5, -0.55]]),
+        is_finished=torch.tensor([[True, True]]),
         cur_len=10,
         max_length=30,
-        decoder_prompt_len=1,
+        prompt_len=1,
         early_stopping=False,
-        length_penalty=0.6,
+        alpha=0.6,
     )
-    decisions = {}
-    for form in ("power", "gnmt"):
-        with generation_vaswani.paper_length_penalty(model, form, 0.6, uses_beams=True):
-            decisions[form] = bool(model._check_early_stop_heuristic(**kw))
+    decisions = {form: bool(generation_vaswani._may_improve(**kw, form=form)) for form in ("power", "gnmt")}
     assert decisions == {"power": True, "gnmt": False}
+
+
+def reference_beam_search(model, input_ids, attention_mask, k, alpha, max_new_tokens, eos, form="gnmt"):
+    """Beam search written plainly, one source at a time, the decoder rerun over the whole prefix at every step (no
+    cache): at each step the best continuations of the live beams (2k, or (1 + the number of end ids) x k); those among
+    the first k that end with an id of `eos` or reach the length limit join the finished hypotheses, scored
+    sum(log p) / lp(|Y|) (the best k kept); the best k others live on. A source stops when it holds k finished hypotheses that its best live beam cannot beat even at
+    the length limit (early_stopping="never"). Returns (sequences, scores) best first per source."""
+    start = model.config.decoder_start_token_id
+    lp = lambda n: length_penalty_factor(n, alpha, form)  # noqa: E731
+    results = []
+    for row in range(input_ids.shape[0]):
+        length = int(attention_mask[row].sum())
+        source = input_ids[row : row + 1, :length]
+        live, finished = [([start], 0.0)], []
+        for step in range(max_new_tokens):
+            candidates = []
+            for tokens, score in live:
+                logits = model(input_ids=source, decoder_input_ids=torch.tensor([tokens])).logits[0, -1]
+                log_probs = torch.log_softmax(logits.float(), dim=-1).tolist()
+                candidates += [(tokens + [t], score + lp_t) for t, lp_t in enumerate(log_probs)]
+            candidates = sorted(candidates, key=lambda c: -c[1])[: max(2, 1 + len(eos)) * k]
+            live = []
+            for rank, (tokens, score) in enumerate(candidates):
+                if tokens[-1] in eos or step == max_new_tokens - 1:
+                    if rank < k:
+                        finished.append((tokens, score / lp(len(tokens) - 1)))
+                elif len(live) < k:
+                    live.append((tokens, score))
+            finished = sorted(finished, key=lambda f: -f[1])[:k]
+            if not live or (len(finished) == k and live[0][1] / lp(max_new_tokens) <= finished[-1][1]):
+                break
+        results.append(finished)
+    return results
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0])
+def test_gnmt_beam_search_equals_a_plain_reference_implementation(model, alpha):
+    """The beams and scores of `generate()` in the paper's form equal those of `reference_beam_search`."""
+    input_ids, attention_mask, _ = batch()
+    k, max_new, eos = 3, 9, list(range(2, 12))  # a random model then ends hypotheses at many lengths
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        num_beams=k,
+        num_return_sequences=k,
+        length_penalty=alpha,
+        early_stopping="never",
+        max_new_tokens=max_new,
+        eos_token_id=eos,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    with torch.no_grad():
+        expected = reference_beam_search(model, input_ids, attention_mask, k, alpha, max_new, eos=set(eos))
+    lengths = set()
+    for row, hypotheses in enumerate(expected):
+        for j, (tokens, score) in enumerate(hypotheses):
+            got = out.sequences[row * k + j].tolist()
+            assert got[: len(tokens)] == tokens and set(got[len(tokens) :]) <= {0, *eos}  # then filled
+            assert out.sequences_scores[row * k + j].item() == pytest.approx(score, abs=1e-5)
+            lengths.add(len(tokens))
+    assert len(lengths) > 2  # hypotheses of several lengths were compared
+
+
+def test_our_beam_loop_in_transformers_form_gives_transformers_beams_and_outputs(model):
+    """`beam_search` run with |Y| ** alpha (`length_penalty_form="power"`) returns what transformers' own beam search
+    returns: sequences, scores, per-step scores and beam indices, for every early-stopping rule, with and without the
+    cache, for several beams and returned sequences."""
+    input_ids, attention_mask, _ = batch()
+    for beams, returned, stopping, alpha, cache in itertools.product(
+        [2, 4], [1, 2], [False, True, "never"], [0.6, -0.5], [True, False]
+    ):
+        kw = dict(
+            attention_mask=attention_mask,
+            num_beams=beams,
+            num_return_sequences=returned,
+            early_stopping=stopping,
+            length_penalty=alpha,
+            max_new_tokens=9,
+            eos_token_id=list(range(2, 12)),  # hypotheses end at many lengths
+            use_cache=cache,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        theirs = GenerationMixin.generate(model, input_ids, **kw)
+        ours = GenerationMixin.generate(
+            model, input_ids, custom_generate=beam_search, length_penalty_form="power", **kw
+        )
+        assert torch.equal(ours.sequences, theirs.sequences)
+        assert torch.equal(ours.beam_indices, theirs.beam_indices)
+        torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores)
+        assert len(ours.scores) == len(theirs.scores)
+        for a, b in zip(ours.scores, theirs.scores, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_no_private_generation_mixin_name_appears_in_the_package():
+    """The paper's decoding runs on transformers' public API: `GenerationMixin.generate` and its `custom_generate`
+    hook, the model's forward and the cache's `reorder_cache`; no private `GenerationMixin` method is wrapped,
+    overridden or called (they change between the releases a saved folder runs on)."""
+    private = {name for name in dir(GenerationMixin) if name.startswith("_") and not name.startswith("__")}
+    assert "_update_finished_beams" in private or "_beam_search" in private  # the check looks at real names
+    found = []
+    for path in Path(vaswani.__file__).parent.rglob("*.py"):
+        for name in private:
+            if re.search(rf"\b{re.escape(name)}\b", path.read_text(encoding="utf-8")):
+                found.append(f"{path.name}: {name}")
+    assert found == []
+
+
+def test_a_folder_decodes_with_its_custom_generate_file(model, tmp_path):
+    """Every saved folder carries the paper's decoding as `custom_generate/generate.py`, the same code as the
+    model's `generate`; `generate(custom_generate=folder, trust_remote_code=True)` runs it."""
+    paper_decoding(model.generation_config)
+    model.save_pretrained(tmp_path)
+    saved = (tmp_path / "custom_generate" / "generate.py").read_text(encoding="utf-8")
+    assert saved == Path(generation_vaswani.__file__).read_text(encoding="utf-8")
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, max_new_tokens=7, output_scores=True, return_dict_in_generate=True)
+    ours = model.generate(input_ids, **kw)
+    through_the_folder = GenerationMixin.generate(
+        model, input_ids, custom_generate=str(tmp_path), trust_remote_code=True, **kw
+    )
+    assert torch.equal(ours.sequences, through_the_folder.sequences)
+    torch.testing.assert_close(ours.sequences_scores, through_the_folder.sequences_scores)
+
+
+def test_without_a_length_generate_stops_at_the_source_length_plus_50(model):
+    """§6.1's maximum output length, input length + 50, where neither the call nor the generation config sets one
+    (transformers' default would cut every translation at 20 tokens): the longest source of the batch counts, its
+    padding not."""
+    input_ids, attention_mask, _ = batch()  # sources of 7, 6 and 5 tokens, padded to 7
+    padded = torch.cat([input_ids, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+    mask = torch.cat([attention_mask, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+    for num_beams in (1, 3):
+        out = model.generate(padded, attention_mask=mask, num_beams=num_beams, suppress_tokens=[2])
+        assert out.shape[1] == 1 + 7 + EXTRA_OUTPUT_TOKENS
+    assert model.generate(padded, attention_mask=mask, max_new_tokens=4, suppress_tokens=[2]).shape[1] == 5
+    model.generation_config.max_length = 9
+    assert model.generate(padded, attention_mask=mask, suppress_tokens=[2]).shape[1] == 9
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+def test_a_length_penalty_that_is_not_finite_is_refused_by_name(model, alpha):
+    input_ids, attention_mask, _ = batch()
+    with pytest.raises(ValueError, match="`length_penalty` must be a finite number"):
+        model.generate(input_ids, attention_mask=attention_mask, num_beams=2, length_penalty=alpha)
 
 
 def test_an_unknown_length_penalty_form_is_named_before_any_work(model):
@@ -151,56 +299,24 @@ def test_an_unknown_length_penalty_form_is_named_before_any_work(model):
         model.generate(input_ids, attention_mask=attention_mask, num_beams=2, length_penalty_form="average")
 
 
-def test_without_the_beam_search_helpers_generate_warns_and_uses_transformers_penalty(
-    model, monkeypatch, caplog
-):
-    """On a transformers version whose beam search has no `_update_finished_beams` (private, may change),
-    `generate()` still works: it warns that the paper's length penalty is unavailable and divides by |Y| ** alpha."""
-    monkeypatch.delattr(GenerationMixin, "_update_finished_beams")
-    assert not generation_vaswani.length_penalty_hooks_available()
-    logging.getLogger("vaswani").propagate = True
-    with caplog.at_level(logging.WARNING):
-        generation_vaswani.logger.warning_once.cache_clear()
-        context = generation_vaswani.paper_length_penalty(model, "gnmt", 0.6, uses_beams=True)
-    assert "uses transformers' |Y| ** alpha instead" in caplog.text
-    with context:
-        assert "_update_finished_beams" not in vars(model)
-    monkeypatch.undo()
-    # a signature that changed is treated the same way
-    monkeypatch.setattr(GenerationMixin, "_check_early_stop_heuristic", lambda self, scores: scores)
-    assert not generation_vaswani.length_penalty_hooks_available()
-    monkeypatch.undo()
-    scores, summed, lengths = _beam_scores(
-        model, length_penalty_form="power"
-    )  # transformers' own penalty works
-    torch.testing.assert_close(scores, summed / torch.tensor([int(n) ** 0.6 for n in lengths]))
-
-
-def test_generate_works_on_a_transformers_without_the_helpers(model, monkeypatch):
-    """The whole call, not only the context: missing helpers give a working `generate()` with |Y| ** alpha."""
-    reference = _beam_scores(model, length_penalty_form="power")[0]
-    monkeypatch.setattr(generation_vaswani, "length_penalty_hooks_available", lambda: False)
-    torch.testing.assert_close(_beam_scores(model, length_penalty_form="gnmt")[0], reference)
-
-
 @pytest.mark.parametrize(
     "options",
     [
         dict(num_beams=4, num_return_sequences=2, length_penalty=0.6),
-        dict(do_sample=True, num_beams=1, num_return_sequences=3),
+        dict(num_beams=3, length_penalty=0.6, length_penalty_form="power"),
     ],
-    ids=["beam", "sampling"],
+    ids=["beam", "beam-power"],
 )
 def test_share_encoder_outputs_keeps_one_copy_per_source_and_changes_no_result(model, options):
-    """Opt-in: the beams and samples of a source share its encoder output and encoder-decoder attention keys and
-    values (held once per source in the returned cache); sequences and scores equal the default layout's, whose
-    cache holds them once per returned row as transformers' caches do."""
+    """Opt-in: the beams of a source share its encoder output and encoder-decoder attention keys and values (held
+    once per source in the returned cache); sequences and scores equal the default layout's, whose cache holds them
+    once per beam as transformers' caches do."""
     input_ids, attention_mask, _ = batch()
     kw = dict(
         attention_mask=attention_mask, max_new_tokens=10, output_scores=True, return_dict_in_generate=True
     )
     kw.update(options)
-    expanded = 3 * max(options["num_beams"], options.get("num_return_sequences", 1))
+    expanded = 3 * options["num_beams"]
     results = {}
     for share in (False, True):
         torch.manual_seed(0)
@@ -241,19 +357,38 @@ def test_decoder_rows_in_groups_per_source_equal_copied_encoder_rows(model):
         )
 
 
-def test_beam_search_reorders_only_the_self_attention_cache(model):
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+def test_share_encoder_outputs_outside_beam_search_is_ignored_with_a_warning(model, caplog):
+    input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, do_sample=True, num_return_sequences=2, max_new_tokens=5)
+    logging.getLogger("vaswani").propagate = True
+    generation_vaswani.logger.warning_once.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        torch.manual_seed(0)
+        shared = model.generate(input_ids, share_encoder_outputs=True, **kw)
+    assert "applies to beam search only" in caplog.text
+    torch.manual_seed(0)
+    assert torch.equal(shared, model.generate(input_ids, **kw))
 
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    cache.self_attention_cache.update(
-        torch.arange(4.0).view(4, 1, 1, 1), torch.arange(4.0).view(4, 1, 1, 1), 0
+
+def test_beam_search_reorders_only_the_self_attention_cache(model, monkeypatch):
+    """The beams of a source hold the same encoder-decoder attention keys and values: reordering them at every step
+    (as `EncoderDecoderCache.reorder_cache` does) would copy equal values."""
+    from transformers.cache_utils import DynamicCache
+
+    reordered = []
+    original = DynamicCache.reorder_cache
+
+    def record(cache, beam_idx):
+        reordered.append(cache)
+        return original(cache, beam_idx)
+
+    monkeypatch.setattr(DynamicCache, "reorder_cache", record)
+    input_ids, attention_mask, _ = batch()
+    out = model.generate(
+        input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=5, return_dict_in_generate=True
     )
-    cross = torch.randn(4, 1, 3, 1)
-    cache.cross_attention_cache.update(cross, cross, 0)
-    cross_keys = cache.cross_attention_cache.layers[0].keys
-    model._reorder_cache(cache, torch.tensor([1, 1, 3, 2]))
-    assert cache.self_attention_cache.layers[0].keys.flatten().tolist() == [1.0, 1.0, 3.0, 2.0]
-    assert cache.cross_attention_cache.layers[0].keys is cross_keys
+    cache = getattr(out, "cache", None) or out.past_key_values
+    assert reordered and all(c is cache.self_attention_cache for c in reordered)
 
 
 def test_static_cache_with_torch_compile_matches_dynamic(model):
@@ -312,14 +447,18 @@ def test_share_encoder_outputs_steps_aside_for_a_static_cache(model):
     )
 
 
-def test_beam_search_over_separate_vocabularies_is_named_where_transformers_cannot(monkeypatch):
+def test_beam_search_over_separate_vocabularies_works_on_every_release_in_the_papers_form(monkeypatch):
+    """transformers' own beam search before 5.18 sized its beams by the source vocabulary: with |Y| ** alpha there
+    (handed to it) the error says so; the paper's form runs in `beam_search`, sized by the logits."""
     separate = tiny_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=61)
     input_ids, attention_mask, _ = batch()
+    kw = dict(attention_mask=attention_mask, num_beams=2, max_new_tokens=3)
     monkeypatch.setattr(generation_vaswani.transformers, "__version__", "5.14.0")
-    with pytest.raises(ValueError, match=r"needs transformers >= 5.18.0 \(found 5.14.0\)"):
-        separate.generate(input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"length_penalty_form='power' needs transformers >= 5.18.0 \(found 5.14.0\)"):
+        separate.generate(input_ids, length_penalty_form="power", **kw)
+    assert separate.generate(input_ids, **kw).shape[0] == 3
     separate.generate(input_ids, attention_mask=attention_mask, max_new_tokens=3)  # greedy works there
     monkeypatch.undo()
     if Version(transformers.__version__) >= Version(generation_vaswani.BEAM_SEARCH_OVER_ANY_VOCABULARY):
-        beams = separate.generate(input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=3)
+        beams = separate.generate(input_ids, length_penalty_form="power", **kw)
         assert beams.shape[0] == 3

@@ -43,12 +43,19 @@ PUBLISHED_FILES = {
     "model.safetensors",
     "configuration_vaswani.py",
     "modeling_vaswani.py",
-    "kernels_vaswani.py",
     "generation_vaswani.py",
     "pipeline_vaswani.py",
+    "utils_vaswani.py",
+    "custom_generate/generate.py",
     "tokenizer.json",
     "tokenizer_config.json",
 }
+
+
+def files_in(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
 SOURCES = ["ein mann fährt rad .", "zwei hunde spielen im schnee .", "eine frau"]
 # As vaswani.recipe writes test_results.json.
 RESULTS = {
@@ -224,7 +231,7 @@ def hub(monkeypatch) -> HubRecorder:
 # The published folder and its card
 # --------------------------------------------------------------------------------------------------------------------
 def test_dry_run_writes_exactly_the_published_files(published, trained_dir):
-    assert {p.name for p in published.iterdir()} == PUBLISHED_FILES  # no training_args.bin, no pickles
+    assert files_in(published) == PUBLISHED_FILES  # no training_args.bin, no pickles
     config = json.loads((published / "config.json").read_text())
     assert config["auto_map"] == AUTO_CLASSES
     assert config["custom_pipelines"]["translation"] == {
@@ -418,7 +425,7 @@ def test_push_creates_repo_and_uploads_one_commit(trained_dir, hub, monkeypatch)
 def test_push_with_output_dir_keeps_the_folder_and_uses_the_token_argument(trained_dir, hub, tmp_path):
     # A repo id without namespace goes to the token's user, and the card names the full id.
     result = publish(trained_dir, "vaswani-de-en", tmp_path / "out", token="hf_argument")
-    assert result.folder == tmp_path / "out" and {p.name for p in result.folder.iterdir()} == PUBLISHED_FILES
+    assert result.folder == tmp_path / "out" and files_in(result.folder) == PUBLISHED_FILES
     assert [(call[0], call[1], call[3]) for call in hub.calls] == [
         ("whoami", None, "hf_argument"),
         ("create_repo", REPO_ID, "hf_argument"),
@@ -489,7 +496,7 @@ def test_script_dry_run(trained_dir, tmp_path, hub):
         + ["--results_json", str(trained_dir / "results.json")]
         + ["--training_summary_json", str(trained_dir / "summary.json")]
     )
-    assert published.commit is None and {p.name for p in out.iterdir()} == PUBLISHED_FILES
+    assert published.commit is None and files_in(out) == PUBLISHED_FILES
     assert hub.calls == []  # a dry run needs no token and calls nothing
 
 

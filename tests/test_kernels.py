@@ -1,4 +1,5 @@
-"""Each fast path of `kernels_vaswani.py` against the plain-torch reference it stands in for, by name."""
+"""Each fast path of `vaswani.kernels` against the plain-torch reference it stands in for, by name, and
+`use_cpu_kernels`, which turns them on in a built model."""
 
 import math
 
@@ -8,14 +9,15 @@ import torch.nn.functional as F
 from conftest import batch, tiny_config, tiny_model
 from torch import nn
 
-from vaswani import VaswaniForConditionalGeneration, kernels_vaswani, shift_tokens_right
-from vaswani.kernels_vaswani import (
+from vaswani import VaswaniForConditionalGeneration, kernels, shift_tokens_right
+from vaswani.kernels import (
     FAST_ATTENTION,
     Linear,
     dropout,
     label_smoothed_cross_entropy,
     linear_label_smoothed_cross_entropy,
     quantized_dropout_probability,
+    use_cpu_kernels,
 )
 
 
@@ -29,7 +31,7 @@ def test_linear_equals_f_linear_in_value_and_gradient(bias):
     reference = nn.Linear(37, 23, bias=bias)
     reference.load_state_dict(ours.state_dict())
     x = torch.randn(4, 9, 37)
-    assert kernels_vaswani.onednn_linear_applies(x, ours.weight) == kernels_vaswani._ONEDNN_AVAILABLE
+    assert kernels.onednn_linear_applies(x, ours.weight) == kernels._ONEDNN_AVAILABLE
     x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_ours, y_ref = ours(x_ours), reference(x_ref)
     torch.testing.assert_close(y_ours, y_ref, atol=1e-5, rtol=1e-5)
@@ -46,10 +48,10 @@ def test_linear_steps_aside_where_onednn_does_not_apply():
     layer = Linear(8, 8)
     x = torch.randn(2, 8)
     with torch.backends.mkldnn.flags(enabled=False):
-        assert not kernels_vaswani.onednn_linear_applies(x, layer.weight)
-    assert not kernels_vaswani.onednn_linear_applies(x.double(), layer.weight)
+        assert not kernels.onednn_linear_applies(x, layer.weight)
+    assert not kernels.onednn_linear_applies(x.double(), layer.weight)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not kernels_vaswani.onednn_linear_applies(x, layer.weight)
+        assert not kernels.onednn_linear_applies(x, layer.weight)
         assert layer(x).dtype == torch.bfloat16  # autocast's own product
     assert isinstance(layer, nn.Linear)  # PEFT, isinstance checks and checkpoints see an nn.Linear
 
@@ -113,12 +115,10 @@ def test_dropout_is_f_dropout_when_off_and_at_p_zero_or_one():
     assert torch.equal(dropout(x, 1.0, training=True), torch.zeros_like(x))
 
 
-def test_training_on_the_cpu_draws_every_dropout_mask_with_the_fast_path(monkeypatch):
-    """Each dropout site of the model (embeddings, sublayer outputs, attention weights, FFN activations) goes
+def test_with_the_cpu_kernels_training_draws_every_dropout_mask_with_the_fast_path(monkeypatch):
+    """After `use_cpu_kernels`, each dropout site of the model (embeddings, sublayer outputs, FFN activations) goes
     through the bit mask on the CPU, never through `F.dropout`'s slower `bernoulli_`."""
-    model = tiny_model(
-        dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, attn_implementation="eager"
-    )
+    model = use_cpu_kernels(tiny_model(dropout=0.2, activation_dropout=0.1), attention=False)
     model.train()
     input_ids, attention_mask, labels = batch()
 
@@ -307,7 +307,7 @@ def test_fused_projection_and_loss_refuse_bad_labels_and_a_second_backward():
 def _count_matmul_calls(monkeypatch):
     """Record the (is_cross_attention, query shape) of every call that `vaswani_sdpa` computes with matmuls."""
     calls = []
-    original = kernels_vaswani.prefers_matmul_attention
+    original = kernels.prefers_matmul_attention
 
     def spy(module, query, key, attention_mask):
         chosen = original(module, query, key, attention_mask)
@@ -315,8 +315,29 @@ def _count_matmul_calls(monkeypatch):
             calls.append((module.is_cross_attention, tuple(query.shape)))
         return chosen
 
-    monkeypatch.setattr(kernels_vaswani, "prefers_matmul_attention", spy)
+    monkeypatch.setattr(kernels, "prefers_matmul_attention", spy)
     return calls
+
+
+def test_use_cpu_kernels_changes_no_output_and_no_gradient():
+    """The swapped modules compute the same arithmetic: logits and gradients of a float32 training step (dropout off)
+    and a generation equal the plain model's, to rounding."""
+    input_ids, attention_mask, labels = batch()
+    results = []
+    for fast in (False, True):
+        model = tiny_model(dropout=0.0)
+        if fast:
+            use_cpu_kernels(model)
+        model.train()
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        model.eval()
+        generated = model.generate(input_ids, attention_mask=attention_mask, num_beams=3, max_new_tokens=6)
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()], generated))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for ours, plain in zip(results[1][1], results[0][1], strict=True):
+        torch.testing.assert_close(ours, plain, atol=1e-5, rtol=1e-4)
+    assert torch.equal(results[1][2], results[0][2])
 
 
 def test_vaswani_sdpa_is_registered_and_equals_sdpa_and_eager():

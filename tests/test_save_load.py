@@ -25,15 +25,19 @@ def saved(tmp_path):
 
 def test_save_writes_safetensors_code_and_auto_map(saved):
     _, folder = saved
-    files = {p.name for p in folder.iterdir()}
+    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
     assert {"model.safetensors", "config.json", "generation_config.json"} <= files
-    # the model's code and its two siblings, for trust_remote_code
+    # the model's code and its siblings for trust_remote_code, the paper's decoding as the folder's custom generate,
+    # and nothing of the CPU kernels
     assert {
         "modeling_vaswani.py",
         "configuration_vaswani.py",
-        "kernels_vaswani.py",
         "generation_vaswani.py",
+        "pipeline_vaswani.py",
+        "utils_vaswani.py",
+        "custom_generate/generate.py",
     } <= files
+    assert not any("kernels" in name for name in files)
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "vaswani"
@@ -133,12 +137,21 @@ CHILD = textwrap.dedent(
     bare = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
     assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
     assert model.lm_head.weight is model.model.shared.weight
+    # a plain transformers model: torch's modules, the folder's `custom_generate/generate.py` as its generate
+    kinds = {type(m).__module__.split(".")[0] for m in model.modules()}
+    assert kinds == {"torch", "transformers_modules"}, kinds
+    assert type(model.model.encoder.layers[0].fc1) is torch.nn.Linear
+    assert "custom_generate" in model.generate.func.__module__, model.generate
     with torch.no_grad():
         logits = model(**inputs).logits
         hidden = bare(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                       decoder_input_ids=model.prepare_decoder_input_ids_from_labels(inputs["labels"])).last_hidden_state
         generated = model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=8)
-    torch.save({"logits": logits, "hidden": hidden, "generated": generated, "half_beams": half_beams}, out_path)
+        beams = model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], num_beams=4,
+                               length_penalty=0.6, max_new_tokens=8, eos_token_id=list(range(2, 12)),
+                               output_scores=True, return_dict_in_generate=True)
+    torch.save({"logits": logits, "hidden": hidden, "generated": generated, "half_beams": half_beams,
+                "beams": beams.sequences, "beam_scores": beams.sequences_scores}, out_path)
     """
 )
 
@@ -170,10 +183,56 @@ def test_trust_remote_code_load_in_a_fresh_interpreter(saved, tmp_path):
             decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels),
         ).last_hidden_state
         generated = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8)
+        beams = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            num_beams=4,
+            length_penalty=0.6,
+            max_new_tokens=8,
+            eos_token_id=list(range(2, 12)),
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    # the paper's length penalty through the folder's custom generate, as in-process
+    assert torch.equal(out["beams"], beams.sequences)
+    torch.testing.assert_close(out["beam_scores"], beams.sequences_scores)
     assert torch.equal(out["logits"], expected)
     assert torch.equal(out["hidden"], hidden)
     assert torch.equal(out["generated"], generated)
     assert out["half_beams"].shape[0] == input_ids.shape[0] and out["half_beams"].dtype == torch.long
+
+
+def test_a_model_is_plain_torch_until_the_cpu_kernels_are_turned_on(tmp_path):
+    """Built from a config or loaded from a folder, the model holds torch's own modules (no module or function of
+    `vaswani.kernels`), so it behaves as any transformers model: a second backward through its loss, dropout of
+    exactly p, `type(m) is nn.Linear`. `use_cpu_kernels` swaps them in place, `use_plain_modules` back."""
+    from torch import nn
+
+    from vaswani.kernels import Dropout, Linear, use_cpu_kernels, use_plain_modules
+
+    built = tiny_model(dropout=0.3)
+    built.save_pretrained(tmp_path)
+    for model in (built, AutoModelForSeq2SeqLM.from_pretrained(tmp_path)):
+        modules = list(model.modules())
+        assert not [m for m in modules if type(m).__module__ == "vaswani.kernels"]
+        linears = [m for m in modules if isinstance(m, nn.Linear)]
+        assert linears and all(type(m) is nn.Linear for m in linears)
+        dropouts = [m for m in modules if isinstance(m, nn.Dropout)]
+        assert dropouts and all(type(m) is nn.Dropout and m.p in (0.3, 0.0) for m in dropouts)
+        model.train()
+        input_ids, attention_mask, labels = batch()
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward(retain_graph=True)
+        loss.backward()  # a second backward, as any transformers model allows
+        torch.manual_seed(0)
+        x = torch.ones(4096)
+        assert torch.equal(model.model.encoder.dropout(x), (torch.manual_seed(0), nn.functional.dropout(x, 0.3))[1])
+        use_cpu_kernels(model)
+        assert type(model.lm_head) is Linear and type(model.model.encoder.dropout) is Dropout
+        assert model.config._attn_implementation == "vaswani_sdpa"
+        assert model.lm_head.weight is model.model.shared.weight  # the tie survives the swap
+        use_plain_modules(model)
+        assert type(model.lm_head) is nn.Linear and model.config._attn_implementation == "sdpa"
 
 
 def test_lora_adapter_on_q_and_v_trains_and_saves(tmp_path):

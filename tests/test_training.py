@@ -333,12 +333,12 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
     computes the output projection and the label-smoothed loss in one kernel under that autocast (the default), or,
     with `--fused_output_loss False`, hands the loss the logits in bf16 (not Accelerate's float32 copy of them).
     Generation in evaluation runs under the same autocast, and the run trains and saves as in float32."""
-    from vaswani import kernels_vaswani
+    from vaswani import kernels
     from vaswani.commands import train as train_command
 
     seen = {"fused": [], "logits": []}
-    projection_and_loss = kernels_vaswani.linear_label_smoothed_cross_entropy
-    loss_of_logits = kernels_vaswani.label_smoothed_cross_entropy
+    projection_and_loss = kernels.linear_label_smoothed_cross_entropy
+    loss_of_logits = kernels.label_smoothed_cross_entropy
 
     def fused_spy(hidden, weight, bias, labels, epsilon=0.0, chunk_elements=None):
         seen["fused"].append((epsilon, torch.is_autocast_enabled("cpu"), torch.is_grad_enabled()))
@@ -350,8 +350,8 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
         )
         return loss_of_logits(logits, labels, epsilon, chunk_elements)
 
-    monkeypatch.setattr(kernels_vaswani, "linear_label_smoothed_cross_entropy", fused_spy)
-    monkeypatch.setattr(kernels_vaswani, "label_smoothed_cross_entropy", logits_spy)
+    monkeypatch.setattr(kernels, "linear_label_smoothed_cross_entropy", fused_spy)
+    monkeypatch.setattr(kernels, "label_smoothed_cross_entropy", logits_spy)
     generating = []
     from vaswani.modeling_vaswani import VaswaniForConditionalGeneration
 

@@ -8,6 +8,7 @@ folders also carry the code (`auto_map`) for `trust_remote_code=True` where the 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_vaswani import PRESETS, VaswaniConfig
+from .kernels import use_cpu_kernels  # registers attn_implementation="vaswani_sdpa"
 from .modeling_vaswani import (
     VaswaniForConditionalGeneration,
     VaswaniModel,
@@ -33,4 +34,5 @@ __all__ = [
     "VaswaniModel",
     "VaswaniForConditionalGeneration",
     "shift_tokens_right",
+    "use_cpu_kernels",
 ]

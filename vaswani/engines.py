@@ -301,9 +301,9 @@ def beam_search(
     min_new_tokens: int,
     eos: int,
 ) -> list[list[Output]]:
-    """transformers' beam search (`GenerationMixin._beam_search`, no sampling), in which a finished hypothesis' summed
-    log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts the generated tokens, `</s>`
-    included).
+    """Beam search as transformers and `generation_vaswani.beam_search` run it (no sampling), in which a finished
+    hypothesis' summed log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts the
+    generated tokens, `</s>` included).
 
     Per step: the top 2k continuations over all k beams; those among the first k that end with `</s>` (or reach
     `max_new_tokens`) are finished hypotheses (a sentence keeps its best k); the best k that did not finish continue.

@@ -1,250 +1,449 @@
-"""The paper's decoding (§6.1) on top of transformers' `generate()`: one statement of each setting, and the length
-penalty of Wu et al. (2016) that the paper cites.
+"""The paper's decoding (§6.1) as the model's own `generate`: beam search whose length penalty is the one the paper cites.
 
 "We used beam search with a beam size of 4 and length penalty alpha = 0.6 [38]. [...] We set the maximum output
 length during inference to input length + 50, but terminate early when possible." (§6.1)
 
 transformers' beam search divides a finished hypothesis' log-probability by |Y|^alpha; [38] (Wu et al., 2016, eq. 14)
-divides by ((5 + |Y|) / 6)^alpha. No public extension point of `generate()` changes that division, so
-`paper_length_penalty` wraps the two beam-search helpers that apply it, for one `generate()` call, on the model
-instance. Where the installed transformers lacks those helpers (they are private and may change), it warns and
-decoding runs with transformers' own penalty: a working `generate()`, never an `AttributeError`.
+divides by ((5 + |Y|) / 6)^alpha. `generate` below decodes a model with the form its generation config names
+(`length_penalty_form`, "gnmt" unless it says "power"), through transformers' public seams only:
 
-The same holds for `share_encoder_outputs`, an opt-in speed-up: the beams of one source read one copy of its
-encoder output instead of one copy each.
+- it hands every call to `GenerationMixin.generate`, which prepares the inputs, the encoder output, the cache, the
+  logits processors and the stopping criteria as for any model;
+- for beam search in the paper's form it passes `custom_generate=beam_search`, transformers' documented hook for a
+  decoding loop of one's own: `beam_search` runs the beams on the model's public forward and the cache's public
+  `reorder_cache`, exactly as transformers' beam search does except for lp(Y) (with `length_penalty_form="power"` it
+  gives transformers' beams and scores);
+- when neither the call nor the generation config sets a maximum length, the maximum is the paper's: the longest
+  source of the batch + 50 new tokens (transformers' default would cut every sentence at 20 tokens).
 
-This file is copied next to `modeling_vaswani.py` into saved model folders, so it imports only torch and
-transformers.
+Saved model folders carry this file twice: beside `modeling_vaswani.py`, whose `generate` calls it, and as
+`custom_generate/generate.py`, which `from_pretrained(folder, trust_remote_code=True)` installs as the model's
+`generate` (`GenerationMixin.load_custom_generate`). So it imports only torch and transformers, and
+`vaswani.engines` (the CTranslate2 and ONNX Runtime exports) takes its length penalty from `length_penalty_factor`
+here: one statement of the penalty.
 """
 
-import contextlib
-import inspect
+import copy
+import math
 
 import torch
 import transformers
 from packaging.version import Version
+from torch import nn
 from transformers import GenerationMixin
+from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerationMode
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-# §6.1
-PAPER_NUM_BEAMS = 4
-PAPER_LENGTH_PENALTY = 0.6
+# §6.1, written into a model's GenerationConfig by `paper_decoding`.
+PAPER_DECODING = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_form": "gnmt"}
+PAPER_NUM_BEAMS = PAPER_DECODING["num_beams"]
+PAPER_LENGTH_PENALTY = PAPER_DECODING["length_penalty"]
+PAPER_LENGTH_PENALTY_FORM = PAPER_DECODING[
+    "length_penalty_form"
+]  # ((5 + |Y|) / 6) ** alpha, the form of [38]
 EXTRA_OUTPUT_TOKENS = 50  # "maximum output length [...] input length + 50"
-PAPER_LENGTH_PENALTY_FORM = "gnmt"  # ((5 + |Y|) / 6) ** alpha, the form of [38]
 LENGTH_PENALTY_FORMS = (PAPER_LENGTH_PENALTY_FORM, "power")
+
+# Before 5.18, transformers' beam search sized its beams by `config.vocab_size` (the source vocabulary), not by the
+# logits: beam search over a target vocabulary of another size failed inside transformers with a reshape error.
+BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
+_LENGTH_SETTINGS = ("max_length", "max_new_tokens")
 
 
 def paper_decoding(generation_config) -> None:
-    """Write the paper's decoding settings into a model's `GenerationConfig` (saved as generation_config.json, where
-    transformers keeps a checkpoint's decoding, as Marian's and BART's folders do). The recipe does this for every
-    model it trains."""
-    generation_config.num_beams = PAPER_NUM_BEAMS
-    generation_config.length_penalty = PAPER_LENGTH_PENALTY
-    generation_config.length_penalty_form = PAPER_LENGTH_PENALTY_FORM
+    """Write §6.1's decoding (`PAPER_DECODING`) into a model's `GenerationConfig`, saved as generation_config.json,
+    where transformers keeps a checkpoint's decoding (as Marian's and BART's folders do)."""
+    for key, value in PAPER_DECODING.items():
+        setattr(generation_config, key, value)
     # A generation config marked as made from the model config drops the settings transformers does not know
     # (`length_penalty_form`) when it is loaded again; this one holds the model's own settings.
     generation_config._from_model_config = False
 
 
-def length_penalty_factor(length: int, alpha: float, form: str = PAPER_LENGTH_PENALTY_FORM) -> float:
+def length_penalty_factor(length, alpha: float, form: str = PAPER_LENGTH_PENALTY_FORM):
     """lp(Y), by which beam search divides a hypothesis' summed log-probability so that lengths compare fairly.
 
     `"gnmt"`: ((5 + |Y|) / 6) ** alpha, Wu et al. (2016) eq. 14, cited by §6.1 (also tensor2tensor's).
     `"power"`: |Y| ** alpha, transformers' and fairseq's `--lenpen`, which favours long hypotheses more.
-    |Y| counts the generated tokens, end-of-sentence included.
+    |Y| counts the generated tokens, end-of-sentence included; an int or a tensor of lengths.
     """
     if form == "gnmt":
         return ((5.0 + length) / 6.0) ** alpha
     if form == "power":
-        return float(length) ** alpha
+        return (length * 1.0) ** alpha
     raise ValueError(f"`length_penalty_form` must be one of {LENGTH_PENALTY_FORMS}, not {form!r}.")
 
 
-def _accepts(method_name: str, *names: str) -> bool:
-    """Whether transformers' `GenerationMixin` has this helper and it takes these keyword arguments."""
-    method = getattr(GenerationMixin, method_name, None)
-    if method is None:
-        return False
-    parameters = inspect.signature(method).parameters
-    return all(name in parameters for name in names)
+def generate(*args, model, **kwargs):
+    """`model.generate(...)` with the paper's decoding rules (see the module docstring); every argument of
+    transformers' `generate` works as there. Two more: `length_penalty_form` ("gnmt" or "power"; default: the
+    generation config's, else "gnmt"), and `share_encoder_outputs=True`, with which the beams of a source read one
+    copy of its encoder output and encoder-decoder attention keys (faster in beam search; the returned cache then
+    holds those keys once per source)."""
+    if kwargs.get("custom_generate") is not None:  # the caller's own decoding
+        return GenerationMixin.generate(model, *args, **kwargs)
+    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+    config.update(**{k: v for k, v in kwargs.items() if hasattr(config, k) and k != "generation_config"})
+    form = kwargs.pop("length_penalty_form", None) or getattr(config, "length_penalty_form", None)
+    form = form or PAPER_LENGTH_PENALTY_FORM
+    length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
+    share = bool(kwargs.pop("share_encoder_outputs", None) or getattr(config, "share_encoder_outputs", False))
+    alpha = config.length_penalty if config.length_penalty is not None else 1.0
+    if not math.isfinite(alpha):
+        raise ValueError(f"`length_penalty` must be a finite number, got {alpha!r}.")
+    if not any(kwargs.get(key) is not None for key in _LENGTH_SETTINGS) and all(
+        getattr(config, key, None) is None for key in _LENGTH_SETTINGS
+    ):
+        kwargs["max_new_tokens"] = _source_length(args, kwargs, model) + EXTRA_OUTPUT_TOKENS
+    beam_search_mode = config.get_generation_mode(kwargs.get("assistant_model")) == GenerationMode.BEAM_SEARCH
+    own_loop = beam_search_mode and ((form == "gnmt" and alpha != 0) or share)
+    if share and not own_loop:
+        logger.warning_once("share_encoder_outputs=True applies to beam search only; it is ignored here.")
+    if own_loop:
+        return GenerationMixin.generate(
+            model,
+            *args,
+            custom_generate=beam_search,
+            length_penalty_form=form,
+            share_encoder_outputs=share,
+            **kwargs,
+        )
+    _check_beam_search_vocabulary(model.config, beam_search_mode or (config.num_beams or 1) > 1)
+    return GenerationMixin.generate(model, *args, **kwargs)
 
 
-def length_penalty_hooks_available() -> bool:
-    """Whether this transformers' beam search applies its length penalty in the helpers `paper_length_penalty`
-    wraps."""
-    return _accepts(
-        "_update_finished_beams", "topk_log_probs", "cur_len", "decoder_prompt_len", "length_penalty"
-    ) and _accepts(
-        "_check_early_stop_heuristic",
-        "running_beam_scores",
-        "cur_len",
-        "max_length",
-        "decoder_prompt_len",
-        "early_stopping",
-        "length_penalty",
+def _source_length(args, kwargs, model) -> int:
+    """Tokens in the longest source of the batch (padding excluded), for the paper's `input length + 50`."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return int(mask.sum(dim=-1).max()) if mask.numel() else 0
+    source = (
+        args[0]
+        if args
+        else kwargs.get("inputs", kwargs.get(model.main_input_name, kwargs.get("inputs_embeds")))
     )
+    if source is None and kwargs.get("encoder_outputs") is not None:
+        source = kwargs["encoder_outputs"][0]
+    return int(source.shape[1]) if source is not None and source.dim() >= 2 else 0
 
 
-# Before 5.18, transformers' beam search sized its beams by `config.vocab_size` (the source vocabulary), not by the
-# logits: beam search over a target vocabulary of another size failed inside transformers with a reshape error.
-BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
-
-
-def check_beam_search_vocabulary(config, uses_beams: bool) -> None:
-    """A clear error where this transformers' beam search cannot handle separate vocabularies of different sizes."""
+def _check_beam_search_vocabulary(config, uses_beams: bool) -> None:
+    """A clear error where transformers' own beam search cannot handle separate vocabularies of different sizes."""
+    decoder_vocab_size = getattr(config, "decoder_vocab_size", config.vocab_size)
     if (
         uses_beams
-        and config.decoder_vocab_size != config.vocab_size
+        and decoder_vocab_size != config.vocab_size
         and Version(transformers.__version__) < Version(BEAM_SEARCH_OVER_ANY_VOCABULARY)
     ):
         raise ValueError(
-            f"Beam search over a target vocabulary ({config.decoder_vocab_size} tokens) of another size than the "
-            f"source's ({config.vocab_size}) needs transformers >= {BEAM_SEARCH_OVER_ANY_VOCABULARY} (found "
-            f"{transformers.__version__}); upgrade transformers, or decode greedily or by sampling."
+            f"Beam search over a target vocabulary ({decoder_vocab_size} tokens) of another size than the source's "
+            f"({config.vocab_size}) with length_penalty_form='power' needs transformers >= "
+            f"{BEAM_SEARCH_OVER_ANY_VOCABULARY} (found {transformers.__version__}); upgrade transformers, or use the "
+            "paper's length penalty (length_penalty_form='gnmt'), greedy decoding or sampling."
         )
 
 
-def _rescale(scores: torch.Tensor, length: int, alpha: float, form: str) -> torch.Tensor:
-    """`scores` such that transformers' division by `length ** alpha` divides them by lp(Y) of `form` instead."""
-    if form == "power" or alpha == 0:
-        return scores
-    return scores * (length**alpha / length_penalty_factor(length, alpha, form))
+# --------------------------------------------------------------------------------------------------------------------
+# Beam search with the length penalty of `length_penalty_form`: transformers' `custom_generate` decoding loop
+# --------------------------------------------------------------------------------------------------------------------
+def beam_search(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    length_penalty_form: str = PAPER_LENGTH_PENALTY_FORM,
+    share_encoder_outputs: bool = False,
+    **model_kwargs,
+):
+    """Beam search over `num_beams` hypotheses per source, as transformers runs it (the top 2 x num_beams
+    continuations per step, finished hypotheses kept in a sorted set of num_beams, the same early-stopping rules and
+    outputs), with finished hypotheses scored by their summed log-probability divided by
+    `length_penalty_factor(|Y|, alpha, length_penalty_form)`.
 
+    Called by `GenerationMixin.generate(..., custom_generate=beam_search)` after it has prepared everything:
+    `input_ids` (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache,
+    each repeated per beam.
+    """
+    num_beams = generation_config.num_beams
+    alpha = 1.0 if generation_config.length_penalty is None else generation_config.length_penalty
+    early_stopping = generation_config.early_stopping  # True, False (None) or "never", read as transformers does
+    max_length = generation_config.max_length
+    eos, fill = _special_tokens(model, generation_config)
+    collect = _Collected(generation_config)
+    rows, cur_len = input_ids.shape[:2]
+    batch_size = rows // num_beams
+    prompt_len = cur_len
+    device = input_ids.device
+    keep = max(2, 1 + len(eos)) * num_beams  # continuations kept per step
+    is_top_beam = torch.arange(keep, device=device) < num_beams
 
-@contextlib.contextmanager
-def _instance_wrappers(model, wrappers: dict):
-    """Install `wrappers` (name -> function of the original bound method) on this model instance only."""
-    for name, wrap in wrappers.items():
-        setattr(model, name, wrap(getattr(model, name)))
-    try:
-        yield
-    finally:
-        for name in wrappers:
-            delattr(model, name)
+    cache_name = next((name for name in ("cache", "past_key_values") if name in model_kwargs), None)
+    use_cache = model_kwargs.pop("use_cache", True)
+    for key in ("output_attentions", "output_hidden_states", "return_dict"):
+        model_kwargs.pop(key, None)
+    if share_encoder_outputs:
+        _keep_one_encoder_copy_per_source(model_kwargs, num_beams, cache_name)
+    if collect.enabled:
+        encoder = model_kwargs["encoder_outputs"]
+        collect.encoder_attentions = encoder.get("attentions") if collect.attentions else None
+        collect.encoder_hidden_states = encoder.get("hidden_states") if collect.hidden_states else None
 
+    running = torch.full((batch_size, num_beams, max_length), fill, dtype=torch.long, device=device)
+    running[:, :, :cur_len] = input_ids.view(batch_size, num_beams, cur_len)
+    finished = running.clone()
+    running_scores = torch.zeros(batch_size, num_beams, device=device)
+    running_scores[:, 1:] = -1e9  # only the first beam's continuations count at the first step
+    finished_scores = torch.full((batch_size, num_beams), -1e9, device=device)
+    is_finished = torch.zeros(batch_size, num_beams, dtype=torch.bool, device=device)
+    can_improve = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
+    running_origins = torch.full(
+        (batch_size, num_beams, max_length - prompt_len), -1, dtype=torch.int32, device=device
+    )
+    finished_origins = running_origins.clone()
+    past_length = 0
+    if cache_name is not None and model_kwargs[cache_name] is not None:
+        past_length = model_kwargs[cache_name].get_seq_length()
 
-def paper_length_penalty(model, form: str, alpha: float, uses_beams: bool):
-    """A context for one `generate()` call whose beam search divides by lp(Y) of `form` (see module docstring)."""
-    length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
-    if not uses_beams or form == "power" or alpha == 0:
-        return contextlib.nullcontext()
-    if not length_penalty_hooks_available():
-        logger.warning_once(
-            f"length_penalty_form={form!r} (the paper's length penalty) needs transformers' beam-search helpers "
-            "`_update_finished_beams` and `_check_early_stop_heuristic`, which this transformers version does not "
-            "have in the expected form: beam search uses transformers' |Y| ** alpha instead."
+    this_peer_finished = False
+    while _continues(this_peer_finished, synced_gpus, device):
+        sequences = running[:, :, :cur_len].reshape(rows, cur_len)
+        new = sequences[:, past_length:] if use_cache else sequences
+        outputs = model(
+            decoder_input_ids=new,
+            use_cache=use_cache,
+            output_attentions=collect.attentions,
+            output_hidden_states=collect.hidden_states,
+            return_dict=True,
+            **model_kwargs,
         )
-        return contextlib.nullcontext()
-
-    def update_finished_beams(original):
-        def wrapped(*, topk_log_probs, cur_len, decoder_prompt_len, length_penalty, **kwargs):
-            length = cur_len + 1 - decoder_prompt_len  # transformers divides by this ** alpha
-            return original(
-                topk_log_probs=_rescale(topk_log_probs, length, length_penalty, form),
-                cur_len=cur_len,
-                decoder_prompt_len=decoder_prompt_len,
-                length_penalty=length_penalty,
-                **kwargs,
+        if use_cache:
+            cache_name = cache_name or _CACHE_FIELD
+            model_kwargs[cache_name] = getattr(outputs, cache_name)
+            past_length = cur_len
+        if model_kwargs.get("decoder_attention_mask") is not None:
+            mask = model_kwargs["decoder_attention_mask"]
+            model_kwargs["decoder_attention_mask"] = torch.cat(
+                [mask, mask.new_ones(mask.shape[0], 1)], dim=-1
             )
+        if synced_gpus and this_peer_finished:
+            continue
 
-        return wrapped
+        logits = outputs.logits[:, -1, :].to(dtype=torch.float32, copy=True)
+        log_probs = logits_processor(sequences, nn.functional.log_softmax(logits, dim=-1))
+        collect.step(outputs, logits, log_probs)
+        del outputs
+        vocab = log_probs.shape[-1]
+        totals = (log_probs.view(batch_size, num_beams, vocab) + running_scores[:, :, None]).view(
+            batch_size, -1
+        )
 
-    def check_early_stop_heuristic(original):
-        def wrapped(
-            *,
-            running_beam_scores,
+        # the best `keep` continuations of all the beams of each source
+        top_scores, top_indices = torch.topk(totals, keep)
+        from_beam = top_indices // vocab
+        candidates = running.gather(1, from_beam[:, :, None].expand(-1, -1, max_length))
+        candidates[:, :, cur_len] = top_indices % vocab
+        origins = running_origins.gather(1, from_beam[:, :, None].expand(-1, -1, running_origins.shape[2]))
+        origins[:, :, cur_len - prompt_len] = (
+            from_beam + torch.arange(batch_size, device=device)[:, None] * num_beams
+        ).int()
+        stops = stopping_criteria(
+            candidates[:, :, : cur_len + 1].reshape(batch_size * keep, -1), collect.scores
+        )
+        stops = stops.view(batch_size, keep)
+
+        # the beams that go on: the best continuations that did not stop
+        live_scores = top_scores + stops.float() * -1e9
+        chosen = torch.topk(live_scores, num_beams).indices
+        running = candidates.gather(1, chosen[:, :, None].expand(-1, -1, max_length))
+        running_scores = live_scores.gather(1, chosen)
+        running_origins = origins.gather(1, chosen[:, :, None].expand(-1, -1, origins.shape[2]))
+
+        # the finished hypotheses: the best num_beams among those kept so far and those that just stopped, by
+        # their length-penalised score
+        penalised = top_scores / length_penalty_factor(cur_len + 1 - prompt_len, alpha, length_penalty_form)
+        full = is_finished.all(dim=-1, keepdim=True) & (early_stopping is True)
+        just_finished = stops & is_top_beam[None, :]
+        for excluded in (full, ~can_improve, ~just_finished):  # added one by one, as transformers does
+            penalised = penalised + excluded.float() * -1e9
+        merged_scores = torch.cat([finished_scores, penalised], dim=1)
+        best = torch.topk(merged_scores, num_beams).indices
+        finished = torch.cat([finished, candidates], dim=1).gather(
+            1, best[:, :, None].expand(-1, -1, max_length)
+        )
+        finished_scores = merged_scores.gather(1, best)
+        merged_origins = torch.cat([finished_origins, origins], dim=1)
+        finished_origins = merged_origins.gather(1, best[:, :, None].expand(-1, -1, origins.shape[2]))
+        is_finished = torch.cat([is_finished, just_finished], dim=1).gather(1, best)
+
+        if use_cache:  # each beam's decoder self-attention keys and values follow it
+            beam_idx = running_origins[:, :, cur_len - prompt_len].reshape(-1).long()
+            _reorder_self_attention_cache(model_kwargs[cache_name], beam_idx)
+        cur_len += 1
+        can_improve = can_improve & _may_improve(
+            running_scores,
+            finished_scores,
+            is_finished,
             cur_len,
             max_length,
-            decoder_prompt_len,
+            prompt_len,
             early_stopping,
-            length_penalty,
-            **kwargs,
-        ):
-            # the length at which transformers bounds the best running hypothesis' final score
-            if early_stopping == "never" and length_penalty > 0.0:
-                length = max_length - decoder_prompt_len
-            else:
-                length = cur_len - decoder_prompt_len
-            return original(
-                running_beam_scores=_rescale(running_beam_scores, length, length_penalty, form),
-                cur_len=cur_len,
-                max_length=max_length,
-                decoder_prompt_len=decoder_prompt_len,
-                early_stopping=early_stopping,
-                length_penalty=length_penalty,
-                **kwargs,
-            )
+            alpha,
+            length_penalty_form,
+        )
+        this_peer_finished = not bool(
+            can_improve.any() & ~(is_finished.all() & (early_stopping is True)) & ~stops.all()
+        )
 
-        return wrapped
-
-    return _instance_wrappers(
+    return _beam_search_output(
         model,
-        {
-            "_update_finished_beams": update_finished_beams,
-            "_check_early_stop_heuristic": check_early_stop_heuristic,
-        },
+        finished,
+        finished_scores,
+        finished_origins,
+        prompt_len,
+        generation_config,
+        collect,
+        model_kwargs,
+        cache_name,
     )
 
 
-def shared_encoder_outputs(model, enabled: bool, static_cache: bool = False):
-    """A context for one `generate()` call in which the beams (or samples) of a source share its encoder output.
+def _special_tokens(model, generation_config) -> tuple[list[int], int]:
+    """The end-of-sentence ids, and the id that fills the positions after a hypothesis ends, as transformers' beam
+    search chooses it: the pad id unless it is 0 or missing, else the first end-of-sentence id."""
+    eos = generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    eos = [] if eos is None else [int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    pad = generation_config.pad_token_id
+    if pad is None:
+        pad = model.config.pad_token_id
+    if not eos:
+        return eos, -1
+    return eos, int(pad) if pad else eos[0]
 
-    transformers repeats the encoder output and its mask once per beam, so each beam computes, caches and reads its
-    own copy of the encoder-decoder attention keys and values. Here only the decoder inputs are repeated; the decoder
-    takes a batch that is a multiple of the encoder's (`VaswaniDecoder`). Same results. The returned cache then
-    holds the encoder-decoder attention keys once per source, not once per returned row as transformers' caches do,
-    which is why this is not the default.
-    """
-    if not enabled:
-        return contextlib.nullcontext()
-    if static_cache:
+
+def _may_improve(
+    running_scores, finished_scores, is_finished, cur_len, max_length, prompt_len, early_stopping, alpha, form
+):
+    """Per source, whether its best running beam may still beat its worst finished hypothesis, as transformers
+    bounds it: at the current length, or at the maximum length with early_stopping="never" and alpha > 0."""
+    if early_stopping == "never" and alpha > 0.0:
+        length = max_length - prompt_len
+    else:
+        length = cur_len - prompt_len
+    best_running = running_scores[:, :1] / length_penalty_factor(length, alpha, form)
+    worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, -1.0e9)
+    return (best_running > worst_finished).any(dim=-1, keepdim=True)
+
+
+def _continues(this_peer_finished: bool, synced_gpus: bool, device) -> bool:
+    """Whether to run another step: until this process is done, or, with `synced_gpus`, until every process is."""
+    if not synced_gpus:
+        return not this_peer_finished
+    flag = torch.tensor(0.0 if this_peer_finished else 1.0, device=device)
+    torch.distributed.all_reduce(flag)
+    return flag.item() > 0.0
+
+
+def _reorder_self_attention_cache(cache, beam_idx: torch.LongTensor) -> None:
+    """Move each beam's decoder self-attention keys and values to its new place. The encoder-decoder attention keys
+    and values stay: `beam_idx` moves beams within their own source, whose beams all hold the same ones (or one copy
+    of them with `share_encoder_outputs`), so reordering them would copy equal values at every step."""
+    if hasattr(cache, "self_attention_cache"):
+        cache.self_attention_cache.reorder_cache(beam_idx)
+    else:
+        cache.reorder_cache(beam_idx)
+
+
+def _keep_one_encoder_copy_per_source(model_kwargs: dict, num_beams: int, cache_name) -> None:
+    """Keep one row of the encoder output and its mask per source instead of one per beam: the decoder reads a batch
+    that is a multiple of the encoder's (`VaswaniDecoder`). A static cache has one cross-attention row per beam."""
+    cache = model_kwargs.get(cache_name) if cache_name else None
+    cross = getattr(cache, "cross_attention_cache", None)
+    if cross is not None and type(cross).__name__ == "StaticCache":
         logger.warning_once(
             "share_encoder_outputs=True does not apply with a static cache, which is sized with one row per beam: "
             "the encoder output is copied once per beam."
         )
-        return contextlib.nullcontext()
-    if not _accepts("_expand_inputs_for_generation", "expand_size", "is_encoder_decoder", "input_ids"):
-        logger.warning_once(
-            "share_encoder_outputs=True needs transformers' `_expand_inputs_for_generation`, which this version "
-            "does not have in the expected form: the encoder output is copied once per beam."
-        )
-        return contextlib.nullcontext()
+        return
+    encoder = model_kwargs["encoder_outputs"]
+    encoder["last_hidden_state"] = encoder["last_hidden_state"][::num_beams]
+    if model_kwargs.get("attention_mask") is not None:
+        model_kwargs["attention_mask"] = model_kwargs["attention_mask"][::num_beams]
 
-    def expand_inputs(original):
-        def wrapped(expand_size=1, is_encoder_decoder=False, input_ids=None, **model_kwargs):
-            if expand_size == 1 or not is_encoder_decoder or model_kwargs.get("encoder_outputs") is None:
-                return original(
-                    expand_size=expand_size,
-                    is_encoder_decoder=is_encoder_decoder,
-                    input_ids=input_ids,
-                    **model_kwargs,
-                )
-            kept = {
-                key: model_kwargs.pop(key)
-                for key in ("encoder_outputs", "attention_mask")
-                if key in model_kwargs
-            }
-            input_ids, model_kwargs = original(
-                expand_size=expand_size, is_encoder_decoder=False, input_ids=input_ids, **model_kwargs
-            )
-            model_kwargs.update(kept)
-            return input_ids, model_kwargs
 
-        return wrapped
+class _Collected:
+    """What `return_dict_in_generate` asks a decoding loop to collect at every step."""
 
-    return _instance_wrappers(model, {"_expand_inputs_for_generation": expand_inputs})
+    def __init__(self, generation_config):
+        self.enabled = bool(generation_config.return_dict_in_generate)
+        self.attentions = bool(generation_config.output_attentions)
+        self.hidden_states = bool(generation_config.output_hidden_states)
+        on = self.enabled
+        self.scores = () if on and generation_config.output_scores else None
+        self.logits = () if on and generation_config.output_logits else None
+        self.decoder_attentions = () if on and self.attentions else None
+        self.cross_attentions = () if on and self.attentions else None
+        self.decoder_hidden_states = () if on and self.hidden_states else None
+        self.encoder_attentions = self.encoder_hidden_states = None
+
+    def step(self, outputs, logits: torch.Tensor, log_probs: torch.Tensor) -> None:
+        if self.logits is not None:
+            self.logits += (logits.clone(),)
+        if self.scores is not None:
+            self.scores += (log_probs.clone(),)
+        if self.decoder_attentions is not None:
+            self.decoder_attentions += (outputs.decoder_attentions,)
+            self.cross_attentions += (outputs.cross_attentions,)
+        if self.decoder_hidden_states is not None:
+            self.decoder_hidden_states += (outputs.decoder_hidden_states,)
+
+
+_CACHE_FIELD = (
+    "cache" if "cache" in GenerateBeamEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"
+)
+
+
+def _beam_search_output(
+    model, finished, scores, origins, prompt_len, generation_config, collect, model_kwargs, cache_name
+):
+    """The best `num_return_sequences` hypotheses per source, cut to the longest one, as transformers returns them."""
+    keep = generation_config.num_return_sequences or 1
+    sequences = finished[:, :keep].flatten(0, 1)
+    scores = scores[:, :keep].flatten(0, 1)
+    origins = origins[:, :keep].flatten(0, 1)
+    generated = int((origins + 1).bool().sum(dim=1).max())  # the origin of an ungenerated position is -1
+    sequences, origins = sequences[:, : prompt_len + generated], origins[:, :generated]
+    if not collect.enabled:
+        return sequences
+    return GenerateBeamEncoderDecoderOutput(
+        sequences=sequences,
+        sequences_scores=scores if generation_config.output_scores else None,
+        scores=collect.scores,
+        logits=collect.logits,
+        beam_indices=origins,
+        encoder_attentions=collect.encoder_attentions,
+        encoder_hidden_states=collect.encoder_hidden_states,
+        decoder_attentions=collect.decoder_attentions,
+        cross_attentions=collect.cross_attentions,
+        decoder_hidden_states=collect.decoder_hidden_states,
+        **{_CACHE_FIELD: model_kwargs.get(cache_name) if cache_name else None},
+    )
 
 
 __all__ = [
     "EXTRA_OUTPUT_TOKENS",
     "LENGTH_PENALTY_FORMS",
+    "PAPER_DECODING",
     "PAPER_LENGTH_PENALTY",
     "PAPER_LENGTH_PENALTY_FORM",
     "PAPER_NUM_BEAMS",
+    "beam_search",
+    "generate",
     "length_penalty_factor",
     "paper_decoding",
-    "paper_length_penalty",
-    "shared_encoder_outputs",
 ]

@@ -43,27 +43,18 @@ from pathlib import Path
 
 from huggingface_hub import CommitInfo, EvalResult, HfApi, ModelCard, ModelCardData, get_token
 from huggingface_hub.utils import validate_repo_id
-from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
-from transformers.pipelines import PIPELINE_REGISTRY
+from transformers import PreTrainedTokenizerFast
 
 from .fileio import atomic_folder
-from .generation_vaswani import PAPER_LENGTH_PENALTY, PAPER_LENGTH_PENALTY_FORM, PAPER_NUM_BEAMS
-from .modeling_vaswani import AUTO_MAP, VaswaniForConditionalGeneration
-from .pipeline_vaswani import VaswaniTranslationPipeline
-from .saving import CODE_FILES
+from .generation_vaswani import PAPER_DECODING
+from .modeling_vaswani import VaswaniForConditionalGeneration
 from .tokenization import lowercases
+from .utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 
 logger = logging.getLogger(__name__)
 
 # Package data: installed with the package (pyproject's package-data), so publishing works from any install.
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "hub_card.md"
-# §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6". The output length limit (input + 50)
-# depends on the input, so the translation pipeline applies it (see pipeline_vaswani.py).
-PAPER_GENERATION = {
-    "num_beams": PAPER_NUM_BEAMS,
-    "length_penalty": PAPER_LENGTH_PENALTY,
-    "length_penalty_form": PAPER_LENGTH_PENALTY_FORM,
-}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = (
     "model.safetensors",
@@ -412,15 +403,6 @@ def validate_card(text: str) -> ModelCard:
 # --------------------------------------------------------------------------------------------------------------------
 # The folder that is published
 # --------------------------------------------------------------------------------------------------------------------
-def _register_translation_pipeline() -> None:
-    """Register the pipeline, so that `Pipeline.save_pretrained` writes `custom_pipelines` and copies its file."""
-    registered = PIPELINE_REGISTRY.supported_tasks.get("translation", {})
-    if registered.get("impl") is not VaswaniTranslationPipeline:
-        PIPELINE_REGISTRY.register_pipeline(
-            "translation", pipeline_class=VaswaniTranslationPipeline, pt_model=AutoModelForSeq2SeqLM
-        )
-
-
 def _saved_generation(model_dir) -> dict:
     """The keys the folder's `generation_config.json` sets (empty without one)."""
     path = Path(model_dir, "generation_config.json")
@@ -462,12 +444,10 @@ def build_folder(
     # lacks the key, and update() skips keys it lacks; nor may it stay marked as made from the model config, whose
     # loading drops it.
     saved = _saved_generation(model_dir)
-    for key, value in PAPER_GENERATION.items():
+    for key, value in PAPER_DECODING.items():
         setattr(model.generation_config, key, saved.get(key, value))
     model.generation_config._from_model_config = False
 
-    _register_translation_pipeline()
-    pipe = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer, device="cpu")
     card = render_card(
         model,
         repo_id or str(output_dir.resolve()),
@@ -480,9 +460,8 @@ def build_folder(
     )
     # Built beside `output_dir` and renamed into place once checked: a folder there is complete.
     with atomic_folder(output_dir) as building:
-        pipe.save_pretrained(
-            building
-        )  # model, config with custom_pipelines, code, generation config, tokenizer
+        model.save_pretrained(building)  # weights, configs, code, pipeline, custom_generate (utils_vaswani.CODE_FILES)
+        tokenizer.save_pretrained(building)
         card.save(building / "README.md")
         check_folder(building)
     return output_dir
@@ -507,7 +486,7 @@ def check_folder(folder: str | os.PathLike) -> None:
     if config.get("auto_map") != AUTO_CLASSES:
         raise PublishError(f"config.json has auto_map {config.get('auto_map')}, expected {AUTO_CLASSES}.")
     impl = config.get("custom_pipelines", {}).get("translation", {}).get("impl")
-    if impl != "pipeline_vaswani.VaswaniTranslationPipeline":
+    if impl != CUSTOM_PIPELINES["translation"]["impl"]:
         raise PublishError(f"config.json does not register the translation pipeline (found {impl!r}).")
     validate_card((folder / "README.md").read_text(encoding="utf-8"))
 

@@ -8,29 +8,28 @@ The file follows the paper from the leaves up:
 
 Module names follow transformers' seq2seq family (BART/Marian: `shared`, `embed_tokens`, `self_attn.q_proj`,
 `encoder_attn`, `fc1`/`fc2`, `*_layer_norm`, `lm_head`), so checkpoints convert with a rename table and PEFT's
-defaults (`q_proj`, `v_proj`) apply.
+defaults (`q_proj`, `v_proj`) apply. The model is plain torch: `nn.Linear`, `nn.Dropout`, `F.cross_entropy`.
+Faster CPU kernels for the same arithmetic are the caller's choice (`vaswani.kernels.use_cpu_kernels(model)`, which
+the recipe's tools make); they are not part of this file nor of a saved folder.
 
-Two siblings keep this file a reading of the paper: `kernels_vaswani.py` (faster CPU kernels for the same arithmetic:
-`Linear`, `dropout`, the loss, and the `"vaswani_sdpa"` attention) and `generation_vaswani.py` (the paper's decoding
-settings and length penalty). All three files are copied into saved model folders for `trust_remote_code`, so they
-import only torch and transformers, and they work with transformers 5.5 and later (tested on 5.5, 5.10, 5.20 and
-5.24; `configuration_vaswani.MIN_TRANSFORMERS_VERSION`).
+Siblings, copied with this file into every saved folder for `trust_remote_code` (`utils_vaswani.CODE_FILES`), import
+only torch and transformers: `configuration_vaswani.py`, `generation_vaswani.py` (the paper's decoding, §6.1, also
+saved as the folder's `custom_generate/generate.py`), `pipeline_vaswani.py` (the translation pipeline) and
+`utils_vaswani.py` (input checks, names across transformers releases). They work with transformers 5.5 and later
+(`configuration_vaswani.MIN_TRANSFORMERS_VERSION`).
 """
 
-import inspect
 import math
-import shutil
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -42,22 +41,23 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import check_beam_search_vocabulary, paper_length_penalty, shared_encoder_outputs
-from .kernels_vaswani import Linear, dropout, label_smoothed_cross_entropy
+from .generation_vaswani import generate as paper_generate
+from .utils_vaswani import (
+    AUTO_MAP,
+    CACHE_NAME,
+    CUSTOM_PIPELINES,
+    cache_argument,
+    causal_mask,
+    check_decoder_inputs,
+    check_embedding_inputs,
+    check_mask,
+    check_token_ids,
+    flag,
+    resize_target_vocabulary,
+    write_model_code,
+)
 
 logger = logging.get_logger(__name__)
-
-# Written into every saved folder's config.json: the `auto_map` of the Auto classes, and the translation pipeline
-# (`pipeline_vaswani.py`, copied beside the model's code).
-CUSTOM_PIPELINES = {
-    "translation": {"impl": "pipeline_vaswani.VaswaniTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"]}
-}
-_PIPELINE_FILE = Path(__file__).with_name("pipeline_vaswani.py")
-AUTO_MAP = {
-    "AutoConfig": "configuration_vaswani.VaswaniConfig",
-    "AutoModel": "modeling_vaswani.VaswaniModel",
-    "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
-}
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -85,10 +85,8 @@ def sinusoidal_positional_encoding(
     i = torch.arange(half, dtype=torch.float32, device=positions.device)
     exponent = 2 * i / d_model if frequencies == "paper" else i / (half - 1)
     angles = positions.to(torch.float32)[:, None] * torch.pow(10000.0, -exponent)[None, :]  # (T, half)
-    if layout == "interleaved":
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[
-            :, :d_model
-        ]  # sin, cos, sin, ...
+    if layout == "interleaved":  # sin, cos, sin, ...
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[:, :d_model]
     return torch.cat((angles.sin(), angles.cos()[:, : d_model - half]), dim=-1)  # sin ... sin, cos ... cos
 
 
@@ -152,12 +150,9 @@ def eager_attention_forward(
         else:
             scores = scores + attention_mask.float()
     weights = torch.softmax(scores, dim=-1).to(query.dtype)
-    weights = _dropout(weights, dropout, module.training)
+    weights = F.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)
     return output, weights
-
-
-_dropout = dropout  # `eager_attention_forward` has a parameter named `dropout`
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -172,8 +167,8 @@ class VaswaniAttention(nn.Module):
     output, computed once per sentence and kept in the cache during generation).
 
     Eq. 1 runs through transformers' attention interface, chosen by `config._attn_implementation`: `"sdpa"` by
-    default, `"eager"` (`eager_attention_forward`, which returns attention maps), `"vaswani_sdpa"` (faster on the CPU,
-    `kernels_vaswani.py`), or the flash and flex kernels where they are installed.
+    default, `"eager"` (`eager_attention_forward`, which returns attention maps), the flash and flex kernels where
+    they are installed, or any registered one (`"vaswani_sdpa"`, faster on the CPU: `vaswani.kernels`).
     """
 
     def __init__(
@@ -186,21 +181,18 @@ class VaswaniAttention(nn.Module):
         self.head_dim = config.d_model // num_heads  # d_k = d_v = d_model / h
         self.scaling = self.head_dim**-0.5  # 1 / sqrt(d_k)
         self.dropout = config.attention_dropout  # not in the paper; 0 by default
-        self.is_causal = (
-            is_causal  # read by transformers' SDPA integration: every attention module must set it
-        )
+        # read by transformers' SDPA integration: every attention module must set it
+        self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
         self.layer_idx = layer_idx
         bias = config.attention_bias  # the paper's W^Q, W^K, W^V, W^O have no bias
-        self.q_proj = Linear(self.d_model, self.d_model, bias=bias)  # W^Q for all heads
-        self.k_proj = Linear(self.d_model, self.d_model, bias=bias)  # W^K
-        self.v_proj = Linear(self.d_model, self.d_model, bias=bias)  # W^V
-        self.out_proj = Linear(self.d_model, self.d_model, bias=bias)  # W^O
+        self.q_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^Q for all heads
+        self.k_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^K
+        self.v_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^V
+        self.out_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^O
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(
-            1, 2
-        )  # (B, T, d) -> (B, h, T, d_k)
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, h, T, d_k)
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -222,10 +214,8 @@ class VaswaniAttention(nn.Module):
         if not self.is_cross_attention:
             key = self.split_heads(self.k_proj(hidden_states))  # (B, h, Tq, d_k)
             value = self.split_heads(self.v_proj(hidden_states))
-            if cache is not None:  # append to the keys and values of earlier decoding steps
-                key, value = cache.self_attention_cache.update(
-                    key, value, self.layer_idx
-                )  # (B, h, T_past + Tq, d_k)
+            if cache is not None:  # append to the keys and values of earlier steps: (B, h, T_past + Tq, d_k)
+                key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
         elif cache is not None and cache.is_updated.get(self.layer_idx):
             # the encoder output's keys and values, computed at the first decoding step
             key = cache.cross_attention_cache.layers[self.layer_idx].keys
@@ -237,23 +227,17 @@ class VaswaniAttention(nn.Module):
                 key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                 cache.is_updated[self.layer_idx] = True
 
-        attention: Callable = _attention_function(self.config._attn_implementation)
-        output, weights = attention(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
         )
-        output = output.reshape(
-            batch_size, seq_len, self.d_model
-        )  # Concat(head_1, ..., head_h): (B, Tq, d_model)
-        if (
-            group > 1 and weights is not None
-        ):  # (B / g, h, g x Tq, Ts) -> (B, h, Tq, Ts): one map per decoder row
+        dropout = self.dropout if self.training else 0.0
+        output, weights = attention(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
+        )
+        # Concat(head_1, ..., head_h): (B, Tq, d_model)
+        output = output.reshape(batch_size, seq_len, self.d_model)
+        if group > 1 and weights is not None:
+            # (B / g, h, g x Tq, Ts) -> (B, h, Tq, Ts): one map per decoder row
             weights = weights.unflatten(2, (group, seq_len)).transpose(1, 2).flatten(0, 1)
         return self.out_proj(output), weights
 
@@ -271,24 +255,24 @@ class VaswaniLayer(GradientCheckpointingLayer):
     def __init__(self, config: VaswaniConfig, ffn_dim: int):
         super().__init__()
         self.normalize_before = config.normalize_before
-        self.dropout = config.dropout  # P_drop on each sublayer output (§5.4)
-        self.activation_dropout = config.activation_dropout  # not in the paper; 0 by default
+        self.dropout = nn.Dropout(config.dropout)  # P_drop on each sublayer output (§5.4)
+        self.activation_dropout = nn.Dropout(config.activation_dropout)  # not in the paper; 0 by default
         self.activation_fn = ACT2FN[config.activation_function]  # ReLU in the paper
-        self.fc1 = Linear(config.d_model, ffn_dim)  # W1, b1: d_model -> d_ff
-        self.fc2 = Linear(ffn_dim, config.d_model)  # W2, b2: d_ff -> d_model
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)  # W1, b1: d_model -> d_ff
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)  # W2, b2: d_ff -> d_model
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def sublayer_input(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
         return norm(x) if self.normalize_before else x
 
     def sublayer_output(self, norm: nn.LayerNorm, residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        x = residual + dropout(y, self.dropout, self.training)
+        x = residual + self.dropout(y)
         return x if self.normalize_before else norm(x)
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, Eq. 2), as a residual sublayer."""
         y = self.activation_fn(self.fc1(self.sublayer_input(self.final_layer_norm, x)))  # (B, T, d_ff)
-        y = self.fc2(dropout(y, self.activation_dropout, self.training))  # (B, T, d_model)
+        y = self.fc2(self.activation_dropout(y))  # (B, T, d_model)
         return self.sublayer_output(self.final_layer_norm, x, y)
 
 
@@ -380,45 +364,27 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         `resize_decoder_token_embeddings`)."""
         output = None if self.config.share_encoder_decoder_embeddings else self.get_output_embeddings()
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if (
-            output is not None
-        ):  # transformers resized it with the source side; the target vocabulary is unchanged
+        if output is not None:  # transformers resized it with the source side; the target side is unchanged
             self.set_output_embeddings(output)
         return embeddings
 
     def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
         """Resize the target vocabulary of separate vocabularies: the decoder embedding and the output projection."""
-        if self.config.share_encoder_decoder_embeddings:
-            raise ValueError(
-                "One vocabulary is shared (`share_encoder_decoder_embeddings=True`): use `resize_token_embeddings`."
-            )
-        base = self.base_model
-        base.decoder.embed_tokens = _resized_rows(
-            base.decoder.embed_tokens, new_num_tokens, pad_to_multiple_of
-        )
-        self.config.decoder_vocab_size = base.decoder.embed_tokens.num_embeddings
-        output = self.get_output_embeddings()
-        if output is not None:
-            if self.config.tie_word_embeddings:
-                self.tie_weights()
-            else:
-                self.set_output_embeddings(_resized_rows(output, new_num_tokens, pad_to_multiple_of))
-        return base.decoder.embed_tokens
+        return resize_target_vocabulary(self, new_num_tokens, pad_to_multiple_of)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save as usual, with an `auto_map` naming both model classes, so that `AutoModel` and
-        `AutoModelForSeq2SeqLM` load the folder with `trust_remote_code=True` (transformers writes only the class
-        being saved), and with the translation pipeline, so that `pipeline("translation", model=folder,
-        trust_remote_code=True)` works on it (transformers 5 has none of its own)."""
+        """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
+        naming both model classes (transformers writes only the class being saved), the translation pipeline
+        (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
+        the paper's decoding as the folder's `custom_generate/generate.py`."""
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        if _PIPELINE_FILE.is_file():  # not in a remote-code cache that never loaded the pipeline
-            self.config.custom_pipelines = {
-                **(getattr(self.config, "custom_pipelines", None) or {}),
-                **CUSTOM_PIPELINES,
-            }
+        self.config.custom_pipelines = {
+            **(getattr(self.config, "custom_pipelines", None) or {}),
+            **CUSTOM_PIPELINES,
+        }
         saved = super().save_pretrained(save_directory, *args, **kwargs)
-        if _PIPELINE_FILE.is_file() and kwargs.get("is_main_process", True):
-            shutil.copyfile(_PIPELINE_FILE, Path(save_directory) / _PIPELINE_FILE.name)
+        if kwargs.get("is_main_process", True):
+            write_model_code(save_directory)
         return saved
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -460,7 +426,7 @@ class VaswaniStack(nn.Module):
             self.embed_positions = VaswaniSinusoidalPositionalEncoding(
                 config.d_model, config.sinusoid_layout, config.sinusoid_frequencies, config.position_offset
             )
-        self.dropout = config.dropout
+        self.dropout = nn.Dropout(config.dropout)  # P_drop on the sums (§5.4)
         self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
         self.layer_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
@@ -469,20 +435,12 @@ class VaswaniStack(nn.Module):
 
     def embed(self, input_ids, inputs_embeds, name: str, past_length: int | torch.Tensor = 0) -> torch.Tensor:
         """Token embeddings x sqrt(d_model) + positional encodings, then dropout: (B, T) ids -> (B, T, d_model)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(f"Give exactly one of `{name}` and its embeddings.")
+        check_embedding_inputs(input_ids, inputs_embeds, name, self.embed_tokens)
         if inputs_embeds is None:
-            _check_token_ids(input_ids, self.embed_tokens.num_embeddings, name)
             inputs_embeds = self.embed_tokens(input_ids)
-        elif not is_torchdynamo_compiling() and 0 in inputs_embeds.shape[:2]:
-            raise ValueError(
-                f"The embeddings given for `{name}` are empty: shape {tuple(inputs_embeds.shape)}."
-            )
-        positions = self.embed_positions(
-            past_length, inputs_embeds.shape[1], inputs_embeds.device
-        )  # (T, d_model)
+        positions = self.embed_positions(past_length, inputs_embeds.shape[1], inputs_embeds.device)  # (T, d)
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
-        return dropout(hidden_states, self.dropout, self.training)
+        return self.dropout(hidden_states)
 
     def final_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
@@ -505,7 +463,7 @@ class VaswaniEncoder(VaswaniStack):
         **kwargs,
     ) -> BaseModelOutput | tuple:
         hidden_states = self.embed(input_ids, inputs_embeds, "input_ids")  # (B, S, d_model)
-        _check_mask(attention_mask, hidden_states.shape[:2], "attention_mask", "the source (batch, length)")
+        check_mask(attention_mask, hidden_states.shape[:2], "attention_mask", "the source (batch, length)")
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
 
         all_hidden, all_attentions = (), ()
@@ -516,10 +474,10 @@ class VaswaniEncoder(VaswaniStack):
         hidden_states = self.final_norm(hidden_states)
         output = BaseModelOutput(
             last_hidden_state=hidden_states,
-            hidden_states=all_hidden + (hidden_states,) if _flag(output_hidden_states, self.config) else None,
-            attentions=all_attentions if _flag(output_attentions, self.config, "output_attentions") else None,
+            hidden_states=all_hidden + (hidden_states,) if flag(output_hidden_states, self.config) else None,
+            attentions=all_attentions if flag(output_attentions, self.config, "output_attentions") else None,
         )
-        return output if _flag(return_dict, self.config, "return_dict") else output.to_tuple()
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 class VaswaniDecoder(VaswaniStack):
@@ -527,7 +485,7 @@ class VaswaniDecoder(VaswaniStack):
     (§3.1, §3.2.3), attending to the encoder output ("memory").
 
     The decoder batch may be a multiple g of the encoder batch: rows b*g .. b*g + g - 1 then decode source b (the
-    layout of `generate(share_encoder_outputs=True)`, see `generation_vaswani.shared_encoder_outputs`).
+    layout of `generate(share_encoder_outputs=True)`, see `generation_vaswani`).
     """
 
     def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
@@ -547,7 +505,7 @@ class VaswaniDecoder(VaswaniStack):
         return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
-        cache = _cache_argument(cache, kwargs)
+        cache = cache_argument(cache, kwargs)
         kwargs.pop("cache_position", None)  # positions come from the cache's length
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs `encoder_hidden_states` (the encoder output, 'memory').")
@@ -560,33 +518,14 @@ class VaswaniDecoder(VaswaniStack):
             )
         past_length = cache.get_seq_length() if cache is not None else 0
 
-        hidden_states = self.embed(
-            input_ids, inputs_embeds, "decoder_input_ids", past_length
-        )  # (B, T, d_model)
-        batch_size, seq_len = hidden_states.shape[:2]
-        encoder_batch = encoder_hidden_states.shape[0]
-        if not is_torchdynamo_compiling():
-            _check_mask(
-                attention_mask,
-                (batch_size, int(past_length) + seq_len),
-                "decoder_attention_mask",
-                "the target (past and current tokens)",
-            )
-            _check_mask(
-                encoder_attention_mask,
-                encoder_hidden_states.shape[:2],
-                "attention_mask",
-                "the encoder output (batch, source length)",
-            )
-            if batch_size % encoder_batch:
-                raise ValueError(
-                    f"The decoder batch ({batch_size}) must be the encoder batch ({encoder_batch}) or a multiple of "
-                    "it (the rows of each source consecutive, as `generate()` lays out beams and samples)."
-                )
-        causal_mask = _causal_mask(self.config, hidden_states, attention_mask, cache, past_length)
+        # (B, T, d_model)
+        hidden_states = self.embed(input_ids, inputs_embeds, "decoder_input_ids", past_length)
+        sizes = (*hidden_states.shape[:2], past_length)  # (B, T, past)
+        check_decoder_inputs(attention_mask, encoder_attention_mask, encoder_hidden_states, *sizes)
+        self_mask = causal_mask(self.config, hidden_states, attention_mask, cache, past_length)
         cross_mask = create_bidirectional_mask(  # per source: the decoder rows of one source share one call
             self.config,
-            hidden_states.reshape(encoder_batch, -1, hidden_states.shape[-1]),
+            hidden_states.reshape(encoder_hidden_states.shape[0], -1, hidden_states.shape[-1]),
             encoder_attention_mask,
             encoder_hidden_states,
         )
@@ -595,20 +534,20 @@ class VaswaniDecoder(VaswaniStack):
         for layer in self.layers:
             all_hidden += (hidden_states,)
             hidden_states, self_weights, cross_weights = layer(
-                hidden_states, causal_mask, encoder_hidden_states, cross_mask, cache, **kwargs
+                hidden_states, self_mask, encoder_hidden_states, cross_mask, cache, **kwargs
             )
             all_self += (self_weights,)
             all_cross += (cross_weights,)
         hidden_states = self.final_norm(hidden_states)
-        attentions = _flag(output_attentions, self.config, "output_attentions")
+        attentions = flag(output_attentions, self.config, "output_attentions")
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            hidden_states=all_hidden + (hidden_states,) if _flag(output_hidden_states, self.config) else None,
+            hidden_states=all_hidden + (hidden_states,) if flag(output_hidden_states, self.config) else None,
             attentions=all_self if attentions else None,
             cross_attentions=all_cross if attentions else None,
             **{CACHE_NAME: cache if use_cache else None},
         )
-        return output if _flag(return_dict, self.config, "return_dict") else output.to_tuple()
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -675,7 +614,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             encoder-decoder attention keys/values of the encoder output. Before transformers 5.24 its name was
             `past_key_values`, which is accepted too.
         """
-        cache = _cache_argument(cache, kwargs)
+        cache = cache_argument(cache, kwargs)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -711,7 +650,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             encoder_attentions=encoder_outputs.attentions,
             **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
         )
-        return output if _flag(return_dict, self.config, "return_dict") else output.to_tuple()
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -722,16 +661,15 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 
     The projection `lm_head` shares the target embedding matrix when `tie_word_embeddings` (the paper). With
     `labels`, the loss is the cross-entropy over the target tokens (labels of -100 ignored), as in every transformers
-    model; label smoothing (§5.4) belongs to the training recipe (`vaswani.training`). `generate()` decodes as §6.1
-    does when the generation config says so (`generation_vaswani.paper_decoding`: beam 4, length penalty 0.6 in the
-    form the paper cites), as the recipe writes it into every model it trains; a model built from a config decodes
-    greedily, as every transformers model does, until told otherwise.
+    model; label smoothing (§5.4) belongs to the training recipe. `generate()` decodes as §6.1 does when the
+    generation config says so (`generation_vaswani.paper_decoding`, which the recipe writes into every model it
+    trains); a model built from a config decodes greedily, as every transformers model does, until told otherwise.
     """
 
     def __init__(self, config: VaswaniConfig):
         super().__init__(config)
         self.model = VaswaniModel(config)
-        self.lm_head = Linear(config.d_model, config.decoder_vocab_size, bias=config.output_bias)
+        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=config.output_bias)
         if config.share_encoder_decoder_embeddings:
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
@@ -788,9 +726,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         num_items_in_batch (*optional*): the number of target tokens across accumulated micro-batches (passed by
             the Trainer); the loss is then the summed loss divided by it.
         """
-        cache = _cache_argument(cache, kwargs)
+        cache = cache_argument(cache, kwargs)
         if labels is not None:
-            _check_token_ids(labels.masked_fill(labels == -100, 0), self.config.decoder_vocab_size, "labels")
+            check_token_ids(labels.masked_fill(labels == -100, 0), self.config.decoder_vocab_size, "labels")
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -822,156 +760,31 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             encoder_attentions=outputs.encoder_attentions,
             **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
         )
-        return output if _flag(return_dict, self.config, "return_dict") else output.to_tuple()
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
     def generate(self, *args, **kwargs):
-        """transformers' `generate()`, whose beam search divides by the length penalty in the form of
-        `length_penalty_form` (a generation setting): `"gnmt"`, ((5 + |Y|) / 6) ** alpha, the paper's and the default,
-        or `"power"`, transformers' |Y| ** alpha.
-        `share_encoder_outputs=True` lets the beams of a source read one copy of its encoder output (faster; the
-        returned cache then holds the encoder-decoder attention keys once per source).
-
-        The maximum output length stays the caller's (`max_new_tokens`); the paper's input length + 50 is what the
-        translation pipeline and `vaswani.translation` ask for.
-        """
-        config = kwargs.get("generation_config") or self.generation_config
-        form = (
-            kwargs.pop("length_penalty_form", None) or getattr(config, "length_penalty_form", None) or "gnmt"
-        )
-        alpha = kwargs.get("length_penalty", config.length_penalty)
-        share = kwargs.pop("share_encoder_outputs", None) or getattr(config, "share_encoder_outputs", False)
-        beams = kwargs.get("num_beams", config.num_beams) or 1
-        check_beam_search_vocabulary(self.config, uses_beams=beams > 1)
-        static = kwargs.get("cache_implementation", config.cache_implementation) == "static"
-        with (
-            paper_length_penalty(self, form, alpha, uses_beams=beams > 1),
-            shared_encoder_outputs(self, share, static_cache=static),
-        ):
-            return super().generate(*args, **kwargs)
-
-    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
-        """Beam search's reordering of the cache after each step: transformers calls this method of the model when it
-        has one (as for RAG). Only the decoder self-attention keys and values move: `beam_idx` moves beams within their
-        own sentence, whose beams all hold the same encoder-decoder attention keys and values, so reordering those
-        (as `EncoderDecoderCache.reorder_cache` does) would copy them onto equal values at every step."""
-        cache.self_attention_cache.reorder_cache(beam_idx)
-        return cache
+        """transformers' `generate()` with the paper's decoding rules (`generation_vaswani.generate`): beam search
+        divides by the length penalty in the form of `length_penalty_form` (a generation setting): `"gnmt"`,
+        ((5 + |Y|) / 6) ** alpha, the paper's and the default, or `"power"`, transformers' |Y| ** alpha; without a
+        maximum length from the call or the generation config, at most input length + 50 new tokens (§6.1).
+        `share_encoder_outputs=True` lets the beams of a source read one copy of its encoder output. Folders loaded
+        with `trust_remote_code=True` get the same function from their `custom_generate/generate.py`."""
+        return paper_generate(*args, model=self, **kwargs)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
     """Cross-entropy of the logits against the labels (-100 ignored), in float32: the mean over target tokens, or the
     sum divided by `num_items_in_batch` (the target tokens of all micro-batches of a gradient-accumulation step)."""
-    total = label_smoothed_cross_entropy(logits, labels, 0.0)  # kernels_vaswani: one (N, V) buffer
+    total = F.cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
+    )
     if num_items_in_batch is None:
         num_items_in_batch = (labels != -100).sum()
         if not is_torchdynamo_compiling() and num_items_in_batch == 0:
-            raise ValueError(
-                "`labels` hold no target token (every position is -100): there is no loss to compute."
-            )
-    if isinstance(num_items_in_batch, torch.Tensor):
+            raise ValueError("`labels` hold no target token (every position is -100): no loss to compute.")
+    if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Plumbing: input checks, masks, output flags and the cache's name across transformers 5 releases
-# --------------------------------------------------------------------------------------------------------------------
-# transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
-# installed version's name in its outputs and accepts both names as input.
-CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
-
-
-def _cache_argument(cache, kwargs: dict):
-    """The cache, given as `cache` or as the older `past_key_values` (removed from `kwargs`)."""
-    old = kwargs.pop("past_key_values", None)
-    if old is not None and CACHE_NAME == "cache":
-        warnings.warn(
-            "`past_key_values` is deprecated (transformers 5.24 renamed it); pass the cache as `cache`.",
-            FutureWarning,
-            stacklevel=3,
-        )
-    return cache if cache is not None else old
-
-
-_CAUSAL_MASK_PARAMETERS = inspect.signature(create_causal_mask).parameters
-
-
-def _causal_mask(config, hidden_states, attention_mask, cache, past_length):
-    """transformers' causal mask for the current attention implementation; its arguments changed names in 5.x."""
-    self_cache = cache.self_attention_cache if cache is not None else None
-    kwargs = {"cache" if "cache" in _CAUSAL_MASK_PARAMETERS else "past_key_values": self_cache}
-    if "cache_position" in _CAUSAL_MASK_PARAMETERS:  # transformers < 5.6
-        kwargs["cache_position"] = (
-            torch.arange(hidden_states.shape[1], device=hidden_states.device) + past_length
-        )
-    return create_causal_mask(config, hidden_states, attention_mask, **kwargs)
-
-
-def _resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_of: int | None = None):
-    """A copy of an embedding (or output projection) with `rows` rows: the first rows kept, new rows (and biases)
-    set to the mean of the old ones."""
-    if rows is None:
-        rows = module.weight.shape[0]
-    if pad_to_multiple_of is not None:
-        if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0:
-            raise ValueError(f"`pad_to_multiple_of` must be a positive integer, got {pad_to_multiple_of!r}.")
-        rows = -(-rows // pad_to_multiple_of) * pad_to_multiple_of
-    old = module.weight
-    kept = min(rows, old.shape[0])
-    weight = old.new_empty((rows, old.shape[1]))
-    with torch.no_grad():
-        weight[:kept] = old[:kept]
-        weight[kept:] = old.mean(dim=0)
-    if isinstance(module, nn.Embedding):
-        padding_idx = (
-            module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
-        )
-        return nn.Embedding(rows, old.shape[1], padding_idx, _weight=nn.Parameter(weight), device=old.device)
-    resized = type(module)(
-        old.shape[1], rows, bias=module.bias is not None, device=old.device, dtype=old.dtype
-    )
-    with torch.no_grad():
-        resized.weight.copy_(weight)
-        if module.bias is not None:
-            resized.bias[:kept] = module.bias[:kept]
-            resized.bias[kept:] = module.bias.mean()
-    return resized
-
-
-def _attention_function(name: str | None) -> Callable:
-    """The attention implementation of this name: "eager" is this file's `eager_attention_forward`. (transformers
-    before 5.1 has no `get_interface`; its presence in this file also tells transformers that
-    `model.set_attn_implementation(...)` works after loading.)"""
-    if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
-        return ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
-    return eager_attention_forward if name in (None, "eager") else ALL_ATTENTION_FUNCTIONS[name]
-
-
-def _flag(value: bool | None, config: VaswaniConfig, name: str = "output_hidden_states") -> bool:
-    return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
-
-
-def _check_token_ids(ids: torch.Tensor | None, vocab_size: int, name: str) -> None:
-    """A clear error for ids outside the vocabulary (or no ids at all), instead of an index error inside torch."""
-    if ids is None or is_torchdynamo_compiling():
-        return
-    if ids.numel() == 0:
-        raise ValueError(f"`{name}` is empty (shape {tuple(ids.shape)}): give at least one token per row.")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(
-            f"`{name}` holds token ids outside the vocabulary [0, {vocab_size}): min {low}, max {high}. "
-            "Check that the tokenizer matches the model (`-100` belongs in `labels` only)."
-        )
-
-
-def _check_mask(mask: torch.Tensor | None, expected, name: str, of: str) -> None:
-    if (
-        mask is None or mask.dim() == 4 or is_torchdynamo_compiling()
-    ):  # 4-D masks are taken as already prepared
-        return
-    if tuple(mask.shape) != tuple(expected):
-        raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but {of} needs {tuple(expected)}.")
 
 
 __all__ = [

@@ -8,22 +8,15 @@ name it in `config.custom_pipelines`, so that
 builds it from the folder's copy of this file, the way `AutoModel` builds the model from `modeling_vaswani.py`.
 In a process where the package is installed, build it directly: `VaswaniTranslationPipeline(model, tokenizer)`.
 
-Decoding follows the model's `generation_config.json` (the paper's beam size 4 and length penalty 0.6, §6.1); any
-generation parameter passed at construction or call time overrides it. When neither the caller nor the generation
-config sets an output length, the paper's limit applies: input length + 50 tokens (§6.1).
+Decoding is the model's `generate()` with its `generation_config.json` (the paper's beam size 4 and length penalty
+0.6, §6.1, and, unless a length is set, at most input length + 50 tokens: `generation_vaswani.generate`); any
+generation parameter passed at construction or call time overrides it.
 
-This file is copied into saved model folders (with its sibling `generation_vaswani.py`), so it imports only torch,
-transformers and that sibling.
+This file is copied into saved model folders, so it imports only torch and transformers.
 """
 
 import torch
 from transformers import Pipeline
-
-from .generation_vaswani import (
-    EXTRA_OUTPUT_TOKENS,  # §6.1: "input length + 50, but terminate early when possible"
-)
-
-_LENGTH_PARAMS = ("max_length", "max_new_tokens")
 
 
 class VaswaniTranslationPipeline(Pipeline):
@@ -85,9 +78,9 @@ class VaswaniTranslationPipeline(Pipeline):
             raise TypeError(f"The translation pipeline translates strings, got {type(text).__name__}.")
         return self.tokenizer(text, truncation=truncation, return_tensors="pt")
 
-    def _generate_kwargs_for_call(self, generate_kwargs: dict) -> tuple[dict, bool]:
+    def _generate_kwargs_for_call(self, generate_kwargs: dict) -> dict:
         """The call's generation parameters on top of those given at construction (unless the call passes a whole
-        `generation_config`) with the tokenizer's pad id, and whether any of them or a generation config sets a length.
+        `generation_config`), with the tokenizer's pad id.
 
         Newer transformers releases keep construction-time parameters in the pipeline's `_generate_kwargs`; older
         ones pass them to `_sanitize_parameters` with the call's. That attribute, read where it exists, is the only
@@ -96,29 +89,18 @@ class VaswaniTranslationPipeline(Pipeline):
             generate_kwargs = {**(getattr(self, "_generate_kwargs", None) or {}), **generate_kwargs}
         else:
             generate_kwargs = dict(generate_kwargs)
-        configs = [self.model.generation_config, generate_kwargs.get("generation_config")]
-        set_params = {key for config in configs if config is not None for key in config.to_diff_dict()}
-        set_params.update(generate_kwargs)
         pad_token_id = getattr(self.tokenizer, "pad_token_id", None)
-        if pad_token_id is not None and "pad_token_id" not in set_params:
-            generate_kwargs["pad_token_id"] = pad_token_id
-        return generate_kwargs, not set_params.isdisjoint(_LENGTH_PARAMS)
+        if pad_token_id is not None:
+            generate_kwargs.setdefault("pad_token_id", pad_token_id)
+        return generate_kwargs
 
     def _forward(self, model_inputs, **generate_kwargs):
-        generate_kwargs, sets_length = self._generate_kwargs_for_call(generate_kwargs)
-        if not sets_length:
-            # Under batching, the longest source of the batch sets the limit for all of its rows.
-            source_length = int(model_inputs["attention_mask"].sum(dim=-1).max())
-            generate_kwargs["max_new_tokens"] = source_length + EXTRA_OUTPUT_TOKENS
         output_ids = self.model.generate(
             input_ids=model_inputs["input_ids"],
             attention_mask=model_inputs["attention_mask"],
-            **generate_kwargs,
+            **self._generate_kwargs_for_call(generate_kwargs),
         )
-        if isinstance(output_ids, torch.Tensor):
-            sequences = output_ids
-        else:  # `return_dict_in_generate=True`
-            sequences = output_ids.sequences
+        sequences = output_ids if isinstance(output_ids, torch.Tensor) else output_ids.sequences
         batch_size = model_inputs["input_ids"].shape[0]
         # (batch * num_return_sequences, T) -> (batch, num_return_sequences, T), so batches unbatch per input.
         return {"output_ids": sequences.reshape(batch_size, -1, sequences.shape[-1])}

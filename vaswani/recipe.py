@@ -46,7 +46,7 @@ from .generation_vaswani import (
     PAPER_NUM_BEAMS,
     paper_decoding,
 )
-from .kernels_vaswani import FAST_ATTENTION
+from .kernels import FAST_ATTENTION, use_cpu_kernels
 from .modeling_vaswani import VaswaniForConditionalGeneration
 from .tokenization import (
     load_tokenizers,
@@ -616,6 +616,8 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
         config = VaswaniConfig.from_preset(model_args.preset, attn_implementation=attention, **fields)
         model = VaswaniForConditionalGeneration(config)
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
+    if torch.device(training_args.device).type == "cpu":
+        use_cpu_kernels(model, attention=False)  # the attention was chosen above
     return model
 
 

@@ -19,18 +19,8 @@ import os
 from pathlib import Path
 
 from .fileio import write_text
-from .modeling_vaswani import AUTO_MAP, CUSTOM_PIPELINES
+from .utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 
-# The files `trust_remote_code=True` loads: the model's (which `save_pretrained` copies through relative imports) and
-# the pipeline's. Copied from the package when missing or different, e.g. when an FSDP-wrapped model was saved and
-# transformers copied torch's FSDP module instead of `modeling_vaswani.py`.
-CODE_FILES = (
-    "configuration_vaswani.py",
-    "modeling_vaswani.py",
-    "kernels_vaswani.py",
-    "generation_vaswani.py",
-    "pipeline_vaswani.py",
-)
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -53,10 +43,11 @@ def add_translation_pipeline(folder: str | os.PathLike) -> None:
         raise ValueError(
             f"{config_path} is not a vaswani model's configuration (model_type {config.get('model_type')!r})"
         )
-    for name in CODE_FILES:
-        code = (_PACKAGE / name).read_text(encoding="utf-8")
+    for name, source in CODE_FILES.items():
+        code = (_PACKAGE / source).read_text(encoding="utf-8")
         target = folder / name
         if not target.is_file() or target.read_text(encoding="utf-8") != code:
+            target.parent.mkdir(parents=True, exist_ok=True)
             write_text(target, code)
     pipelines = {**(config.get("custom_pipelines") or {}), **CUSTOM_PIPELINES}
     auto_map = {**(config.get("auto_map") or {}), **AUTO_MAP}

@@ -750,7 +750,7 @@ def label_smoothed_loss(outputs, labels: torch.Tensor, num_items_in_batch=None, 
     """The training loss of §5.4 as a `compute_loss_func`: label-smoothed cross-entropy of the model's logits against
     `labels` (-100 ignored), the mean over target tokens or the sum divided by `num_items_in_batch` (all target tokens
     of a gradient-accumulation step)."""
-    from .kernels_vaswani import label_smoothed_cross_entropy
+    from .kernels import label_smoothed_cross_entropy
 
     logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
     total = label_smoothed_cross_entropy(logits, labels, epsilon)
@@ -762,7 +762,7 @@ def fused_output_loss(model, inputs: dict, epsilon: float, num_items_in_batch=No
     hidden states (`model.base_model`) and the output projection's weights go to
     `kernels_vaswani.linear_label_smoothed_cross_entropy`, which never holds the (tokens, V) logits. The mean over
     target tokens, or the sum divided by `num_items_in_batch`."""
-    from .kernels_vaswani import linear_label_smoothed_cross_entropy
+    from .kernels import linear_label_smoothed_cross_entropy
 
     inputs = dict(inputs)
     labels = inputs.pop("labels")

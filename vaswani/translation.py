@@ -35,7 +35,7 @@ from .generation_vaswani import (
     PAPER_LENGTH_PENALTY_FORM,
     PAPER_NUM_BEAMS,
 )
-from .kernels_vaswani import FAST_ATTENTION
+from .kernels import use_cpu_kernels
 from .metrics import compute_bleu, reported_scores
 from .tokenization import load_tokenizers
 
@@ -78,21 +78,22 @@ def load_translation_model(
 
     The tokenizer(s) come from `tokenizer_path`, else from the model folder: a joint vocabulary
     (`tokenizer.json`) or separate ones (`source/` and `target/`), see `tokenization.load_tokenizers`.
-    `bf16` casts the weights to bfloat16. `model_kwargs` go to `from_pretrained`; `attn_implementation` defaults to
-    this package's fast CPU attention on the CPU.
+    `bf16` casts the weights to bfloat16. `model_kwargs` go to `from_pretrained`. On the CPU the model runs this
+    package's CPU kernels (`kernels.use_cpu_kernels`: its linear layers and, unless `attn_implementation` is given,
+    the "vaswani_sdpa" attention).
 
     Raises `FileNotFoundError` / `ValueError` naming the folder or file: a local path that does not exist, a folder
     without `config.json`, a weights file that is cut short or corrupt.
     """
     device = torch.device(device or default_device())
     check_model_path(model_path)
-    if device.type == "cpu":
-        model_kwargs.setdefault("attn_implementation", FAST_ATTENTION)
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
     except (OSError, ValueError) as error:
         raise type(error)(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
     model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
+    if device.type == "cpu":
+        use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
     source_tokenizer, target_tokenizer = load_tokenizers(tokenizer_path or model_path)
     logger.info(
         "Loaded %s (%s) on %s; tokenizer(s) from %s",

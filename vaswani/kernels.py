@@ -1,19 +1,21 @@
-"""Faster kernels for `modeling_vaswani.py`: the same arithmetic as the plain-torch lines they stand in for.
+"""Faster CPU kernels for the model: the same arithmetic as the plain-torch lines they stand in for, turned on by the
+caller. A model is plain torch (`modeling_vaswani.py`); `use_cpu_kernels(model)` swaps its `nn.Linear` and
+`nn.Dropout` modules for the two classes below, in place, and chooses the `"vaswani_sdpa"` attention. The recipe's
+tools make that call on the CPU, and `VaswaniTrainer` computes its label-smoothed loss with the two loss kernels.
 
 Each entry below names its reference, and `tests/test_kernels.py` checks it against that reference by name:
 
 | here | reference | where it is faster (figures: BENCHMARKS.md) |
 |---|---|---|
 | `Linear` | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD): oneDNN's GEMM |
-| `dropout` | `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
+| `Dropout`, `dropout` | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
 | `attn_implementation="vaswani_sdpa"` | `"sdpa"` | CPU decoding steps and short half-precision training: matmuls |
 
 Every fast path steps aside (to the reference) under `torch.compile`, which picks its own kernels, and off the CPU.
-
-This file is copied next to `modeling_vaswani.py` into saved model folders (a relative import of that file), so it
-imports only torch and transformers.
+Some use torch's private oneDNN and softmax operators, guarded: this module is never copied into saved model folders,
+which hold the plain model only.
 """
 
 import torch
@@ -23,6 +25,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling
+
+from .modeling_vaswani import eager_attention_forward
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -65,7 +69,7 @@ def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and _ONEDNN_AVAILABLE
-        and torch._C._get_mkldnn_enabled()
+        and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
     )
 
@@ -75,7 +79,7 @@ class Linear(nn.Linear):
 
     torch's float32 CPU GEMM is MKL's, which runs without its AVX-512 kernels on non-Intel CPUs: on an AMD EPYC
     oneDNN's is about twice as fast. Same parameters, same arithmetic to rounding; `isinstance(m, nn.Linear)`, PEFT's
-    LoRA wrapping and checkpoints see an `nn.Linear`.
+    LoRA wrapping and checkpoints see an `nn.Linear` (`type(m) is nn.Linear` does not: `use_plain_modules` undoes it).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +146,13 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p=p, training=training)
 
 
+class Dropout(nn.Dropout):
+    """`nn.Dropout` whose CPU training masks come from `dropout`'s 15 random bits per element."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The loss: (label-smoothed) cross-entropy with one (N, V) buffer
 # --------------------------------------------------------------------------------------------------------------------
@@ -162,7 +173,7 @@ def _smoothed_rows(
     row_loss = (1.0 - eps) * z.gather(1, target)
     if eps:
         row_loss = row_loss + (eps / vocab) * z.sum(dim=-1, keepdim=True)
-    p = torch.ops.aten._softmax.out(z, -1, False, out=out)
+    p = _softmax_into(z, out)
     row_loss = largest - p.amax(dim=-1, keepdim=True).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
     total = row_loss.masked_fill_(ignored.unsqueeze(1), 0.0).sum()
     if gradient:
@@ -170,6 +181,17 @@ def _smoothed_rows(
         if eps:
             p.sub_(eps / vocab)
     return total
+
+
+# aten's softmax with an output buffer (the chunk's, reused); a torch without it copies into the buffer instead.
+_SOFTMAX_OUT = getattr(getattr(torch.ops.aten, "_softmax", None), "out", None)
+
+
+def _softmax_into(z: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """softmax(z) over the last dimension, written into `out` (which may be `z` itself)."""
+    if _SOFTMAX_OUT is not None:
+        return _SOFTMAX_OUT(z, -1, False, out=out)
+    return out.copy_(torch.softmax(z, dim=-1))
 
 
 def _zero_ignored_rows(g: torch.Tensor, ignored: torch.Tensor) -> None:
@@ -409,10 +431,6 @@ def vaswani_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     here."""
     if not prefers_matmul_attention(module, query, key, attention_mask):
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
-    from .modeling_vaswani import (
-        eager_attention_forward,  # the reference, imported when first needed (no cycle)
-    )
-
     if attention_mask is None and module.is_causal and query.shape[-2] > 1:
         attention_mask = torch.ones(
             query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
@@ -424,12 +442,48 @@ AttentionInterface.register(FAST_ATTENTION, vaswani_sdpa_attention)
 AttentionMaskInterface.register(FAST_ATTENTION, sdpa_mask)
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Turning the kernels on and off in a built model
+# --------------------------------------------------------------------------------------------------------------------
+_FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
+
+
+def use_cpu_kernels(model: nn.Module, attention: bool = True) -> nn.Module:
+    """Turn this module's kernels on in `model`, in place, and return it: every `nn.Linear` becomes a `Linear` and
+    every `nn.Dropout` a `Dropout` (their class is changed, so parameters, ties, hooks and device stay as they are),
+    and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. On a GPU, and under
+    `torch.compile`, the swapped modules compute exactly what the plain ones do."""
+    for module in model.modules():
+        fast = _FAST_MODULES.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
+    config = getattr(model, "config", None)
+    if attention and getattr(config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(FAST_ATTENTION)
+    return model
+
+
+def use_plain_modules(model: nn.Module) -> nn.Module:
+    """Undo `use_cpu_kernels`: the modules become `nn.Linear` and `nn.Dropout` again and `"vaswani_sdpa"` attention
+    becomes "sdpa"."""
+    plain = {fast: plain for plain, fast in _FAST_MODULES.items()}
+    for module in model.modules():
+        if type(module) in plain:
+            module.__class__ = plain[type(module)]
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == FAST_ATTENTION:
+        model.set_attn_implementation("sdpa")
+    return model
+
+
 __all__ = [
     "FAST_ATTENTION",
+    "Dropout",
     "Linear",
     "dropout",
     "label_smoothed_cross_entropy",
     "linear_label_smoothed_cross_entropy",
     "quantized_dropout_probability",
+    "use_cpu_kernels",
+    "use_plain_modules",
     "vaswani_sdpa_attention",
 ]

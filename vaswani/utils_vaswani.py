@@ -1,0 +1,207 @@
+"""What `modeling_vaswani.py` needs besides the paper: what a saved folder carries, input checks that name the argument
+at fault, the names that transformers 5 releases give the cache and the causal mask's arguments, the output flags,
+and the resizing of the target vocabulary.
+
+This file is copied with `modeling_vaswani.py` into saved model folders, so it imports only torch and transformers.
+"""
+
+import inspect
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.utils import is_torchdynamo_compiling
+
+from .pipeline_vaswani import VaswaniTranslationPipeline
+
+# What every saved folder carries besides its weights, configs and tokenizer, stated once: the files that
+# `trust_remote_code=True` loads (folder name -> file of this package), the `auto_map` naming them for the Auto
+# classes, and the translation pipeline. `VaswaniPreTrainedModel.save_pretrained` writes them.
+CODE_FILES = {
+    "configuration_vaswani.py": "configuration_vaswani.py",
+    "modeling_vaswani.py": "modeling_vaswani.py",
+    "generation_vaswani.py": "generation_vaswani.py",
+    "pipeline_vaswani.py": "pipeline_vaswani.py",
+    "utils_vaswani.py": "utils_vaswani.py",
+    # transformers' seam for a model's own decoding: from_pretrained(..., trust_remote_code=True) installs its
+    # `generate` (GenerationMixin.load_custom_generate)
+    "custom_generate/generate.py": "generation_vaswani.py",
+}
+AUTO_MAP = {
+    "AutoConfig": "configuration_vaswani.VaswaniConfig",
+    "AutoModel": "modeling_vaswani.VaswaniModel",
+    "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
+}
+CUSTOM_PIPELINES = {
+    "translation": {
+        "impl": f"pipeline_vaswani.{VaswaniTranslationPipeline.__name__}",
+        "pt": ["AutoModelForSeq2SeqLM"],
+    }
+}
+
+
+def write_model_code(folder: str | Path) -> None:
+    """Copy the code files of `CODE_FILES` into a model folder (they sit beside this file, also in transformers'
+    cache of a folder loaded with `trust_remote_code=True`, whose relative imports it copies)."""
+    here = Path(__file__).resolve().parent
+    for name, source in CODE_FILES.items():
+        target = Path(folder, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(here / source, target)
+
+
+# transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
+# installed version's name in its outputs and accepts both names as input.
+CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def cache_argument(cache, kwargs: dict):
+    """The cache, given as `cache` or as the older `past_key_values` (removed from `kwargs`)."""
+    old = kwargs.pop("past_key_values", None)
+    if old is not None and CACHE_NAME == "cache":
+        warnings.warn(
+            "`past_key_values` is deprecated (transformers 5.24 renamed it); pass the cache as `cache`.",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return cache if cache is not None else old
+
+
+_CAUSAL_MASK_PARAMETERS = inspect.signature(create_causal_mask).parameters
+
+
+def causal_mask(config, hidden_states, attention_mask, cache, past_length):
+    """transformers' causal mask for the current attention implementation; its arguments changed names in 5.x."""
+    self_cache = cache.self_attention_cache if cache is not None else None
+    kwargs = {"cache" if "cache" in _CAUSAL_MASK_PARAMETERS else "past_key_values": self_cache}
+    if "cache_position" in _CAUSAL_MASK_PARAMETERS:  # transformers < 5.6
+        kwargs["cache_position"] = (
+            torch.arange(hidden_states.shape[1], device=hidden_states.device) + past_length
+        )
+    return create_causal_mask(config, hidden_states, attention_mask, **kwargs)
+
+
+def resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_of: int | None = None):
+    """A copy of an embedding (or output projection) with `rows` rows: the first rows kept, new rows (and biases)
+    set to the mean of the old ones."""
+    if rows is None:
+        rows = module.weight.shape[0]
+    if pad_to_multiple_of is not None:
+        if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0:
+            raise ValueError(f"`pad_to_multiple_of` must be a positive integer, got {pad_to_multiple_of!r}.")
+        rows = -(-rows // pad_to_multiple_of) * pad_to_multiple_of
+    old = module.weight
+    kept = min(rows, old.shape[0])
+    weight = old.new_empty((rows, old.shape[1]))
+    with torch.no_grad():
+        weight[:kept] = old[:kept]
+        weight[kept:] = old.mean(dim=0)
+    if isinstance(module, nn.Embedding):
+        padding_idx = (
+            module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
+        )
+        return nn.Embedding(rows, old.shape[1], padding_idx, _weight=nn.Parameter(weight), device=old.device)
+    resized = type(module)(
+        old.shape[1], rows, bias=module.bias is not None, device=old.device, dtype=old.dtype
+    )
+    with torch.no_grad():
+        resized.weight.copy_(weight)
+        if module.bias is not None:
+            resized.bias[:kept] = module.bias[:kept]
+            resized.bias[kept:] = module.bias.mean()
+    return resized
+
+
+def flag(value: bool | None, config, name: str = "output_hidden_states") -> bool:
+    return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
+
+
+def check_token_ids(ids: torch.Tensor | None, vocab_size: int, name: str) -> None:
+    """A clear error for ids outside the vocabulary (or no ids at all), instead of an index error inside torch."""
+    if ids is None or is_torchdynamo_compiling():
+        return
+    if ids.numel() == 0:
+        raise ValueError(f"`{name}` is empty (shape {tuple(ids.shape)}): give at least one token per row.")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`{name}` holds token ids outside the vocabulary [0, {vocab_size}): min {low}, max {high}. "
+            "Check that the tokenizer matches the model (`-100` belongs in `labels` only)."
+        )
+
+
+def check_embedding_inputs(input_ids, inputs_embeds, name: str, embed_tokens: nn.Embedding) -> None:
+    """A clear error naming the argument for token ids or embeddings that a stack cannot embed: neither or both
+    given, ids that are not (batch, length) or lie outside the vocabulary, embeddings that are not (batch, length,
+    d_model), empty inputs."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(f"Give exactly one of `{name}` and its embeddings.")
+    if is_torchdynamo_compiling():
+        return
+    if input_ids is not None:
+        if input_ids.dim() != 2:
+            raise ValueError(
+                f"`{name}` must be a 2-D tensor (batch, length) of token ids, got shape {tuple(input_ids.shape)}."
+            )
+        check_token_ids(input_ids, embed_tokens.num_embeddings, name)
+        return
+    width = embed_tokens.embedding_dim
+    if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
+        raise ValueError(
+            f"The embeddings given for `{name}` must have shape (batch, length, d_model={width}), got "
+            f"{tuple(inputs_embeds.shape)}."
+        )
+    if 0 in inputs_embeds.shape[:2]:
+        raise ValueError(f"The embeddings given for `{name}` are empty: shape {tuple(inputs_embeds.shape)}.")
+
+
+def check_mask(mask: torch.Tensor | None, expected, name: str, of: str) -> None:
+    # 4-D masks are taken as already prepared
+    if mask is None or mask.dim() == 4 or is_torchdynamo_compiling():
+        return
+    if tuple(mask.shape) != tuple(expected):
+        raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but {of} needs {tuple(expected)}.")
+
+
+def check_decoder_inputs(
+    attention_mask, encoder_attention_mask, encoder_hidden_states, batch_size, seq_len, past_length
+) -> None:
+    """A clear error for decoder masks of the wrong shape (the target's covers past and current tokens) and a decoder
+    batch that is not a multiple of the encoder's."""
+    if is_torchdynamo_compiling():  # before any size is read: an exported graph keeps its sizes symbolic
+        return
+    length = int(past_length) + seq_len
+    check_mask(
+        attention_mask, (batch_size, length), "decoder_attention_mask", "the target (past and current tokens)"
+    )
+    source = encoder_hidden_states.shape[:2]
+    check_mask(encoder_attention_mask, source, "attention_mask", "the encoder output (batch, source length)")
+    if batch_size % source[0]:
+        raise ValueError(
+            f"The decoder batch ({batch_size}) must be the encoder batch ({source[0]}) or a multiple of it (the rows "
+            "of each source consecutive, as `generate()` lays out beams and samples)."
+        )
+
+
+def resize_target_vocabulary(
+    model, new_num_tokens: int, pad_to_multiple_of: int | None = None
+) -> nn.Embedding:
+    """Resize the target vocabulary of separate vocabularies: the decoder embedding and the output projection."""
+    if model.config.share_encoder_decoder_embeddings:
+        raise ValueError(
+            "One vocabulary is shared (`share_encoder_decoder_embeddings=True`): use `resize_token_embeddings`."
+        )
+    decoder = model.base_model.decoder
+    decoder.embed_tokens = resized_rows(decoder.embed_tokens, new_num_tokens, pad_to_multiple_of)
+    model.config.decoder_vocab_size = decoder.embed_tokens.num_embeddings
+    output = model.get_output_embeddings()
+    if output is not None:
+        if model.config.tie_word_embeddings:
+            model.tie_weights()
+        else:
+            model.set_output_embeddings(resized_rows(output, new_num_tokens, pad_to_multiple_of))
+    return decoder.embed_tokens
