@@ -262,7 +262,9 @@ def test_a_folder_decodes_with_its_custom_generate_file(model, tmp_path):
     saved = (tmp_path / "custom_generate" / "generate.py").read_text(encoding="utf-8")
     assert saved == Path(generation_vaswani.__file__).read_text(encoding="utf-8")
     input_ids, attention_mask, _ = batch()
-    kw = dict(attention_mask=attention_mask, max_new_tokens=7, output_scores=True, return_dict_in_generate=True)
+    kw = dict(
+        attention_mask=attention_mask, max_new_tokens=7, output_scores=True, return_dict_in_generate=True
+    )
     ours = model.generate(input_ids, **kw)
     through_the_folder = GenerationMixin.generate(
         model, input_ids, custom_generate=str(tmp_path), trust_remote_code=True, **kw
@@ -454,7 +456,9 @@ def test_beam_search_over_separate_vocabularies_works_on_every_release_in_the_pa
     input_ids, attention_mask, _ = batch()
     kw = dict(attention_mask=attention_mask, num_beams=2, max_new_tokens=3)
     monkeypatch.setattr(generation_vaswani.transformers, "__version__", "5.14.0")
-    with pytest.raises(ValueError, match=r"length_penalty_form='power' needs transformers >= 5.18.0 \(found 5.14.0\)"):
+    with pytest.raises(
+        ValueError, match=r"length_penalty_form='power' needs transformers >= 5.18.0 \(found 5.14.0\)"
+    ):
         separate.generate(input_ids, length_penalty_form="power", **kw)
     assert separate.generate(input_ids, **kw).shape[0] == 3
     separate.generate(input_ids, attention_mask=attention_mask, max_new_tokens=3)  # greedy works there

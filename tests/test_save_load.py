@@ -226,7 +226,9 @@ def test_a_model_is_plain_torch_until_the_cpu_kernels_are_turned_on(tmp_path):
         loss.backward()  # a second backward, as any transformers model allows
         torch.manual_seed(0)
         x = torch.ones(4096)
-        assert torch.equal(model.model.encoder.dropout(x), (torch.manual_seed(0), nn.functional.dropout(x, 0.3))[1])
+        assert torch.equal(
+            model.model.encoder.dropout(x), (torch.manual_seed(0), nn.functional.dropout(x, 0.3))[1]
+        )
         use_cpu_kernels(model)
         assert type(model.lm_head) is Linear and type(model.model.encoder.dropout) is Dropout
         assert model.config._attn_implementation == "vaswani_sdpa"

@@ -170,7 +170,8 @@ def beam_search(
     """
     num_beams = generation_config.num_beams
     alpha = 1.0 if generation_config.length_penalty is None else generation_config.length_penalty
-    early_stopping = generation_config.early_stopping  # True, False (None) or "never", read as transformers does
+    # True, False (None) or "never", read as transformers does
+    early_stopping = generation_config.early_stopping
     max_length = generation_config.max_length
     eos, fill = _special_tokens(model, generation_config)
     collect = _Collected(generation_config)

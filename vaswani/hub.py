@@ -460,7 +460,8 @@ def build_folder(
     )
     # Built beside `output_dir` and renamed into place once checked: a folder there is complete.
     with atomic_folder(output_dir) as building:
-        model.save_pretrained(building)  # weights, configs, code, pipeline, custom_generate (utils_vaswani.CODE_FILES)
+        # weights, configs, code, pipeline, custom_generate (utils_vaswani.CODE_FILES)
+        model.save_pretrained(building)
         tokenizer.save_pretrained(building)
         card.save(building / "README.md")
         check_folder(building)
