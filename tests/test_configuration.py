@@ -97,3 +97,47 @@ def test_an_older_transformers_gets_a_clear_error():
     assert (
         "ImportError: The Vaswani model needs transformers >= 5.5.0, but 5.3.0 is installed" in result.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("normalize_before", "false"),
+        ("scale_embedding", "no"),
+        ("tie_word_embeddings", "False"),
+        ("use_cache", 1),
+    ],
+)
+def test_a_boolean_field_refuses_anything_but_true_or_false(field, value):
+    """A string such as "false" is truthy: taken as given, it would build the opposite model."""
+    with pytest.raises(ValueError, match=rf"`{field}` must be True or False, got {value!r}"):
+        VaswaniConfig(**{field: value})
+    config = tiny_config()
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=rf"`{field}` must be True or False"):
+        VaswaniForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize(
+    "field, value", [("activation_function", "gelu"), ("normalize_before", True), ("dropout", 0.3)]
+)
+def test_a_config_changed_after_the_model_was_built_is_not_saved(tmp_path, field, value):
+    """The modules follow the config they were built from: saved with the changed one, the folder would load as
+    another model. Nothing is written, not even the code files."""
+    model = VaswaniForConditionalGeneration(tiny_config())
+    setattr(model.config, field, value)
+    with pytest.raises(
+        ValueError, match=rf"changed after the model was built \(`{field}` from .* to {value!r}\)"
+    ):
+        model.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    setattr(model.config, field, getattr(tiny_config(), field))
+    model.save_pretrained(tmp_path / "out")  # changed back: saved
+
+
+def test_a_config_that_cannot_work_writes_nothing(tmp_path):
+    model = VaswaniForConditionalGeneration(tiny_config())
+    model.config.encoder_attention_heads = 4  # d_model 15 is not divisible by 4
+    with pytest.raises(ValueError, match="divisible by `encoder_attention_heads`"):
+        model.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -481,3 +481,22 @@ def test_empty_inputs_are_named(model):
         )
     with pytest.raises(ValueError, match="`labels` is empty"):
         model(input_ids=torch.ones(2, 3, dtype=torch.long), labels=torch.zeros(2, 0, dtype=torch.long))
+
+
+def test_ids_and_embeddings_of_the_wrong_shape_are_named(model):
+    """Not an index or matmul error inside torch: the argument, the shape given and the shape needed."""
+    input_ids, attention_mask, labels = batch()
+    dec = model.prepare_decoder_input_ids_from_labels(labels)
+    with pytest.raises(ValueError, match=r"`input_ids` must be a 2-D tensor \(batch, length\).*\(7,\)"):
+        model(input_ids=input_ids[0], decoder_input_ids=dec)
+    with pytest.raises(ValueError, match=r"`decoder_input_ids` must be a 2-D tensor.*\(3, 6, 1\)"):
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec[..., None])
+    embeds = torch.randn(3, 7, model.config.d_model + 1)
+    with pytest.raises(
+        ValueError, match=r"`input_ids` must have shape \(batch, length, d_model=15\), got \(3, 7, 16\)"
+    ):
+        model(inputs_embeds=embeds, attention_mask=attention_mask, decoder_input_ids=dec)
+    with pytest.raises(
+        ValueError, match=r"`decoder_input_ids` must have shape \(batch, length, d_model=15\)"
+    ):
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_inputs_embeds=torch.randn(3, 6))

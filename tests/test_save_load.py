@@ -303,3 +303,71 @@ def test_a_plain_save_pretrained_folder_translates_through_the_pipeline(tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "translation_text" in result.stdout and "{'translation_text': ''}" in result.stdout
+
+
+TRAINER_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["vaswani"] = None  # the package must not be importable here
+    from pathlib import Path
+
+    from datasets import Dataset
+    from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, Seq2SeqTrainer,
+                              Seq2SeqTrainingArguments, pipeline)
+
+    folder, out = sys.argv[1:]
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+    pairs = {"src": ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."] * 4,
+             "tgt": ["A man rides a bike.", "Two dogs play in the snow."] * 4}
+    data = Dataset.from_dict(pairs).map(
+        lambda b: tokenizer(b["src"], text_target=b["tgt"]), batched=True, remove_columns=["src", "tgt"]
+    )
+    args = Seq2SeqTrainingArguments(output_dir=out, max_steps=2, save_steps=1, per_device_train_batch_size=4,
+                                    per_device_eval_batch_size=4, predict_with_generate=True, report_to="none",
+                                    use_cpu=True, learning_rate=1e-3)
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, eval_dataset=data,
+                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+                             processing_class=tokenizer)
+    trainer.train()
+    predictions = trainer.predict(data).predictions  # (pairs, longest generated length)
+    trainer.save_model(out)
+    for saved in (Path(out), Path(out) / "checkpoint-1"):
+        translator = pipeline("translation", model=str(saved), trust_remote_code=True)
+        print(saved.name, translator(["Ein Mann fährt Fahrrad."], num_beams=2, max_new_tokens=4))
+    print("generated_length", predictions.shape[1])
+    """
+)
+
+
+def test_a_folder_fine_tuned_with_seq2seq_trainer_where_the_package_is_missing_is_whole(tmp_path):
+    """The transformers docs' way: load with trust_remote_code, fine-tune with Seq2SeqTrainer, `save_model()`. The
+    final folder and every checkpoint carry the model's code, the pipeline and custom_generate/generate.py, so the
+    translation pipeline loads from them; evaluation with generate() is not cut at transformers' 20 tokens."""
+    from tiny_translation_assets import tiny_model as translation_tiny_model
+    from tiny_translation_assets import tiny_tokenizer
+
+    from vaswani.utils_vaswani import CODE_FILES
+
+    tokenizer = tiny_tokenizer()
+    folder = tmp_path / "model"
+    translation_tiny_model(len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    script = tmp_path / "child.py"
+    script.write_text(TRAINER_CHILD)
+    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    out = tmp_path / "fine-tuned"
+    result = subprocess.run(
+        [sys.executable, str(script), str(folder), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for saved in (out, out / "checkpoint-1"):
+        assert all((saved / name).is_file() for name in CODE_FILES), sorted(p.name for p in saved.iterdir())
+    assert result.stdout.count("translation_text") == 2
+    assert (
+        int(result.stdout.split("generated_length")[1]) > 20
+    )  # a random model runs to the source length + 50

@@ -74,6 +74,43 @@ PRESETS: dict[str, dict] = {
 }
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+BOOLEAN_FIELDS = (
+    "attention_bias",
+    "output_bias",
+    "scale_embedding",
+    "normalize_before",
+    "share_encoder_decoder_embeddings",
+    "tie_word_embeddings",
+    "use_cache",
+)
+# The fields a built model's modules follow: changed on the config after a model was built, its saved folder would
+# load as another model (`VaswaniPreTrainedModel.save_pretrained` refuses). Vocabulary sizes change with the
+# model's own resizing methods; token ids, the cache flag and the initialisation do not shape the modules.
+ARCHITECTURE_FIELDS = (
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "activation_function",
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "attention_bias",
+    "output_bias",
+    "max_position_embeddings",
+    "position_embedding_type",
+    "sinusoid_layout",
+    "sinusoid_frequencies",
+    "position_offset",
+    "scale_embedding",
+    "normalize_before",
+    "layer_norm_eps",
+    "share_encoder_decoder_embeddings",
+    "tie_word_embeddings",
+)
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 SINUSOID_FREQUENCIES = ("paper", "fairseq")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
@@ -255,6 +292,10 @@ class VaswaniConfig(PreTrainedConfig):
     def validate_fields(self) -> None:
         """Raise `ValueError` naming the field when the configuration cannot work. Called at construction, by the
         model's constructor (fields may have been changed since) and before saving."""
+        for name in BOOLEAN_FIELDS:  # "false" or "no" would read as True
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
         for name in (
             "vocab_size",
             "d_model",
@@ -331,4 +372,4 @@ def _check_positive_int(name: str, value) -> None:
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
 
-__all__ = ["VaswaniConfig", "PRESETS"]
+__all__ = ["ARCHITECTURE_FIELDS", "VaswaniConfig", "PRESETS"]

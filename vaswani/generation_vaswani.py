@@ -184,7 +184,8 @@ def beam_search(
 
     cache_name = next((name for name in ("cache", "past_key_values") if name in model_kwargs), None)
     use_cache = model_kwargs.pop("use_cache", True)
-    for key in ("output_attentions", "output_hidden_states", "return_dict"):
+    # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
+    for key in ("output_attentions", "output_hidden_states", "return_dict", "labels"):
         model_kwargs.pop(key, None)
     if share_encoder_outputs:
         _keep_one_encoder_copy_per_source(model_kwargs, num_beams, cache_name)

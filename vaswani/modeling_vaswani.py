@@ -46,8 +46,10 @@ from .utils_vaswani import (
     AUTO_MAP,
     CACHE_NAME,
     CUSTOM_PIPELINES,
+    architecture,
     cache_argument,
     causal_mask,
+    check_config_unchanged,
     check_decoder_inputs,
     check_embedding_inputs,
     check_mask,
@@ -348,6 +350,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     def __init__(self, config: VaswaniConfig, *args, **kwargs):
         config.validate_fields()  # fields may have been changed since the config was built
         super().__init__(config, *args, **kwargs)
+        self._built_as = architecture(config)  # checked when saving
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """The `{target: source}` weights that transformers ties. It ties nothing when `tie_word_embeddings=False`;
@@ -376,7 +379,9 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
         naming both model classes (transformers writes only the class being saved), the translation pipeline
         (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
-        the paper's decoding as the folder's `custom_generate/generate.py`."""
+        the paper's decoding as the folder's `custom_generate/generate.py`. A config that cannot work, or that was
+        changed after the model was built, is refused before anything is written."""
+        check_config_unchanged(self.config, self._built_as)
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
         self.config.custom_pipelines = {
             **(getattr(self.config, "custom_pipelines", None) or {}),

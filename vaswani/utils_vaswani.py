@@ -16,6 +16,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import is_torchdynamo_compiling
 
+from .configuration_vaswani import ARCHITECTURE_FIELDS
 from .pipeline_vaswani import VaswaniTranslationPipeline
 
 # What every saved folder carries besides its weights, configs and tokenizer, stated once: the files that
@@ -52,6 +53,26 @@ def write_model_code(folder: str | Path) -> None:
         target = Path(folder, name)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(here / source, target)
+
+
+def architecture(config) -> dict:
+    """The config fields a built model's modules follow (`ARCHITECTURE_FIELDS`)."""
+    return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS}
+
+
+def check_config_unchanged(config, built_as: dict) -> None:
+    """Refuse, naming the fields, a config that cannot work or whose architecture was changed after the model was
+    built from it: saved, the folder would load as another model."""
+    config.validate_fields()
+    changed = {
+        name: (old, getattr(config, name)) for name, old in built_as.items() if getattr(config, name) != old
+    }
+    if changed:
+        fields = ", ".join(f"`{name}` from {old!r} to {new!r}" for name, (old, new) in changed.items())
+        raise ValueError(
+            f"The config was changed after the model was built ({fields}): the saved folder would load as another "
+            "model. Build a new model from the changed config, or change the fields back."
+        )
 
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
