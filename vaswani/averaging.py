@@ -88,7 +88,11 @@ def _weight_files(checkpoint: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"Cannot read the safetensors index {index}: {err}") from err
-        return [checkpoint / name for name in sorted(set(weight_map.values()))]
+        names = sorted(set(weight_map.values()))
+        outside = [name for name in names if Path(name).name != name or name in (".", "..")]
+        if outside:  # e.g. "../other/model.safetensors": never read weights from outside the checkpoint
+            raise ValueError(f"{index} names weight files outside its folder: {outside}")
+        return [checkpoint / name for name in names]
     raise FileNotFoundError(f"No {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} in {checkpoint}")
 
 

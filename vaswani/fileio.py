@@ -84,6 +84,18 @@ def _umask() -> int:
     return current
 
 
+def follow_umask(folder: str | os.PathLike) -> None:
+    """Give `folder` and everything in it the permissions of new files and folders under the process' umask.
+    Libraries write some files privately (safetensors saves its weights 0600, `mkdtemp` makes folders 0700); what a
+    tool publishes by renaming it into place must be readable as any file its user writes."""
+    mask = _umask()
+    for path in [Path(folder), *Path(folder).rglob("*")]:
+        if path.is_symlink():
+            continue
+        executable = path.is_dir() or os.stat(path).st_mode & 0o111
+        os.chmod(path, (0o777 if executable else 0o666) & ~mask)
+
+
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write `text` (UTF-8, "\\n" line ends) to `path` atomically; returns the path."""
     with atomic_write(path) as handle:
@@ -97,10 +109,14 @@ def write_json(path: str | os.PathLike, value) -> Path:
 
 
 def temporary_sibling(path: str | os.PathLike, tag: str = "tmp") -> Path:
-    """A new empty folder beside `path` (same file system), for building what will be renamed to `path`."""
+    """A new empty folder beside `path` (same file system), for building what will be renamed to `path`. Its
+    permissions are those of any new folder under the process' umask (`mkdtemp` alone would give 0700, and the folder
+    renamed into place would be unreadable to the other users of a shared machine)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
+    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
+    os.chmod(folder, 0o777 & ~_umask())
+    return folder
 
 
 @contextlib.contextmanager
@@ -120,6 +136,7 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
+    follow_umask(building)
     old = None
     if path.exists():
         old = temporary_sibling(path, "old")
@@ -137,6 +154,7 @@ def replace_files(source_dir: str | os.PathLike, destination_dir: str | os.PathL
     `source_dir` must be on the same file system (build it with `temporary_sibling`).
     """
     source_dir, destination_dir = Path(source_dir), Path(destination_dir)
+    follow_umask(source_dir)
     moved = []
     for source in sorted(p for p in source_dir.rglob("*") if p.is_file()):
         relative = source.relative_to(source_dir)
@@ -149,4 +167,12 @@ def replace_files(source_dir: str | os.PathLike, destination_dir: str | os.PathL
     return moved
 
 
-__all__ = ["atomic_folder", "atomic_write", "replace_files", "temporary_sibling", "write_json", "write_text"]
+__all__ = [
+    "atomic_folder",
+    "atomic_write",
+    "follow_umask",
+    "replace_files",
+    "temporary_sibling",
+    "write_json",
+    "write_text",
+]
