@@ -77,3 +77,80 @@ def test_vaswani_average_checkpoints_folder_is_readable_by_others(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert all(stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 for p in out.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def converted_marian(tmp_path_factory):
+    """A small Marian model (sentencepiece vocabulary, no beginning-of-sentence id, a generation config without a
+    length penalty), taught to copy, and its `vaswani-convert` folder."""
+    import test_convert
+
+    from vaswani.convert import convert
+
+    root = tmp_path_factory.mktemp("marian")
+    name = next(name for name, case in test_convert.CASES.items() if case[0] == "marian")
+    test_convert.source_model(name, root / "marian", steps=40)
+    convert(root / "marian", root / "converted")
+    return root / "marian", root / "converted"
+
+
+@pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
+def test_a_converted_marian_model_exports_and_translates_as_pytorch_does(converted_marian, tmp_path, engine):
+    """CTranslate2 needs a beginning-of-sentence token the Marian config lacks (the decoder start serves), and a
+    generation config without a length penalty decodes with transformers' default, 1.0."""
+    from vaswani.engines import load_exported
+    from vaswani.engines import translate as translate_exported
+    from vaswani.export import export
+    from vaswani.translation import load_translation_model, translate
+
+    _, converted = converted_marian
+    export(converted, tmp_path / engine, engine)
+    model, source, target = load_translation_model(converted)
+    sentences = ["▁a b c d", "c d e", "b a"]
+    expected = translate(sentences, model, source, target, show_progress=False)
+    loaded, source, target = load_exported(tmp_path / engine)
+    assert translate_exported(sentences, loaded, source, target, show_progress=False) == expected
+
+
+def test_exporting_an_unconverted_marian_folder_names_the_fix(converted_marian, tmp_path):
+    from vaswani.export import export
+
+    marian, _ = converted_marian
+    with pytest.raises(ValueError, match=r"holds a 'marian' model, not a vaswani one: convert it first"):
+        export(marian, tmp_path / "out", "ctranslate2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_export_leaves_the_earlier_export_whole_and_no_folder_behind(
+    converted_marian, tmp_path, monkeypatch
+):
+    """Built beside its destination: a failure (here the exporter raises half-way) leaves the earlier export as it
+    was, and a first export that fails leaves nothing, so a retry is not refused."""
+    from vaswani.export import export, to_onnx
+
+    _, converted = converted_marian
+    out = tmp_path / "onnx"
+    export(converted, out, "onnx")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+
+    def broken(model, output_dir):
+        (output_dir / to_onnx.ENCODER_FILE).write_bytes(b"half")
+        raise RuntimeError("killed half-way")
+
+    monkeypatch.setattr(to_onnx, "export_graphs", broken)
+    with pytest.raises(RuntimeError, match="half-way"):
+        export(converted, out, "onnx", force=True)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    with pytest.raises(RuntimeError, match="half-way"):
+        export(converted, tmp_path / "first", "onnx")
+    assert not (tmp_path / "first").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx"]  # no temporary folder left
+
+
+def test_a_folder_that_is_not_a_complete_export_is_named_as_such(tmp_path):
+    from vaswani.engines import load_exported
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(tmp_path)  # a tokenizer, but no export
+    with pytest.raises(ValueError, match="is not a complete folder written by vaswani-export"):
+        load_exported(tmp_path)

@@ -384,8 +384,9 @@ def load_engine(folder: str | os.PathLike, engine: str | None = None, threads: i
 
 def load_exported(folder: str | os.PathLike, engine: str | None = None, **options):
     """`(engine, source_tokenizer, target_tokenizer)` of an exported folder (the tokenizers were exported with it)."""
+    loaded = load_engine(folder, engine, **options)  # first: a folder that is no export is named as such
     source, target = load_tokenizers(folder)
-    return load_engine(folder, engine, **options), source, target
+    return loaded, source, target
 
 
 def translate_n_best(

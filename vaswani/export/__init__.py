@@ -10,7 +10,9 @@
   written by `torch.onnx.export` (the dynamo-based exporter) and run with ONNX Runtime.
 
 Both write the tokenizer(s) next to the model and `vaswani_export.json`, which `vaswani.engines` reads to decode
-(`vaswani-translate --engine ctranslate2|onnx --model_name_or_path <exported folder>`). The engines are optional extras
+(the file is written last). An export is built beside its output folder and renamed into place when complete: a
+failed or killed export leaves the folder as it was (an earlier export stays whole), never a partial one
+; `vaswani-translate --engine ctranslate2|onnx --model_name_or_path <exported folder>`). The engines are optional extras
 (`pip install vaswani-transformer[ctranslate2]` or `[onnx]`): they are imported when an export or an engine runs,
 never by `import vaswani`.
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import transformers
 from transformers import GenerationConfig
 
 from ..cli import command, parse_args, setup_logging
+from ..fileio import atomic_folder
 from ..generation_vaswani import PAPER_LENGTH_PENALTY_FORM
 from ..tokenization import load_tokenizers, save_tokenizers
 from ..translation import check_model_path
@@ -58,24 +60,35 @@ def decoding_settings(model_path: str | os.PathLike) -> dict:
         config = GenerationConfig.from_pretrained(model_path)
     except OSError:  # a folder without generation_config.json decodes as transformers' defaults
         config = GenerationConfig()
-    return {
-        "num_beams": config.num_beams,
-        "length_penalty": config.length_penalty,
+    return {  # transformers' defaults where the folder sets nothing (a converted model's config may not)
+        "num_beams": config.num_beams or 1,
+        "length_penalty": 1.0 if config.length_penalty is None else config.length_penalty,
         "length_penalty_form": getattr(config, "length_penalty_form", None) or PAPER_LENGTH_PENALTY_FORM,
         # transformers reads None as False: stop a sentence by the heuristic, not at the first `num_beams` hypotheses
         "early_stopping": config.early_stopping if config.early_stopping is not None else False,
     }
 
 
-def prepare_output(output_dir: str | os.PathLike, force: bool) -> Path:
-    """The output folder, refused when it exists unless `force` (then it is emptied)."""
+def check_output(output_dir: str | os.PathLike, force: bool) -> Path:
+    """The output folder, refused when it exists unless `force` (then the new export replaces it when complete)."""
     output_dir = Path(output_dir)
-    if output_dir.exists():
-        if not force:
-            raise FileExistsError(f"{output_dir} already exists: pass --overwrite_output_dir to replace it")
-        shutil.rmtree(output_dir)
-    output_dir.mkdir(parents=True)
+    if output_dir.exists() and not force:
+        raise FileExistsError(f"{output_dir} already exists: pass --overwrite_output_dir to replace it")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"{output_dir} is a file: give a folder for the export")
     return output_dir
+
+
+def check_vaswani_model(model_path: str | os.PathLike) -> None:
+    """Refuse, naming what the folder holds, a model of another kind (a Marian or FSMT folder: convert it first)."""
+    path = Path(model_path) / "config.json"
+    if path.is_file():
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+        if model_type != "vaswani":
+            raise ValueError(
+                f"{model_path} holds a {model_type!r} model, not a vaswani one: convert it first "
+                f"(vaswani-convert --model_name_or_path {model_path} --output_dir <folder>), then export that folder"
+            )
 
 
 def finish_export(
@@ -101,7 +114,6 @@ def finish_export(
     }
     with open(output_dir / METADATA_FILE, "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=2)
-    logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
     return output_dir
 
 
@@ -109,7 +121,7 @@ def read_metadata(folder: str | os.PathLike) -> dict:
     """The `vaswani_export.json` of an exported folder; a `ValueError` naming the file when it is missing."""
     path = Path(folder) / METADATA_FILE
     if not path.is_file():
-        raise ValueError(f"{path} not found: {folder} is not a folder written by vaswani-export")
+        raise ValueError(f"{path} not found: {folder} is not a complete folder written by vaswani-export")
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 
@@ -127,17 +139,23 @@ def export(
     `quantization` is CTranslate2's weight type (default float32); the ONNX graphs are float32.
     The tokenizer comes from `tokenizer_path`, else from the model folder."""
     check_model_path(model_path)
-    if engine == "ctranslate2":
-        from .to_ctranslate2 import export_ctranslate2
+    check_vaswani_model(model_path)
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "onnx" and quantization not in (None, "float32"):
+        raise ValueError(f"--quantization {quantization} applies to ctranslate2; ONNX graphs are float32")
+    output_dir = check_output(output_dir, force)
+    with atomic_folder(output_dir) as building:
+        if engine == "ctranslate2":
+            from .to_ctranslate2 import export_ctranslate2
 
-        return export_ctranslate2(model_path, output_dir, quantization or "float32", tokenizer_path, force)
-    if engine == "onnx":
-        if quantization not in (None, "float32"):
-            raise ValueError(f"--quantization {quantization} applies to ctranslate2; ONNX graphs are float32")
-        from .to_onnx import export_onnx
+            export_ctranslate2(model_path, building, quantization or "float32", tokenizer_path)
+        else:
+            from .to_onnx import export_onnx
 
-        return export_onnx(model_path, output_dir, tokenizer_path, force)
-    raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
+            export_onnx(model_path, building, tokenizer_path)
+    logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
+    return output_dir
 
 
 @dataclass

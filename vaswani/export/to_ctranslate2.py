@@ -36,7 +36,7 @@ from transformers import AutoModelForSeq2SeqLM
 from ..configuration_vaswani import VaswaniConfig
 from ..modeling_vaswani import VaswaniStack, sinusoidal_positional_encoding
 from ..tokenization import load_tokenizers
-from . import finish_export, prepare_output
+from . import finish_export
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,9 @@ class VaswaniLoader(ct2_transformers.BartLoader):
     def set_config(self, config, model, tokenizer):
         _, target = tokenizer
         ids = model.config
-        config.bos_token = target.convert_ids_to_tokens(ids.bos_token_id)
+        # A model without a beginning-of-sentence id (a converted Marian model) starts with its decoder start token.
+        bos = ids.bos_token_id if ids.bos_token_id is not None else ids.decoder_start_token_id
+        config.bos_token = target.convert_ids_to_tokens(bos)
         config.eos_token = target.convert_ids_to_tokens(ids.eos_token_id)
         config.unk_token = target.unk_token
         config.decoder_start_token = target.convert_ids_to_tokens(ids.decoder_start_token_id)
@@ -158,12 +160,12 @@ def export_ctranslate2(
     output_dir: str | os.PathLike,
     quantization: str = "float32",
     tokenizer_path: str | os.PathLike | None = None,
-    force: bool = False,
 ) -> Path:
-    """Convert `model_path` to a CTranslate2 model with weights in `quantization` (float32, int8, bfloat16, ...)."""
+    """Convert `model_path` to a CTranslate2 model with weights in `quantization` (float32, int8, bfloat16, ...) in
+    the existing folder `output_dir` (`vaswani.export.export` builds it beside the destination)."""
     import vaswani  # noqa: F401  (registers VaswaniConfig with AutoConfig, which the converter reads first)
 
-    output_dir = prepare_output(output_dir, force)
+    output_dir = Path(output_dir)
     VaswaniConverter(model_path, tokenizer_path).convert(
         str(output_dir), quantization=quantization, force=True
     )

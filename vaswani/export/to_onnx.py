@@ -26,7 +26,7 @@ from torch import nn
 from transformers import AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from . import finish_export, prepare_output
+from . import finish_export
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +150,16 @@ def export_graphs(model, output_dir: Path) -> None:
 
 
 def export_onnx(
-    model_path: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    tokenizer_path: str | os.PathLike | None = None,
-    force: bool = False,
+    model_path: str | os.PathLike, output_dir: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None
 ) -> Path:
-    """Export `model_path` to `encoder.onnx` and `decoder.onnx` in `output_dir` (see the module docstring)."""
+    """Export `model_path` to `encoder.onnx` and `decoder.onnx` in the existing folder `output_dir` (see the module
+    docstring; `vaswani.export.export` builds it beside the destination)."""
     import vaswani  # noqa: F401  (registers the model with AutoModelForSeq2SeqLM)
 
     model = AutoModelForSeq2SeqLM.from_pretrained(
         model_path, dtype=torch.float32, attn_implementation="eager"
     )
-    output_dir = prepare_output(output_dir, force)
+    output_dir = Path(output_dir)
     with torch.no_grad():
         export_graphs(model.eval(), output_dir)
     config = model.config
