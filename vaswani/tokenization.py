@@ -27,6 +27,7 @@ when it shifts the labels right.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +48,9 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 # The trainer gives special tokens the first ids in this order.
 SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]
 SOURCE_SUBDIR, TARGET_SUBDIR = "source", "target"
+# Written into both sides of separate vocabularies: the digest of the pair, so that a source/ and a target/ of two
+# different trainings (a save cut short between their renames, or a folder copied over) are refused, not mixed.
+PAIR_FILE = "vaswani_tokenizer_pair.json"
 
 # Positions are sinusoidal (§3.5), so this bounds nothing in the model; it only sets when the tokenizer warns.
 DEFAULT_MODEL_MAX_LENGTH = 1024
@@ -248,6 +252,9 @@ def save_tokenizers(
         else:
             source_tokenizer.save_pretrained(building / SOURCE_SUBDIR)
             target_tokenizer.save_pretrained(building / TARGET_SUBDIR)
+            pair = _pair_digest(building / SOURCE_SUBDIR, building / TARGET_SUBDIR)
+            for side in (SOURCE_SUBDIR, TARGET_SUBDIR):
+                (building / side / PAIR_FILE).write_text(json.dumps({"pair": pair}) + "\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
@@ -280,6 +287,7 @@ def load_tokenizers(
         return tokenizer, tokenizer
     source_dir, target_dir = path / SOURCE_SUBDIR, path / TARGET_SUBDIR
     if (source_dir / "tokenizer.json").is_file() and (target_dir / "tokenizer.json").is_file():
+        _check_pair(source_dir, target_dir)
         return _load_tokenizer(source_dir), _load_tokenizer(target_dir)
     if (path / "tokenizer_config.json").is_file():
         # A tokenizer of another kind that encodes the source and decodes the target itself, as a converted Marian
@@ -290,6 +298,26 @@ def load_tokenizers(
         f"No tokenizer in {path}: expected {path / 'tokenizer.json'} (joint vocabulary) or "
         f"{source_dir / 'tokenizer.json'} and {target_dir / 'tokenizer.json'} (separate vocabularies)"
     )
+
+
+def _pair_digest(source_dir: Path, target_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for folder in (source_dir, target_dir):
+        digest.update((folder / "tokenizer.json").read_bytes())
+    return digest.hexdigest()
+
+
+def _check_pair(source_dir: Path, target_dir: Path) -> None:
+    """Refuse separate vocabularies whose two sides were not saved together (see `PAIR_FILE`)."""
+    marks = [folder / PAIR_FILE for folder in (source_dir, target_dir)]
+    if not all(mark.is_file() for mark in marks):
+        return  # saved before the mark existed, or by hand
+    recorded = {json.loads(mark.read_text(encoding="utf-8")).get("pair") for mark in marks}
+    if recorded != {_pair_digest(source_dir, target_dir)}:
+        raise ValueError(
+            f"{source_dir} and {target_dir} are not one pair of tokenizers (each side is from another training, "
+            "e.g. a save cut short between them): train the tokenizers again"
+        )
 
 
 def _load_tokenizer(folder: Path, check_ids: bool = True) -> PreTrainedTokenizerFast:
