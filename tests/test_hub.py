@@ -257,7 +257,8 @@ def test_card_metadata_and_contents(published):
     card = ModelCard.load(published / "README.md")
     data = card.data
     assert data.language == ["de", "en"]
-    assert data.license == "apache-2.0"
+    assert data.license == "other"  # none chosen: the card says the data's terms apply
+    assert "chose no license for these weights" in card.text
     assert data.library_name == "transformers"
     assert data.pipeline_tag == "translation"
     assert data.datasets == ["bentrevett/multi30k"]
@@ -374,6 +375,19 @@ def test_card_names_a_local_dataset_without_its_path(trained_dir):
     assert card.data.datasets is None  # the metadata lists Hub datasets only
     assert card.data.eval_results[0].dataset_type == "multi30k"
     assert "`multi30k`" in card.text and local not in card.text
+    # the publisher names the local copy's Hub id, and a license
+    card = render_card(
+        model,
+        REPO_ID,
+        results=EvalResults(bleu=20.0, dataset=local),
+        summary=TrainingSummary(source_lang="de", target_lang="en", dataset=local),
+        dataset_tags=["bentrevett/multi30k"],
+        license="cc-by-nc-4.0",
+    )
+    assert card.data.datasets == ["bentrevett/multi30k"] and card.data.license == "cc-by-nc-4.0"
+    assert card.data.eval_results[0].dataset_type == "bentrevett/multi30k"
+    assert "`bentrevett/multi30k`" in card.text and "`multi30k`" not in card.text
+    assert "released these weights under the license" in card.text
 
 
 def test_run_json_files(tmp_path):
@@ -622,16 +636,19 @@ def test_fresh_interpreter_loads_published_folder(published, trained_dir, tmp_pa
 
 @pytest.mark.slow
 def test_card_usage_example_runs_against_the_folder(published, tmp_path):
-    """The card rendered from hub_card.md, its Python blocks run as written, with the repo id pointing at the folder."""
+    """The card rendered from hub_card.md, its Python blocks run as written, with the repo id pointing at the folder:
+    the pipeline, `generate()`, and LoRA through PEFT on the loaded model."""
     card = (published / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", card, flags=re.DOTALL)
-    assert len(blocks) == 2 and all(json.dumps(REPO_ID) in block for block in blocks)
+    assert len(blocks) == 3 and all(json.dumps(REPO_ID) in block for block in blocks[:2])
     code = "\n".join(blocks).replace(json.dumps(REPO_ID), repr(str(published)))
+    code += "\nprint(sorted({n.split('.')[-3] for n, p in lora.named_parameters() if p.requires_grad}))"
     out = run_child(code, tmp_path)
     printed = out.strip().splitlines()
     assert printed[0].startswith("[{'translation_text': ")
     assert printed[1].startswith("[{'translation_text': ") and printed[1].count("translation_text") == 2
     assert printed[2].startswith("['")
+    assert printed[3] == "['lora_A', 'lora_B']"
 
 
 @pytest.mark.slow

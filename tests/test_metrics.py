@@ -134,7 +134,9 @@ def test_moses_bleu_is_sacrebleu_on_lowercased_tokenized_text():
     references = moses_lowercase_tokenize(REFERENCES, "de")
     assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none").score
     assert compute_bleu(shouted, REFERENCES)["bleu"] < 5 < scores["bleu"]  # case-insensitive only here
-    assert "|tok:none|" in scores["bleu_signature"]
+    assert (
+        "|case:lc|" in scores["bleu_signature"] and "|tok:none|" in scores["bleu_signature"]
+    )  # lowercased: said so
 
 
 def _write(path: Path, lines: list[str]) -> Path:

@@ -289,16 +289,27 @@ def _dataset_type(name: str) -> str:
     return name if _is_hub_dataset(name) else Path(name).name.split(".")[0] or "custom"
 
 
+# The license of a card whose publisher chose none: "other", with the card saying that the training data's terms
+# apply. A permissive default would license weights trained on data whose terms forbid it (Multi30k is for
+# non-commercial research and education only).
+UNSET_LICENSE = "other"
+
+
 def card_metadata(
     model_name: str,
     results: EvalResults | None,
     summary: TrainingSummary | None,
-    license: str = "apache-2.0",
+    license: str | None = None,
+    dataset_tags: list[str] | None = None,
 ) -> ModelCardData:
-    """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`."""
+    """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`.
+    `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
+    id the card could name)."""
     eval_results = None
+    hub_name = dataset_tags[0] if dataset_tags else None
     if results is not None:
-        dataset_type = _dataset_type(results.dataset or (summary.dataset if summary else None) or "custom")
+        named = results.dataset or (summary.dataset if summary else None) or "custom"
+        dataset_type = hub_name if hub_name and not _is_hub_dataset(named) else _dataset_type(named)
         common = dict(
             task_type="translation",
             task_name="Translation",
@@ -324,12 +335,16 @@ def card_metadata(
             for kind, name, value, sig in scores
             if value is not None
         ]
-    named = {summary.dataset if summary else None, results.dataset if results else None}
+    named = {
+        summary.dataset if summary else None,
+        results.dataset if results else None,
+        *(dataset_tags or []),
+    }
     datasets = [d for d in named if d and _is_hub_dataset(d)]
     return ModelCardData(
         model_name=model_name,
         language=[summary.source_lang, summary.target_lang] if summary else None,
-        license=license,
+        license=license or UNSET_LICENSE,
         datasets=sorted(datasets) or None,
         metrics=["bleu", "chrf"],
         tags=list(TAGS),
@@ -339,15 +354,25 @@ def card_metadata(
     )
 
 
+def _training_data(summary: TrainingSummary | None, dataset_tags: list[str] | None) -> str | None:
+    """How the card names the training data: its Hub id, else the name of its local folder or file."""
+    if summary is None or not summary.dataset:
+        return dataset_tags[0] if dataset_tags else None
+    if _is_hub_dataset(summary.dataset) or not dataset_tags:
+        return _dataset_type(summary.dataset)
+    return dataset_tags[0]
+
+
 def render_card(
     model: VaswaniForConditionalGeneration,
     repo_id: str,
     results: EvalResults | None = None,
     summary: TrainingSummary | None = None,
     template_path: str | os.PathLike | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     example_text: str | None = None,
     lowercase: bool = False,
+    dataset_tags: list[str] | None = None,
 ) -> ModelCard:
     """Render the model card from the Jinja template `hub_card.md` (or `template_path`) and check it. `lowercase`:
     the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`), which the card states."""
@@ -355,7 +380,7 @@ def render_card(
     if not template_path.is_file():
         raise PublishError(f"No model card template at {str(template_path)!r}.")
     model_name = repo_id.rstrip("/").split("/")[-1]
-    data = card_metadata(model_name, results, summary, license=license)
+    data = card_metadata(model_name, results, summary, license=license, dataset_tags=dataset_tags)
     config = model.config
     if example_text is None:
         example_text = _EXAMPLES.get(summary.source_lang if summary else "", "Hello world!")
@@ -373,7 +398,8 @@ def render_card(
         generation=model.generation_config,
         results=results,
         summary=summary,
-        training_data=_dataset_type(summary.dataset) if summary and summary.dataset else None,
+        training_data=_training_data(summary, dataset_tags),
+        license_chosen=bool(license),
         test_data=data.eval_results[0].dataset_name if data.eval_results else None,
         example_text=example_text,
         lowercase=lowercase,
@@ -417,8 +443,9 @@ def build_folder(
     results: EvalResults | None = None,
     summary: TrainingSummary | None = None,
     template_path: str | os.PathLike | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     example_text: str | None = None,
+    dataset_tags: list[str] | None = None,
 ) -> Path:
     """Write the folder to publish into `output_dir` (which must be new or empty) and check it.
 
@@ -457,6 +484,7 @@ def build_folder(
         license=license,
         example_text=example_text,
         lowercase=lowercases(tokenizer),
+        dataset_tags=dataset_tags,
     )
     # Built beside `output_dir` and renamed into place once checked: a folder there is complete.
     with atomic_folder(output_dir) as building:
@@ -550,8 +578,9 @@ def publish(
     commit_message: str | None = None,
     create_pr: bool = False,
     template_path: str | os.PathLike | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     example_text: str | None = None,
+    dataset_tags: list[str] | None = None,
 ) -> Published:
     """Build the publishable folder from a trained model folder and push it to `repo_id` in one commit.
 
@@ -589,6 +618,7 @@ def publish(
         template_path=template_path,
         license=license,
         example_text=example_text,
+        dataset_tags=dataset_tags,
     )
     upload = dict(
         repo_id=repo_id,

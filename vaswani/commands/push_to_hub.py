@@ -74,7 +74,20 @@ class PushArguments:
         default=None, metadata={"help": "Hub token; default: HF_TOKEN or the saved login."}
     )
     commit_message: str | None = field(default=None, metadata={"help": "Message of the upload commit."})
-    license: str = field(default="apache-2.0", metadata={"help": "License in the model card metadata."})
+    license: str | None = field(
+        default=None,
+        metadata={
+            "help": "License of the weights in the card's metadata (e.g. apache-2.0, cc-by-nc-4.0). Default: none "
+            "chosen ('other'), the card saying that the training data's terms apply."
+        },
+    )
+    dataset_tags: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Hub ids of the training data, for the card, when it was read from a local copy "
+            "(e.g. bentrevett/multi30k for a local Multi30k folder)."
+        },
+    )
     card_template: str | None = field(
         default=None, metadata={"help": "Model card template; default: the package's hub_card.md."}
     )
@@ -99,9 +112,12 @@ def main(argv):
         create_pr=args.create_pr,
         template_path=args.card_template,
         license=args.license,
+        dataset_tags=args.dataset_tags,
     )
-    if published.folder is not None:
-        logger.info("Published folder: %s", published.folder)
+    if published.commit is None:
+        logger.info("Dry run: wrote the folder to publish to %s; nothing was pushed", published.folder)
+    elif published.folder is not None:
+        logger.info("Built the published folder in %s", published.folder)
     if published.commit is not None:
         logger.info("Pushed: %s", published.commit.commit_url)
     return published

@@ -150,7 +150,9 @@ def export_graphs(model, output_dir: Path) -> None:
 
 
 def export_onnx(
-    model_path: str | os.PathLike, output_dir: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None
+    model_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    tokenizer_path: str | os.PathLike | None = None,
 ) -> Path:
     """Export `model_path` to `encoder.onnx` and `decoder.onnx` in the existing folder `output_dir` (see the module
     docstring; `vaswani.export.export` builds it beside the destination)."""

@@ -148,10 +148,10 @@ def compute_moses_bleu(
 
     Exactly: hypotheses and references (plain detokenized text) both go through `moses_lowercase_tokenize`
     (lowercase, then Moses punctuation normalization, then the Moses tokenizer for `lang`, the target
-    language), and sacreBLEU scores the result with `tokenize="none"` and `lowercase=False`, splitting on
-    spaces only. That is what `multi-bleu.perl` computes on the repository's `*.lc.norm.tok.*` files (equal
-    whenever no n-gram precision is zero; sacreBLEU's default "exp" smoothing only acts then), and what the
-    signature records as `case:mixed|tok:none` with text lowercased beforehand. chrF is computed on the same
+    language), and sacreBLEU scores the result with `tokenize="none"`, splitting on spaces only. That is what
+    `multi-bleu.perl` computes on the repository's `*.lc.norm.tok.*` files (equal whenever no n-gram precision is
+    zero; sacreBLEU's default "exp" smoothing only acts then), and what the signature records as
+    `case:lc|tok:none`. chrF is computed on the same
     tokenized text. Scores of `compute_bleu` on raw text are a different measurement: never compare the two.
     """
     if len(predictions) != len(references):
@@ -160,7 +160,10 @@ def compute_moses_bleu(
     streams = _reference_streams(references)
     tokenized_refs = [moses_lowercase_tokenize(stream, lang) for stream in streams]
     per_segment = [list(refs) for refs in zip(*tokenized_refs, strict=True)]
-    return compute_bleu(moses_lowercase_tokenize(predictions, lang), per_segment, tokenize="none")
+    # The text is lowercased already; `lowercase=True` changes no score and makes the signature say so (case:lc).
+    return compute_bleu(
+        moses_lowercase_tokenize(predictions, lang), per_segment, tokenize="none", lowercase=True
+    )
 
 
 def score_files(
