@@ -175,3 +175,27 @@ def test_evaluate_script(tmp_path):
     )
     assert re.fullmatch(rf"chrF = {chrf.score:.2f}\tchrF2\|nrefs:1\|case:mixed\|.*", lines[1])
     assert lines[2].startswith(f"BLEU (lowercased, Moses-tokenized, de) = {moses['bleu']:.2f}\t")
+
+
+def test_tokenized_bleu_is_multi_bleu_on_moses_tokens_with_compounds_split():
+    """tensor2tensor's get_ende_bleu.sh, worked by hand: Moses tokenization, then "rot-weißes" becomes
+    "rot ##AT##-##AT## weißes" on both sides, and multi-bleu.perl's BLEU over 9 tokens: 8/9 unigrams, 6/8 bigrams,
+    5/7 trigrams and 4/6 four-grams match, lengths equal."""
+    from vaswani.metrics import compute_tokenized_bleu, moses_compound_tokenize, split_compounds
+
+    assert moses_compound_tokenize(["Der Mann fährt ein rot-weißes Fahrrad."], "de") == [
+        "Der Mann fährt ein rot ##AT##-##AT## weißes Fahrrad ."
+    ]
+    assert (
+        split_compounds("a-b-c - x") == "a ##AT##-##AT## b-c - x"
+    )  # one non-overlapping pass, as perl's s///g
+    scores = compute_tokenized_bleu(
+        ["Der Mann fährt ein rot-weißes Rad."], ["Der Mann fährt ein rot-weißes Fahrrad."], "de"
+    )
+    assert scores["counts"] == [8, 6, 5, 4] and scores["totals"] == [9, 8, 7, 6]
+    assert scores["bleu"] == pytest.approx(100 * (8 / 9 * 6 / 8 * 5 / 7 * 4 / 6) ** 0.25)  # 75.06
+    assert "|case:mixed|" in scores["bleu_signature"] and "smooth:none" in scores["bleu_signature"]
+    assert "compounds split" in scores["bleu_signature"]
+    # multi-bleu.perl gives 0 when an n-gram order has no match (no smoothing); case counts
+    assert compute_tokenized_bleu(["Ein Hund schläft."], ["Zwei Katzen schlafen."], "de")["bleu"] == 0.0
+    assert compute_tokenized_bleu(["der mann ."], ["Der Mann ."], "de")["bleu"] < 100

@@ -21,7 +21,7 @@ Two JSON files describe the run. Every key is optional unless noted; other keys 
 
 - evaluation results (`EvalResults`): `bleu` (required), `bleu_signature` (sacreBLEU's signature string), `chrf`,
   `chrf_signature`, `bleu_lowercase_moses_tokenized` and its `_signature` (BLEU comparable to published Multi30k
-  figures), `dataset` (Hub id, short name or local path), `dataset_name` (display name), `dataset_config` (e.g.
+  figures), `bleu_tokenized` and its `_signature` (the paper's tokenized BLEU with compounds split, as on WMT), `dataset` (Hub id, short name or local path), `dataset_name` (display name), `dataset_config` (e.g.
   `"de-en"`), `split` (default `"test"`), `num_beams`, `length_penalty` and `length_penalty_form` (how the test set was
   decoded);
 - training summary (`TrainingSummary`): `source_lang` and `target_lang` (required), `dataset`, `preset`, `steps`,
@@ -131,6 +131,8 @@ class EvalResults:
     chrf_signature: str | None = None
     bleu_lowercase_moses_tokenized: float | None = None
     bleu_lowercase_moses_tokenized_signature: str | None = None
+    bleu_tokenized: float | None = None
+    bleu_tokenized_signature: str | None = None
     dataset: str | None = None
     dataset_name: str | None = None
     dataset_config: str | None = None
@@ -140,7 +142,7 @@ class EvalResults:
     length_penalty_form: str | None = None
 
     def __post_init__(self):
-        for name in ("bleu", "chrf", "bleu_lowercase_moses_tokenized"):
+        for name in ("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"):
             value = getattr(self, name)
             if value is None and name != "bleu":
                 continue
@@ -326,6 +328,12 @@ def card_metadata(
                 "BLEU (lowercased, Moses-tokenized)",
                 results.bleu_lowercase_moses_tokenized,
                 results.bleu_lowercase_moses_tokenized_signature,
+            ),
+            (
+                "bleu",
+                "BLEU (Moses-tokenized, compounds split: the paper's)",
+                results.bleu_tokenized,
+                results.bleu_tokenized_signature,
             ),
         ]
         eval_results = [

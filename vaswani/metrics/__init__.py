@@ -4,6 +4,8 @@
 - `compute_bleu(...)`: the same numbers straight from `sacrebleu`, without `evaluate`.
 - `compute_moses_bleu(...)`: BLEU on lowercased, Moses-tokenized text, the convention of most published
   Multi30k results; not comparable with `compute_bleu` on raw text.
+- `compute_tokenized_bleu(...)`: the paper's WMT BLEU, case-sensitive on Moses-tokenized text with hyphenated
+  compounds split (tensor2tensor's `get_ende_bleu.sh`, then `multi-bleu.perl`); not comparable with either.
 - `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
 - `reported_scores(...)`: both as the flat record a run reports (`test_results.json`, the model card's results).
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -166,6 +169,61 @@ def compute_moses_bleu(
     )
 
 
+# tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as re.sub)
+_COMPOUND = re.compile(r"(\S)-(\S)")
+TOKENIZED_BLEU_NOTE = "Moses-tokenized, compounds split as ##AT##-##AT##"
+
+
+def split_compounds(text: str) -> str:
+    """ "rich-text format" -> "rich ##AT##-##AT## text format", as the Stanford NMT and GNMT papers scored WMT en-de
+    and tensor2tensor's `get_ende_bleu.sh` does it (one pass of non-overlapping matches: "a-b-c" keeps its second
+    hyphen)."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
+
+
+def moses_compound_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+    """`tokenizer.perl -l LANG` (escaping on, no aggressive hyphen splitting), then `split_compounds`: the text
+    `multi-bleu.perl` scores in `get_ende_bleu.sh`. Case is kept."""
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang)
+    return [split_compounds(tokenizer.tokenize(text, return_str=True, escape=True)) for text in texts]
+
+
+def compute_tokenized_bleu(
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    lang: str,
+) -> dict:
+    """The BLEU the paper reports on WMT 2014 (27.3 base, 28.4 big on en-de): `multi-bleu.perl` on Moses-tokenized
+    text with hyphenated compounds split, which tensor2tensor's `get_ende_bleu.sh` computes from detokenized output
+    and references.
+
+    Exactly: both sides go through `moses_compound_tokenize` (`lang`, the target language), and sacreBLEU scores the
+    result case-sensitively with `tokenize="none"` and no smoothing, as `multi-bleu.perl` does (0 when an n-gram
+    order has no match). The signature says so (`tok:none|smooth:none`, plus `TOKENIZED_BLEU_NOTE`). It runs higher
+    than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    if not predictions:
+        raise ValueError("No predictions to score")
+    check_moses_lang(lang)
+    streams = [moses_compound_tokenize(stream, lang) for stream in _reference_streams(references)]
+    bleu = BLEU(tokenize="none", smooth_method="none", force=True)
+    score = bleu.corpus_score(moses_compound_tokenize(predictions, lang), streams)
+    return {
+        "bleu": score.score,
+        "bleu_signature": f"{score.name}|{bleu.get_signature()} ({TOKENIZED_BLEU_NOTE})",
+        "counts": score.counts,
+        "totals": score.totals,
+        "precisions": score.precisions,
+        "bp": score.bp,
+        "sys_len": score.sys_len,
+        "ref_len": score.ref_len,
+    }
+
+
 def score_files(
     hypotheses_path: str | os.PathLike,
     reference_paths: Sequence[str | os.PathLike],
@@ -176,8 +234,9 @@ def score_files(
 ) -> dict[str, dict]:
     """Score a hypothesis file against one or more reference files (one segment a line, `.gz` allowed).
 
-    Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` when
-    `moses_lang` is given. Raises `ValueError` naming the files if their line counts differ.
+    Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` and
+    `"tokenized": compute_tokenized_bleu(..., lang=moses_lang)` when `moses_lang` is given. Raises `ValueError`
+    naming the files if their line counts differ.
     """
     check_bleu_tokenizer(tokenize)
     if moses_lang is not None:
@@ -193,6 +252,7 @@ def score_files(
     scores = {"sacrebleu": compute_bleu(hypotheses, per_segment, tokenize, lowercase, chrf_word_order)}
     if moses_lang is not None:
         scores["moses"] = compute_moses_bleu(hypotheses, per_segment, moses_lang)
+        scores["tokenized"] = compute_tokenized_bleu(hypotheses, per_segment, moses_lang)
     return scores
 
 
@@ -202,8 +262,9 @@ def reported_scores(
     lang: str,
     lowercase: bool = False,
 ) -> dict:
-    """BLEU and chrF on the raw text and BLEU on lowercased Moses-tokenized `lang` text, with their signatures,
-    under the keys a run's `test_results.json` uses and `vaswani.hub.EvalResults` reads. `lowercase` makes the
+    """BLEU and chrF on the raw text, BLEU on lowercased Moses-tokenized `lang` text (published Multi30k figures) and
+    the paper's tokenized BLEU with compounds split (WMT), with their signatures, under the keys a run's
+    `test_results.json` uses and `vaswani.hub.EvalResults` reads. `lowercase` makes the
     raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only.
 
     For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
@@ -220,6 +281,9 @@ def reported_scores(
     comparable = compute_moses_bleu(predictions, references, lang)
     record["bleu_lowercase_moses_tokenized"] = comparable["bleu"]
     record["bleu_lowercase_moses_tokenized_signature"] = comparable["bleu_signature"]
+    papers = compute_tokenized_bleu(predictions, references, lang)
+    record["bleu_tokenized"] = papers["bleu"]
+    record["bleu_tokenized_signature"] = papers["bleu_signature"]
     return record
 
 
@@ -231,8 +295,11 @@ __all__ = [
     "moses_languages",
     "compute_bleu",
     "compute_moses_bleu",
+    "compute_tokenized_bleu",
     "load_translation_metric",
+    "moses_compound_tokenize",
     "moses_lowercase_tokenize",
     "reported_scores",
     "score_files",
+    "split_compounds",
 ]
