@@ -110,3 +110,24 @@ def test_profile_decode_prints_operators_for_both_eos_modes(capsys):
     out = capsys.readouterr().out
     assert "vaswani, no EOS:" in out and "vaswani, min_new_tokens:" in out
     assert "aten::where" in out.split("min_new_tokens:")[1]  # the EOS mask shows up only with min_new_tokens
+
+
+def test_gpu_wmt_throughput_runs_on_the_cpu_with_a_tiny_config(tmp_path):
+    """The GPU script of the paper-scale step, checked here on the CPU: it times both implementations, reports
+    tokens per second, MFU and the paper schedule's GPU-hours per preset (none for a preset not in the paper)."""
+    from bench import gpu_wmt_throughput
+
+    result = gpu_wmt_throughput.main(
+        ["--device", "cpu", "--preset", "tiny", "--compile", "eager", "--batch_tokens", "200", "--length", "10",
+         "--vocab", "300", "--seconds", "0.3", "--warmup", "1", "--json", str(tmp_path / "gpu.json")]
+    )  # fmt: skip
+    rows = {row["impl"]: row for row in result["results"]}
+    assert set(rows) == {"vaswani", "marian"}
+    assert all(row["tokens_per_s"] > 0 and row["tokens_per_update"] == 200 for row in rows.values())
+    assert rows["marian"]["vs_marian"] == 1.0 and rows["vaswani"]["vs_marian"] > 0
+    assert "paper_gpu_hours" not in rows["vaswani"]  # tiny is not a preset of the paper
+    assert json.loads((tmp_path / "gpu.json").read_text())["results"] == result["results"]
+    skipped = (
+        gpu_wmt_throughput.main(["--device", "cuda"]) if not __import__("torch").cuda.is_available() else None
+    )
+    assert skipped is None or skipped["skipped"] == "no CUDA device"
