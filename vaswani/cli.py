@@ -29,7 +29,6 @@ The conventions, the same in every tool:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import json
@@ -43,6 +42,8 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
+from .errors import UsageError, describe_error, flag_errors
+
 logger = logging.getLogger(__name__)
 
 ARGS_FILE_FLAG = "--args_file"
@@ -54,10 +55,6 @@ DEBUG_ENVIRONMENT = "VASWANI_DEBUG"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The values of transformers' own `--debug` training flag: `--debug underflow_overflow` stays the Trainer's.
 _TRAINER_DEBUG_VALUES = ("underflow_overflow", "tpu_metrics_debug")
-
-
-class UsageError(ValueError):
-    """The command line is wrong: a flag, its value or a combination of flags. The message names the flag."""
 
 
 @dataclasses.dataclass
@@ -78,24 +75,6 @@ def current_prog() -> str:
 def verbose() -> bool:
     """Whether the running tool was given `--verbose`."""
     return _current.verbose
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------------------------------
-_EXPECTED_ERRORS = (ValueError, OSError, ImportError)
-
-
-def describe_error(error: BaseException) -> str:
-    """An exception as one line: its message (with its type when that says something the message does not)."""
-    message = " ".join(str(error).split()) or type(error).__name__
-    if isinstance(error, _EXPECTED_ERRORS) and not isinstance(error, (FileNotFoundError, ImportError)):
-        return message
-    if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in message:
-        return f"{message}: {error.filename}"
-    if isinstance(error, _EXPECTED_ERRORS):
-        return message
-    return f"{type(error).__name__}: {message} (run with --debug for the traceback)"
 
 
 def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[str] = ()) -> bool:
@@ -456,17 +435,6 @@ def setup_logging(main_process: bool = True) -> None:
         transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
         datasets.utils.logging.set_verbosity_warning()
         datasets.disable_progress_bars()
-
-
-@contextlib.contextmanager
-def flag_errors(flag: str):
-    """Re-raise a `ValueError` of the block as a `UsageError` that names `flag`."""
-    try:
-        yield
-    except UsageError:
-        raise
-    except ValueError as error:
-        raise UsageError(f"--{flag.lstrip('-')}: {describe_error(error)}") from error
 
 
 __all__ = [

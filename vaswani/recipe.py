@@ -28,7 +28,6 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, set_seed
 
-from .cli import UsageError
 from .configuration_vaswani import (
     ACTIVATIONS,
     POSITION_EMBEDDING_TYPES,
@@ -38,6 +37,7 @@ from .configuration_vaswani import (
     VaswaniConfig,
 )
 from .data import iter_text, load_parallel_dataset, load_parallel_file, parallel_file_paths, tokenize_dataset
+from .errors import UsageError
 from .fileio import atomic_folder, replace_files, temporary_sibling, write_json
 from .generation_vaswani import (
     LENGTH_PENALTY_FORMS,
