@@ -314,6 +314,8 @@ def _shifted_paper_learning_rate(step, d_model, warmup_steps, cooldown_fraction,
 class PaperTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe; every Trainer flag still works."""
 
+    _argument_group_name = "the paper's training recipe (§5; Seq2SeqTrainingArguments with the paper's defaults)"
+
     output_dir: str | None = field(
         default="runs/vaswani",
         metadata={"help": "The run's folder: checkpoints, the final and averaged models, scores, pictures."},
