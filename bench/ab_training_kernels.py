@@ -10,7 +10,7 @@ The two kernels of `kernels_vaswani.py` that a CPU training step spends its time
 
 Four jobs switch them on in every combination. A fifth, under autocast only (as the trainer does), adds the output
 projection fused into the loss (`kernels_vaswani.linear_label_smoothed_cross_entropy`, through
-`training.fused_output_loss`), which never holds the logits: what the recipe trains with. By default the shape of
+`losses.fused_output_loss`), which never holds the logits: what the recipe trains with. By default the shape of
 the en->de run of RESULTS.md (the `tiny` preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an
 8000-token vocabulary) on a batch of 480 pairs of 17 + 17 tokens (8160 tokens a side, one of its 8192-token
 batches), bf16 autocast as it trains. A step is the forward pass, the label-smoothed loss (mean over target tokens),
@@ -87,13 +87,13 @@ def main(argv=None) -> dict:
     kernels = {"dropout": kernels_vaswani.dropout, "loss": kernels_vaswani.label_smoothed_cross_entropy}
 
     def step(dropout, loss, fused_output: bool = False) -> None:
-        # What every dropout site of the model calls, and what `training.label_smoothed_loss` calls.
+        # What every dropout site of the model calls, and what `losses.label_smoothed_loss` calls.
         modeling_vaswani.dropout = modeling_vaswani._dropout = dropout
         kernels_vaswani.label_smoothed_cross_entropy = loss
         try:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
-                # What `training.label_smoothed_loss` computes (or, fused, `training.fused_output_loss`).
+                # What `losses.label_smoothed_loss` computes (or, fused, `losses.fused_output_loss`).
                 loss_value = common.training_loss("vaswani", model, batch, 0.1, fused_output=fused_output)
             loss_value.backward()
             optimizer.step()

@@ -50,7 +50,7 @@ PUBLISHED_FILES = {
     "tokenizer_config.json",
 }
 SOURCES = ["ein mann fährt rad .", "zwei hunde spielen im schnee .", "eine frau"]
-# As vaswani.recipe writes test_results.json.
+# As vaswani.finish writes test_results.json.
 RESULTS = {
     "bleu": 31.4159,
     "bleu_signature": "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",

@@ -27,7 +27,9 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
-from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR
+from .fileio import atomic_folder
+from .saving import add_translation_pipeline
+from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -221,10 +223,6 @@ def average_checkpoints(
     (`fileio.atomic_folder`): a kill leaves the earlier folder or the new one, never new files mixed with old ones.
     Returns `output_dir` as a `Path`.
     """
-    from .fileio import atomic_folder
-    from .saving import add_translation_pipeline
-    from .tokenization import load_tokenizers, save_tokenizers
-
     paths = [Path(path) for path in checkpoints]
     output_dir = Path(output_dir)
     if output_dir.resolve() in {path.resolve() for path in paths}:

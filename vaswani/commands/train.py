@@ -4,17 +4,17 @@ work."""
 
 from __future__ import annotations
 
-from ..cli import command, parse_args, setup_logging
-from ..recipe import (
+from ..arguments import (
     DataArguments,
     FinishArguments,
     ModelArguments,
     ModelConfigArguments,
+    PaperTrainingArguments,
     config_overrides,
-    finish,
-    train_main,
 )
-from ..training import PaperTrainingArguments
+from ..cli import command, parse_args, setup_logging
+from ..finish import finish
+from ..run import train_main
 
 DESCRIPTION = """\
 Train the Transformer of "Attention Is All You Need" with the paper's recipe (§5: joint BPE, token-budget batches,

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from ..arguments import DataArguments
 from ..cli import command, parse_args, setup_logging
 from ..data import iter_text
 from ..errors import UsageError
-from ..recipe import DataArguments, load_split
+from ..run import load_split
 from ..tokenization import save_tokenizers, train_bpe_tokenizer, train_separate_tokenizers
 
 logger = logging.getLogger(__name__)
