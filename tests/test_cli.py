@@ -29,6 +29,8 @@ OUR_COMMANDS = {
     "vaswani-evaluate": "vaswani.commands.evaluate:main",
     "vaswani-plot": "vaswani.commands.plot:main",
     "vaswani-push-to-hub": "vaswani.commands.push_to_hub:main",
+    "vaswani-export": "vaswani.commands.export:main",
+    "vaswani-convert": "vaswani.commands.convert:main",
 }
 
 
@@ -207,10 +209,6 @@ def test_train_help_lists_every_flag_by_group(capsys):
 def test_pyproject_installs_a_console_command_per_tool():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert {name: scripts[name] for name in OUR_COMMANDS} == OUR_COMMANDS
-    assert (
-        scripts["vaswani-export"] == "vaswani.export:main"
-        and scripts["vaswani-convert"] == "vaswani.convert:main"
-    )
     for name, target in OUR_COMMANDS.items():
         module, function = target.split(":")
         assert callable(getattr(__import__(module, fromlist=[function]), function)), name
@@ -314,6 +312,16 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
     assert published.returncode == 0, published.stderr[-3000:]
     card = (tmp_path / "hub" / "README.md").read_text()
     assert 'pipeline("translation"' in card and "someone/tiny" in card
+
+
+def test_every_tool_lives_in_commands_and_each_script_calls_it():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert all(target.startswith("vaswani.commands.") for target in scripts.values()), scripts
+    modules = {target.split(":")[0].rsplit(".", 1)[1] for target in scripts.values()}
+    assert {path.stem for path in (ROOT / "scripts").glob("*.py")} == modules
+    for module in modules:
+        text = (ROOT / "scripts" / f"{module}.py").read_text()
+        assert f"from vaswani.commands.{module} import main\n" in text, module
 
 
 def test_an_unknown_flag_is_reported_before_the_values_are_checked():
