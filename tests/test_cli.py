@@ -298,7 +298,7 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
     tokenizer.save_pretrained(model_dir)
     env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     where = subprocess.run(
-        [sys.executable, "-c", "import vaswani.hub as h; print(h.__file__); print(h.DEFAULT_TEMPLATE)"],
+        [sys.executable, "-c", "import vaswani.model_card as m; print(m.__file__); print(m.DEFAULT_TEMPLATE)"],
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     module_file, template = where.stdout.split()

@@ -21,17 +21,10 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.errors import PublishError
 from vaswani.generation_vaswani import EXTRA_OUTPUT_TOKENS, paper_decoding
-from vaswani.hub import (
-    AUTO_CLASSES,
-    EvalResults,
-    PublishError,
-    TrainingSummary,
-    check_folder,
-    publish,
-    render_card,
-    validate_card,
-)
+from vaswani.hub import AUTO_CLASSES, check_folder, publish
+from vaswani.model_card import EvalResults, TrainingSummary, render_card, validate_card
 from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
 
 ROOT = Path(__file__).resolve().parent.parent

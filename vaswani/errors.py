@@ -27,6 +27,10 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {message} (run with --debug for the traceback)"
 
 
+class PublishError(ValueError):
+    """The inputs cannot make a valid published model (`vaswani.hub`); raised before anything is uploaded."""
+
+
 @contextlib.contextmanager
 def flag_errors(flag: str):
     """Re-raise a `ValueError` of the block as a `UsageError` that names `flag`."""
@@ -38,4 +42,4 @@ def flag_errors(flag: str):
         raise UsageError(f"--{flag.lstrip('-')}: {describe_error(error)}") from error
 
 
-__all__ = ["UsageError", "describe_error", "flag_errors"]
+__all__ = ["PublishError", "UsageError", "describe_error", "flag_errors"]

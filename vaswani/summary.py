@@ -1,5 +1,5 @@
 """The training summary (`training_summary.json`): what was trained, on what, for how long and how; the model card
-reports it (`vaswani.hub.TrainingSummary`)."""
+reports it (`vaswani.model_card.TrainingSummary`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def training_summary(
         * max(training_args.world_size, 1)
     )
     return {
-        # the keys of vaswani.hub.TrainingSummary, reported on the model card
+        # the keys of vaswani.model_card.TrainingSummary, reported on the model card
         "source_lang": data_args.source_lang,
         "target_lang": data_args.target_lang,
         "dataset": data_args.source,

@@ -203,7 +203,7 @@ def reported_scores(
     lowercase: bool = False,
 ) -> dict:
     """BLEU and chrF on the raw text and BLEU on lowercased Moses-tokenized `lang` text, with their signatures,
-    under the keys a run's `test_results.json` uses and `vaswani.hub.EvalResults` reads. `lowercase` makes the
+    under the keys a run's `test_results.json` uses and `vaswani.model_card.EvalResults` reads. `lowercase` makes the
     raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only.
 
     For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
