@@ -10,7 +10,7 @@ The two kernels of `vaswani.kernels` that a CPU training step spends its time in
 
 Four jobs switch them on in every combination. A fifth, under autocast only (as the trainer does), adds the output
 projection fused into the loss (`kernels.linear_label_smoothed_cross_entropy`, through
-`training.fused_output_loss`), which never holds the logits: what the recipe trains with. By default the shape of
+`losses.fused_output_loss`), which never holds the logits: what the recipe trains with. By default the shape of
 the en->de run of RESULTS.md (the `tiny` preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an
 8000-token vocabulary) on a batch of 480 pairs of 17 + 17 tokens (8160 tokens a side, one of its 8192-token
 batches), bf16 autocast as it trains. A step is the forward pass, the label-smoothed loss (mean over target tokens),
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import common
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels, losses
 
 REFERENCE = "F.dropout + F.cross_entropy"
 FUSED = "both kernels, fused projection"
@@ -91,19 +91,19 @@ def main(argv=None) -> dict:
     fast = {"dropout": kernels.Dropout, "loss": kernels.label_smoothed_cross_entropy}
 
     def step(dropout, loss, fused_output: bool = False) -> None:
-        # The model's dropout modules, and what `training.label_smoothed_loss` calls.
+        # The model's dropout modules, and what `losses.label_smoothed_loss` calls.
         use_dropout(model, dropout)
-        kernels.label_smoothed_cross_entropy = loss
+        losses.label_smoothed_cross_entropy = loss
         try:
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
-                # What `training.label_smoothed_loss` computes (or, fused, `training.fused_output_loss`).
+                # What `losses.label_smoothed_loss` computes (or, fused, `losses.fused_output_loss`).
                 loss_value = common.training_loss("vaswani", model, batch, 0.1, fused_output=fused_output)
             loss_value.backward()
             optimizer.step()
         finally:
             use_dropout(model, fast["dropout"])
-            kernels.label_smoothed_cross_entropy = fast["loss"]
+            losses.label_smoothed_cross_entropy = fast["loss"]
 
     jobs = {
         REFERENCE: lambda: step(nn.Dropout, torch_loss),

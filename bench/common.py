@@ -37,7 +37,7 @@ from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, shift_tokens_right
 from vaswani.kernels import FAST_ATTENTION, use_cpu_kernels
-from vaswani.training import fused_output_loss, label_smoothed_loss
+from vaswani.losses import fused_output_loss, label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
 PAD, BOS, EOS = 0, 1, 2
@@ -172,8 +172,8 @@ def training_loss(
 ) -> torch.Tensor:
     """Forward pass and loss of one implementation, in the way a user of that implementation trains it. Ours is the
     recipe's loss as `VaswaniTrainer` computes it: under CPU autocast the output projection and the loss in one kernel
-    (`training.fused_output_loss`, unless `fused_output` is False), else the model's logits into
-    `training.label_smoothed_loss`."""
+    (`losses.fused_output_loss`, unless `fused_output` is False), else the model's logits into
+    `losses.label_smoothed_loss`."""
     decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
     if name == "vaswani":
         inputs = {

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from vaswani.cli import UsageError, build_parser, command, parse_args, read_arguments_file
+from vaswani.cli import build_parser, command, parse_args, read_arguments_file
 from vaswani.commands import push_to_hub, train, translate
+from vaswani.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -28,6 +29,8 @@ OUR_COMMANDS = {
     "vaswani-evaluate": "vaswani.commands.evaluate:main",
     "vaswani-plot": "vaswani.commands.plot:main",
     "vaswani-push-to-hub": "vaswani.commands.push_to_hub:main",
+    "vaswani-export": "vaswani.commands.export:main",
+    "vaswani-convert": "vaswani.commands.convert:main",
 }
 
 
@@ -53,8 +56,11 @@ def test_arguments_files_json_and_yaml_with_command_line_overrides(tmp_path):
     )
     (args,) = parse_args(Example, [str(yaml_file), "--num_beams", "8"], description="")  # later flags win
     assert (args.source_lang, args.num_beams) == ("en", 8)
+    # the command line overrides the file wherever --args_file stands
     (args,) = parse_args(Example, ["--num_beams=3", "--args_file", str(json_file)], description="")
-    assert (args.source_lang, args.num_beams) == ("fr", 5)  # the file comes after --num_beams=3 here
+    assert (args.source_lang, args.num_beams) == ("fr", 3)
+    (args,) = parse_args(Example, ["--args_file", str(json_file)], description="")
+    assert (args.source_lang, args.num_beams) == ("fr", 5)
     bad = tmp_path / "bad.yaml"
     bad.write_text("num_beams: [1, [2]]\n")
     with pytest.raises(UsageError, match="bad.yaml: num_beams holds a nested list"):
@@ -66,6 +72,42 @@ def test_arguments_files_json_and_yaml_with_command_line_overrides(tmp_path):
         parse_args(Example, ["--args_file", str(tmp_path / "missing.json")], description="")
     with pytest.raises(UsageError, match="unrecognized arguments: --no_such_flag"):
         parse_args(Example, [str(json_file), "--no_such_flag", "1"], description="")
+
+
+def test_an_arguments_file_is_checked_and_its_values_converted_as_flags_are(tmp_path):
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("source_lang: en\nnum_beam: 2\n")
+    with pytest.raises(UsageError, match="unknown.yaml: num_beam is not a flag of"):
+        parse_args(Example, [str(unknown)], description="")
+    values = tmp_path / "values.yaml"
+    values.write_text("num_beams: '7'\nlowercase: 'yes'\nreferences: a.txt\n")  # strings, converted by type
+    (args,) = parse_args(Example, [str(values)], description="")
+    assert (args.num_beams, args.lowercase, args.references) == (7, True, ["a.txt"])
+    values.write_text("num_beams: two\n")
+    with pytest.raises(UsageError, match="argument --num_beams: invalid int value: 'two'"):
+        parse_args(Example, [str(values)], description="")
+    values.write_text("preset: huge\n")
+    with pytest.raises(UsageError, match="argument --preset: invalid choice: 'huge'"):
+        parse_args(train.ModelArguments, [str(values)], description="")
+
+
+def test_a_yaml_learning_rate_arrives_as_a_float_and_the_command_line_wins(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rate: 1e-3\nwarmup_steps: 10\nbf16: false\naverage_last: [5, 10]\n")
+    assert isinstance(__import__("yaml").safe_load(config.read_text())["learning_rate"], str)  # YAML 1.1
+    finish_args, training_args = parse_args(
+        [train.FinishArguments, train.PaperTrainingArguments],
+        [str(config), "--output_dir", str(tmp_path / "run"), "--warmup_steps", "20"],
+        description="",
+    )
+    assert training_args.learning_rate == 1e-3 and isinstance(training_args.learning_rate, float)
+    assert training_args.warmup_steps == 20 and finish_args.average_last == [5, 10]
+    finish_args, _ = parse_args(
+        [train.FinishArguments, train.PaperTrainingArguments],
+        [str(config), "--average_last", "3", "--output_dir", str(tmp_path / "run")],
+        description="",
+    )
+    assert finish_args.average_last == [3]
 
 
 def test_the_training_arguments_file_carries_model_config_and_trainer_flags(tmp_path):
@@ -132,19 +174,18 @@ def test_one_line_errors_exit_statuses_and_debug(capsys):
         main(["--num_beams", "8", "--debug"])
 
 
-def test_train_help_is_short_grouped_and_lists_the_model_configuration(capsys):
+def test_train_help_lists_every_flag_by_group(capsys):
     with pytest.raises(SystemExit) as exit:
         train.main(["--help"])
     assert exit.value.code == 0
     text = capsys.readouterr().out
-    assert len(text.splitlines()) < 330  # transformers' full list alone is over 600 lines
     for title in (
         "Train the Transformer",
         "model configuration (VaswaniConfig fields",
         "the paper's training recipe (§5",
         "data:",
         "after training (§6.1)",
-        "more than one process or machine",
+        "common to every vaswani tool",
         "examples:",
     ):
         assert title in text, title
@@ -154,21 +195,20 @@ def test_train_help_is_short_grouped_and_lists_the_model_configuration(capsys):
         "--warmup_steps",
         "--label_smoothing_factor",
         "--dataset_name",
+        "--average_last",
+        "--args_file",
+        "--torch_compile_mode",  # one of the Trainer's own flags
+        "--fsdp",
     ):
         assert flag in text, flag
-    assert "--torch_compile_mode" not in text and "--d-model" not in text
-    with pytest.raises(SystemExit):
-        train.main(["--help_all"])
-    assert "--torch_compile_mode" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit:
+        train.main(["--help_all"])  # still accepted: the same help
+    assert exit.value.code == 0 and capsys.readouterr().out == text
 
 
 def test_pyproject_installs_a_console_command_per_tool():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert {name: scripts[name] for name in OUR_COMMANDS} == OUR_COMMANDS
-    assert (
-        scripts["vaswani-export"] == "vaswani.export:main"
-        and scripts["vaswani-convert"] == "vaswani.convert:main"
-    )
     for name, target in OUR_COMMANDS.items():
         module, function = target.split(":")
         assert callable(getattr(__import__(module, fromlist=[function]), function)), name
@@ -258,7 +298,7 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
     tokenizer.save_pretrained(model_dir)
     env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     where = subprocess.run(
-        [sys.executable, "-c", "import vaswani.hub as h; print(h.__file__); print(h.DEFAULT_TEMPLATE)"],
+        [sys.executable, "-c", "import vaswani.model_card as m; print(m.__file__); print(m.DEFAULT_TEMPLATE)"],
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     module_file, template = where.stdout.split()
@@ -272,3 +312,26 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
     assert published.returncode == 0, published.stderr[-3000:]
     card = (tmp_path / "hub" / "README.md").read_text()
     assert 'pipeline("translation"' in card and "someone/tiny" in card
+
+
+def test_every_tool_lives_in_commands_and_each_script_calls_it():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert all(target.startswith("vaswani.commands.") for target in scripts.values()), scripts
+    modules = {target.split(":")[0].rsplit(".", 1)[1] for target in scripts.values()}
+    assert {path.stem for path in (ROOT / "scripts").glob("*.py")} == modules
+    for module in modules:
+        text = (ROOT / "scripts" / f"{module}.py").read_text()
+        assert f"from vaswani.commands.{module} import main\n" in text, module
+
+
+def test_an_unknown_flag_is_reported_before_the_values_are_checked():
+    with pytest.raises(UsageError, match="unrecognized arguments: --no_such_flag"):
+        parse_args(
+            translate.TranslationArguments,
+            ["--model_name_or_path", "m", "--num_beams", "0", "--no_such_flag"],
+            description="",
+        )
+    with pytest.raises(UsageError, match="--num_beams"):
+        parse_args(
+            translate.TranslationArguments, ["--model_name_or_path", "m", "--num_beams", "0"], description=""
+        )

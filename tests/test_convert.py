@@ -27,12 +27,12 @@ from transformers import (
 )
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.commands.convert import main
 from vaswani.convert import (
     check_parity,
     check_source_config,
     convert,
     convert_model,
-    main,
     vaswani_config,
 )
 

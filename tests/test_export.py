@@ -17,7 +17,8 @@ from conftest import SHAPES
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
 from vaswani import engines
-from vaswani.export import CTRANSLATE2_QUANTIZATIONS, export, main, read_metadata
+from vaswani.commands.export import main
+from vaswani.export import CTRANSLATE2_QUANTIZATIONS, export, read_metadata
 from vaswani.tokenization import save_tokenizers
 from vaswani.translation import translate, translate_n_best
 

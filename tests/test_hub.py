@@ -21,17 +21,10 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.errors import PublishError
 from vaswani.generation_vaswani import EXTRA_OUTPUT_TOKENS, paper_decoding
-from vaswani.hub import (
-    AUTO_CLASSES,
-    EvalResults,
-    PublishError,
-    TrainingSummary,
-    check_folder,
-    publish,
-    render_card,
-    validate_card,
-)
+from vaswani.hub import AUTO_CLASSES, check_folder, publish
+from vaswani.model_card import EvalResults, TrainingSummary, render_card, validate_card
 from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +50,7 @@ def files_in(folder: Path) -> set[str]:
 
 
 SOURCES = ["ein mann fährt rad .", "zwei hunde spielen im schnee .", "eine frau"]
-# As vaswani.recipe writes test_results.json.
+# As vaswani.finish writes test_results.json.
 RESULTS = {
     "bleu": 31.4159,
     "bleu_signature": "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",

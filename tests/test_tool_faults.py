@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
+from vaswani.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
 from vaswani.commands import average_checkpoints as average_command
 from vaswani.commands import evaluate as evaluate_command
 from vaswani.commands import push_to_hub as push_command
 from vaswani.commands import train as train_command
 from vaswani.commands import translate as translate_command
-from vaswani.training import checkpoints, resolve_resume_checkpoint, verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -152,7 +152,7 @@ def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_p
     def killed(folder):
         raise KeyboardInterrupt  # as a kill would stop the process here, after the weights were written
 
-    monkeypatch.setattr("vaswani.saving.add_translation_pipeline", killed)
+    monkeypatch.setattr("vaswani.averaging._copy_companion_files", lambda newest, folder: killed(folder))
     with pytest.raises(SystemExit):
         average_command.main(["--checkpoints", str(finished_run / "checkpoint-4"), "--output_dir", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
@@ -336,7 +336,7 @@ def test_model_config_and_language_errors_come_before_any_data_is_read(corpus, t
     def no_data(*args, **kwargs):
         raise AssertionError("data was read before the flags were checked")
 
-    monkeypatch.setattr("vaswani.recipe.load_split", no_data)
+    monkeypatch.setattr("vaswani.run.load_split", no_data)
     cases = [
         (["--d_model", "15"], "d_model"),  # not divisible by the 2 heads
         (["--encoder_attention_heads", "7"], "d_model"),
@@ -531,7 +531,7 @@ def test_interactive_translation_answers_each_line_before_the_next(model_dir):
 def test_the_progress_bar_ends_where_the_run_ends():
     from transformers import TrainerControl, TrainerState
 
-    from vaswani.training import RunProgress
+    from vaswani.callbacks import RunProgress
 
     state, control = TrainerState(), TrainerControl()
     state.max_steps, state.global_step = 100000, 0
@@ -560,7 +560,7 @@ def test_default_logs_are_quiet(corpus, tmp_path, capfd):
 
 
 def test_launch_mistakes_are_refused(monkeypatch, tmp_path):
-    from vaswani.training import PaperTrainingArguments
+    from vaswani.arguments import PaperTrainingArguments
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # `accelerate launch --cpu --num_processes 2` sets these

@@ -14,17 +14,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vaswani.training import (
-    PaperTrainingArguments,
-    TimeBudget,
-    TokenBudgetBatchSampler,
-    checkpoints,
-    cooldown_factor,
-    paper_learning_rate,
-    paper_schedule,
-    resolve_resume_checkpoint,
-    verify_checkpoint,
+from vaswani import VaswaniConfig
+from vaswani.arguments import PaperTrainingArguments
+from vaswani.batching import TokenBudgetBatchSampler
+from vaswani.callbacks import TimeBudget
+from vaswani.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
+from vaswani.configuration_vaswani import (
+    ACTIVATIONS,
+    POSITION_EMBEDDING_TYPES,
+    SINUSOID_FREQUENCIES,
+    SINUSOID_LAYOUTS,
 )
+from vaswani.schedule import cooldown_factor, paper_learning_rate, paper_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
@@ -145,7 +146,8 @@ def test_training_arguments_default_to_the_paper(tmp_path):
 def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_one(tmp_path):
     from datasets import Dataset
 
-    from vaswani.recipe import DataArguments, prepare_tokenizers
+    from vaswani.arguments import DataArguments
+    from vaswani.run import prepare_tokenizers
     from vaswani.tokenization import lowercases
 
     pairs = {"de": ["Ein Mann läuft.", "Zwei Hunde spielen.", "Die Frau liest."] * 20}
@@ -167,8 +169,8 @@ def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_
 def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
     from transformers import EvalPrediction
 
+    from vaswani.metrics import bleu_metric_fn
     from vaswani.tokenization import train_bpe_tokenizer
-    from vaswani.training import bleu_metric_fn
 
     sentences = ["Ein Mann läuft über die Straße.", "Zwei Hunde spielen im Schnee."] * 10
     references = sentences[:2]
@@ -183,8 +185,9 @@ def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
 
 
 def test_config_fields_on_the_command_line():
-    from vaswani.cli import UsageError, parse_args
-    from vaswani.recipe import ModelConfigArguments, config_overrides
+    from vaswani.arguments import ModelConfigArguments, config_overrides
+    from vaswani.cli import parse_args
+    from vaswani.errors import UsageError
 
     def overrides(argv):
         (config_args,) = parse_args(ModelConfigArguments, argv, description="")
@@ -201,6 +204,51 @@ def test_config_fields_on_the_command_line():
         overrides(["--no_such_flag", "1"])
     with pytest.raises(UsageError, match="--activation_function.*invalid choice"):
         overrides(["--activation_function", "bogus"])
+    # config_overrides: only what was given, and it builds the configuration over the preset
+    given = config_overrides(ModelConfigArguments(d_model=64, normalize_before=False, init_std=None))
+    assert given == {"d_model": 64, "normalize_before": False}
+    config = VaswaniConfig.from_preset("small", vocab_size=100, **given)
+    assert (config.d_model, config.normalize_before, config.encoder_layers) == (64, False, 3)
+    assert config_overrides(ModelConfigArguments()) == {}
+
+
+def test_every_config_parameter_is_a_flag_or_named_as_not_one():
+    """`ModelConfigArguments` is written out by hand: a new `VaswaniConfig.__init__` parameter must become a field of
+    it (with the parameter's type, optional, default None, and a help text) or join `CONFIG_FIELDS_NOT_FLAGS`."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from vaswani.arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
+
+    parameters = {
+        name: p
+        for name, p in inspect.signature(VaswaniConfig.__init__).parameters.items()
+        if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    fields = {f.name: f for f in dataclasses.fields(ModelConfigArguments)}
+    missing = sorted(set(parameters) - set(fields) - CONFIG_FIELDS_NOT_FLAGS)
+    assert not missing, (
+        f"VaswaniConfig parameters that are neither flags nor in CONFIG_FIELDS_NOT_FLAGS: {missing}"
+    )
+    assert not set(fields) & CONFIG_FIELDS_NOT_FLAGS
+    assert not set(fields) - set(parameters), "flags that are no VaswaniConfig parameter"
+    hints = typing.get_type_hints(ModelConfigArguments)
+    for name, item in fields.items():
+        kind = typing.get_type_hints(VaswaniConfig.__init__)[name]
+        base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+        assert hints[name] == base | None and item.default is None, name
+        assert item.metadata["help"].strip() and "\n" not in item.metadata["help"], name
+        if base is bool:
+            assert (item.metadata.get("nargs"), item.metadata.get("const")) == ("?", True), name
+    choices = {
+        "activation_function": ACTIVATIONS,
+        "position_embedding_type": POSITION_EMBEDDING_TYPES,
+        "sinusoid_layout": SINUSOID_LAYOUTS,
+        "sinusoid_frequencies": SINUSOID_FREQUENCIES,
+    }
+    for name, values in choices.items():
+        assert fields[name].metadata["choices"] == list(values), name
 
 
 # ---- end to end --------------------------------------------------------------------------------------------------
@@ -333,7 +381,7 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
     computes the output projection and the label-smoothed loss in one kernel under that autocast (the default), or,
     with `--fused_output_loss False`, hands the loss the logits in bf16 (not Accelerate's float32 copy of them).
     Generation in evaluation runs under the same autocast, and the run trains and saves as in float32."""
-    from vaswani import kernels
+    from vaswani import kernels, losses
     from vaswani.commands import train as train_command
 
     seen = {"fused": [], "logits": []}
@@ -350,8 +398,9 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
         )
         return loss_of_logits(logits, labels, epsilon, chunk_elements)
 
-    monkeypatch.setattr(kernels, "linear_label_smoothed_cross_entropy", fused_spy)
-    monkeypatch.setattr(kernels, "label_smoothed_cross_entropy", logits_spy)
+    # where the recipe's losses (`vaswani.losses`) call the kernels
+    monkeypatch.setattr(losses, "linear_label_smoothed_cross_entropy", fused_spy)
+    monkeypatch.setattr(losses, "label_smoothed_cross_entropy", logits_spy)
     generating = []
     from vaswani.modeling_vaswani import VaswaniForConditionalGeneration
 
@@ -389,8 +438,10 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     """--average_last with several numbers: each average of the last N checkpoints translates the validation split
     with the test's beam search, the highest BLEU is kept (the fewest checkpoints among equals), and every
     candidate's scores are written down."""
-    from vaswani import recipe
+    from vaswani import finish
+    from vaswani.arguments import DataArguments, FinishArguments
     from vaswani.averaging import average_state_dicts
+    from vaswani.tokenization import load_tokenizers
 
     out = tmp_path / "run"
     args = _with_tokenizer(tokenizer_dir)(
@@ -437,21 +488,21 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     assert not list(out.glob(".average-*"))  # the candidates' folders are gone
 
     # The choice itself: a candidate that translates the validation split perfectly wins.
-    data_args = recipe.DataArguments(
+    data_args = DataArguments(
         dataset_name=str(corpus), validation_split="val", source_lang="de", target_lang="en"
     )
-    finish_args = recipe.FinishArguments(average_last=[1, 2, 3])
+    finish_args = FinishArguments(average_last=[1, 2, 3])
     references = (corpus / "val.en").read_text().splitlines()
-    target_tok = recipe.load_tokenizers(out)[1]
+    target_tok = load_tokenizers(out)[1]
 
     def translate(model_dir, sources, finish_args, length_penalty):
         assert len(sources) == len(references)
         perfect = Path(model_dir).name == "last-2"
         return (references if perfect else ["ein"] * len(sources)), target_tok
 
-    monkeypatch.setattr(recipe, "_translate_with", translate)
+    monkeypatch.setattr(finish, "_translate_with", translate)
     own = checkpoints(out)
-    assert recipe.choose_average_on_validation(own, out, data_args, finish_args) == own[-2:]
+    assert finish.choose_average_on_validation(own, out, data_args, finish_args) == own[-2:]
     assert json.loads((out / "average_on_validation.json").read_text())["chosen"] == [
         "checkpoint-8",
         "checkpoint-12",
@@ -464,12 +515,12 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
 
         return translate
 
-    finish_args = recipe.FinishArguments(length_penalty=[0.6, 1.0, 1.5])
-    monkeypatch.setattr(recipe, "_translate_with", translate_by_alpha(1.0))
-    assert recipe.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 1.0
-    monkeypatch.setattr(recipe, "_translate_with", translate_by_alpha(None))
-    assert recipe.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 0.6
-    recipe.save_length_penalty(out / "averaged", 1.5)
+    finish_args = FinishArguments(length_penalty=[0.6, 1.0, 1.5])
+    monkeypatch.setattr(finish, "_translate_with", translate_by_alpha(1.0))
+    assert finish.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 1.0
+    monkeypatch.setattr(finish, "_translate_with", translate_by_alpha(None))
+    assert finish.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 0.6
+    finish.save_length_penalty(out / "averaged", 1.5)
     from transformers import GenerationConfig
 
     saved = GenerationConfig.from_pretrained(out / "averaged")
@@ -477,8 +528,9 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
 
 
 def test_average_choices_are_checked(tmp_path):
-    from vaswani.cli import UsageError
-    from vaswani.recipe import DataArguments, FinishArguments, _check_data_sources
+    from vaswani.arguments import DataArguments, FinishArguments
+    from vaswani.checks import _check_data_sources
+    from vaswani.errors import UsageError
 
     assert FinishArguments(average_last=5).average_last == [5]
     assert not FinishArguments(average_last=[5, 5]).chooses_average
@@ -627,8 +679,6 @@ def test_two_process_ddp_on_gloo_matches_one_process(corpus, tokenizer_dir, tmp_
 
 def test_time_budget_stops_training_with_a_checkpoint():
     from transformers import TrainerControl, TrainerState
-
-    from vaswani.training import TimeBudget
 
     budget = TimeBudget(minutes=0.0)
     state, control = TrainerState(), TrainerControl()

@@ -10,8 +10,8 @@ import torch
 from conftest import tiny_model
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
-from vaswani.hub import EvalResults
 from vaswani.metrics import reported_scores
+from vaswani.model_card import EvalResults
 from vaswani.tokenization import save_tokenizers
 from vaswani.translation import (
     length_penalty_form_of,

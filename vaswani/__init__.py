@@ -21,11 +21,8 @@ __version__ = "0.1.0"
 AutoConfig.register("vaswani", VaswaniConfig, exist_ok=True)
 AutoModel.register(VaswaniConfig, VaswaniModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(VaswaniConfig, VaswaniForConditionalGeneration, exist_ok=True)
-
-# Saved folders carry the two code files and an `auto_map` naming these classes.
-VaswaniConfig.register_for_auto_class()
-VaswaniModel.register_for_auto_class("AutoModel")
-VaswaniForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+# Saved folders carry the model's code and an `auto_map` naming these classes: `save_pretrained` writes them
+# (`utils_vaswani.CODE_FILES`), so a folder loads where this package is not installed.
 
 __all__ = [
     "PRESETS",

@@ -27,7 +27,8 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
-from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR
+from .fileio import atomic_folder
+from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -221,14 +222,10 @@ def average_checkpoints(
     The folder loads with `AutoModelForSeq2SeqLM.from_pretrained` / `VaswaniForConditionalGeneration.from_pretrained`
     and carries the newest checkpoint's config, tokenizer files (joint, or `source/` and `target/`; those of
     `tokenizer_dir` when given) and `generation_config.json`, and the translation pipeline
-    (`saving.add_translation_pipeline`). The folder is built beside `output_dir` and swapped in whole
+    (which the model's `save_pretrained` writes). The folder is built beside `output_dir` and swapped in whole
     (`fileio.atomic_folder`): a kill leaves the earlier folder or the new one, never new files mixed with old ones.
     Returns `output_dir` as a `Path`.
     """
-    from .fileio import atomic_folder
-    from .saving import add_translation_pipeline
-    from .tokenization import load_tokenizers, save_tokenizers
-
     paths = [Path(path) for path in checkpoints]
     output_dir = Path(output_dir)
     if output_dir.resolve() in {path.resolve() for path in paths}:
@@ -242,7 +239,6 @@ def average_checkpoints(
         copied = _copy_companion_files(newest, building)
         if tokenizer_dir is not None:
             save_tokenizers(*load_tokenizers(tokenizer_dir), building)
-        add_translation_pipeline(building)
     logger.info("Wrote the averaged model to %s (copied from %s: %s)", output_dir, newest, ", ".join(copied))
     return output_dir
 

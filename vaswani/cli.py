@@ -1,6 +1,7 @@
 """What every command-line tool of the package shares: how it parses flags, reports errors and logs.
 
-A tool is a function `main(argv)` decorated with `command`, whose flags are dataclasses parsed by `parse_args`:
+A tool is a function `main(argv)` in `vaswani.commands`, decorated with `command`, whose flags are dataclasses parsed
+by `parse_args` (transformers' `HfArgumentParser`), followed by library calls:
 
     from vaswani.cli import command, parse_args, setup_logging
 
@@ -8,20 +9,21 @@ A tool is a function `main(argv)` decorated with `command`, whose flags are data
     def main(argv):
         (args,) = parse_args(ExportArguments, argv, description="Export a model folder to CTranslate2 or ONNX.")
         setup_logging()
-        ...
+        return export(args.model_name_or_path, ...)
 
-    # pyproject.toml: [project.scripts] vaswani-export = "vaswani.export:main"; main(argv=None) reads sys.argv.
+    # pyproject.toml: [project.scripts] vaswani-export = "vaswani.commands.export:main"; main(argv=None) reads sys.argv.
 
 The conventions, the same in every tool:
 
 - Errors: library code raises (`ValueError`, `OSError`, ...) with a message that names the file, line or flag; the tool
   prints `<prog>: error: <message>` on one line of standard error and exits with status 1 (2 for a wrong command line,
-  `UsageError`), without a traceback. `--debug` (or `VASWANI_DEBUG=1`) lets the exception through with its traceback.
+  `vaswani.errors.UsageError`), without a traceback. `--debug` (or `VASWANI_DEBUG=1`) lets the exception through
+  with its traceback.
 - Flags: `--name value` and `--name=value`; the flag names of transformers' `run_translation.py` where the meaning is
   the same. A renamed flag keeps working under its old name, with a warning naming the new one.
 - Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
-  `{flag_name: value}`; flags given on the command line after it override the file.
-- `--help` is short and grouped; a tool with many flags (training) also has `--help_all`.
+  `{flag_name: value}`; flags given on the command line override it.
+- `--help` lists every flag, grouped by dataclass (`_argument_group_name`); `--help_all` is the same.
 - Logs: `setup_logging()` gives this package's INFO messages and everyone else's warnings on standard error, no
   `datasets` progress bars; `--verbose` gives transformers' and datasets' INFO logs and bars too.
 """
@@ -29,8 +31,8 @@ The conventions, the same in every tool:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
+import enum
 import functools
 import json
 import logging
@@ -38,10 +40,17 @@ import math
 import os
 import re
 import sys
+import types
+import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
+import datasets
+import transformers
+import yaml
 from transformers import HfArgumentParser
+
+from .errors import UsageError, describe_error
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +63,6 @@ DEBUG_ENVIRONMENT = "VASWANI_DEBUG"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The values of transformers' own `--debug` training flag: `--debug underflow_overflow` stays the Trainer's.
 _TRAINER_DEBUG_VALUES = ("underflow_overflow", "tpu_metrics_debug")
-
-
-class UsageError(ValueError):
-    """The command line is wrong: a flag, its value or a combination of flags. The message names the flag."""
 
 
 @dataclasses.dataclass
@@ -81,23 +86,8 @@ def verbose() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Errors
+# The tool: one-line errors, exit statuses, --debug and --verbose
 # ---------------------------------------------------------------------------------------------------------------------
-_EXPECTED_ERRORS = (ValueError, OSError, ImportError)
-
-
-def describe_error(error: BaseException) -> str:
-    """An exception as one line: its message (with its type when that says something the message does not)."""
-    message = " ".join(str(error).split()) or type(error).__name__
-    if isinstance(error, _EXPECTED_ERRORS) and not isinstance(error, (FileNotFoundError, ImportError)):
-        return message
-    if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in message:
-        return f"{message}: {error.filename}"
-    if isinstance(error, _EXPECTED_ERRORS):
-        return message
-    return f"{type(error).__name__}: {message} (run with --debug for the traceback)"
-
-
 def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[str] = ()) -> bool:
     """Remove every bare `flag` from `argv` (not one followed by one of `keep_if_followed_by`); whether any was."""
     found, i = False, 0
@@ -149,11 +139,11 @@ def command(prog: str) -> Callable:
 # ---------------------------------------------------------------------------------------------------------------------
 # Arguments files
 # ---------------------------------------------------------------------------------------------------------------------
-def read_arguments_file(path: str | os.PathLike) -> list[str]:
-    """The flags of a JSON or YAML file holding one mapping `{flag_name: value}`, as command-line tokens.
+def read_arguments_file(path: str | os.PathLike) -> dict[str, object]:
+    """The mapping `{flag_name: value}` of a JSON or YAML file, without the entries whose value is `null`.
 
-    `true`/`false` give `--flag true`/`--flag false`, a list gives `--flag a b c`, a mapping gives its JSON text
-    (for flags such as `--fsdp_config`), `null` leaves the flag out. Raises `UsageError` naming the file.
+    A value is a scalar, a list of scalars (a flag that takes several values) or a mapping (given to the flag as its
+    JSON text, for flags such as `--fsdp_config`). Raises `UsageError` naming the file.
     """
     path = Path(path)
     if not path.is_file():
@@ -170,8 +160,6 @@ def read_arguments_file(path: str | os.PathLike) -> list[str]:
         except ValueError as error:
             raise UsageError(f"Arguments file {path} is not valid JSON: {error}") from None
     else:
-        import yaml
-
         try:
             values = yaml.safe_load(text)
         except yaml.YAMLError as error:
@@ -179,61 +167,145 @@ def read_arguments_file(path: str | os.PathLike) -> list[str]:
                 f"Arguments file {path} is not valid YAML: {' '.join(str(error).split())}"
             ) from None
     if values is None:
-        return []
+        return {}
     if not isinstance(values, dict):
         raise UsageError(f"Arguments file {path} must hold a mapping of flag names to values.")
-    tokens: list[str] = []
+    mapping = {}
     for key, value in values.items():
         if not isinstance(key, str) or not key.strip("-"):
             raise UsageError(f"Arguments file {path}: {key!r} is not a flag name.")
-        flag = "--" + key.lstrip("-")
         if value is None:
             continue
-        if isinstance(value, bool):
-            tokens += [flag, "true" if value else "false"]
-        elif isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)):
             if not value:
                 raise UsageError(f"Arguments file {path}: {key} is an empty list.")
-            tokens += [flag, *(_scalar(path, key, item) for item in value)]
-        elif isinstance(value, dict):
-            tokens += [flag, json.dumps(value)]
-        else:
-            tokens += [flag, _scalar(path, key, value)]
-    return tokens
+            for item in value:
+                _check_scalar(path, key, item)
+        elif not isinstance(value, dict):
+            _check_scalar(path, key, value)
+        mapping[key.lstrip("-")] = value
+    return mapping
 
 
-def _scalar(path: Path, key: str, value) -> str:
+def _check_scalar(path: Path, key: str, value) -> None:
     if isinstance(value, (dict, list)):
         raise UsageError(f"Arguments file {path}: {key} holds a nested {type(value).__name__}.")
     if isinstance(value, float) and not math.isfinite(value):
         raise UsageError(f"Arguments file {path}: {key} is {value}.")
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def expand_arguments_file(argv: Sequence[str]) -> list[str]:
-    """`argv` with an arguments file (a first argument ending in .json/.yaml/.yml, or `--args_file FILE` anywhere)
-    replaced by its flags, in place, so that later flags override it."""
+def _as_text(value) -> str:
+    """A file's value as it would be written on the command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def split_arguments_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The arguments files of `argv` (a first argument ending in .json/.yaml/.yml, and every `--args_file FILE`),
+    and the rest of `argv`."""
     argv = list(argv)
+    files = []
     if argv and not argv[0].startswith("-") and argv[0].endswith(ARGS_FILE_SUFFIXES):
-        argv[:1] = read_arguments_file(argv[0])
-    expanded: list[str] = []
+        files.append(argv.pop(0))
+    rest: list[str] = []
     i = 0
     while i < len(argv):
         token = argv[i]
         if token == ARGS_FILE_FLAG or token.startswith(ARGS_FILE_FLAG + "="):
             if "=" in token:
-                path = token.split("=", 1)[1]
+                files.append(token.split("=", 1)[1])
                 i += 1
             elif i + 1 < len(argv):
-                path = argv[i + 1]
+                files.append(argv[i + 1])
                 i += 2
             else:
                 raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
-            expanded += read_arguments_file(path)
             continue
-        expanded.append(token)
+        rest.append(token)
         i += 1
-    return expanded
+    return files, rest
+
+
+def _flag_fields(dataclass_types: Sequence[type]) -> dict[str, tuple[dataclasses.Field, object]]:
+    """Every flag of the dataclasses: its field and its resolved annotation."""
+    found = {}
+    for dtype in dataclass_types:
+        hints = typing.get_type_hints(dtype)
+        for item in dataclasses.fields(dtype):
+            if item.init:
+                found[item.name] = (item, hints[item.name])
+    return found
+
+
+def _members(hint) -> tuple:
+    """The types of an annotation, `X | Y | None` taken apart."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _takes_a_list(hint) -> bool:
+    return any(typing.get_origin(member) is list for member in _members(hint))
+
+
+def _choices(item: dataclasses.Field, hint) -> list[str] | None:
+    """The values a flag accepts, as `HfArgumentParser` restricts them: its `choices`, or an Enum's values."""
+    if "choices" in item.metadata:
+        return [str(choice) for choice in item.metadata["choices"]]
+    for member in _members(hint):
+        if isinstance(member, type) and issubclass(member, enum.Enum):
+            return [str(choice.value) for choice in member]
+        if typing.get_origin(member) is typing.Literal:
+            return [str(choice) for choice in typing.get_args(member)]
+    return None
+
+
+def apply_arguments_files(
+    parser: HfArgumentParser, files: Sequence[str], argv: Sequence[str], renamed: Mapping[str, str]
+) -> list[str]:
+    """Give the flags of the arguments `files` (later files first) to `parser`, so that `argv`'s flags override
+    them; returns the command line to parse.
+
+    `HfArgumentParser.parse_yaml_file`/`parse_json_file` fill the dataclasses without argparse: no type conversion
+    (YAML reads `1e-3` as a string) and no command line over the file. Here the values become the parser's defaults
+    (`set_defaults`): argparse converts a string default with the flag's type, as it converts a command-line value,
+    and any flag on the command line wins. A flag the parser requires, or one that takes several values, is put in
+    front of the command line instead (argparse reads those only there), where a later flag still wins.
+    """
+    fields = _flag_fields(parser.dataclass_types)
+    defaults: dict[str, str] = {}
+    tokens: dict[str, list[str]] = {}
+    for path in files:
+        for key, value in read_arguments_file(path).items():
+            name = key.replace("-", "_")
+            if name in renamed:
+                logger.warning("%s: %s is deprecated; use %s", path, name, renamed[name])
+                name = renamed[name]
+            if name not in fields:
+                raise UsageError(
+                    f"Arguments file {path}: {key} is not a flag of {current_prog()} "
+                    f"({current_prog()} --help lists the flags)"
+                )
+            item, hint = fields[name]
+            texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
+            required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+            defaults.pop(name, None)
+            tokens.pop(name, None)
+            if required or _takes_a_list(hint):
+                tokens[name] = [f"--{name}", *texts]
+                continue
+            if len(texts) > 1:
+                parser.error(f"argument --{name}: expected one argument, got {len(texts)} ({path})")
+            choices = _choices(item, hint)
+            if choices is not None and texts[0] not in choices:
+                parser.error(
+                    f"argument --{name}: invalid choice: {texts[0]!r} (choose from "
+                    f"{', '.join(map(repr, choices))})"
+                )
+            defaults[name] = texts[0]
+    parser.set_defaults(**defaults)
+    return [token for flag in tokens.values() for token in flag] + list(argv)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -263,7 +335,8 @@ def rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
 # Parsing
 # ---------------------------------------------------------------------------------------------------------------------
 class _Parser(HfArgumentParser):
-    """`HfArgumentParser` whose errors raise `UsageError` (one line) instead of printing the whole usage and exiting."""
+    """`HfArgumentParser` whose errors raise `UsageError` (one line) instead of printing the whole usage and exiting
+    (`ArgumentParser.error` is the documented place for that)."""
 
     def error(self, message):
         message = re.sub(
@@ -273,100 +346,41 @@ class _Parser(HfArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    def _format_action_invocation(self, action):
-        # `--d_model D_MODEL`, without the `--d-model` spelling that HfArgumentParser adds to every flag
-        if not action.option_strings:
-            return super()._format_action_invocation(action)
-        names = []
-        for name in action.option_strings:
-            core = name.lstrip("-")
-            underscored = name[: len(name) - len(core)] + core.replace("-", "_")
-            if underscored == name or underscored not in action.option_strings:
-                names.append(name)
-        if action.nargs == 0:
-            return ", ".join(names)
-        metavar = self._format_args(action, self._get_default_metavar_for_optional(action))
-        return ", ".join(f"{name} {metavar}" for name in names)
-
-    def _get_help_string(self, action):
-        # "(default: None)" and "(default: False)" on every optional flag say nothing.
-        if action.default in (None, False, argparse.SUPPRESS) or action.help is argparse.SUPPRESS:
-            return action.help
-        return super()._get_help_string(action)
+    """Each flag's default after its help; the description and the epilog (examples) as written."""
 
 
 def build_parser(
-    dataclass_types: Sequence[type] | type,
-    *,
-    description: str,
-    epilog: str | None = None,
-    sections: Mapping[str, Sequence[str]] | None = None,
-    brief: Collection[type] = (),
-    full_help: bool = False,
-    helps: Mapping[str, str] | None = None,
+    dataclass_types: Sequence[type] | type, *, description: str, epilog: str | None = None
 ) -> HfArgumentParser:
-    """The parser of a tool. `sections` (title -> flag names) regroups flags under their own titles in `--help`;
-    the flags of the dataclasses in `brief` that no section names are hidden from `--help` and listed by
-    `--help_all` (`full_help`). `helps` (flag name -> text) replaces the help of flags whose own is long-winded.
-    `description` and `epilog` are printed as written."""
-    types = list(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else [dataclass_types]
+    """The parser of a tool: a flag per field of `dataclass_types`, grouped in `--help` by each dataclass's
+    `_argument_group_name`, and the flags common to every tool. `description` and `epilog` are printed as written."""
+    types_ = list(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else [dataclass_types]
     parser = _Parser(
-        types,
+        types_,
         prog=current_prog(),
         description=description,
         epilog=epilog,
         formatter_class=_HelpFormatter,
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
     )
-    common = parser.add_argument_group("common to every vaswani tool")
+    trainer_debug = "debug" in _flag_fields(
+        types_
+    )  # transformers' --debug takes a value; a bare --debug is ours
+    common = parser.add_argument_group(
+        "common to every vaswani tool",
+        "a bare --debug shows the traceback of an error (--debug with a value is transformers')"
+        if trainer_debug
+        else None,
+    )
     common.add_argument(
         ARGS_FILE_FLAG,
         metavar="FILE",
-        help="read flags from a JSON or YAML mapping {flag: value}; later flags override it",
+        help="read flags from a JSON or YAML mapping {flag: value}; flags on the command line override it",
     )
-    trainer_debug = next((a for a in parser._actions if DEBUG_FLAG in a.option_strings), None)
-    if trainer_debug is None:
+    if not trainer_debug:
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
-    else:  # transformers' own --debug takes a value; a bare --debug is ours (`command` takes it off)
-        trainer_debug.help = "bare: show the traceback of an error; with a value: transformers' debug modes"
-        _move(parser, trainer_debug, common)
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
-    if brief:
-        common.add_argument(HELP_ALL_FLAG, action="store_true", help="list every flag")
-    parser._own_dests = {a.dest for a in common._group_actions if a is not trainer_debug}
-    hidden_dests = set()
-    for dtype in brief:
-        hidden_dests |= {f.name for f in dataclasses.fields(dtype) if f.init}
-    hidden_dests.discard("debug")
-    for title, names in (sections or {}).items():
-        group = parser.add_argument_group(title)
-        for name in names:
-            # the flag, then the `--no_<flag>` complement of a boolean flag
-            for action in [a for a in parser._actions if a.dest == name]:
-                _move(parser, action, group)
-            hidden_dests.discard(name)
-    for action in parser._actions:
-        if action.dest in (helps or {}) and action.help is not argparse.SUPPRESS:
-            action.help = helps[action.dest]
-    if not full_help:
-        for action in parser._actions:
-            if action.dest in hidden_dests:
-                action.help = argparse.SUPPRESS
-    # Groups left without a visible flag are dropped from the help.
-    parser._action_groups = [
-        g
-        for g in parser._action_groups
-        if any(a.help is not argparse.SUPPRESS for a in g._group_actions)
-        or g.title in ("positional arguments",)
-    ]
     return parser
-
-
-def _move(parser: argparse.ArgumentParser, action: argparse.Action, group) -> None:
-    for old_group in parser._action_groups:
-        if action in old_group._group_actions:
-            old_group._group_actions.remove(action)
-    group._group_actions.append(action)
 
 
 def parse_args(
@@ -376,39 +390,26 @@ def parse_args(
     description: str,
     epilog: str | None = None,
     renamed: Mapping[str, str] | None = None,
-    sections: Mapping[str, Sequence[str]] | None = None,
-    brief: Collection[type] = (),
-    helps: Mapping[str, str] | None = None,
 ) -> tuple:
     """Parse `argv` (None: `sys.argv[1:]`) into instances of `dataclass_types`, in their order.
 
-    An arguments file is expanded first, then renamed flags are translated (`renamed`: old -> new name), then
-    argparse parses; an unknown flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__`
-    rejects a value raises its own `ValueError`. See `build_parser` for `sections`, `brief` and `helps`.
+    Renamed flags are translated (`renamed`: old -> new name), arguments files give their flags to the parser
+    (`apply_arguments_files`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
+    flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
+    `ValueError`. `--help_all` is `--help`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv = rename_flags(expand_arguments_file(argv), renamed or {})
-    parser = build_parser(
-        dataclass_types,
-        description=description,
-        epilog=epilog,
-        sections=sections,
-        brief=brief,
-        full_help=HELP_ALL_FLAG in argv,
-        helps=helps,
-    )
-    if HELP_ALL_FLAG in argv:
-        parser.print_help()
-        raise SystemExit(0)
-    namespace = parser.parse_args(argv)
-    for dest in parser._own_dests:
-        namespace.__dict__.pop(dest, None)
-    outputs = []
-    for dtype in parser.dataclass_types:
-        keys = {f.name for f in dataclasses.fields(dtype) if f.init}
-        inputs = {k: v for k, v in vars(namespace).items() if k in keys}
-        outputs.append(dtype(**inputs))
-    return tuple(outputs)
+    files, argv = split_arguments_files(argv)
+    argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
+    parser = build_parser(dataclass_types, description=description, epilog=epilog)
+    argv = apply_arguments_files(parser, files, argv, renamed or {})
+    # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
+    _, remaining = parser.parse_known_args(argv)
+    if remaining:
+        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+    outputs = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    # The dataclasses, without the namespace of the common flags (--args_file, --debug, --verbose).
+    return tuple(outputs[: len(parser.dataclass_types)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -434,9 +435,6 @@ def setup_logging(main_process: bool = True) -> None:
     """Quiet logs on standard error: this package's INFO messages, warnings from everyone else, no progress bars of
     transformers' loading and saving or of `datasets`; with `--verbose`, transformers' and datasets' INFO logs and bars as well. Processes other than
     the main one of a distributed run log warnings only."""
-    import datasets
-    import transformers
-
     level = logging.INFO if main_process else logging.WARNING
     root = logging.getLogger()
     if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
@@ -458,28 +456,15 @@ def setup_logging(main_process: bool = True) -> None:
         datasets.disable_progress_bars()
 
 
-@contextlib.contextmanager
-def flag_errors(flag: str):
-    """Re-raise a `ValueError` of the block as a `UsageError` that names `flag`."""
-    try:
-        yield
-    except UsageError:
-        raise
-    except ValueError as error:
-        raise UsageError(f"--{flag.lstrip('-')}: {describe_error(error)}") from error
-
-
 __all__ = [
-    "UsageError",
+    "apply_arguments_files",
     "build_parser",
     "command",
     "current_prog",
-    "describe_error",
-    "expand_arguments_file",
-    "flag_errors",
     "parse_args",
     "read_arguments_file",
     "rename_flags",
     "setup_logging",
+    "split_arguments_files",
     "verbose",
 ]

@@ -189,7 +189,7 @@ class VaswaniConfig(PreTrainedConfig):
         use_cache (`bool`, defaults to `True`): return key/value caches for fast decoding.
 
     Label smoothing (eps_ls = 0.1, §5.4) is a property of the training recipe, not of the model: the model's loss is
-    the plain cross-entropy, as in every transformers model, and `vaswani.training` smooths it
+    the plain cross-entropy, as in every transformers model, and `vaswani.losses` smooths it
     (`--label_smoothing_factor`, 0.1 by default).
 
     Example:

@@ -1,4 +1,5 @@
-"""`vaswani-convert`: import a pretrained OPUS-MT or fairseq WMT translation model as a `vaswani` model.
+"""Import a pretrained OPUS-MT or fairseq WMT translation model as a `vaswani` model (the `vaswani-convert` command
+is `vaswani.commands.convert`).
 
     vaswani-convert --model_name_or_path Helsinki-NLP/opus-mt-de-en --output_dir models/opus-mt-de-en
     vaswani-convert --model_name_or_path path/to/wmt19-de-en --output_dir models/wmt19-de-en
@@ -51,18 +52,15 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig, PreTrainedModel
 
-from .cli import command, parse_args, setup_logging
 from .configuration_vaswani import ACTIVATIONS, VaswaniConfig
 from .fileio import atomic_folder
 from .modeling_vaswani import VaswaniForConditionalGeneration, sinusoidal_positional_encoding
-from .saving import add_translation_pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -364,48 +362,17 @@ def convert(
     with atomic_folder(output_dir) as building:
         model.save_pretrained(building)
         tokenizer.save_pretrained(building)
-        add_translation_pipeline(building)
     logger.info("Converted %s (%s) to %s", model_name_or_path, type(source).__name__, output_dir)
     return output_dir
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# The command
-# --------------------------------------------------------------------------------------------------------------------
-DESCRIPTION = __doc__.split("\n\n")[0].replace("`vaswani-convert`: i", "I", 1)
-
-
-@dataclass
-class ConvertArguments:
-    _argument_group_name = "conversion"
-
-    model_name_or_path: str = field(
-        metadata={
-            "help": "Folder (or Hub id) of a MarianMTModel or FSMTForConditionalGeneration with its tokenizer."
-        }
-    )
-    output_dir: str = field(metadata={"help": "The vaswani model folder to write."})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace --output_dir if it holds files."}
-    )
-
-
-@command("vaswani-convert")
-def main(argv):
-    (args,) = parse_args(ConvertArguments, argv, description=DESCRIPTION)
-    setup_logging()
-    convert(args.model_name_or_path, args.output_dir, args.overwrite_output_dir)
-
-
 __all__ = [
-    "ConvertArguments",
     "check_parity",
     "check_source_config",
     "convert",
     "convert_model",
     "load_source",
     "logit_difference",
-    "main",
     "probe_inputs",
     "vaswani_config",
 ]

@@ -27,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from .averaging import check_safetensors
 from .data import read_lines
 from .fileio import atomic_write
 from .generation_vaswani import (
@@ -116,8 +117,6 @@ def check_model_path(model_path: str | os.PathLike) -> None:
     """Raise, naming the path, when `model_path` is not a usable model folder: a local path that does not exist, a
     file, a folder without `config.json`, or safetensors weights that are cut short or corrupt. A name that can be a
     Hub id is left to `from_pretrained`."""
-    from .averaging import check_safetensors
-
     path = Path(model_path)
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from vaswani import training
+from vaswani import trainer
 from vaswani.commands import train
 
 
@@ -24,7 +24,7 @@ class KillAfterSave(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-original_init = training.VaswaniTrainer.__init__
+original_init = trainer.VaswaniTrainer.__init__
 
 
 def patched_init(self, *args, **kwargs):
@@ -33,7 +33,7 @@ def patched_init(self, *args, **kwargs):
         self.add_callback(KillAfterSave(int(os.environ["VASWANI_KILL_AT_STEP"])))
 
 
-training.VaswaniTrainer.__init__ = patched_init
+trainer.VaswaniTrainer.__init__ = patched_init
 original_train_main = train.train_main
 
 

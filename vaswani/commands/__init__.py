@@ -9,8 +9,11 @@
 | `vaswani-evaluate` | `commands.evaluate` | sacreBLEU BLEU and chrF of a translation file |
 | `vaswani-plot` | `commands.plot` | learning curves, attention maps |
 | `vaswani-push-to-hub` | `commands.push_to_hub` | publish a model folder with its card |
+| `vaswani-export` | `commands.export` | export a model folder to CTranslate2 or ONNX |
+| `vaswani-convert` | `commands.convert` | import an OPUS-MT (Marian) or fairseq WMT (FSMT) model |
 
-Each is `main(argv=None)` built on `vaswani.cli` (shared flags, arguments files, one-line errors); `scripts/*.py` are
-thin wrappers that call them, for a clone without installing. `python -m vaswani.commands.train` also works (e.g.
+Each is `main(argv=None)` built on `vaswani.cli` (shared flags, arguments files, one-line errors): it parses its flags,
+then calls the library (`vaswani.run`, `vaswani.finish`, `vaswani.export`, ...). `scripts/*.py` are thin wrappers that
+call them, for a clone without installing. `python -m vaswani.commands.train` also works (e.g.
 under `torchrun`).
 """

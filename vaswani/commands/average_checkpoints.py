@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..averaging import average_checkpoints, last_checkpoints
-from ..cli import UsageError, command, parse_args, setup_logging
+from ..cli import command, parse_args, setup_logging
+from ..errors import UsageError
 
 DESCRIPTION = __doc__.replace("`vaswani-average-checkpoints`: a", "A", 1)
 

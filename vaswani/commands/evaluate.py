@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cli import UsageError, command, flag_errors, parse_args
+from ..cli import command, parse_args
+from ..errors import UsageError, flag_errors
 from ..metrics import BLEU_TOKENIZERS, check_moses_lang, score_files
 
 DESCRIPTION = __doc__.replace("`vaswani-evaluate`: s", "S", 1)

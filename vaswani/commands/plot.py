@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cli import UsageError, command, parse_args, setup_logging
+from ..cli import command, parse_args, setup_logging
+from ..errors import UsageError
 from ..plotting import attention_maps, load_attention_model, plot_attention_maps, plot_learning_curves
 
 DESCRIPTION = __doc__.replace("`vaswani-plot`: a", "A", 1)

@@ -57,11 +57,11 @@ class PushArguments:
     )
     results_json: str | None = field(
         default=None,
-        metadata={"help": "Evaluation results (bleu, bleu_signature, chrf, ...; see vaswani.hub)."},
+        metadata={"help": "Evaluation results (bleu, bleu_signature, chrf, ...; see vaswani.model_card)."},
     )
     training_summary_json: str | None = field(
         default=None,
-        metadata={"help": "Training summary (source_lang, target_lang, steps, ...; see vaswani.hub)."},
+        metadata={"help": "Training summary (source_lang, target_lang, steps, ...; see vaswani.model_card)."},
     )
     hub_private_repo: bool = field(
         default=False, metadata={"help": "Create the repo as private (if it does not exist)."}

@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..cli import UsageError, command, parse_args, setup_logging
+from ..arguments import DataArguments
+from ..cli import command, parse_args, setup_logging
 from ..data import iter_text
-from ..recipe import DataArguments, load_split
+from ..errors import UsageError
+from ..run import load_split
 from ..tokenization import save_tokenizers, train_bpe_tokenizer, train_separate_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -35,21 +37,6 @@ RENAMED = {
     "dataset_config": "dataset_config_name",
     "separate_vocab": "separate_vocabularies",
 }
-
-# The data flags that choose the training text; the rest of DataArguments concerns a training run.
-_DATA_FLAGS = (
-    "dataset_name",
-    "dataset_config_name",
-    "train_file",
-    "source_lang",
-    "target_lang",
-    "train_split",
-    "vocab_size",
-    "separate_vocabularies",
-    "lowercase",
-    "max_train_samples",
-    "cache_dir",
-)
 
 
 @dataclass
@@ -79,8 +66,6 @@ def main(argv):
         description=DESCRIPTION,
         epilog=EPILOG,
         renamed=RENAMED,
-        sections={"data": list(_DATA_FLAGS)},
-        brief=[DataArguments],
     )
     if not data_args.dataset_name and not data_args.train_file:
         raise UsageError("No training text: give --dataset_name or --train_file")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from ..cli import UsageError, command, flag_errors, parse_args, setup_logging
+from .. import engines
+from ..cli import command, parse_args, setup_logging
+from ..errors import UsageError, flag_errors
 from ..fileio import write_json
 from ..generation_vaswani import LENGTH_PENALTY_FORMS
 from ..metrics import check_moses_lang
@@ -202,8 +204,6 @@ def main(argv):
         )
         decode = translate_n_best
     else:  # an exported model: the same decoding, by CTranslate2 or ONNX Runtime (vaswani.engines)
-        from .. import engines
-
         options = {"device": args.device} if args.device else {}
         model, source_tokenizer, target_tokenizer = engines.load_exported(
             args.model_name_or_path, args.engine, threads=args.threads, **options

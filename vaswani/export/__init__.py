@@ -1,4 +1,5 @@
-"""Export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX.
+"""Export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX (the `vaswani-export` command is
+`vaswani.commands.export`).
 
     vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \
         --output_dir runs/de-en/ct2-int8
@@ -22,14 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import transformers
 from transformers import GenerationConfig
 
-from ..cli import command, parse_args, setup_logging
 from ..fileio import atomic_folder
 from ..generation_vaswani import PAPER_LENGTH_PENALTY_FORM
 from ..tokenization import load_tokenizers, save_tokenizers
@@ -158,69 +157,10 @@ def export(
     return output_dir
 
 
-@dataclass
-class ExportArguments:
-    _argument_group_name = "export"
-
-    model_name_or_path: str = field(
-        metadata={"help": "The vaswani model folder (a checkpoint or an averaged model)."}
-    )
-    output_dir: str = field(metadata={"help": "The folder to write the exported model to."})
-    engine: str = field(metadata={"help": "The inference engine to export for.", "choices": list(ENGINES)})
-    quantization: str | None = field(
-        default=None,
-        metadata={
-            "help": "ctranslate2: the weights' type (default float32).",
-            "choices": list(CTRANSLATE2_QUANTIZATIONS),
-        },
-    )
-    tokenizer_name: str | None = field(
-        default=None,
-        metadata={"help": "Tokenizer folder, if not the model folder (joint or source/ + target/)."},
-    )
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace --output_dir if it exists (as every vaswani tool says it)."}
-    )
-
-
-EPILOG = """\
-examples:
-  vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \\
-      --output_dir runs/de-en/ct2-int8
-  vaswani-export --model_name_or_path runs/de-en/averaged --engine onnx --output_dir runs/de-en/onnx
-  vaswani-translate --engine ctranslate2 --model_name_or_path runs/de-en/ct2-int8 --input test.de
-"""
-RENAMED = {
-    "model": "model_name_or_path",
-    "output": "output_dir",
-    "tokenizer": "tokenizer_name",
-    "force": "overwrite_output_dir",
-}
-
-
-@command("vaswani-export")
-def main(argv) -> Path:
-    """`vaswani-export` (`vaswani.cli` conventions: one-line errors, `--debug` for the traceback)."""
-    (args,) = parse_args(
-        ExportArguments, argv, description=__doc__.split("\n\n")[0], epilog=EPILOG, renamed=RENAMED
-    )
-    setup_logging()
-    return export(
-        args.model_name_or_path,
-        args.output_dir,
-        args.engine,
-        args.quantization,
-        args.tokenizer_name,
-        args.overwrite_output_dir,
-    )
-
-
 __all__ = [
     "CTRANSLATE2_QUANTIZATIONS",
     "ENGINES",
     "METADATA_FILE",
-    "ExportArguments",
     "export",
-    "main",
     "read_metadata",
 ]

@@ -8,6 +8,7 @@
   compounds split (tensor2tensor's `get_ende_bleu.sh`, then `multi-bleu.perl`); not comparable with either.
 - `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
 - `reported_scores(...)`: both as the flat record a run reports (`test_results.json`, the model card's results).
+- `bleu_metric_fn(...)`: BLEU and chrF during training, as the Trainer's `compute_metrics`.
 
 The scoring lives twice, here and in `sacrebleu_chrf/sacrebleu_chrf.py`, because `evaluate` copies that file
 out of the package before importing it, so it cannot import this package; tests check that both agree.
@@ -18,13 +19,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
 from ..data import read_lines
+from ..tokenization import lowercases
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +267,7 @@ def reported_scores(
 ) -> dict:
     """BLEU and chrF on the raw text, BLEU on lowercased Moses-tokenized `lang` text (published Multi30k figures) and
     the paper's tokenized BLEU with compounds split (WMT), with their signatures, under the keys a run's
-    `test_results.json` uses and `vaswani.hub.EvalResults` reads. `lowercase` makes the
+    `test_results.json` uses and `vaswani.model_card.EvalResults` reads. `lowercase` makes the
     raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only.
 
     For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
@@ -287,9 +290,29 @@ def reported_scores(
     return record
 
 
+def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
+    """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: sacreBLEU and chrF of the decoded
+    predictions against the raw reference text, case-insensitive if the tokenizer lowercases (its model writes
+    lowercase only). Under DDP the gathered predictions can carry padded duplicates at the end; only the first
+    `len(references)` rows, which are the dataset's rows in order, are scored."""
+    lowercase = lowercases(tokenizer)
+
+    def compute(eval_prediction) -> dict:
+        predictions = eval_prediction.predictions
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)[: len(references)]
+        texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        scores = compute_bleu(texts, list(references), lowercase=lowercase)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return compute
+
+
 __all__ = [
     "BLEU_TOKENIZERS",
     "METRIC_PATH",
+    "bleu_metric_fn",
     "check_bleu_tokenizer",
     "check_moses_lang",
     "moses_languages",

@@ -1,0 +1,111 @@
+"""The package's module structure: every module imports on its own, in a fresh interpreter, and no two modules import
+each other, directly or through a chain of module-level imports."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vaswani"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (`vaswani.export` for `vaswani/export/__init__.py`)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if "sacrebleu_chrf" in parts:  # copied out and run by `evaluate`, not a module of the package
+            continue
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package modules that `name` imports at module level (`from .x import`, `from vaswani.x import`,
+    `import vaswani.x`), not inside functions."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            candidates = [target] + [f"{target}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {c for c in candidates if c in modules and c != name}
+    return found
+
+
+# Third-party packages the modules import, loaded once before the forks (no module of this package among them).
+_PRELOAD = """
+import os, sys, importlib, traceback
+import numpy, torch, yaml, datasets, accelerate, huggingface_hub, sacrebleu, tokenizers, tqdm.auto
+import transformers
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationMixin, HfArgumentParser, Seq2SeqTrainer
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+assert not [m for m in sys.modules if m == "vaswani" or m.startswith("vaswani.")]
+failed = []
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:  # a child process with no module of the package imported yet
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    if os.waitpid(pid, 0)[1]:
+        failed.append(name)
+print("failed:", " ".join(failed))
+"""
+
+
+def test_every_module_imports_alone():
+    """Each module, imported first in a process of its own, imports: no module relies on another having been
+    imported before it. One fresh interpreter loads the third-party packages once; each module is then imported in a
+    fork of it, where no module of this package is loaded yet."""
+    names = sorted(_modules())
+    run = subprocess.run(
+        [sys.executable, "-c", _PRELOAD, *names], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "failed:", run.stdout + run.stderr[-3000:]
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    # A package imports its `__init__` first: `vaswani.x` depends on `vaswani` too, which is no cycle of its own.
+    state: dict[str, str] = {}
+    cycles = []
+
+    def visit(name: str, chain: list[str]) -> None:
+        state[name] = "open"
+        for child in sorted(graph[name]):
+            if state.get(child) == "open":
+                cycles.append(" -> ".join(chain[chain.index(child) :] + [child]))
+            elif child not in state:
+                visit(child, chain + [child])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+    assert graph["vaswani.trainer"] and "vaswani.cli" not in graph["vaswani.run"]  # the walk sees imports
+
+
+def test_library_modules_never_import_the_command_line():
+    """`UsageError` comes from `vaswani.errors`; only the tools (`vaswani.commands`) use `vaswani.cli`."""
+    modules = _modules()
+    users = sorted(
+        name
+        for name, path in modules.items()
+        if "vaswani.cli" in _imports(name, path, modules) and not name.startswith("vaswani.commands")
+    )
+    assert not users, users

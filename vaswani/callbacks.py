@@ -1,0 +1,137 @@
+"""The Trainer callbacks of the recipe: a wall-time budget (`--max_train_minutes`), a training clock that survives
+resuming, a progress bar that ends where the run ends, and the hand-over of mixed precision to the trainer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState, ProgressCallback
+
+logger = logging.getLogger(__name__)
+
+
+class AutocastInTheTrainer(TrainerCallback):
+    """Once training begins (the model prepared by Accelerate), hands mixed precision from Accelerate's forward
+    wrapper to the trainer's own autocast (`VaswaniTrainer.autocast_smart_context_manager`)."""
+
+    def __init__(self, trainer):  # a VaswaniTrainer
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.take_over_autocast()
+
+
+class TimeBudget(TrainerCallback):
+    """Ends training after `minutes` of wall time (counted from the start of this process's training), saving a
+    checkpoint at the step that crosses the line. The §5.3 schedule does not depend on the number of steps, so a
+    run may stop at any point; with `--lr_cooldown_fraction` the learning rate falls to 0 as the budget runs out."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60
+        self.started = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.monotonic()
+
+    def elapsed_fraction(self) -> float:
+        """The share of the budget spent so far (0 before training starts)."""
+        return 0.0 if self.started is None else (time.monotonic() - self.started) / self.seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() - self.started >= self.seconds:
+            logger.info(
+                "Time budget of %.1f minutes reached at step %d", self.seconds / 60, state.global_step
+            )
+            control.should_training_stop = True
+            control.should_save = True
+        return control
+
+
+class TrainingClock(TrainerCallback, ExportableState):
+    """Seconds of training over every process of a run. The Trainer's `train_runtime` counts one process: a run
+    killed and resumed would report only its last part. Each checkpoint's `trainer_state.json` keeps the clock
+    (`stateful_callbacks`), and `from_checkpoint` starts the resumed process from it."""
+
+    def __init__(self, seconds_before: float = 0.0):
+        self.seconds_before = float(seconds_before)
+        self.started = time.monotonic()
+        self.ended = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started, self.ended = time.monotonic(), None
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.ended = time.monotonic()
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_before + (self.ended or time.monotonic()) - self.started
+
+    def state(self) -> dict:
+        return {"args": {"seconds_before": self.seconds}, "attributes": {}}
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | os.PathLike) -> TrainingClock:
+        """The clock as `checkpoint` saved it; from zero, with a warning, for a checkpoint written without one."""
+        state = json.loads(Path(checkpoint, "trainer_state.json").read_text())
+        saved = state.get("stateful_callbacks", {}).get(cls.__name__)
+        if isinstance(saved, list):
+            saved = saved[0] if saved else None
+        if not saved:
+            logger.warning(
+                "%s holds no training clock: the training time reported counts from this resumption only",
+                checkpoint,
+            )
+            return cls()
+        return cls(**saved.get("args", {}))
+
+
+class RunProgress(ProgressCallback):
+    """The training progress bar, ending where the run ends: at `max_steps`, or at `minutes` of wall time when
+    `TimeBudget` stops the run first (`--max_train_minutes`), so that a 10-minute run never shows a 40-hour ETA.
+
+    With a time budget the bar counts seconds, and moves ahead to the step fraction when steps run out first."""
+
+    def __init__(self, minutes: float | None = None):
+        super().__init__()
+        self.seconds = None if minutes is None else minutes * 60
+        self.started = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.seconds is None:
+            return super().on_train_begin(args, state, control, **kwargs)
+        self.current_step = state.global_step
+        self.started = time.monotonic()
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(
+                total=max(1, round(self.seconds)),
+                dynamic_ncols=True,
+                desc=f"Training ({self.seconds / 60:g} min or {state.max_steps} steps)",
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s [{elapsed}<{remaining}{postfix}]",
+            )
+
+    def fraction(self, state) -> float:
+        """How much of the run is done: the larger of the time and the step fractions."""
+        elapsed = time.monotonic() - self.started
+        return min(1.0, max(elapsed / self.seconds, state.global_step / max(state.max_steps, 1)))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.seconds is None:
+            return super().on_step_end(args, state, control, **kwargs)
+        self.current_step = state.global_step
+        if state.is_world_process_zero and self.training_bar is not None:
+            self.training_bar.n = round(self.fraction(state) * self.training_bar.total)
+            self.training_bar.set_postfix(step=state.global_step, refresh=False)
+            self.training_bar.refresh()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and self.seconds is not None:
+            self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
+            self.training_bar.refresh()
+        return super().on_train_end(args, state, control, **kwargs)

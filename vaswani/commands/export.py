@@ -1,0 +1,72 @@
+"""`vaswani-export`: export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX.
+
+The export itself is `vaswani.export.export`; `vaswani-translate --engine ctranslate2|onnx` decodes the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cli import command, parse_args, setup_logging
+from ..export import CTRANSLATE2_QUANTIZATIONS, ENGINES, export
+
+DESCRIPTION = __doc__.split("\n\n")[0].replace("`vaswani-export`: e", "E", 1)
+
+EPILOG = """\
+examples:
+  vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \\
+      --output_dir runs/de-en/ct2-int8
+  vaswani-export --model_name_or_path runs/de-en/averaged --engine onnx --output_dir runs/de-en/onnx
+  vaswani-translate --engine ctranslate2 --model_name_or_path runs/de-en/ct2-int8 --input test.de
+"""
+
+RENAMED = {
+    "model": "model_name_or_path",
+    "output": "output_dir",
+    "tokenizer": "tokenizer_name",
+    "force": "overwrite_output_dir",
+}
+
+
+@dataclass
+class ExportArguments:
+    _argument_group_name = "export"
+
+    model_name_or_path: str = field(
+        metadata={"help": "The vaswani model folder (a checkpoint or an averaged model)."}
+    )
+    output_dir: str = field(metadata={"help": "The folder to write the exported model to."})
+    engine: str = field(metadata={"help": "The inference engine to export for.", "choices": list(ENGINES)})
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "ctranslate2: the weights' type (default float32).",
+            "choices": list(CTRANSLATE2_QUANTIZATIONS),
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer folder, if not the model folder (joint or source/ + target/)."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace --output_dir if it exists (as every vaswani tool says it)."}
+    )
+
+
+@command("vaswani-export")
+def main(argv) -> Path:
+    (args,) = parse_args(ExportArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
+    setup_logging()
+    return export(
+        args.model_name_or_path,
+        args.output_dir,
+        args.engine,
+        args.quantization,
+        args.tokenizer_name,
+        args.overwrite_output_dir,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""From raw parallel text to a trained model: the steps behind `vaswani-train` (`vaswani.commands.train`).
+
+0. check every flag before any data is read (`checks.check_run`): the model configuration, the data sources, the
+   output folder (a folder belongs to one run), the checkpoint to resume from;
+1. load the corpus through `datasets` (`vaswani.data`), 2. train or load the joint BPE tokenizer
+(`vaswani.tokenization`), 3. tokenize and filter, 4. build the model from a preset plus any config field given on the
+command line (or load one to fine-tune), 5. train with `VaswaniTrainer` (`vaswani.trainer`), resuming from the last
+good checkpoint when asked (`vaswani.checkpoints`), and write the training summary (`vaswani.summary`). After
+training, `vaswani.finish` averages, translates the test split, scores, draws and publishes (§6.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from datasets import DatasetDict
+from transformers import DataCollatorForSeq2Seq, set_seed
+
+from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from .checkpoints import train_or_resume
+from .checks import check_run
+from .configuration_vaswani import VaswaniConfig
+from .data import iter_text, load_parallel_dataset, load_parallel_file, tokenize_dataset
+from .fileio import atomic_folder, write_json
+from .generation_vaswani import paper_decoding
+from .kernels import FAST_ATTENTION, use_cpu_kernels
+from .metrics import bleu_metric_fn
+from .modeling_vaswani import VaswaniForConditionalGeneration
+from .summary import training_summary
+from .tokenization import (
+    load_tokenizers,
+    lowercases,
+    save_tokenizers,
+    train_bpe_tokenizer,
+    train_separate_tokenizers,
+)
+from .trainer import VaswaniTrainer
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data and tokenizers
+# ---------------------------------------------------------------------------------------------------------------------
+def load_split(data_args: DataArguments, split: str):
+    """One split ("train", "validation" or "test") as a `Dataset` with the two language columns: from
+    `--{split}_file`, else from `--dataset_name`'s `--{split}_split`."""
+    path = getattr(data_args, f"{split}_file")
+    src, tgt = data_args.source_lang, data_args.target_lang
+    if path:
+        return load_parallel_file(path, src, tgt, cache_dir=data_args.cache_dir)
+    name = getattr(data_args, f"{split}_split")
+    return load_parallel_dataset(
+        data_args.dataset_name,
+        src,
+        tgt,
+        splits={split: name},
+        config_name=data_args.dataset_config_name,
+        cache_dir=data_args.cache_dir,
+    )[split]
+
+
+def _tokenizer_source(
+    data_args: DataArguments, model_args: ModelArguments | None, output_dir
+) -> Path | str | None:
+    if data_args.tokenizer_name:
+        return data_args.tokenizer_name
+    model = model_args.model_name_or_path if model_args else None
+    if model and Path(model).is_dir():
+        folder = Path(model)
+        if (folder / "tokenizer.json").is_file() or (folder / "source" / "tokenizer.json").is_file():
+            return folder
+    saved = Path(output_dir) / "tokenizer"
+    return saved if saved.is_dir() else None
+
+
+def prepare_tokenizers(
+    data_args: DataArguments,
+    raw,
+    output_dir: str,
+    is_main_process: bool = True,
+    model_args: ModelArguments | None = None,
+):
+    """The given tokenizer, else the fine-tuned model's, else the one a previous (resumed) run trained, else a new
+    one (main process only; the others load what it saved). A new tokenizer is written whole or not at all."""
+    path = _tokenizer_source(data_args, model_args, output_dir)
+    if path is not None or not is_main_process:
+        path = path or Path(output_dir) / "tokenizer"
+        source, target = load_tokenizers(path)
+        if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
+            raise ValueError(
+                f"--lowercase is {data_args.lowercase} but the tokenizer in {str(path)!r} "
+                f"{'keeps case' if data_args.lowercase else 'lowercases'}: train a new one, or match the flag."
+            )
+        return source, target
+    train = raw["train"]
+    src, tgt = data_args.source_lang, data_args.target_lang
+    if data_args.separate_vocabularies:
+        source, target = train_separate_tokenizers(
+            iter_text(train, [src]),
+            iter_text(train, [tgt]),
+            vocab_size=data_args.vocab_size,
+            lowercase=data_args.lowercase,
+            show_progress=False,
+        )
+    else:
+        source = target = train_bpe_tokenizer(
+            iter_text(train, [src, tgt]),
+            vocab_size=data_args.vocab_size,
+            lowercase=data_args.lowercase,
+            show_progress=False,
+        )
+    with atomic_folder(Path(output_dir) / "tokenizer") as folder:
+        save_tokenizers(source, target, folder)
+    logger.info("Saved the new tokenizer to %s", Path(output_dir) / "tokenizer")
+    return source, target
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------------------------------
+def default_attention(device: torch.device | str) -> str:
+    """The attention kernel of a model that runs on `device`: this package's faster CPU path on the CPU."""
+    return FAST_ATTENTION if torch.device(device).type == "cpu" else "sdpa"
+
+
+def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_tok, training_args):
+    """The model to train: the preset with the command line's fields over it and the tokenizer's vocabulary, or the
+    `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config."""
+    attention = model_args.attn_implementation or default_attention(training_args.device)
+    if model_args.model_name_or_path:
+        model = VaswaniForConditionalGeneration.from_pretrained(
+            model_args.model_name_or_path, attn_implementation=attention, **overrides
+        )
+        for name, tokenizer, size in (
+            ("source", source_tok, model.config.vocab_size),
+            ("target", target_tok, model.config.decoder_vocab_size),
+        ):
+            if len(tokenizer) > size:
+                raise ValueError(
+                    f"The {name} tokenizer has {len(tokenizer)} tokens but the model to fine-tune "
+                    f"({model_args.model_name_or_path}) only {size}: pass its own tokenizer (--tokenizer_name)"
+                )
+    else:
+        joint = source_tok is target_tok
+        fields = dict(
+            vocab_size=len(source_tok),
+            decoder_vocab_size=len(target_tok),
+            share_encoder_decoder_embeddings=joint,
+        )
+        fields.update(overrides)
+        config = VaswaniConfig.from_preset(model_args.preset, attn_implementation=attention, **fields)
+        model = VaswaniForConditionalGeneration(config)
+    paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
+    if torch.device(training_args.device).type == "cpu":
+        use_cpu_kernels(model, attention=False)  # the attention was chosen above
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------------------
+def train_main(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    overrides: dict,
+    finish_args: FinishArguments | None = None,
+) -> VaswaniTrainer:
+    """Run the whole training; returns the trainer (its model is the final one, the checkpoints are on disk)."""
+    started = time.time()
+    finish_args = finish_args or FinishArguments()
+    with training_args.main_process_first(desc="checks"):
+        resume = check_run(model_args, data_args, training_args, finish_args, overrides)
+    raw = {"train": load_split(data_args, "train")}
+    wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
+    if wants_validation:
+        raw["validation"] = load_split(data_args, "validation")
+    if data_args.max_train_samples:
+        raw["train"] = raw["train"].select(range(min(data_args.max_train_samples, len(raw["train"]))))
+    if data_args.max_eval_samples and "validation" in raw:
+        raw["validation"] = raw["validation"].select(
+            range(min(data_args.max_eval_samples, len(raw["validation"])))
+        )
+    raw = DatasetDict(raw)
+    with training_args.main_process_first(desc="tokenizer"):
+        source_tok, target_tok = prepare_tokenizers(
+            data_args,
+            raw,
+            training_args.output_dir,
+            is_main_process=training_args.process_index == 0,
+            model_args=model_args,
+        )
+    with training_args.main_process_first(desc="tokenization"):
+        tokenized, dropped = tokenize_dataset(
+            raw,
+            source_tok,
+            target_tok,
+            data_args.source_lang,
+            data_args.target_lang,
+            max_length=data_args.max_source_length,
+            max_target_length=data_args.max_target_length,
+            num_proc=data_args.preprocessing_num_workers,
+        )
+    if len(tokenized["train"]) == 0:
+        raise ValueError(
+            f"All {len(raw['train'])} training pairs were dropped (an empty side, or longer than "
+            f"--max_source_length {data_args.max_source_length} / --max_target_length "
+            f"{data_args.max_target_length or data_args.max_source_length} tokens)"
+        )
+    logger.info("Pairs dropped by filtering: %s", dropped)
+
+    set_seed(training_args.seed)  # the initial weights are part of the run: the same on every rank and rerun
+    model = build_model(model_args, overrides, source_tok, target_tok, training_args)
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "Model: %s, %s parameters, %s attention",
+        model_args.model_name_or_path or f"{model_args.preset} preset",
+        f"{n_params:,}",
+        model.config._attn_implementation,
+    )
+    logger.debug("Model configuration: %s", model.config.to_diff_dict())
+
+    # The Trainer would push every checkpoint with a default card; `finish` publishes the final model once.
+    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
+    collator = DataCollatorForSeq2Seq(source_tok, model=model, label_pad_token_id=-100)
+    trainer = VaswaniTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"],
+        eval_dataset=tokenized.get("validation"),
+        data_collator=collator,
+        processing_class=target_tok,
+        compute_metrics=bleu_metric_fn(target_tok, raw["validation"][data_args.target_lang])
+        if "validation" in raw
+        else None,
+    )
+    result = train_or_resume(trainer, resume)
+    if result is not None:
+        # The Trainer turns the cache off while training; the saved model is for use.
+        trainer.model.config.use_cache = True
+        trainer.save_model()  # the final weights in output_dir
+    training_args.push_to_hub = push_to_hub
+    if training_args.do_eval and training_args.eval_strategy == "no" and trainer.eval_dataset is not None:
+        metrics = trainer.evaluate()
+        if trainer.is_world_process_zero():
+            write_json(Path(training_args.output_dir, "eval_results.json"), metrics)
+    if trainer.is_world_process_zero() and result is not None:
+        save_tokenizers(source_tok, target_tok, training_args.output_dir)
+        summary = training_summary(trainer, result, model, model_args, data_args, n_params, dropped, started)
+        write_json(Path(training_args.output_dir, "training_summary.json"), summary)
+    return trainer
