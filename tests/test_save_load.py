@@ -371,3 +371,20 @@ def test_a_folder_fine_tuned_with_seq2seq_trainer_where_the_package_is_missing_i
     assert (
         int(result.stdout.split("generated_length")[1]) > 20
     )  # a random model runs to the source length + 50
+
+
+def test_every_code_file_travels_as_a_relative_import_of_the_model_file():
+    """Loading a folder with trust_remote_code, transformers copies the model file's own relative imports into its
+    module cache (5.5 no deeper); a model loaded from there saves its folder from those copies."""
+    import re
+    from pathlib import Path
+
+    from vaswani import modeling_vaswani, pipeline_vaswani
+    from vaswani.utils_vaswani import CODE_FILES, CUSTOM_PIPELINES
+
+    source = Path(modeling_vaswani.__file__).read_text(encoding="utf-8")
+    imported = set(re.findall(r"^from \.(\w+) import", source, flags=re.MULTILINE))
+    siblings = {Path(name).stem for name in CODE_FILES.values()} - {"modeling_vaswani"}
+    assert siblings <= imported, siblings - imported
+    module, name = CUSTOM_PIPELINES["translation"]["impl"].split(".")
+    assert getattr(pipeline_vaswani, name).__module__.endswith(module)

@@ -42,6 +42,7 @@ from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import generate as paper_generate
+from .pipeline_vaswani import VaswaniTranslationPipeline  # noqa: F401 (travels with this file: CODE_FILES)
 from .utils_vaswani import (
     AUTO_MAP,
     CACHE_NAME,

@@ -17,11 +17,12 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import is_torchdynamo_compiling
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS
-from .pipeline_vaswani import VaswaniTranslationPipeline
 
 # What every saved folder carries besides its weights, configs and tokenizer, stated once: the files that
 # `trust_remote_code=True` loads (folder name -> file of this package), the `auto_map` naming them for the Auto
-# classes, and the translation pipeline. `VaswaniPreTrainedModel.save_pretrained` writes them.
+# classes, and the translation pipeline. `VaswaniPreTrainedModel.save_pretrained` writes them. Each code file is a
+# relative import of `modeling_vaswani.py` itself: loading a folder, transformers copies that file's own imports
+# into its module cache (5.5 no deeper), where `write_model_code` of a model loaded from it finds them again.
 CODE_FILES = {
     "configuration_vaswani.py": "configuration_vaswani.py",
     "modeling_vaswani.py": "modeling_vaswani.py",
@@ -38,10 +39,7 @@ AUTO_MAP = {
     "AutoModelForSeq2SeqLM": "modeling_vaswani.VaswaniForConditionalGeneration",
 }
 CUSTOM_PIPELINES = {
-    "translation": {
-        "impl": f"pipeline_vaswani.{VaswaniTranslationPipeline.__name__}",
-        "pt": ["AutoModelForSeq2SeqLM"],
-    }
+    "translation": {"impl": "pipeline_vaswani.VaswaniTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"]}
 }
 
 
