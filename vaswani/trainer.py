@@ -19,7 +19,7 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_callback import ProgressCallback
 
 from .batching import EpochSetter, TokenBudgetBatchSampler
-from .callbacks import AutocastInTheTrainer, RunProgress, TimeBudget, TrainingClock
+from .callbacks import AutocastInTheTrainer, RunProgress, TimeBudget, TimedCheckpoints, TrainingClock
 from .distributed import enable_fsdp_on_cpu, shard_with_fsdp2
 from .fileio import replace_files, temporary_sibling
 from .generation_vaswani import EXTRA_OUTPUT_TOKENS
@@ -53,6 +53,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         minutes = getattr(self.args, "max_train_minutes", None)
         if minutes:
             self.add_callback(TimeBudget(minutes))
+        if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
+            self.add_callback(TimedCheckpoints(self.args.save_minutes))
         if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RunProgress(minutes))
         self._owns_loss = False
