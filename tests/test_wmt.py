@@ -1,15 +1,21 @@
 """The paper's WMT 2014 experiment: the argument files in recipes/, checkpoints every N minutes (--save_minutes),
 WMT's two BLEU scores in the tools, and evaluation that says what it decodes and how long it takes."""
 
+import logging
 from pathlib import Path
 
 import pytest
-from transformers import TrainerControl, TrainerState
+from datasets import Dataset
+from tiny_translation_assets import tiny_tokenizer
+from transformers import EvalPrediction, TrainerControl, TrainerState
+from transformers.trainer_utils import IntervalStrategy
 
 from vaswani.arguments import (
     PaperTrainingArguments,
 )
-from vaswani.callbacks import TimedCheckpoints
+from vaswani.callbacks import TimeBudget, TimedCheckpoints
+from vaswani.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
+from vaswani.metrics import bleu_metric_fn
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {path.stem: path for path in sorted((ROOT / "recipes").glob("*.yaml"))}
@@ -77,3 +83,95 @@ def test_save_minutes_writes_a_checkpoint_every_interval_and_a_resumed_run_conti
 def test_save_minutes_must_be_positive(tmp_path, minutes):
     with pytest.raises(ValueError, match="--save_minutes must be a positive number of minutes"):
         PaperTrainingArguments(output_dir=str(tmp_path), save_minutes=minutes)
+
+
+def test_a_run_stopped_by_its_time_budget_evaluates_its_last_step_as_at_max_steps(tmp_path):
+    args = PaperTrainingArguments(output_dir=str(tmp_path), eval_strategy="steps", eval_steps=500)
+    assert args.eval_strategy == IntervalStrategy.STEPS
+    budget, state, control = TimeBudget(minutes=0.0), TrainerState(global_step=7), TrainerControl()
+    budget.on_train_begin(args, state, control)
+    budget.on_step_end(args, state, control)
+    assert control.should_training_stop and control.should_save and control.should_evaluate
+
+
+# ---- bounded evaluation -----------------------------------------------------------------------------------------
+def test_the_validation_split_sorted_by_source_length_keeps_its_bleu():
+    tokenizer = tiny_tokenizer()
+    sources = ["Ein Mann.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest ein Buch im Park.", "Kinder."]
+    targets = ["A man.", "Two dogs play in the snow.", "A woman reads a book in the park.", "Children."]
+    hypotheses = ["A man.", "Two dogs play in snow.", "A woman reads in the park.", "Kids."]
+    raw = Dataset.from_dict({"de": sources, "en": targets, "hyp": hypotheses})
+    tokenized = raw.map(lambda row: {"input_ids": tokenizer(row["de"])["input_ids"]})
+    sorted_tokenized, sorted_raw = sort_by_source_length(tokenized, raw)
+    lengths = [len(ids) for ids in sorted_tokenized["input_ids"]]
+    assert lengths == sorted(lengths, reverse=True) and sorted_raw["de"][0] == sources[2]
+    assert sorted_tokenized["de"] == sorted_raw["de"]  # the references follow their sources
+
+    def scores(split):  # the Trainer's predictions come in the order of the split
+        ids = tokenizer(list(split["hyp"]), padding=True, return_tensors="np")["input_ids"]
+        return bleu_metric_fn(tokenizer, list(split["en"]))(EvalPrediction(predictions=ids, label_ids=ids))
+
+    assert scores(sorted_raw) == scores(raw)
+    assert 0 < scores(raw)["bleu"] < 100
+    with pytest.raises(ValueError, match="must align"):
+        sort_by_source_length(tokenized, raw.select(range(3)))
+
+
+def test_each_evaluation_says_what_it_decodes_and_how_long_it_should_take(caplog):
+    caplog.set_level(logging.INFO, logger="vaswani")
+    clock = FakeClock()
+    timer = EvaluationClock(clock=clock)
+    what = describe_decoding(3000, 1, 64, processes=2)
+    assert what == "3000 pairs, greedy, 64 a batch on each of 2 processes (24 batches each), at most source " \
+        "length + 50 new tokens"  # fmt: skip
+    with timer.timing(3000, what):
+        clock.now += 60
+    with timer.timing(3000, what):
+        clock.now += 30
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        f"Evaluating: decoding {what}; its time is logged when it ends",
+        "Evaluation of 3000 pairs took 60 s (50.0 pairs/s)",
+        f"Evaluating: decoding {what}; about 60 s at the last evaluation's 50.0 pairs/s",
+        "Evaluation of 3000 pairs took 30 s (100.0 pairs/s)",
+    ]
+
+
+def test_what_runs_after_the_time_budget_is_said_up_front_and_timed_once_measured(caplog):
+    caplog.set_level(logging.INFO, logger="vaswani")
+    plan = AfterTraining(
+        budget_minutes=2,
+        max_steps=100000,
+        validation_pairs=3000,
+        eval_decoding=describe_decoding(3000, 1, 64),
+        processes=1,
+        average_last=(5,),
+        validation_translations=0,
+        choice_pairs=3000,
+        test_pairs=3003,
+        test_decoding=describe_decoding(3003, 4, 64),
+    )
+    assert plan.describe() == (
+        "After the 2-minute budget (or step 100000, if sooner): a final evaluation of 3000 pairs, greedy, 64 a batch "
+        "(47 batches), at most source length + 50 new tokens; the average of the last 5 checkpoints; the test "
+        "translation of 3003 pairs, beam 4, 64 a batch (47 batches), at most source length + 50 new tokens. How "
+        "long these take is logged once an evaluation has measured the decoding rate"
+    )
+    clock = FakeClock()
+    timer = EvaluationClock(clock=clock)
+    timer.after_training = plan
+    with timer.timing(3000, "3000 pairs"):
+        clock.now += 100  # 30 pairs/s greedy: beam 4 estimated at a third, 10 pairs/s
+    assert caplog.records[-1].getMessage() == (
+        "After the 2-minute budget (or step 100000, if sooner): a final evaluation of 3000 pairs, greedy, 64 a batch "
+        "(47 batches), at most source length + 50 new tokens (~100 s); the average of the last 5 checkpoints; the "
+        "test translation of 3003 pairs, beam 4, 64 a batch (47 batches), at most source length + 50 new tokens "
+        "(~5.0 min); about 6.7 min in all (beam search estimated at 3x the measured greedy time per pair, on one "
+        "process)"
+    )
+
+
+def test_evaluation_decodes_64_pairs_a_batch_by_default(tmp_path):
+    assert (
+        PaperTrainingArguments(output_dir=str(tmp_path)).per_device_eval_batch_size == 64
+    )  # transformers': 8

@@ -339,6 +339,13 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     generation_max_length: int | None = field(
         default=None, metadata={"help": "Max length for eval generation."}
     )
+    per_device_eval_batch_size: int = field(
+        default=64,
+        metadata={
+            "help": "Validation pairs per generate() call and device (transformers' default is 8); the validation "
+            "split is decoded longest first, so that a batch holds sources of similar length."
+        },
+    )
     save_strategy: str = field(
         default="steps",
         metadata={

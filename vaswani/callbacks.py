@@ -51,6 +51,9 @@ class TimeBudget(TrainerCallback):
             )
             control.should_training_stop = True
             control.should_save = True
+            # The last step evaluates, as at --max_steps (transformers' step-based evaluation does that there).
+            if args is not None and args.eval_strategy == "steps" and args.eval_delay <= state.global_step:
+                control.should_evaluate = True
         return control
 
 
