@@ -1,6 +1,7 @@
 """The paper's WMT 2014 experiment: the argument files in recipes/, checkpoints every N minutes (--save_minutes),
 WMT's two BLEU scores in the tools, and evaluation that says what it decodes and how long it takes."""
 
+import json
 import logging
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from vaswani.arguments import (
 )
 from vaswani.callbacks import TimeBudget, TimedCheckpoints
 from vaswani.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
-from vaswani.metrics import bleu_metric_fn
+from vaswani.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {path.stem: path for path in sorted((ROOT / "recipes").glob("*.yaml"))}
@@ -92,6 +93,75 @@ def test_a_run_stopped_by_its_time_budget_evaluates_its_last_step_as_at_max_step
     budget.on_train_begin(args, state, control)
     budget.on_step_end(args, state, control)
     assert control.should_training_stop and control.should_save and control.should_evaluate
+
+
+# ---- WMT's metrics in the tools ------------------------------------------------------------------------------
+# Worked by hand. sacreBLEU's 13a keeps "rot-weißes" whole: 7 tokens a side, 6/7 unigrams, 4/6 bigrams, 3/5 trigrams
+# and 2/4 four-grams match. The paper's BLEU (get_ende_bleu.sh) splits it, "rot ##AT##-##AT## weißes": 9 tokens,
+# 8/9, 6/8, 5/7, 4/6. Lengths are equal: no brevity penalty.
+HYPOTHESIS, REFERENCE = "Der Mann fährt ein rot-weißes Rad.", "Der Mann fährt ein rot-weißes Fahrrad."
+SACREBLEU = 100 * (6 / 7 * 4 / 6 * 3 / 5 * 2 / 4) ** 0.25  # 64.34
+TOKENIZED = 100 * (8 / 9 * 6 / 8 * 5 / 7 * 4 / 6) ** 0.25  # 75.06
+
+
+def test_the_worked_example():
+    assert compute_bleu([HYPOTHESIS], [REFERENCE])["bleu"] == pytest.approx(SACREBLEU)
+    assert compute_tokenized_bleu([HYPOTHESIS], [REFERENCE], "de")["bleu"] == pytest.approx(TOKENIZED)
+
+
+def _wmt_lines(text: str) -> dict:
+    lines = dict(line.split(" = ", 1) for line in text.splitlines() if " = " in line)
+    return {name: (float(value.split("\t")[0]), value.split("\t")[1]) for name, value in lines.items()}
+
+
+def test_evaluate_reports_sacrebleu_and_the_papers_tokenized_bleu(tmp_path, capsys):
+    from vaswani.commands.evaluate import main as evaluate_main
+
+    hypotheses, references = tmp_path / "hyp.de", tmp_path / "ref.de"
+    hypotheses.write_text(HYPOTHESIS + "\n")
+    references.write_text(REFERENCE + "\n")
+    evaluate_main(["--hypotheses", str(hypotheses), "--references", str(references), "--moses_lang", "de"])
+    lines = _wmt_lines(capsys.readouterr().out)
+    bleu, signature = lines["BLEU"]
+    assert bleu == pytest.approx(SACREBLEU, abs=0.005) and "|tok:13a|" in signature
+    tokenized, signature = lines["BLEU (tokenized, compounds split, de: the paper's WMT BLEU)"]
+    assert tokenized == pytest.approx(TOKENIZED, abs=0.005)
+    assert (
+        "|case:mixed|" in signature and "|tok:none|smooth:none|" in signature and "##AT##-##AT##" in signature
+    )
+
+
+def test_translate_with_references_reports_both_bleus(tmp_path, capsys, monkeypatch):
+    """`vaswani-translate --references --moses_lang de` scores what it translated: here a model folder stands in,
+    and the translation is the worked example's hypothesis."""
+    from conftest import tiny_model
+
+    from vaswani.commands import translate as translate_command
+    from vaswani.translation import Hypothesis
+
+    folder = tmp_path / "model"
+    tokenizer = tiny_tokenizer()
+    tiny_model(vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    monkeypatch.setattr(
+        translate_command,
+        "translate_n_best",
+        lambda sentences, *args, **kwargs: [[Hypothesis(HYPOTHESIS, 0.0)] for _ in sentences],
+    )
+    source, references, results = tmp_path / "src.en", tmp_path / "ref.de", tmp_path / "results.json"
+    source.write_text("The man rides a red-and-white bike.\n")
+    references.write_text(REFERENCE + "\n")
+    translate_command.main(
+        ["--model_name_or_path", str(folder), "--input", str(source), "--output", str(tmp_path / "hyp.de")]
+        + ["--references", str(references), "--moses_lang", "de", "--results_json", str(results)]
+    )
+    lines = _wmt_lines(capsys.readouterr().err)
+    assert lines["BLEU"][0] == pytest.approx(SACREBLEU, abs=0.005)
+    assert lines["BLEU (tokenized, compounds split, de: the paper's WMT BLEU)"][0] == pytest.approx(
+        TOKENIZED, abs=0.005
+    )
+    record = json.loads(results.read_text())
+    assert record["bleu_tokenized"] == pytest.approx(TOKENIZED) and record["bleu"] == pytest.approx(SACREBLEU)
 
 
 # ---- bounded evaluation -----------------------------------------------------------------------------------------

@@ -56,13 +56,21 @@ def main(argv):
     trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)
     scores = finish(trainer, data_args, finish_args)
     if scores:
-        print(f"\n{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}")
+        print(
+            f"\n{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  (sacreBLEU, detokenized)"
+        )
         print(f"  {scores['bleu_signature']}")
         if "bleu_lowercase_moses_tokenized" in scores:
             print(
                 f"  lowercased Moses-tokenized BLEU (comparable to published Multi30k figures): "
                 f"{scores['bleu_lowercase_moses_tokenized']:.2f}"
             )
+        if "bleu_tokenized" in scores:
+            print(
+                f"  tokenized BLEU, compounds split (the paper's WMT figure, not comparable with sacreBLEU): "
+                f"{scores['bleu_tokenized']:.2f}"
+            )
+            print(f"  {scores['bleu_tokenized_signature']}")
     return trainer
 
 
