@@ -11,10 +11,18 @@ from tiny_translation_assets import tiny_tokenizer
 from transformers import EvalPrediction, TrainerControl, TrainerState
 from transformers.trainer_utils import IntervalStrategy
 
+from bench.synthetic_corpus import write_corpus
 from vaswani.arguments import (
+    DataArguments,
+    FinishArguments,
+    ModelArguments,
+    ModelConfigArguments,
     PaperTrainingArguments,
+    config_overrides,
 )
 from vaswani.callbacks import TimeBudget, TimedCheckpoints
+from vaswani.checkpoints import checkpoints
+from vaswani.cli import parse_args, read_arguments_file
 from vaswani.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
 from vaswani.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
 
@@ -93,6 +101,130 @@ def test_a_run_stopped_by_its_time_budget_evaluates_its_last_step_as_at_max_step
     budget.on_train_begin(args, state, control)
     budget.on_step_end(args, state, control)
     assert control.should_training_stop and control.should_save and control.should_evaluate
+
+
+# ---- the recipes ---------------------------------------------------------------------------------------------
+PAPER = {  # Vaswani et al. (2017): §5.1-5.4, Table 3, §6.1
+    "wmt14_en_de_base": dict(target="de", config="de-en", vocab=37000, preset="base", dropout=0.1, steps=100_000, avg=5),
+    "wmt14_en_de_big": dict(target="de", config="de-en", vocab=37000, preset="big", dropout=0.3, steps=300_000, avg=20),
+    "wmt14_en_fr_base": dict(target="fr", config="fr-en", vocab=32000, preset="base", dropout=0.1, steps=100_000, avg=5),
+    "wmt14_en_fr_big": dict(target="fr", config="fr-en", vocab=32000, preset="big", dropout=0.1, steps=300_000, avg=20),
+}  # fmt: skip
+
+
+def test_the_recipes_hold_the_papers_values():
+    assert set(RECIPES) == set(PAPER)
+    for name, paper in PAPER.items():
+        values = read_arguments_file(RECIPES[name])
+        expected = {
+            "dataset_name": "wmt/wmt14",  # the Hub's wmt14
+            "dataset_config_name": paper["config"],
+            "source_lang": "en",
+            "target_lang": paper["target"],
+            "train_split": "train",
+            "validation_split": "validation",  # newstest2013
+            "test_split": "test",  # newstest2014
+            "vocab_size": paper["vocab"],
+            "preset": paper["preset"],
+            "dropout": paper["dropout"],
+            "batch_tokens": 25000,
+            "max_steps": paper["steps"],
+            "paper_lr_schedule": True,
+            "learning_rate": 1.0,
+            "warmup_steps": 4000,
+            "adam_beta1": 0.9,
+            "adam_beta2": 0.98,
+            "adam_epsilon": 1e-9,
+            "weight_decay": 0.0,
+            "max_grad_norm": 0.0,
+            "label_smoothing_factor": 0.1,
+            "bf16": True,
+            "save_minutes": 10,
+            "save_strategy": "no",
+            "average_last": paper["avg"],
+            "num_beams": 4,
+            "length_penalty": 0.6,
+            "length_penalty_form": "gnmt",
+        }
+        assert {key: values.get(key) for key in expected} == expected, name
+        assert values["save_total_limit"] > paper["avg"], name  # the checkpoints to average are kept
+        # vaswani-train reads every entry as the flag it names (bf16 off: this machine may have no GPU).
+        model, config, data, finish, training = parse_args(
+            [ModelArguments, ModelConfigArguments, DataArguments, FinishArguments, PaperTrainingArguments],
+            [str(RECIPES[name]), "--bf16", "false"],
+            description="",
+        )
+        assert (model.preset, config_overrides(config), data.vocab_size) == (
+            paper["preset"],
+            {"dropout": paper["dropout"]},
+            paper["vocab"],
+        )
+        assert (training.save_strategy, training.save_minutes, training.adam_epsilon) == ("no", 10, 1e-9)
+        assert (
+            training.gradient_accumulation_steps == 7
+        )  # 25,000 tokens in micro-batches of 3584 on one process
+        assert (finish.average_last, finish.num_beams, finish.length_penalty) == ([paper["avg"]], 4, [0.6])
+
+
+def _tiny(corpus: Path, output_dir: Path) -> list[str]:
+    """The recipe's sizes and data replaced by tiny ones: the synthetic corpus, a 300-token BPE, d_model 16 with
+    one layer, three steps of 512 tokens, a checkpoint every step (by time), the last 2 averaged."""
+    return [
+        "--dataset_name", str(corpus), "--validation_split", "val", "--preprocessing_num_workers", "1",
+        "--vocab_size", "300", "--d_model", "16", "--encoder_layers", "1", "--decoder_layers", "1",
+        "--encoder_attention_heads", "2", "--decoder_attention_heads", "2", "--encoder_ffn_dim", "32",
+        "--decoder_ffn_dim", "32", "--max_tokens", "512", "--batch_tokens", "512", "--warmup_steps", "2",
+        "--max_steps", "3", "--save_minutes", "0.00001", "--save_total_limit", "3", "--average_last", "2",
+        "--bf16", "false", "--logging_steps", "1", "--plots", "false", "--output_dir", str(output_dir),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """WMT14-shaped synthetic corpora standing in for the Hub's wmt14: train, val and test splits."""
+    folder = tmp_path_factory.mktemp("wmt14")
+    return {
+        target: write_corpus(
+            folder / target, pairs=300, src="en", tgt=target, validation=20, test=20, vocab=200
+        )
+        for target in ("de", "fr")
+    }
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_each_recipe_runs_end_to_end_at_tiny_sizes(name, corpora, tmp_path, caplog, capsys):
+    from vaswani.commands import train as train_command
+
+    paper, out = PAPER[name], tmp_path / "run"
+    caplog.set_level(logging.INFO, logger="vaswani")
+    train_command.main([str(RECIPES[name]), *_tiny(corpora[paper["target"]], out)])
+    # Checkpoints by time (every step here), the last 2 averaged, the test split translated with beam 4 and scored.
+    assert [c.name for c in checkpoints(out)] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert "TimedCheckpoints" in state["stateful_callbacks"]
+    assert any(
+        "eval_bleu" in entry for entry in state["log_history"]
+    )  # the final evaluation of the last step
+    config = json.loads((out / "config.json").read_text())
+    assert (config["d_model"], config["dropout"]) == (16, paper["dropout"])
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["steps"] == 3 and summary["label_smoothing"] == 0.1
+    results = json.loads((out / "test_results.json").read_text())
+    assert results["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-3"]
+    assert (results["split"], results["num_beams"], results["length_penalty"]) == ("test", 4, 0.6)
+    assert "tok:13a" in results["bleu_signature"] and "compounds split" in results["bleu_tokenized_signature"]
+    hypotheses = (out / "averaged" / f"test.hyp.{paper['target']}").read_text().splitlines()
+    assert len(hypotheses) == 20
+    printed = capsys.readouterr().out
+    assert "test: BLEU" in printed and "(sacreBLEU, detokenized)" in printed
+    assert "tokenized BLEU, compounds split (the paper's WMT figure" in printed
+    log = caplog.text
+    assert "After training (step 3): a final evaluation of 20 pairs, greedy, 64 a batch (1 batch)" in log
+    assert "the average of the last 2 checkpoints; the test translation of 20 pairs, beam 4" in log
+    assert (
+        "Evaluating: decoding 20 pairs, greedy, 64 a batch (1 batch), at most source length + 50 new" in log
+    )
+    assert "Evaluation of 20 pairs took" in log
 
 
 # ---- WMT's metrics in the tools ------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ examples:
       --source_lang de --target_lang en --preset small --vocab_size 8000 --max_train_minutes 10 --average_last 5 \\
       --output_dir runs/de-en
   vaswani-train run.yaml --seed 2               (flags from a YAML or JSON file; flags given here override it)
-  torchrun --nproc_per_node 8 -m vaswani.commands.train --preset base --dataset_name wmt14 \\
-      --dataset_config_name de-en --source_lang en --target_lang de --batch_tokens 25000 --bf16 ...
+  torchrun --nproc_per_node 8 -m vaswani.commands.train recipes/wmt14_en_de_base.yaml
+                                                (the paper's WMT 2014 en-de base run; recipes/README.md)
 """
 
 # Old flag names, still accepted with a warning.
