@@ -126,9 +126,7 @@ class AfterTraining:
     eval_decoding: str  # describe_decoding(...) of that evaluation
     processes: int
     average_last: tuple[int, ...]
-    validation_translations: (
-        int  # beam-search passes over the validation split, to choose an average or alpha
-    )
+    validation_translations: int  # beam-search passes over validation, choosing an average or alpha
     choice_pairs: int | None  # pairs of those translations
     test_pairs: int | None
     test_decoding: str | None  # describe_decoding(...) of the test translation
