@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 from datasets import Dataset
 from tiny_translation_assets import tiny_tokenizer
 from transformers import EvalPrediction, TrainerControl, TrainerState
@@ -191,8 +192,18 @@ def corpora(tmp_path_factory):
     }
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models run thousands of tiny kernels: on a busy machine, torch's threads waiting for each other at every
+    one of them cost more than the work (10x here), so these runs take one thread, as the subprocess runs do."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("name", sorted(PAPER))
-def test_each_recipe_runs_end_to_end_at_tiny_sizes(name, corpora, tmp_path, caplog, capsys):
+def test_each_recipe_runs_end_to_end_at_tiny_sizes(name, corpora, tmp_path, caplog, capsys, one_thread):
     from vaswani.commands import train as train_command
 
     paper, out = PAPER[name], tmp_path / "run"
