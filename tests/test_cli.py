@@ -227,7 +227,7 @@ def _commands_in(text: str) -> list[list[str]]:
 
 
 def test_documented_commands_use_flags_the_tools_have():
-    """Every `vaswani-*` command in the README and the Makefile parses with the current flags and no renamed one."""
+    """Every `vaswani-*` command in the READMEs and the Makefile parses with the current flags and no renamed one."""
     from vaswani.commands import average_checkpoints, evaluate, plot, train_tokenizer
 
     tools = {
@@ -241,6 +241,7 @@ def test_documented_commands_use_flags_the_tools_have():
     }
     makefile = (ROOT / "Makefile").read_text().replace("$(BIN)/vaswani-", "vaswani-")
     commands = _commands_in((ROOT / "README.md").read_text()) + _commands_in(makefile)
+    commands += _commands_in((ROOT / "recipes" / "README.md").read_text())
     assert any(c[0] == "vaswani-train" for c in commands) and any(
         c[0] == "vaswani-translate" for c in commands
     )

@@ -339,8 +339,29 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     generation_max_length: int | None = field(
         default=None, metadata={"help": "Max length for eval generation."}
     )
-    save_strategy: str = field(default="steps", metadata={"help": "Checkpoints at a fixed interval."})
+    per_device_eval_batch_size: int = field(
+        default=64,
+        metadata={
+            "help": "Validation pairs per generate() call and device (transformers' default is 8); the validation "
+            "split is decoded longest first, so that a batch holds sources of similar length."
+        },
+    )
+    save_strategy: str = field(
+        default="steps",
+        metadata={
+            "help": "steps: a checkpoint every --save_steps; no: only those of --save_minutes (and of a "
+            "--max_train_minutes stop)."
+        },
+    )
     save_steps: float = field(default=500, metadata={"help": "Checkpoint interval in optimizer steps."})
+    save_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Also write a checkpoint whenever this many minutes of training have passed since the last one "
+            "(§6.1: 10), and at the last step; a resumed run continues the interval. In addition to --save_steps: "
+            "--save_strategy no leaves the time alone."
+        },
+    )
     eval_strategy: str = field(default="steps", metadata={"help": "Evaluate with BLEU at a fixed interval."})
     eval_steps: float | None = field(
         default=500, metadata={"help": "Evaluation interval in optimizer steps."}
@@ -385,6 +406,8 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
                 "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
                 "--lr_scheduler_type (linear, cosine) instead"
             )
+        if self.save_minutes is not None and not (self.save_minutes > 0 and math.isfinite(self.save_minutes)):
+            raise UsageError(f"--save_minutes must be a positive number of minutes, got {self.save_minutes}")
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise ValueError(f"`max_tokens` must be positive, got {self.max_tokens}.")
         if self.batch_tokens is not None:

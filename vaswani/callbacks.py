@@ -1,5 +1,6 @@
-"""The Trainer callbacks of the recipe: a wall-time budget (`--max_train_minutes`), a training clock that survives
-resuming, a progress bar that ends where the run ends, and the hand-over of mixed precision to the trainer."""
+"""The Trainer callbacks of the recipe: a wall-time budget (`--max_train_minutes`), checkpoints at intervals of time
+(`--save_minutes`), a training clock that survives resuming, a progress bar that ends where the run ends, and the
+hand-over of mixed precision to the trainer."""
 
 from __future__ import annotations
 
@@ -50,6 +51,52 @@ class TimeBudget(TrainerCallback):
             )
             control.should_training_stop = True
             control.should_save = True
+            # The last step evaluates, as at --max_steps (transformers' step-based evaluation does that there).
+            if args is not None and args.eval_strategy == "steps" and args.eval_delay <= state.global_step:
+                control.should_evaluate = True
+        return control
+
+
+class TimedCheckpoints(TrainerCallback, ExportableState):
+    """A checkpoint whenever `minutes` of wall time in training (evaluations included) have passed since the last
+    checkpoint, whatever wrote it (`--save_minutes`; §6.1: "checkpoints, which were written at 10-minute
+    intervals"), and one at the last step. Runs after the callbacks that ask for checkpoints by steps or by the time
+    budget, so that any checkpoint restarts the interval. Each checkpoint keeps the time since the last one in its
+    `trainer_state.json` (`stateful_callbacks`), where a resumed run picks the interval up (`on_train_begin`).
+    `clock` returns seconds (tests pass a fake one)."""
+
+    def __init__(self, minutes: float, seconds_since_save: float = 0.0, clock=time.monotonic):
+        self.minutes = float(minutes)
+        self.seconds_before = float(seconds_since_save)
+        self.clock = clock
+        self.since = clock()
+
+    @property
+    def seconds_since_save(self) -> float:
+        return self.seconds_before + self.clock() - self.since
+
+    def state(self) -> dict:
+        return {
+            "args": {"minutes": self.minutes, "seconds_since_save": self.seconds_since_save},
+            "attributes": {},
+        }
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        if isinstance(saved, list):
+            saved = saved[-1] if saved else None
+        # A resumed run continues from its checkpoint's count; a fresh one (or a checkpoint written without this
+        # callback) from zero. The Trainer stores every stateful callback's state under its name at each checkpoint.
+        self.seconds_before = float(saved["args"].get("seconds_since_save", 0.0)) if saved else 0.0
+        self.since = self.clock()
+        if state.stateful_callbacks is not None:
+            state.stateful_callbacks[type(self).__name__] = self.state()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.seconds_since_save >= self.minutes * 60 or state.global_step >= state.max_steps:
+            control.should_save = True
+        if control.should_save:
+            self.seconds_before, self.since = 0.0, self.clock()
         return control
 
 

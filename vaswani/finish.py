@@ -9,6 +9,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 from .arguments import DataArguments, FinishArguments
 from .averaging import average_checkpoints
 from .checkpoints import checkpoints
+from .evaluation import describe_decoding, describe_seconds
 from .fileio import atomic_folder, replace_files, write_json
 from .hub import publish
 from .metrics import reported_scores
@@ -217,7 +219,11 @@ def evaluate_test_split(
     alpha = finish_args.length_penalty[0] if length_penalty is None else length_penalty
     test = load_split(data_args, "test")
     split = data_args.test_split or Path(data_args.test_file).name
+    what = describe_decoding(len(test), finish_args.num_beams, finish_args.translate_batch_size)
+    logger.info("Translating the test split %s: %s", split, what)
+    started = time.monotonic()
     hypotheses, target_tok = _translate_with(model_dir, test[data_args.source_lang], finish_args, alpha)
+    logger.info("Translated %d test pairs in %s", len(test), describe_seconds(time.monotonic() - started))
     references = test[data_args.target_lang]
     write_sentences(hypotheses, Path(model_dir, f"{split}.hyp.{data_args.target_lang}"))
     if plot_attention:

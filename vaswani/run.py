@@ -24,6 +24,7 @@ from .checkpoints import train_or_resume
 from .checks import check_run
 from .configuration_vaswani import VaswaniConfig
 from .data import iter_text, load_parallel_dataset, load_parallel_file, tokenize_dataset
+from .evaluation import AfterTraining, describe_decoding, sort_by_source_length
 from .fileio import atomic_folder, write_json
 from .generation_vaswani import paper_decoding
 from .kernels import FAST_ATTENTION, use_cpu_kernels
@@ -181,6 +182,7 @@ def train_main(
         raw["validation"] = load_split(data_args, "validation")
     if data_args.max_train_samples:
         raw["train"] = raw["train"].select(range(min(data_args.max_train_samples, len(raw["train"]))))
+    full_validation = len(raw["validation"]) if "validation" in raw else None
     if data_args.max_eval_samples and "validation" in raw:
         raw["validation"] = raw["validation"].select(
             range(min(data_args.max_eval_samples, len(raw["validation"])))
@@ -212,6 +214,10 @@ def train_main(
             f"{data_args.max_target_length or data_args.max_source_length} tokens)"
         )
     logger.info("Pairs dropped by filtering: %s", dropped)
+    if "validation" in tokenized:
+        # Decoded in batches of similar length; the references (raw) follow the same order.
+        validation = sort_by_source_length(tokenized["validation"], raw["validation"])
+        tokenized["validation"], raw["validation"] = validation
 
     set_seed(training_args.seed)  # the initial weights are part of the run: the same on every rank and rerun
     model = build_model(model_args, overrides, source_tok, target_tok, training_args)
@@ -238,6 +244,9 @@ def train_main(
         if "validation" in raw
         else None,
     )
+    plan = after_training_plan(trainer, data_args, finish_args, full_validation)
+    trainer.evaluation_clock.after_training = plan
+    logger.info(plan.describe())
     result = train_or_resume(trainer, resume)
     if result is not None:
         # The Trainer turns the cache off while training; the saved model is for use.
@@ -253,3 +262,39 @@ def train_main(
         summary = training_summary(trainer, result, model, model_args, data_args, n_params, dropped, started)
         write_json(Path(training_args.output_dir, "training_summary.json"), summary)
     return trainer
+
+
+def after_training_plan(
+    trainer: VaswaniTrainer,
+    data_args: DataArguments,
+    finish_args: FinishArguments,
+    full_validation: int | None,
+) -> AfterTraining:
+    """What runs once training ends, for the log (`evaluation.AfterTraining`): the final evaluation (step-based
+    evaluation evaluates the last step, at --max_steps or at the --max_train_minutes budget; --do_eval alone once at
+    the end), the averaging, the choices on the (whole) validation split and the test translation (its split is read
+    here to count it, so that a wrong --test_split is also reported now rather than after training)."""
+    args = trainer.args
+    validation = len(trainer.eval_dataset) if trainer.eval_dataset is not None else None
+    final = (
+        validation if args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no") else None
+    )
+    beams = args.generation_num_beams or trainer.model.generation_config.num_beams or 1
+    choices = (len(set(finish_args.average_last)) if finish_args.chooses_average else 0) + (
+        len(set(finish_args.length_penalty)) if finish_args.chooses_length_penalty else 0
+    )
+    test = len(load_split(data_args, "test")) if data_args.test_split or data_args.test_file else None
+    return AfterTraining(
+        budget_minutes=getattr(args, "max_train_minutes", None),
+        max_steps=args.max_steps,
+        validation_pairs=final,
+        eval_decoding=describe_decoding(
+            final or 0, beams, args.per_device_eval_batch_size, args.world_size, args.generation_max_length
+        ),
+        processes=args.world_size,
+        average_last=tuple(finish_args.average_last),
+        validation_translations=choices,
+        choice_pairs=full_validation,
+        test_pairs=test,
+        test_decoding=describe_decoding(test or 0, finish_args.num_beams, finish_args.translate_batch_size),
+    )

@@ -7,6 +7,7 @@ checkpoints and resuming in `checkpoints`; the flags in `arguments.PaperTraining
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import shutil
@@ -19,8 +20,9 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_callback import ProgressCallback
 
 from .batching import EpochSetter, TokenBudgetBatchSampler
-from .callbacks import AutocastInTheTrainer, RunProgress, TimeBudget, TrainingClock
+from .callbacks import AutocastInTheTrainer, RunProgress, TimeBudget, TimedCheckpoints, TrainingClock
 from .distributed import enable_fsdp_on_cpu, shard_with_fsdp2
+from .evaluation import EvaluationClock, describe_decoding, generation_settings
 from .fileio import replace_files, temporary_sibling
 from .generation_vaswani import EXTRA_OUTPUT_TOKENS
 from .losses import fused_output_loss, label_smoothed_loss
@@ -53,6 +55,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         minutes = getattr(self.args, "max_train_minutes", None)
         if minutes:
             self.add_callback(TimeBudget(minutes))
+        if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
+            self.add_callback(TimedCheckpoints(self.args.save_minutes))
+        self.evaluation_clock = EvaluationClock()
         if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RunProgress(minutes))
         self._owns_loss = False
@@ -181,6 +186,19 @@ class VaswaniTrainer(Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory,
         )
         return self.accelerator.prepare(loader)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", **gen_kwargs):
+        """`Seq2SeqTrainer.evaluate`, with a log line before it saying what it decodes and how long it should take,
+        and one after it with the time it took (`evaluation.EvaluationClock`)."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        timing = contextlib.nullcontext()
+        if self.args.predict_with_generate and hasattr(dataset, "__len__") and not isinstance(dataset, dict):
+            beams, limit = generation_settings(self, gen_kwargs)
+            batch = self.args.per_device_eval_batch_size
+            what = describe_decoding(len(dataset), beams, batch, self.args.world_size, limit)
+            timing = self.evaluation_clock.timing(len(dataset), what)
+        with timing:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Generation during evaluation stops at source length + 50 tokens (§6.1) unless a maximum is given."""

@@ -1,8 +1,10 @@
 """`vaswani-evaluate`: score a translation file against reference file(s): sacreBLEU BLEU and chrF with their
-signatures.
+signatures; with --moses_lang, also BLEU on lowercased Moses-tokenized text (published Multi30k figures) and the
+paper's WMT BLEU (Moses-tokenized, compounds split as ##AT##-##AT##, case kept: tensor2tensor's get_ende_bleu.sh),
+each on its own line with its signature.
 
 Files hold one segment a line (`.gz` allowed) and must have the same number of lines. The numbers come from
-`vaswani.metrics.score_files`; see `compute_moses_bleu` for what `--moses_lang` adds.
+`vaswani.metrics.score_files`; see `compute_moses_bleu` and `compute_tokenized_bleu` for what `--moses_lang` adds.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..cli import command, parse_args
 from ..errors import UsageError, flag_errors
-from ..metrics import BLEU_TOKENIZERS, check_moses_lang, score_files
+from ..metrics import BLEU_TOKENIZERS, check_moses_lang, score_files, score_lines
 
 DESCRIPTION = __doc__.replace("`vaswani-evaluate`: s", "S", 1)
 
@@ -19,6 +21,8 @@ EPILOG = """\
 examples:
   vaswani-evaluate --hypotheses hyp.de --references test_2016_flickr.de.gz
   vaswani-evaluate --hypotheses hyp.de --references ref.de --moses_lang de    (+ Multi30k-style BLEU)
+  vaswani-evaluate --hypotheses newstest2014.hyp.de --references newstest2014.de --moses_lang de
+      (WMT14 en-de: sacreBLEU on the detokenized text, and the paper's tokenized BLEU with compounds split)
 """
 
 
@@ -39,7 +43,8 @@ class EvaluationArguments:
     moses_lang: str | None = field(
         default=None,
         metadata={
-            "help": "Also report lowercased, Moses-tokenized BLEU for this language (published Multi30k style)."
+            "help": "The target language: also report lowercased, Moses-tokenized BLEU (published Multi30k "
+            "style) and the paper's tokenized BLEU with compounds split (WMT 2014), each labelled."
         },
     )
 
@@ -59,14 +64,12 @@ def main(argv):
     scores = score_files(
         args.hypotheses, args.references, args.tokenize, args.lowercase, args.chrf_word_order, args.moses_lang
     )
-    plain = scores["sacrebleu"]
-    print(f"BLEU = {plain['bleu']:.2f}\t{plain['bleu_signature']}")
-    print(f"chrF = {plain['chrf']:.2f}\t{plain['chrf_signature']}")
-    if "moses" in scores:
-        moses = scores["moses"]
-        print(
-            f"BLEU (lowercased, Moses-tokenized, {args.moses_lang}) = {moses['bleu']:.2f}\t{moses['bleu_signature']}"
-        )
+    record = {key: scores["sacrebleu"][key] for key in ("bleu", "bleu_signature", "chrf", "chrf_signature")}
+    for name, key in (("moses", "bleu_lowercase_moses_tokenized"), ("tokenized", "bleu_tokenized")):
+        if name in scores:
+            record[key], record[f"{key}_signature"] = scores[name]["bleu"], scores[name]["bleu_signature"]
+    for line in score_lines(record, args.moses_lang):
+        print(line)
     return scores
 
 

@@ -28,8 +28,8 @@ examples:
       --source_lang de --target_lang en --preset small --vocab_size 8000 --max_train_minutes 10 --average_last 5 \\
       --output_dir runs/de-en
   vaswani-train run.yaml --seed 2               (flags from a YAML or JSON file; flags given here override it)
-  torchrun --nproc_per_node 8 -m vaswani.commands.train --preset base --dataset_name wmt14 \\
-      --dataset_config_name de-en --source_lang en --target_lang de --batch_tokens 25000 --bf16 ...
+  torchrun --nproc_per_node 8 -m vaswani.commands.train recipes/wmt14_en_de_base.yaml
+                                                (the paper's WMT 2014 en-de base run; recipes/README.md)
 """
 
 # Old flag names, still accepted with a warning.
@@ -56,13 +56,21 @@ def main(argv):
     trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)
     scores = finish(trainer, data_args, finish_args)
     if scores:
-        print(f"\n{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}")
+        print(
+            f"\n{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  (sacreBLEU, detokenized)"
+        )
         print(f"  {scores['bleu_signature']}")
         if "bleu_lowercase_moses_tokenized" in scores:
             print(
                 f"  lowercased Moses-tokenized BLEU (comparable to published Multi30k figures): "
                 f"{scores['bleu_lowercase_moses_tokenized']:.2f}"
             )
+        if "bleu_tokenized" in scores:
+            print(
+                f"  tokenized BLEU, compounds split (the paper's WMT figure, not comparable with sacreBLEU): "
+                f"{scores['bleu_tokenized']:.2f}"
+            )
+            print(f"  {scores['bleu_tokenized_signature']}")
     return trainer
 
 

@@ -3,7 +3,8 @@
 Beam size 4, length penalty 0.6 and at most (longest source of the batch) + 50 new tokens unless overridden. Sentences
 are sorted by length for speed and written back in input order; empty lines stay empty. The tokenizer is read from the
 model folder (joint, or `source/` + `target/`) unless --tokenizer_name is given. The output file is written whole or
-not at all. With --references, BLEU and chrF (sacreBLEU) go to standard error, never mixed with translations.
+not at all. With --references, BLEU and chrF (sacreBLEU) go to standard error, never mixed with translations; with
+--moses_lang too, the paper's tokenized BLEU with compounds split (WMT 2014) beside them, each line labelled.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..cli import command, parse_args, setup_logging
 from ..errors import UsageError, flag_errors
 from ..fileio import write_json
 from ..generation_vaswani import LENGTH_PENALTY_FORMS
-from ..metrics import check_moses_lang
+from ..metrics import check_moses_lang, score_lines
 from ..tokenization import lowercases
 from ..translation import (
     LENGTH_PENALTY,
@@ -163,7 +164,8 @@ class ScoringArguments:
     moses_lang: str | None = field(
         default=None,
         metadata={
-            "help": "Also BLEU on lowercased, Moses-tokenized text of this language (published Multi30k)."
+            "help": "The target language: also BLEU on lowercased, Moses-tokenized text (published Multi30k) "
+            "and the paper's tokenized BLEU with compounds split (WMT 2014), each labelled."
         },
     )
     results_json: str | None = field(
@@ -270,15 +272,8 @@ def _score(
     scores = score_translations(
         translations, scoring.references, moses_lang=scoring.moses_lang, lowercase=lowercase
     )
-    print(f"BLEU = {scores['bleu']:.2f}\t{scores['bleu_signature']}", file=sys.stderr)
-    print(f"chrF = {scores['chrf']:.2f}\t{scores['chrf_signature']}", file=sys.stderr)
-    if scoring.moses_lang:
-        print(
-            f"BLEU (lowercased, Moses-tokenized, {scoring.moses_lang}) = "
-            f"{scores['bleu_lowercase_moses_tokenized']:.2f}\t"
-            f"{scores['bleu_lowercase_moses_tokenized_signature']}",
-            file=sys.stderr,
-        )
+    for line in score_lines(scores, scoring.moses_lang):
+        print(line, file=sys.stderr)
     if scoring.results_json:
         record = {
             **scores,

@@ -8,6 +8,7 @@
   compounds split (tensor2tensor's `get_ende_bleu.sh`, then `multi-bleu.perl`); not comparable with either.
 - `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
 - `reported_scores(...)`: both as the flat record a run reports (`test_results.json`, the model card's results).
+- `score_lines(...)`: that record as the tools print it, each line naming its BLEU.
 - `bleu_metric_fn(...)`: BLEU and chrF during training, as the Trainer's `compute_metrics`.
 
 The scoring lives twice, here and in `sacrebleu_chrf/sacrebleu_chrf.py`, because `evaluate` copies that file
@@ -290,6 +291,29 @@ def reported_scores(
     return record
 
 
+def score_lines(record: dict, lang: str | None = None) -> list[str]:
+    """What `vaswani-evaluate` and `vaswani-translate --references` print for a record with `reported_scores`' keys:
+    lines "NAME = score<TAB>signature", each saying which score it is. "BLEU" is sacreBLEU on the detokenized text
+    (WMT's own figure, comparable across papers through its signature); "BLEU (tokenized, compounds split, ...)" is
+    the paper's WMT BLEU (`compute_tokenized_bleu`: 27.3 base, 28.4 big on newstest2014 en-de), higher than
+    sacreBLEU's on the same output and never to be compared with it."""
+    lines = [
+        f"BLEU = {record['bleu']:.2f}\t{record['bleu_signature']}",
+        f"chrF = {record['chrf']:.2f}\t{record['chrf_signature']}",
+    ]
+    if "bleu_lowercase_moses_tokenized" in record:
+        lines.append(
+            f"BLEU (lowercased, Moses-tokenized, {lang}) = {record['bleu_lowercase_moses_tokenized']:.2f}\t"
+            f"{record['bleu_lowercase_moses_tokenized_signature']}"
+        )
+    if "bleu_tokenized" in record:
+        lines.append(
+            f"BLEU (tokenized, compounds split, {lang}: the paper's WMT BLEU) = {record['bleu_tokenized']:.2f}\t"
+            f"{record['bleu_tokenized_signature']}"
+        )
+    return lines
+
+
 def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
     """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: sacreBLEU and chrF of the decoded
     predictions against the raw reference text, case-insensitive if the tokenizer lowercases (its model writes
@@ -324,5 +348,6 @@ __all__ = [
     "moses_lowercase_tokenize",
     "reported_scores",
     "score_files",
+    "score_lines",
     "split_compounds",
 ]
