@@ -33,6 +33,23 @@ from .generation_vaswani import (
     PAPER_NUM_BEAMS,
 )
 from .kernels import FAST_ATTENTION
+from .recipe_flags import (
+    PAPER_MAX_TOKENS,
+    check_recipe_values,
+    choose_batches,
+    choose_learning_rate,
+)
+
+
+def check_languages(source_lang: str | None, target_lang: str | None) -> None:
+    """Raise `UsageError` naming the flag unless the languages given (None: not given) are two language codes."""
+    for name, value in (("source_lang", source_lang), ("target_lang", target_lang)):
+        if value is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", value):
+            raise UsageError(f"--{name} must be a language code such as de or en, got {value!r}")
+    if source_lang is not None and source_lang == target_lang:
+        raise UsageError(
+            f"--source_lang and --target_lang are both {source_lang!r}: translation needs two languages"
+        )
 
 
 @dataclass
@@ -120,15 +137,7 @@ class DataArguments:
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder of the datasets library."})
 
     def __post_init__(self):
-        for name in ("source_lang", "target_lang"):
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", getattr(self, name) or ""):
-                raise UsageError(
-                    f"--{name} must be a language code such as de or en, got {getattr(self, name)!r}"
-                )
-        if self.source_lang == self.target_lang:
-            raise UsageError(
-                f"--source_lang and --target_lang are both {self.source_lang!r}: translation needs two languages"
-            )
+        check_languages(self.source_lang or "", self.target_lang or "")  # both required here
         for name in (
             "vocab_size",
             "max_source_length",
@@ -186,7 +195,8 @@ class FinishArguments:
         },
     )
     num_beams: int = field(
-        default=PAPER_NUM_BEAMS, metadata={"help": "Beam size for the test set (§6.1: 4)."}
+        default=PAPER_NUM_BEAMS,
+        metadata={"help": "Beam size for the test set (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]},
     )
     length_penalty: list[float] = field(
         default_factory=lambda: [PAPER_LENGTH_PENALTY],
@@ -194,7 +204,8 @@ class FinishArguments:
             "help": "Length penalty alpha of the test's beam search, saved in the final model's generation config "
             "(§6.1: 0.6). Several values (--length_penalty 0.6 1.0 1.5 2.0; not the paper, which fixes alpha) "
             "each translate the validation split with the final model, and the highest BLEU is kept (the first "
-            "given among equals); averages chosen on validation are compared with the first."
+            "given among equals); averages chosen on validation are compared with the first. fairseq's --lenpen A "
+            "is --length_penalty A --length_penalty_form power."
         },
     )
     length_penalty_form: str = field(
@@ -272,9 +283,23 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         default=False,
         metadata={"help": "Translate and score the test data after training (--test_split, default 'test')."},
     )
-    learning_rate: float = field(
-        default=1.0,
-        metadata={"help": "With --paper_lr_schedule, a multiplier of the §5.3 formula (1.0 = the paper)."},
+    learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "The peak learning rate, as in transformers (fairseq: --lr). With the §5.3 schedule the rate "
+            "rises linearly to it over --warmup_steps, then falls as step^-0.5. Default: the paper's own peak, "
+            "d_model^-0.5 * warmup_steps^-0.5 (7.0e-4 for base with 4000 warm-up steps), times "
+            "--learning_rate_constant; without the §5.3 schedule transformers' 5e-5.",
+            "aliases": ["--lr"],
+        },
+    )
+    learning_rate_constant: float | None = field(
+        default=None,
+        metadata={
+            "help": "tensor2tensor's learning_rate_constant C, the other way to set the §5.3 schedule's peak: lrate "
+            "= C * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); 1.0 (default) is the paper. Not with "
+            "--learning_rate."
+        },
     )
     warmup_steps: int = field(default=4000, metadata={"help": "warmup_steps of §5.3 (the paper: 4000)."})
     adam_beta1: float = field(default=0.9, metadata={"help": "Adam beta1 (§5.3: 0.9)."})
@@ -309,6 +334,12 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "help": "Use the §5.3 schedule; false falls back to --lr_scheduler_type with --learning_rate."
         },
     )
+    lr_scheduler_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "transformers' schedule (linear, cosine, ...), with --paper_lr_schedule false only."
+        },
+    )
     lr_cooldown_fraction: float = field(
         default=0.0,
         metadata={
@@ -317,11 +348,18 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "linearly to 0. 0 (default) is the paper's schedule."
         },
     )
-    max_tokens: int | None = field(
-        default=4096,
+    per_device_train_batch_size: int | None = field(
+        default=None,
         metadata={
-            "help": "Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). "
-            "None batches by --per_device_train_batch_size sentences instead."
+            "help": "Sentences per batch and device, as in transformers; with --max_tokens, the most sentences of a "
+            "token-budget batch (fairseq's --batch-size with --max-tokens)."
+        },
+    )
+    max_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). Default: "
+            f"{PAPER_MAX_TOKENS}, unless --per_device_train_batch_size is given alone."
         },
     )
     batch_tokens: int | None = field(
@@ -362,6 +400,9 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(
                 "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
             )
+        check_recipe_values(self)
+        choose_batches(self)
+        choose_learning_rate(self)
         check_launch()
         if self.deepspeed and not torch.cuda.is_available():
             raise ValueError(
@@ -385,11 +426,12 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
                 "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
                 "--lr_scheduler_type (linear, cosine) instead"
             )
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise ValueError(f"`max_tokens` must be positive, got {self.max_tokens}.")
         if self.batch_tokens is not None:
             if self.max_tokens is None:
-                raise ValueError("`batch_tokens` needs `max_tokens` (token-budget batches).")
+                raise ValueError(
+                    "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size "
+                    "alone batches sentences)"
+                )
             self.gradient_accumulation_steps = max(
                 1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
             )
