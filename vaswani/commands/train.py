@@ -13,8 +13,9 @@ from ..arguments import (
     config_overrides,
 )
 from ..cli import command, parse_args, setup_logging
-from ..finish import finish
+from ..finish import empty_translations_warning, finish
 from ..run import train_main
+from ..run_folder import release_output_dir
 
 DESCRIPTION = """\
 Train the Transformer of "Attention Is All You Need" with the paper's recipe (§5: joint BPE, token-budget batches,
@@ -53,8 +54,11 @@ def main(argv):
         renamed=RENAMED,
     )
     setup_logging(main_process=training_args.process_index == 0)
-    trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)
-    scores = finish(trainer, data_args, finish_args)
+    try:
+        trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)
+        scores = finish(trainer, data_args, finish_args)
+    finally:  # the run's lock on its folder (run_folder.lock_output_dir)
+        release_output_dir(training_args.output_dir)
     if scores:
         print(f"\n{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}")
         print(f"  {scores['bleu_signature']}")
@@ -63,6 +67,9 @@ def main(argv):
                 f"  lowercased Moses-tokenized BLEU (comparable to published Multi30k figures): "
                 f"{scores['bleu_lowercase_moses_tokenized']:.2f}"
             )
+        print(f"  translations: {scores['hypotheses']}")
+        if warning := empty_translations_warning(scores):
+            print(f"  warning: {warning}")
     return trainer
 
 
