@@ -281,11 +281,6 @@ def test_fine_tuning_as_run_translation_does_gets_its_learning_rate_and_batch_si
     final = trainer.state.log_history[-1]
     assert final["train_samples"] == 152
     assert final["train_samples_per_second"] == pytest.approx(152 / final["train_runtime"], rel=1e-3)
-    # with a warm-up inside the run, the schedule reaches the peak itself
-    trainer = train_command.main(
-        list(map(str, argv[:-1])) + [str(tmp_path / "tuned-4"), "--warmup_steps", "4"]
-    )
-    assert _logged_rates(trainer)[4] == pytest.approx(5e-5)
 
 
 def test_token_budget_batches_report_what_they_trained_on(finished):
@@ -559,7 +554,7 @@ def _validation_loss(model_dir, corpus) -> float:
 
 def test_the_readme_fine_tuning_example_lowers_the_validation_loss(finished, corpus, tmp_path, capsys):
     """The README's fine-tuning command, with transformers' flags, on the tiny trained model and data (its paths and
-    its length made small: 24 steps, 4 of warm-up)."""
+    its length made small: 16 steps, 4 of warm-up): the peak --learning_rate is reached and the loss goes down."""
     import re
     import shlex
 
@@ -570,7 +565,7 @@ def test_the_readme_fine_tuning_example_lowers_the_validation_loss(finished, cor
         ("--model_name_or_path", finished[0]),
         ("--dataset_name", corpus),
         ("--output_dir", tmp_path / "tuned"),
-        ("--max_steps", 24),
+        ("--max_steps", 16),
         ("--warmup_steps", 4),
     ):
         argv[argv.index(flag) + 1] = str(value)

@@ -21,7 +21,7 @@ from transformers import DataCollatorForSeq2Seq, set_seed
 
 from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from .callbacks import RunTokenizer
-from .checkpoints import resolve_resume_checkpoint, tokenizer_digest, train_or_resume
+from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, tokenizer_digest, train_or_resume
 from .checks import check_run, has_training_state
 from .configuration_vaswani import VaswaniConfig
 from .data import iter_text, load_parallel_dataset, load_parallel_file, tokenize_dataset
@@ -211,7 +211,8 @@ def train_main(
             num_proc=data_args.preprocessing_num_workers,
         )
     digest = tokenizer_digest(source_tok, target_tok)
-    if resume is not None:  # the checkpoint must also have been trained with these tokenizers
+    if resume is not None and saved_tokenizer_digest(resume) not in (None, digest):
+        # trained with other tokenizers: refused when named, from "last" the newest checkpoint of these
         try:
             resume = resolve_resume_checkpoint(
                 training_args.resume_from_checkpoint,
