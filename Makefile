@@ -28,7 +28,7 @@ SAVE_STEPS ?= 60
 AVERAGE ?= 10
 KEEP := $(shell echo $$(( $$(echo $(AVERAGE) | tr ' ' '\n' | sort -n | tail -1) + 1 )))
 FULL_RECIPE := --preset tiny --vocab_size $(VOCAB) --bf16 --use_cpu --max_tokens $(MAX_TOKENS) --warmup_steps 2000 \
-	--learning_rate 2.53 --save_steps $(SAVE_STEPS) --save_total_limit $(KEEP) --eval_steps 1000 --logging_steps 50 \
+	--learning_rate_constant 2.53 --save_steps $(SAVE_STEPS) --save_total_limit $(KEEP) --eval_steps 1000 --logging_steps 50 \
 	--per_device_eval_batch_size 128 --average_last $(AVERAGE) $(EXTRA)
 
 .PHONY: run full-run test lint clean hf-common test-transformers
@@ -48,7 +48,7 @@ $(BIN)/.installed: pyproject.toml
 BF16 := $(if $(shell grep -m1 -o -w -E 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null),--bf16 --use_cpu,)
 run: $(BIN)/.installed
 	$(BIN)/vaswani-train --dataset_name $(DATA) $(SPLITS) --source_lang de --target_lang en \
-		--preset small --vocab_size 8000 $(BF16) --max_tokens 8192 --warmup_steps 300 --learning_rate 0.5 \
+		--preset small --vocab_size 8000 $(BF16) --max_tokens 8192 --warmup_steps 300 --learning_rate_constant 0.5 \
 		--max_train_minutes $(MINUTES) --max_steps 100000 --save_steps 30 --eval_steps 200 --logging_steps 25 \
 		--per_device_eval_batch_size 128 --average_last 5 --save_total_limit 5 --output_dir $(OUT) --overwrite_output_dir
 	@echo "The full recipe (make full-run: the tiny preset for 90 minutes on 2 CPU cores, RESULTS.md) reaches on test2016:"

@@ -336,3 +336,48 @@ def test_an_unknown_flag_is_reported_before_the_values_are_checked():
         parse_args(
             translate.TranslationArguments, ["--model_name_or_path", "m", "--num_beams", "0"], description=""
         )
+
+
+def test_fairseq_and_run_translation_flag_names_mean_what_they_mean_there(tmp_path):
+    """Issue: fairseq's --beam, --nbest, --lenpen and --lr were unknown (--lr "ambiguous": argparse took prefixes);
+    vaswani-translate refused --source_lang although the shared flags work in every tool."""
+    from vaswani.arguments import FinishArguments, PaperTrainingArguments
+
+    tools = [translate.TranslationArguments, translate.ScoringArguments]
+    args, _ = parse_args(
+        tools,
+        ["--model_name_or_path", "m", "--beam", "5", "--nbest", "2", "--lenpen", "1.2"]
+        + ["--source_lang", "de", "--target_lang", "en", "--input", "test.de"],
+        description="",
+    )
+    assert (args.num_beams, args.n_best, args.length_penalty, args.length_penalty_form) == (
+        5,
+        2,
+        1.2,
+        "power",
+    )
+    assert (args.source_lang, args.target_lang) == ("de", "en")
+    (finish,) = parse_args(FinishArguments, ["--beam", "6", "--lenpen", "1.0"], description="")
+    assert (finish.num_beams, finish.length_penalty, finish.length_penalty_form) == (6, [1.0], "power")
+    config = tmp_path / "run.yaml"
+    config.write_text("lr: 2e-4\nbeam: 3\n")
+    (training, finish) = parse_args(
+        [PaperTrainingArguments, FinishArguments],
+        [str(config), "--output_dir", str(tmp_path)],
+        description="",
+    )
+    assert (training.learning_rate, finish.num_beams) == (2e-4, 3)
+    for argv, message in (
+        (["--lenpen", "1", "--length_penalty_form", "gnmt"], "--lenpen is fairseq's length penalty"),
+        (["--lenpen", "1", "--length_penalty", "0.6"], "give one of them"),
+        (["--num_be", "3"], "unrecognized arguments: --num_be"),  # a prefix is never another flag
+        (
+            ["--source_lang", "de", "--target_lang", "en", "--input", "test.en"],
+            "--input test.en is named as en",
+        ),
+        (["--source_lang", "de", "--target_lang", "de"], "--source_lang and --target_lang are both 'de'"),
+    ):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            parse_args(tools, ["--model_name_or_path", "m", *argv], description="")
+    help_text = build_parser(tools, description="").format_help()
+    assert "--lenpen" in help_text and "--beam" in help_text and "--nbest" in help_text

@@ -1,17 +1,26 @@
 """Faults that used to lose, mix or expose files, or to do the wrong thing without a word: each case as a user meets
 it, through the command or the call they would type."""
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from test_tool_faults import assert_one_line_error, invoke, run_args, write_corpus
 from tiny_translation_assets import tiny_model, tiny_tokenizer
 
 from vaswani.averaging import average_checkpoints
+from vaswani.commands import train as train_command
+from vaswani.errors import UsageError
 from vaswani.fileio import atomic_folder, write_text
+from vaswani.recipe_flags import resolve_peak_learning_rate
+from vaswani.schedule import warmup_factor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -215,3 +224,354 @@ def test_the_tokenizer_of_a_model_folder_loads_silently(tmp_path):
         assert result.returncode == 0, result.stderr[-2000:]
         assert result.stdout.strip() == str(expected)
         assert "Do you wish" not in result.stdout + result.stderr and "model of type" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# vaswani-train with the habits of transformers' examples and fairseq
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def finished(corpus, tmp_path_factory):
+    """A finished run of 8 steps (checkpoints at 4 and 8) that translated its val split: (folder, trainer, what it
+    printed)."""
+    out = tmp_path_factory.mktemp("runs") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        trainer = train_command.main(
+            run_args(corpus, out, "--max_steps", "8", "--save_steps", "4", "--test_split", "val")
+        )
+    return out, trainer, printed.getvalue()
+
+
+def _copy(run, tmp_path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _logged_rates(trainer) -> dict[int, float]:
+    return {e["step"]: e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e}
+
+
+def test_fine_tuning_as_run_translation_does_gets_its_learning_rate_and_batch_size(
+    finished, corpus, tmp_path, capsys
+):
+    """Issue: `--per_device_train_batch_size 16 --learning_rate 5e-5` trained at ~1e-10 on 4096-token batches. Now
+    the batches are 16 sentences and 5e-5 is the peak of the schedule; a run that ends inside the warm-up says so."""
+    model, _, _ = finished
+    argv = [
+        "--model_name_or_path", model, "--do_train", "--per_device_train_batch_size", "16", "--learning_rate", "5e-5",
+        "--max_steps", "10", "--dataset_name", corpus, "--validation_split", "val", "--source_lang", "de",
+        "--target_lang", "en", "--eval_strategy", "no", "--logging_steps", "2", "--plots", "false",
+        "--output_dir", tmp_path / "tuned",
+    ]  # fmt: skip
+    trainer = train_command.main(list(map(str, argv)))
+    err = capsys.readouterr().err
+    assert "Batches: batches of 16 sentences per device (--per_device_train_batch_size)" in err
+    assert "Token-budget" not in err
+    rates = _logged_rates(trainer)
+    assert rates == pytest.approx({step: 5e-5 * warmup_factor(step, 4000) for step in (2, 4, 6, 8, 10)})
+    assert (
+        "--max_steps 10 ends the run inside the 4000 warm-up steps" in err and "not to the peak 5e-05" in err
+    )
+    # 120 pairs: 7 batches of 16 and one of 8 an epoch; 10 steps saw 120 + 2 * 16 sentences, and say so
+    final = trainer.state.log_history[-1]
+    assert final["train_samples"] == 152
+    assert final["train_samples_per_second"] == pytest.approx(152 / final["train_runtime"], rel=1e-3)
+
+
+def test_token_budget_batches_report_what_they_trained_on(finished):
+    """`train_samples_per_second` counted 8 sentences (the unused --per_device_train_batch_size) per token-budget
+    batch; it counts the sentences of the batches, and `train_tokens_per_second` their target tokens."""
+    _, trainer, _ = finished
+    batches = trainer.token_sampler().batches()[:8]  # epoch 0: the 8 steps of the run
+    labels = trainer.train_dataset["labels"]
+    final = trainer.state.log_history[-1]
+    assert final["train_samples"] == sum(len(b) for b in batches) != 8 * 8
+    assert final["train_tokens"] == sum(len(labels[i]) for b in batches for i in b)
+    assert final["train_tokens_per_second"] == pytest.approx(
+        final["train_tokens"] / final["train_runtime"], rel=1e-3
+    )
+
+
+def test_batches_follow_the_flags_given(tmp_path, corpus, capsys):
+    from vaswani.arguments import PaperTrainingArguments
+
+    def args(**given):
+        return PaperTrainingArguments(output_dir=str(tmp_path), **given)
+
+    paper, sentences, both = (
+        args(),
+        args(per_device_train_batch_size=16),
+        args(per_device_train_batch_size=3, max_tokens=96),
+    )
+    assert (paper.max_tokens, paper.max_sentences) == (4096, None)
+    assert (sentences.max_tokens, sentences.per_device_train_batch_size) == (None, 16)
+    assert (both.max_tokens, both.max_sentences) == (96, 3)
+    trainer = train_command.main(
+        run_args(
+            corpus,
+            tmp_path / "run",
+            "--max_steps",
+            "6",
+            "--save_steps",
+            "6",
+            "--per_device_train_batch_size",
+            "3",
+        )
+    )
+    assert "token-budget batches of at most 96 tokens and 3 sentences per device" in capsys.readouterr().err
+    assert all(len(batch) <= 3 for batch in trainer.token_sampler().batches())
+    assert trainer.state.log_history[-1]["train_samples"] <= 6 * 3
+
+
+def test_the_learning_rate_flags_of_transformers_tensor2tensor_and_fairseq(tmp_path, corpus, capsys):
+    """--learning_rate is the peak (transformers), --learning_rate_constant the multiplier of Eq. 3 (tensor2tensor, and
+    this tool's --learning_rate before), --lr fairseq's name of the peak; a prefix is never another flag."""
+    from vaswani.arguments import PaperTrainingArguments
+    from vaswani.cli import parse_args
+
+    def parsed(*argv):
+        return parse_args(PaperTrainingArguments, ["--output_dir", str(tmp_path), *argv], description="")[0]
+
+    assert parsed("--lr", "3e-4").learning_rate == 3e-4
+    constant = parsed("--learning_rate_constant", "0.5")
+    assert resolve_peak_learning_rate(constant, 256) == pytest.approx(0.5 * 256**-0.5 * 4000**-0.5)
+    with pytest.raises(UsageError, match="unrecognized arguments: --learning_rat"):
+        parsed("--learning_rat", "3e-4")
+    assert parsed("--paper_lr_schedule", "false").learning_rate == 5e-5  # transformers' default there
+    for argv, named in (
+        (
+            ["--learning_rate", "1e-3", "--learning_rate_constant", "2"],
+            "--learning_rate 0.001 and --learning_rate_constant 2.0",
+        ),
+        (["--learning_rate", "-1"], "--learning_rate must be a positive number"),
+        (["--label_smoothing_factor", "1.5"], "--label_smoothing_factor"),
+        (["--save_steps", "0"], "--save_steps must be positive"),
+        (["--lr_scheduler_type", "cosine"], "add --paper_lr_schedule false to use it"),  # not ignored
+    ):
+        code, _, err = invoke(
+            train_command.main, run_args(corpus, tmp_path / "run", "--max_steps", "2", *argv), capsys
+        )
+        assert_one_line_error(code, err, named)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_invalid_hub_model_id_is_refused_before_any_data_is_read(tmp_path, corpus, capsys, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was read before the flags were checked")
+
+    monkeypatch.setattr("vaswani.run.load_split", no_data)
+    argv = ["--max_steps", "2", "--push_to_hub", "--hub_model_id", "me/not a valid id"]
+    code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", *argv), capsys)
+    assert_one_line_error(code, err, "--hub_model_id", "not a valid id")
+
+
+def test_an_undertrained_run_says_its_translations_are_empty_and_where_they_are(finished):
+    out, _, printed = finished
+    hypotheses = out / "val.hyp.en"
+    empty = sum(1 for line in hypotheses.read_text().splitlines() if not line.strip())
+    assert empty > 4  # 8 steps: most translations are empty
+    assert f"translations: {hypotheses}" in printed
+    assert (
+        f"warning: {empty} of the 8 test translations are empty: the model is undertrained (8 training steps)"
+        in printed
+    )
+    assert json.loads((out / "test_results.json").read_text())["empty_translations"] == empty
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A run's folder: what --overwrite_output_dir deletes, one run at a time, resuming
+# ---------------------------------------------------------------------------------------------------------------------
+USERS_FILES = {
+    "source/main.c": "int main(void) { return 0; }\n",
+    "runs/exp1/log.txt": "step 1 loss 9.1\n",
+    "paper_results.json": '{"bleu": 27.3}\n',
+    "config.json": '{"model_type": "bert", "hidden_size": 768}\n',
+}
+
+
+def _write(folder: Path, files: dict) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+def test_overwrite_output_dir_refuses_a_folder_of_the_users_own_work(corpus, tmp_path, capsys):
+    """Issue: `--overwrite_output_dir` on a folder of the user's work deleted it and exited 0."""
+    work = tmp_path / "work"
+    _write(work, USERS_FILES)
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, work, "--max_steps", "2", "--overwrite_output_dir"), capsys
+    )
+    assert_one_line_error(
+        code, err, f"--output_dir {work} holds files that are not a vaswani run", "config.json"
+    )
+    assert {p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()} == set(USERS_FILES)
+    assert all((work / name).read_text() == text for name, text in USERS_FILES.items())
+
+
+def test_overwrite_output_dir_removes_only_what_a_run_wrote(finished, corpus, tmp_path, capsys):
+    """A run's folder (here of a run from before the marker) that also holds the user's files: the earlier run's
+    files go, the user's stay, and the tool names what it kept. A user's file inside a folder that runs replace
+    whole (a checkpoint) is named and nothing is removed."""
+    out = _copy(finished[0], tmp_path)
+    (out / ".vaswani-run.json").unlink()
+    mine = {
+        name: text for name, text in USERS_FILES.items() if name != "config.json"
+    }  # the run's own is there
+    _write(out, {**mine, "checkpoint-8/notes.txt": "the best one\n"})
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))  # the earlier run's lock file too
+    argv = ["--max_steps", "2", "--save_steps", "2", "--overwrite_output_dir"]
+    code, _, err = invoke(train_command.main, run_args(corpus, out, *argv), capsys)
+    assert_one_line_error(code, err, "checkpoint-8/notes.txt", "move them out", "nothing was removed")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    (out / "checkpoint-8" / "notes.txt").rename(tmp_path / "notes.txt")
+    code, _, err = invoke(train_command.main, run_args(corpus, out, *argv), capsys)
+    assert code == 0, err[-3000:]
+    assert all((out / name).read_text() == text for name, text in mine.items())
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not (out / "test_results.json").exists() and not (out / "val.hyp.en").exists()
+    assert "Left in" in err and "paper_results.json" in err and "runs/exp1/log.txt" in err
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_at_once(corpus, tmp_path, capsys):
+    """Issue: two runs into one folder both exited 0 with a mix of their checkpoints. The folder is locked for the
+    run (here by a process that took the tool's lock and is then killed with SIGKILL, which releases it)."""
+    out = tmp_path / "run"
+    script = (
+        "import sys, time\nfrom vaswani.run_folder import lock_output_dir\n"
+        "lock_output_dir(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        code, _, err = invoke(train_command.main, run_args(corpus, out, "--max_steps", "2"), capsys)
+        assert_one_line_error(code, err, f"--output_dir {out} is in use by another run (process {holder.pid}")
+        assert [p.name for p in out.iterdir()] == [".vaswani-run.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, out, "--max_steps", "2", "--save_steps", "2"), capsys
+    )
+    assert code == 0, err[-3000:]
+
+
+@pytest.mark.parametrize("damage", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "nan"])
+def test_a_damaged_checkpoint_is_refused_by_name_and_skipped_when_resuming_from_last(
+    finished, corpus, tmp_path, capsys, damage
+):
+    """Issue: without optimizer.pt or scheduler.pt the resumed run restarted Adam and the schedule, without
+    rng_state.pth its weights differed, and NaN weights were trained on and saved, all in silence."""
+    from safetensors.torch import load_file, save_file
+
+    out = _copy(finished[0], tmp_path)
+    checkpoint = out / "checkpoint-8"
+    if damage == "nan":
+        weights = load_file(checkpoint / "model.safetensors")
+        weights["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+        save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
+        reason = "holds NaN or infinite weights (model.encoder.layers.0.fc1.weight)"
+    else:
+        (checkpoint / damage).unlink()
+        reason = f"it has no {damage}"
+    argv = ["--max_steps", "10", "--save_steps", "4", "--test_split", "val"]
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", checkpoint), capsys
+    )
+    assert_one_line_error(code, err, "--resume_from_checkpoint", "checkpoint-8", reason)
+    if damage != "optimizer.pt":
+        return  # resuming from "last" skips each the same way: once is enough
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", "last"), capsys
+    )
+    assert code == 0, err[-3000:]
+    assert f"Skipping checkpoint {checkpoint}: " in err and reason in err
+    assert json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8
+    assert (out / "checkpoint-8" / "optimizer.pt").is_file()  # trained again from checkpoint-4
+
+
+def test_resuming_with_another_tokenizer_is_refused(finished, corpus, tmp_path, capsys):
+    """Issue: a run resumed with a different tokenizer of the same size trained one vocabulary's embeddings on the
+    other's ids."""
+    from vaswani.tokenization import load_tokenizers, save_tokenizers, train_bpe_tokenizer
+
+    out = _copy(finished[0], tmp_path)
+    own, _ = load_tokenizers(out / "tokenizer")
+    lines = (corpus / "train.en").read_text().splitlines() + (corpus / "train.de").read_text().splitlines()
+    other = train_bpe_tokenizer(
+        iter([line[::-1] for line in lines]), vocab_size=len(own), show_progress=False
+    )
+    assert len(other) == len(own)  # the same size: nothing else tells them apart
+    save_tokenizers(other, other, tmp_path / "other")
+    argv = ["--max_steps", "10", "--tokenizer_name", tmp_path / "other"]
+    for resume in (out / "checkpoint-8", "last"):
+        code, _, err = invoke(
+            train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", resume), capsys
+        )
+        assert_one_line_error(code, err, "--resume_from_checkpoint")
+        assert "trained with another tokenizer than this run's" in err
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+
+
+def test_a_finished_run_killed_before_its_tokenizer_was_written_gets_it_back(
+    finished, corpus, tmp_path, capsys
+):
+    """Issue: SIGKILL after the final model but before the final tokenizer.json was renamed into place left a
+    finished run without its tokenizer, and resuming said 'nothing left to train'."""
+    out = _copy(finished[0], tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "training_summary.json"):
+        (out / name).unlink()
+    argv = ["--max_steps", "8", "--save_steps", "4", "--resume_from_checkpoint", "last"]
+    code, _, err = invoke(train_command.main, run_args(corpus, out, *argv), capsys)
+    assert code == 0, err[-3000:]
+    assert "already reached --max_steps 8" in err
+    assert (out / "tokenizer.json").read_bytes() == (out / "tokenizer" / "tokenizer.json").read_bytes()
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 8
+
+
+def _validation_loss(model_dir, corpus) -> float:
+    """The plain cross-entropy of a model folder on the corpus' val pairs."""
+    import torch
+
+    from vaswani.translation import load_translation_model
+
+    model, source, target = load_translation_model(model_dir, device="cpu")
+    sources, references = ((corpus / f"val.{lang}").read_text().splitlines() for lang in ("de", "en"))
+    inputs = source(sources, return_tensors="pt", padding=True)
+    labels = target(text_target=references, return_tensors="pt", padding=True)["input_ids"]
+    labels[labels == target.pad_token_id] = -100
+    with torch.no_grad():
+        return model(**inputs, labels=labels).loss.item()
+
+
+def test_the_readme_fine_tuning_example_lowers_the_validation_loss(finished, corpus, tmp_path, capsys):
+    """The README's fine-tuning command, with transformers' flags, on the tiny trained model and data (its paths and
+    its length made small: 16 steps, 4 of warm-up): the peak --learning_rate is reached and the loss goes down."""
+    import re
+    import shlex
+
+    readme = re.sub(r"\\\n\s*", " ", (Path(ROOT) / "README.md").read_text())
+    (line,) = [line for line in readme.splitlines() if line.startswith("vaswani-train --model_name_or_path")]
+    argv = shlex.split(line.removeprefix("vaswani-train"))
+    for flag, value in (
+        ("--model_name_or_path", finished[0]),
+        ("--dataset_name", corpus),
+        ("--output_dir", tmp_path / "tuned"),
+        ("--max_steps", 16),
+        ("--warmup_steps", 4),
+    ):
+        argv[argv.index(flag) + 1] = str(value)
+    assert {"--per_device_train_batch_size", "--learning_rate"} <= set(argv)
+    trainer = train_command.main(argv)
+    err = capsys.readouterr().err
+    assert "batches of 16 sentences per device" in err and "rising to its peak 5e-05 at step 4" in err
+    assert trainer.args.learning_rate == 5e-5
+    assert _validation_loss(tmp_path / "tuned", corpus) < _validation_loss(finished[0], corpus)

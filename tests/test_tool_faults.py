@@ -53,7 +53,11 @@ def assert_one_line_error(code, err, *expected):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def write_corpus(folder: Path) -> Path:
+    """120 training and 8 validation pairs of made-up German and English captions, as {split}.{de,en} files."""
     rng = random.Random(1)
     for split, n in (("train", 120), ("val", 8)):
         src, tgt = [], []
@@ -363,6 +367,7 @@ def test_model_config_and_language_errors_come_before_any_data_is_read(corpus, t
         "moses_xx",
         "non_utf8_input",
         "n_best_over_beams",
+        "length_penalty_inf",
         "unknown_flag",
     ],
 )
@@ -401,9 +406,12 @@ def test_translate_errors_name_the_flag_or_file(case, model_dir, tmp_path, capsy
     elif case == "n_best_over_beams":
         argv += ["--n_best", "5", "--num_beams", "4"]
         expected = ("--n_best",)
+    elif case == "length_penalty_inf":  # was blamed on --num_beams
+        argv += ["--length_penalty", "inf"]
+        expected = ("--length_penalty: length_penalty must be a finite number, got inf",)
     else:  # a flag of another tool
-        argv += ["--source_lang", "de"]
-        expected = ("--source_lang",)
+        argv += ["--preset", "small"]
+        expected = ("--preset",)
     code, _, err = invoke(translate_command.main, argv, capsys)
     assert_one_line_error(code, err, *expected)
     assert not (tmp_path / "hyp.txt").exists()
@@ -526,6 +534,47 @@ def test_interactive_translation_answers_each_line_before_the_next(model_dir):
     model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
     expected = translate(SENTENCES[:2], model, tokenizer, max_new_tokens=6, show_progress=False)
     assert [a.rstrip("\n") for a in answers] == expected
+
+
+def test_plain_translate_on_a_terminal_says_it_reads_standard_input(model_dir):
+    """Issue: `vaswani-translate` without --input waited on a terminal without a word."""
+    import pty
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    terminal, its_end = pty.openpty()
+    command = [
+        str(BIN / "vaswani-translate"),
+        "--model_name_or_path",
+        str(model_dir),
+        "--max_new_tokens",
+        "6",
+    ]
+    process = subprocess.Popen(
+        command, stdin=its_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    os.close(its_end)
+    reader = ThreadPoolExecutor(max_workers=1)
+    try:
+
+        def notice():
+            for line in process.stderr:
+                if "vaswani-translate: reading sentences from standard input" in line:
+                    return line
+
+        assert "Ctrl-D ends them" in reader.submit(notice).result(timeout=120)
+        os.write(terminal, SENTENCES[0].encode() + b"\n\x04")  # a sentence, then Ctrl-D
+        assert process.wait(timeout=120) == 0
+        output = process.stdout.read()
+    finally:
+        process.kill()
+        reader.shutdown(wait=False)
+        os.close(terminal)
+    from vaswani.translation import load_translation_model, translate
+
+    model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
+    assert (
+        output == translate(SENTENCES[:1], model, tokenizer, max_new_tokens=6, show_progress=False)[0] + "\n"
+    )
 
 
 def test_the_progress_bar_ends_where_the_run_ends():

@@ -25,7 +25,8 @@ from vaswani.configuration_vaswani import (
     SINUSOID_FREQUENCIES,
     SINUSOID_LAYOUTS,
 )
-from vaswani.schedule import cooldown_factor, paper_learning_rate, paper_schedule
+from vaswani.recipe_flags import resolve_peak_learning_rate
+from vaswani.schedule import cooldown_factor, paper_learning_rate, paper_peak_learning_rate, paper_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
@@ -77,9 +78,11 @@ def test_paper_learning_rate_formula_and_schedule():
         < peak
         > paper_learning_rate(warmup + 1, d_model, warmup)
     )
+    # The optimizer's learning rate is the peak (as in transformers); the paper's peak makes the schedule Eq. 3.
+    assert paper_peak_learning_rate(d_model, warmup) == pytest.approx(7.0e-4, rel=2e-3)
     param = torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.Adam([param], lr=1.0)
-    schedule = paper_schedule(optimizer, d_model, warmup)
+    optimizer = torch.optim.Adam([param], lr=paper_peak_learning_rate(d_model, warmup))
+    schedule = paper_schedule(optimizer, warmup)
     seen = []
     for _ in range(5):
         seen.append(optimizer.param_groups[0]["lr"])
@@ -103,12 +106,14 @@ def test_cooldown_falls_to_zero_where_the_run_ends():
     d_model, warmup = 64, 4
 
     def adam():
-        return torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        return torch.optim.Adam(
+            [torch.nn.Parameter(torch.zeros(1))], lr=paper_peak_learning_rate(d_model, warmup)
+        )
 
     # Bound by steps: 10 steps, the last half cooling; the rate of update k is lrate(k) * factor((k - 1) / 10).
     optimizer = adam()
     seen = _learning_rates(
-        optimizer, paper_schedule(optimizer, d_model, warmup, cooldown_fraction=0.5, max_steps=10), 10
+        optimizer, paper_schedule(optimizer, warmup, cooldown_fraction=0.5, max_steps=10), 10
     )
     expected = [
         paper_learning_rate(k, d_model, warmup) * min(1, (1 - (k - 1) / 10) / 0.5) for k in range(1, 11)
@@ -119,7 +124,7 @@ def test_cooldown_falls_to_zero_where_the_run_ends():
     budget = TimeBudget(minutes=10.0)
     budget.started = time.monotonic() - 0.9 * budget.seconds
     optimizer = adam()
-    seen = _learning_rates(optimizer, paper_schedule(optimizer, d_model, warmup, 0.2, 100000, budget), 3)
+    seen = _learning_rates(optimizer, paper_schedule(optimizer, warmup, 0.2, 100000, budget), 3)
     assert seen[1:] == pytest.approx(
         [paper_learning_rate(k, d_model, warmup) * 0.5 for k in (2, 3)], rel=1e-3
     )
@@ -137,7 +142,10 @@ def test_training_arguments_default_to_the_paper(tmp_path):
     args = PaperTrainingArguments(output_dir=str(tmp_path))
     assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-9)
     assert args.warmup_steps == 4000 and args.label_smoothing_factor == 0.1 and args.weight_decay == 0.0
-    assert args.paper_lr_schedule and args.learning_rate == 1.0
+    # --learning_rate is the peak, as in transformers; not given, the paper's peak for the model's d_model
+    assert args.paper_lr_schedule and args.learning_rate is None and args.learning_rate_constant is None
+    assert resolve_peak_learning_rate(args, 512) == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert args.max_tokens == 4096 and args.max_sentences is None  # the paper's token-budget batches
     assert args.max_grad_norm == 0.0  # the paper clips no gradients; transformers' Trainer would clip at 1.0
     args = PaperTrainingArguments(output_dir=str(tmp_path), max_tokens=4096, batch_tokens=25000)
     assert args.gradient_accumulation_steps == 7  # ceil(25000 / 4096) on one process
@@ -185,8 +193,8 @@ def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
 
 
 def test_config_fields_on_the_command_line():
-    from vaswani.arguments import ModelConfigArguments, config_overrides
     from vaswani.cli import parse_args
+    from vaswani.config_arguments import ModelConfigArguments, config_overrides
     from vaswani.errors import UsageError
 
     def overrides(argv):
@@ -219,7 +227,7 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
     import inspect
     import typing
 
-    from vaswani.arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
+    from vaswani.config_arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
 
     parameters = {
         name: p
@@ -606,7 +614,8 @@ def test_corrupt_checkpoints_are_named(tmp_path):
     model = tiny_model()
     model.save_pretrained(folder)
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
-    torch.save({"state": {}}, folder / "optimizer.pt")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({"state": {}}, folder / name)
     verify_checkpoint(folder)
     assert resolve_resume_checkpoint("last", tmp_path) == str(folder)
     assert resolve_resume_checkpoint(None, tmp_path) is None
@@ -618,7 +627,11 @@ def test_corrupt_checkpoints_are_named(tmp_path):
         verify_checkpoint(folder)
     with pytest.raises(ValueError, match=r"model\.safetensors"):
         resolve_resume_checkpoint(str(folder), tmp_path)
-    assert resolve_resume_checkpoint("last", tmp_path) is None  # the only checkpoint is bad: start afresh
+    # the only checkpoint is bad: refused, not started afresh among the old run's files
+    with pytest.raises(
+        ValueError, match=r"no checkpoint .* can be resumed from \(checkpoint-5.*--overwrite_output_dir"
+    ):
+        resolve_resume_checkpoint("last", tmp_path)
     weights.write_bytes(good)
 
     optimizer = folder / "optimizer.pt"

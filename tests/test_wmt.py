@@ -13,17 +13,11 @@ from transformers import EvalPrediction, TrainerControl, TrainerState
 from transformers.trainer_utils import IntervalStrategy
 
 from bench.synthetic_corpus import write_corpus
-from vaswani.arguments import (
-    DataArguments,
-    FinishArguments,
-    ModelArguments,
-    ModelConfigArguments,
-    PaperTrainingArguments,
-    config_overrides,
-)
+from vaswani.arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from vaswani.callbacks import TimeBudget, TimedCheckpoints
 from vaswani.checkpoints import checkpoints
 from vaswani.cli import parse_args, read_arguments_file
+from vaswani.config_arguments import ModelConfigArguments, config_overrides
 from vaswani.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
 from vaswani.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
 
@@ -131,7 +125,7 @@ def test_the_recipes_hold_the_papers_values():
             "batch_tokens": 25000,
             "max_steps": paper["steps"],
             "paper_lr_schedule": True,
-            "learning_rate": 1.0,
+            "learning_rate_constant": 1.0,  # the peak is then the paper's, d_model^-0.5 * warmup^-0.5
             "warmup_steps": 4000,
             "adam_beta1": 0.9,
             "adam_beta2": 0.98,
@@ -161,6 +155,7 @@ def test_the_recipes_hold_the_papers_values():
             paper["vocab"],
         )
         assert (training.save_strategy, training.save_minutes, training.adam_epsilon) == ("no", 10, 1e-9)
+        assert training.learning_rate is None and "learning_rate" not in values  # the peak is not overridden
         assert (
             training.gradient_accumulation_steps == 7
         )  # 25,000 tokens in micro-batches of 3584 on one process

@@ -8,7 +8,6 @@ in `__post_init__`, with errors that name the flag; checks that need several of 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -18,11 +17,7 @@ import torch
 from transformers import Seq2SeqTrainingArguments
 
 from .configuration_vaswani import (
-    ACTIVATIONS,
-    POSITION_EMBEDDING_TYPES,
     PRESETS,
-    SINUSOID_FREQUENCIES,
-    SINUSOID_LAYOUTS,
 )
 from .distributed import check_launch
 from .errors import UsageError
@@ -33,6 +28,23 @@ from .generation_vaswani import (
     PAPER_NUM_BEAMS,
 )
 from .kernels import FAST_ATTENTION
+from .recipe_flags import (
+    PAPER_MAX_TOKENS,
+    check_recipe_values,
+    choose_batches,
+    choose_learning_rate,
+)
+
+
+def check_languages(source_lang: str | None, target_lang: str | None) -> None:
+    """Raise `UsageError` naming the flag unless the languages given (None: not given) are two language codes."""
+    for name, value in (("source_lang", source_lang), ("target_lang", target_lang)):
+        if value is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", value):
+            raise UsageError(f"--{name} must be a language code such as de or en, got {value!r}")
+    if source_lang is not None and source_lang == target_lang:
+        raise UsageError(
+            f"--source_lang and --target_lang are both {source_lang!r}: translation needs two languages"
+        )
 
 
 @dataclass
@@ -120,15 +132,7 @@ class DataArguments:
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder of the datasets library."})
 
     def __post_init__(self):
-        for name in ("source_lang", "target_lang"):
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", getattr(self, name) or ""):
-                raise UsageError(
-                    f"--{name} must be a language code such as de or en, got {getattr(self, name)!r}"
-                )
-        if self.source_lang == self.target_lang:
-            raise UsageError(
-                f"--source_lang and --target_lang are both {self.source_lang!r}: translation needs two languages"
-            )
+        check_languages(self.source_lang or "", self.target_lang or "")  # both required here
         for name in (
             "vocab_size",
             "max_source_length",
@@ -186,7 +190,8 @@ class FinishArguments:
         },
     )
     num_beams: int = field(
-        default=PAPER_NUM_BEAMS, metadata={"help": "Beam size for the test set (§6.1: 4)."}
+        default=PAPER_NUM_BEAMS,
+        metadata={"help": "Beam size for the test set (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]},
     )
     length_penalty: list[float] = field(
         default_factory=lambda: [PAPER_LENGTH_PENALTY],
@@ -194,7 +199,8 @@ class FinishArguments:
             "help": "Length penalty alpha of the test's beam search, saved in the final model's generation config "
             "(§6.1: 0.6). Several values (--length_penalty 0.6 1.0 1.5 2.0; not the paper, which fixes alpha) "
             "each translate the validation split with the final model, and the highest BLEU is kept (the first "
-            "given among equals); averages chosen on validation are compared with the first."
+            "given among equals); averages chosen on validation are compared with the first. fairseq's --lenpen A "
+            "is --length_penalty A --length_penalty_form power."
         },
     )
     length_penalty_form: str = field(
@@ -272,9 +278,23 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         default=False,
         metadata={"help": "Translate and score the test data after training (--test_split, default 'test')."},
     )
-    learning_rate: float = field(
-        default=1.0,
-        metadata={"help": "With --paper_lr_schedule, a multiplier of the §5.3 formula (1.0 = the paper)."},
+    learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "The peak learning rate, as in transformers (fairseq: --lr). With the §5.3 schedule the rate "
+            "rises linearly to it over --warmup_steps, then falls as step^-0.5. Default: the paper's own peak, "
+            "d_model^-0.5 * warmup_steps^-0.5 (7.0e-4 for base with 4000 warm-up steps), times "
+            "--learning_rate_constant; without the §5.3 schedule transformers' 5e-5.",
+            "aliases": ["--lr"],
+        },
+    )
+    learning_rate_constant: float | None = field(
+        default=None,
+        metadata={
+            "help": "tensor2tensor's learning_rate_constant C, the other way to set the §5.3 schedule's peak: lrate "
+            "= C * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); 1.0 (default) is the paper. Not with "
+            "--learning_rate."
+        },
     )
     warmup_steps: int = field(default=4000, metadata={"help": "warmup_steps of §5.3 (the paper: 4000)."})
     adam_beta1: float = field(default=0.9, metadata={"help": "Adam beta1 (§5.3: 0.9)."})
@@ -309,6 +329,12 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "help": "Use the §5.3 schedule; false falls back to --lr_scheduler_type with --learning_rate."
         },
     )
+    lr_scheduler_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "transformers' schedule (linear, cosine, ...), with --paper_lr_schedule false only."
+        },
+    )
     lr_cooldown_fraction: float = field(
         default=0.0,
         metadata={
@@ -317,11 +343,18 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "linearly to 0. 0 (default) is the paper's schedule."
         },
     )
-    max_tokens: int | None = field(
-        default=4096,
+    per_device_train_batch_size: int | None = field(
+        default=None,
         metadata={
-            "help": "Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). "
-            "None batches by --per_device_train_batch_size sentences instead."
+            "help": "Sentences per batch and device, as in transformers; with --max_tokens, the most sentences of a "
+            "token-budget batch (fairseq's --batch-size with --max-tokens)."
+        },
+    )
+    max_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). Default: "
+            f"{PAPER_MAX_TOKENS}, unless --per_device_train_batch_size is given alone."
         },
     )
     batch_tokens: int | None = field(
@@ -383,6 +416,9 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(
                 "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
             )
+        check_recipe_values(self)
+        choose_batches(self)
+        choose_learning_rate(self)
         check_launch()
         if self.deepspeed and not torch.cuda.is_available():
             raise ValueError(
@@ -408,11 +444,12 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             )
         if self.save_minutes is not None and not (self.save_minutes > 0 and math.isfinite(self.save_minutes)):
             raise UsageError(f"--save_minutes must be a positive number of minutes, got {self.save_minutes}")
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise ValueError(f"`max_tokens` must be positive, got {self.max_tokens}.")
         if self.batch_tokens is not None:
             if self.max_tokens is None:
-                raise ValueError("`batch_tokens` needs `max_tokens` (token-budget batches).")
+                raise ValueError(
+                    "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size "
+                    "alone batches sentences)"
+                )
             self.gradient_accumulation_steps = max(
                 1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
             )
@@ -433,147 +470,3 @@ def _check_training_length(args) -> None:
     minutes = getattr(args, "max_train_minutes", None)
     if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
         raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Model configuration flags: every VaswaniConfig field that is a modelling choice
-# ---------------------------------------------------------------------------------------------------------------------
-# The `VaswaniConfig.__init__` parameters that are not flags: set from the tokenizer (sizes, special ids, sharing) or
-# not a modelling choice. Every other parameter is a field of `ModelConfigArguments` (tests/test_training.py checks).
-CONFIG_FIELDS_NOT_FLAGS = frozenset(
-    {
-        "vocab_size",
-        "decoder_vocab_size",
-        "share_encoder_decoder_embeddings",
-        "pad_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "decoder_start_token_id",
-        "use_cache",
-        "is_encoder_decoder",
-    }
-)
-# A boolean field of the configuration: `--normalize_before` alone means true; unset (None) keeps the preset's.
-_SWITCH = {"nargs": "?", "const": True}
-
-
-@dataclass
-class ModelConfigArguments:
-    """VaswaniConfig fields set on the command line; None keeps the preset's (or loaded model's) value."""
-
-    _argument_group_name = "model configuration (VaswaniConfig fields over the --preset; §3, Table 3)"
-
-    d_model: int | None = field(
-        default=None, metadata={"help": "d_model, the width of every sublayer output and embedding (§3.1)."}
-    )
-    encoder_layers: int | None = field(default=None, metadata={"help": "N, encoder layers (§3.1)."})
-    decoder_layers: int | None = field(default=None, metadata={"help": "N, decoder layers (§3.1)."})
-    encoder_attention_heads: int | None = field(
-        default=None, metadata={"help": "h, heads in encoder self-attention (§3.2.2)."}
-    )
-    decoder_attention_heads: int | None = field(
-        default=None, metadata={"help": "h, heads in decoder self- and cross-attention (§3.2.2)."}
-    )
-    encoder_ffn_dim: int | None = field(
-        default=None, metadata={"help": "d_ff, inner size of the encoder FFN (§3.3)."}
-    )
-    decoder_ffn_dim: int | None = field(
-        default=None, metadata={"help": "d_ff, inner size of the decoder FFN (§3.3)."}
-    )
-    activation_function: str | None = field(
-        default=None,
-        metadata={
-            "help": "The FFN non-linearity: max(0, xW1 + b1)W2 + b2 is ReLU (§3.3); others depart from the paper.",
-            "choices": list(ACTIVATIONS),
-        },
-    )
-    dropout: float | None = field(
-        default=None,
-        metadata={
-            "help": "P_drop, on every sublayer output before the residual add and on the sums of embeddings and "
-            "positional encodings (§5.4)."
-        },
-    )
-    attention_dropout: float | None = field(
-        default=None, metadata={"help": "Dropout on attention probabilities (not in the paper: 0)."}
-    )
-    activation_dropout: float | None = field(
-        default=None, metadata={"help": "Dropout after the FFN non-linearity (not in the paper: 0)."}
-    )
-    attention_bias: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Biases in the Q/K/V/output projections (the paper's have none, §3.2.2).",
-            **_SWITCH,
-        },
-    )
-    output_bias: bool | None = field(
-        default=None,
-        metadata={
-            "help": "A bias on the pre-softmax projection (Marian's `final_logits_bias`; not §3.4).",
-            **_SWITCH,
-        },
-    )
-    max_position_embeddings: int | None = field(
-        default=None,
-        metadata={
-            "help": 'Size of the learned position table (`position_embedding_type="learned"`), the hard limit '
-            "on sequence length there."
-        },
-    )
-    position_embedding_type: str | None = field(
-        default=None,
-        metadata={
-            "help": "sinusoidal, the fixed encodings of §3.5, or learned, the learned positions of Table 3 row (E).",
-            "choices": list(POSITION_EMBEDDING_TYPES),
-        },
-    )
-    sinusoid_layout: str | None = field(
-        default=None,
-        metadata={
-            "help": "interleaved: sin and cos alternate, as §3.5 writes it; concatenated: all sines, then all "
-            "cosines (Marian, fairseq, tensor2tensor).",
-            "choices": list(SINUSOID_LAYOUTS),
-        },
-    )
-    sinusoid_frequencies: str | None = field(
-        default=None,
-        metadata={
-            "help": "paper: w_i = 1 / 10000^(2i / d_model) (§3.5); fairseq: w_i = 1 / 10000^(i / (d_model/2 - 1)).",
-            "choices": list(SINUSOID_FREQUENCIES),
-        },
-    )
-    position_offset: int | None = field(
-        default=None,
-        metadata={"help": "The position number of the first token (the paper: 0; fairseq: padding_idx + 1)."},
-    )
-    scale_embedding: bool | None = field(
-        default=None, metadata={"help": "Multiply token embeddings by sqrt(d_model) (§3.4).", **_SWITCH}
-    )
-    normalize_before: bool | None = field(
-        default=None,
-        metadata={
-            "help": "The pre-norm block x + Dropout(Sublayer(LayerNorm(x))); false is the paper's post-norm "
-            "LayerNorm(x + Dropout(Sublayer(x))) (§3.1, §5.4).",
-            **_SWITCH,
-        },
-    )
-    layer_norm_eps: float | None = field(
-        default=None, metadata={"help": "LayerNorm epsilon (not given in the paper; PyTorch's default)."}
-    )
-    tie_word_embeddings: bool | None = field(
-        default=None,
-        metadata={"help": "The pre-softmax projection shares the target embedding matrix (§3.4).", **_SWITCH},
-    )
-    init_std: float | None = field(
-        default=None,
-        metadata={
-            "help": "Standard deviation of the normal initialisation of embeddings; None gives d_model^-0.5 "
-            "(the paper gives none)."
-        },
-    )
-
-
-def config_overrides(config_args: ModelConfigArguments) -> dict:
-    """The `VaswaniConfig` fields given on the command line."""
-    return {k: v for k, v in dataclasses.asdict(config_args).items() if v is not None}

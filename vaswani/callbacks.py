@@ -139,6 +139,18 @@ class TrainingClock(TrainerCallback, ExportableState):
         return cls(**saved.get("args", {}))
 
 
+class RunTokenizer(TrainerCallback, ExportableState):
+    """Records the digest of the run's tokenizers (`checkpoints.tokenizer_digest`) in every checkpoint's
+    `trainer_state.json` (`stateful_callbacks`), so that a run resumed with another tokenizer of the same size is
+    refused instead of training one vocabulary's embeddings on the other's ids (`checkpoints.verify_checkpoint`)."""
+
+    def __init__(self, digest: str | None = None):
+        self.digest = digest
+
+    def state(self) -> dict:
+        return {"args": {"digest": self.digest}, "attributes": {}}
+
+
 class RunProgress(ProgressCallback):
     """The training progress bar, ending where the run ends: at `max_steps`, or at `minutes` of wall time when
     `TimeBudget` stops the run first (`--max_train_minutes`), so that a 10-minute run never shows a 40-hour ETA.

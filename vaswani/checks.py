@@ -1,6 +1,7 @@
 """The checks of `vaswani-train` before any data is read (`check_run`): the model configuration the flags ask for,
-the data sources, the tokenizer folder, the run's folder (`run_folder.claim_output_dir`) and the checkpoint to resume
-from (`checkpoints.resolve_resume_checkpoint`). A mistake is a `UsageError` that names the flag, seconds after the
+the data sources, the tokenizer folder, the Hub repo id to publish to, the run's folder (`run_folder.take_output_dir`:
+locked for the run, and refused when it holds another run or files of the user's) and the checkpoint to resume from
+(`checkpoints.resolve_resume_checkpoint`). A mistake is a `UsageError` that names the flag, seconds after the
 start, not after the data has been read and tokenized.
 """
 
@@ -15,7 +16,8 @@ from .checkpoints import asks_to_resume, resolve_resume_checkpoint
 from .configuration_vaswani import VaswaniConfig
 from .data import parallel_file_paths
 from .errors import UsageError
-from .run_folder import claim_output_dir
+from .hub import check_repo_id
+from .run_folder import take_output_dir
 from .translation import check_model_path
 
 SPLITS = ("train", "validation", "test")
@@ -102,13 +104,32 @@ def check_run(
     _check_data_sources(data_args, training_args, finish_args)
     if data_args.tokenizer_name and not Path(data_args.tokenizer_name).exists():
         raise UsageError(f"--tokenizer_name {data_args.tokenizer_name}: no such folder")
+    if training_args.push_to_hub:
+        repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
+        try:
+            check_repo_id(repo_id)
+        except ValueError as error:
+            flag = (
+                "--hub_model_id"
+                if training_args.hub_model_id
+                else "--push_to_hub (without --hub_model_id, the --output_dir name)"
+            )
+            raise UsageError(f"{flag}: {error}") from None
     if training_args.process_index == 0:
-        claim_output_dir(
+        take_output_dir(
             training_args.output_dir,
             training_args.overwrite_output_dir,
             asks_to_resume(training_args.resume_from_checkpoint),
         )
     try:
-        return resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        return resolve_resume_checkpoint(
+            training_args.resume_from_checkpoint, training_args.output_dir, has_training_state(training_args)
+        )
     except (ValueError, FileNotFoundError) as error:
         raise UsageError(f"--resume_from_checkpoint: {error}") from None
+
+
+def has_training_state(training_args) -> bool:
+    """Whether the run's checkpoints hold the optimizer's, schedule's and random state that a resumed run needs
+    (not with --save_only_model; DeepSpeed keeps its own)."""
+    return not training_args.save_only_model and not training_args.deepspeed

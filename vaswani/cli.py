@@ -19,8 +19,10 @@ The conventions, the same in every tool:
   prints `<prog>: error: <message>` on one line of standard error and exits with status 1 (2 for a wrong command line,
   `vaswani.errors.UsageError`), without a traceback. `--debug` (or `VASWANI_DEBUG=1`) lets the exception through
   with its traceback.
-- Flags: `--name value` and `--name=value`; the flag names of transformers' `run_translation.py` where the meaning is
-  the same. A renamed flag keeps working under its old name, with a warning naming the new one.
+- Flags: `--name value` and `--name=value`, written out in full (a prefix of a flag is an error, never another flag);
+  the flag names of transformers' `run_translation.py` where the meaning is the same, and fairseq's where it is the
+  same too (`--lr`, `--beam`, `--nbest`; `--lenpen A` is `--length_penalty A --length_penalty_form power`, fairseq's
+  |Y| ** A). A renamed flag keeps working under its old name, with a warning naming the new one.
 - Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
   `{flag_name: value}`; flags given on the command line override it.
 - `--help` lists every flag, grouped by dataclass (`_argument_group_name`); `--help_all` is the same.
@@ -61,6 +63,8 @@ VERBOSE_FLAG = "--verbose"
 HELP_ALL_FLAG = "--help_all"
 DEBUG_ENVIRONMENT = "VASWANI_DEBUG"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# fairseq's length penalty: `--lenpen A` divides a hypothesis' score by |Y| ** A, transformers' "power" form.
+LENPEN_FLAG = "--lenpen"
 # The values of transformers' own `--debug` training flag: `--debug underflow_overflow` stays the Trainer's.
 _TRAINER_DEBUG_VALUES = ("underflow_overflow", "tpu_metrics_debug")
 
@@ -238,6 +242,16 @@ def _flag_fields(dataclass_types: Sequence[type]) -> dict[str, tuple[dataclasses
     return found
 
 
+def _aliases(fields: Mapping[str, tuple[dataclasses.Field, object]]) -> dict[str, str]:
+    """Each flag's other names (a field's `aliases` metadata, e.g. fairseq's `--lr`): alias -> field name."""
+    found = {}
+    for name, (item, _) in fields.items():
+        aliases = item.metadata.get("aliases", ())
+        for alias in [aliases] if isinstance(aliases, str) else aliases:
+            found[alias.lstrip("-").replace("-", "_")] = name
+    return found
+
+
 def _members(hint) -> tuple:
     """The types of an annotation, `X | Y | None` taken apart."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -274,11 +288,22 @@ def apply_arguments_files(
     front of the command line instead (argparse reads those only there), where a later flag still wins.
     """
     fields = _flag_fields(parser.dataclass_types)
+    aliases = _aliases(fields)
     defaults: dict[str, str] = {}
     tokens: dict[str, list[str]] = {}
     for path in files:
-        for key, value in read_arguments_file(path).items():
+        values = read_arguments_file(path)
+        if "lenpen" in values and "length_penalty_form" in fields:
+            form = values.get("length_penalty_form", "power")
+            if form != "power":
+                raise UsageError(
+                    f"Arguments file {path}: lenpen is fairseq's length penalty |Y| ** alpha "
+                    f"(length_penalty_form power), but length_penalty_form is {form!r}"
+                )
+            values = {**values, "length_penalty": values.pop("lenpen"), "length_penalty_form": "power"}
+        for key, value in values.items():
             name = key.replace("-", "_")
+            name = aliases.get(name, name)
             if name in renamed:
                 logger.warning("%s: %s is deprecated; use %s", path, name, renamed[name])
                 name = renamed[name]
@@ -331,6 +356,44 @@ def rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
     return result
 
 
+def expand_lenpen(argv: Sequence[str]) -> list[str]:
+    """fairseq's `--lenpen A` as this package's flags: `--length_penalty A --length_penalty_form power` (fairseq
+    divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form` other than power
+    beside it is refused, as is `--lenpen` beside `--length_penalty`."""
+    argv = list(argv)
+    if not any(token == LENPEN_FLAG or token.startswith(LENPEN_FLAG + "=") for token in argv):
+        return argv
+    result, i = [], 0
+    for flag in ("--length_penalty", "--length-penalty"):
+        if any(token == flag or token.startswith(flag + "=") for token in argv):
+            raise UsageError(f"{LENPEN_FLAG} is fairseq's name of --length_penalty: give one of them")
+    while i < len(argv):
+        token = argv[i]
+        if token == LENPEN_FLAG or token.startswith(LENPEN_FLAG + "="):
+            if "=" in token:
+                values, i = [token.split("=", 1)[1]], i + 1
+            else:
+                i += 1
+                values = []
+                while i < len(argv) and not (argv[i].startswith("--") and len(argv[i]) > 2):
+                    values.append(argv[i])
+                    i += 1
+                if not values:
+                    raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
+            result += ["--length_penalty", *values, "--length_penalty_form", "power"]
+            continue
+        if token.startswith(("--length_penalty_form", "--length-penalty-form")):
+            value = token.split("=", 1)[1] if "=" in token else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value != "power":
+                raise UsageError(
+                    f"{LENPEN_FLAG} is fairseq's length penalty |Y| ** alpha (--length_penalty_form power), "
+                    f"but --length_penalty_form is {value!r}: give --length_penalty with it instead"
+                )
+        result.append(token)
+        i += 1
+    return result
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Parsing
 # ---------------------------------------------------------------------------------------------------------------------
@@ -339,9 +402,8 @@ class _Parser(HfArgumentParser):
     (`ArgumentParser.error` is the documented place for that)."""
 
     def error(self, message):
-        message = re.sub(
-            r"(--\w+)/--[\w-]+", r"\1", message
-        )  # not the `--flag-name` spelling beside each flag
+        # not the `--flag-name` spelling, nor the aliases, beside each flag
+        message = re.sub(r"(--\w+)(?:/--[\w-]+)+", r"\1", message)
         raise UsageError(f"{message} ({self.prog} --help lists the flags)")
 
 
@@ -362,6 +424,7 @@ def build_parser(
         epilog=epilog,
         formatter_class=_HelpFormatter,
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
+        allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
     )
     trainer_debug = "debug" in _flag_fields(
         types_
@@ -380,6 +443,14 @@ def build_parser(
     if not trainer_debug:
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
+    if {"length_penalty", "length_penalty_form"} <= _flag_fields(types_).keys():
+        common.add_argument(  # expanded before parsing (`expand_lenpen`); listed here for --help
+            LENPEN_FLAG,
+            metavar="ALPHA",
+            nargs="+",
+            type=float,
+            help="fairseq's length penalty: --length_penalty ALPHA --length_penalty_form power (|Y| ** ALPHA)",
+        )
     return parser
 
 
@@ -402,6 +473,8 @@ def parse_args(
     files, argv = split_arguments_files(argv)
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
+    if {"length_penalty", "length_penalty_form"} <= _flag_fields(parser.dataclass_types).keys():
+        argv = expand_lenpen(argv)
     argv = apply_arguments_files(parser, files, argv, renamed or {})
     # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
     _, remaining = parser.parse_known_args(argv)
@@ -461,6 +534,7 @@ __all__ = [
     "build_parser",
     "command",
     "current_prog",
+    "expand_lenpen",
     "parse_args",
     "read_arguments_file",
     "rename_flags",

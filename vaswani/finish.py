@@ -69,6 +69,9 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
         )
         if averaged is not None:
             scores["averaged_checkpoints"] = [c.name for c in averaged]
+        scores["steps"] = trainer.state.global_step
+        if warning := empty_translations_warning(scores):
+            logger.warning("%s", warning)
         write_json(output_dir / "test_results.json", scores)
         logger.info("Test scores written to %s", output_dir / "test_results.json")
     if args.push_to_hub:
@@ -83,6 +86,20 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
         )
         logger.info("Published: %s", published)
     return scores
+
+
+def empty_translations_warning(scores: dict) -> str | None:
+    """What to say when most test translations are empty (a model after a few steps writes the end of sentence
+    first): their BLEU of about 0 measures the training so far, not the recipe. None otherwise."""
+    empty, total = scores.get("empty_translations", 0), scores.get("sentences", 0)
+    if not total or empty * 2 <= total:
+        return None
+    steps = scores.get("steps")
+    trained = f"{steps} training steps" if steps is not None else "its training"
+    return (
+        f"{empty} of the {total} test translations are empty: the model is undertrained ({trained}), so its scores "
+        "say nothing yet about the recipe; train longer (--max_steps, --max_train_minutes)"
+    )
 
 
 def choose_average_on_validation(
@@ -222,10 +239,13 @@ def evaluate_test_split(
     what = describe_decoding(len(test), finish_args.num_beams, finish_args.translate_batch_size)
     logger.info("Translating the test split %s: %s", split, what)
     started = time.monotonic()
-    hypotheses, target_tok = _translate_with(model_dir, test[data_args.source_lang], finish_args, alpha)
+    sources = test[data_args.source_lang]
+    hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
     logger.info("Translated %d test pairs in %s", len(test), describe_seconds(time.monotonic() - started))
     references = test[data_args.target_lang]
-    write_sentences(hypotheses, Path(model_dir, f"{split}.hyp.{data_args.target_lang}"))
+    hypotheses_file = Path(model_dir, f"{split}.hyp.{data_args.target_lang}")
+    write_sentences(hypotheses, hypotheses_file)
+    logger.info("Test translations written to %s", hypotheses_file)
     if plot_attention:
         from .plotting import attention_maps, load_attention_model, plot_attention_maps  # matplotlib
 
@@ -240,4 +260,10 @@ def evaluate_test_split(
         "length_penalty": alpha,
         "length_penalty_form": finish_args.length_penalty_form,
         "model": str(model_dir),
+        "hypotheses": str(hypotheses_file),
+        "sentences": len(sources),
+        # translations left empty although their source is not: an untrained model's, whose BLEU means nothing
+        "empty_translations": sum(
+            1 for s, h in zip(sources, hypotheses, strict=True) if s.strip() and not h.strip()
+        ),
     }

@@ -20,18 +20,23 @@ from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
-from .checkpoints import train_or_resume
-from .checks import check_run
+from .callbacks import RunTokenizer
+from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, tokenizer_digest, train_or_resume
+from .checks import check_run, has_training_state
 from .configuration_vaswani import VaswaniConfig
 from .data import iter_text, load_parallel_dataset, load_parallel_file, tokenize_dataset
+from .errors import UsageError
 from .evaluation import AfterTraining, describe_decoding, sort_by_source_length
 from .fileio import atomic_folder, write_json
 from .generation_vaswani import paper_decoding
 from .kernels import FAST_ATTENTION, use_cpu_kernels
 from .metrics import bleu_metric_fn
 from .modeling_vaswani import VaswaniForConditionalGeneration
+from .recipe_flags import log_recipe
 from .summary import training_summary
 from .tokenization import (
+    SOURCE_SUBDIR,
+    TARGET_SUBDIR,
     load_tokenizers,
     lowercases,
     save_tokenizers,
@@ -207,6 +212,18 @@ def train_main(
             max_target_length=data_args.max_target_length,
             num_proc=data_args.preprocessing_num_workers,
         )
+    digest = tokenizer_digest(source_tok, target_tok)
+    if resume is not None and saved_tokenizer_digest(resume) not in (None, digest):
+        # trained with other tokenizers: refused when named, from "last" the newest checkpoint of these
+        try:
+            resume = resolve_resume_checkpoint(
+                training_args.resume_from_checkpoint,
+                training_args.output_dir,
+                has_training_state(training_args),
+                tokenizer_digest=digest,
+            )
+        except (ValueError, FileNotFoundError) as error:
+            raise UsageError(f"--resume_from_checkpoint: {error}") from None
     if len(tokenized["train"]) == 0:
         raise ValueError(
             f"All {len(raw['train'])} training pairs were dropped (an empty side, or longer than "
@@ -247,6 +264,8 @@ def train_main(
     plan = after_training_plan(trainer, data_args, finish_args, full_validation)
     trainer.evaluation_clock.after_training = plan
     logger.info(plan.describe())
+    trainer.add_callback(RunTokenizer(digest))  # recorded in every checkpoint, checked on resume
+    log_recipe(training_args)
     result = train_or_resume(trainer, resume)
     if result is not None:
         # The Trainer turns the cache off while training; the saved model is for use.
@@ -257,10 +276,18 @@ def train_main(
         metrics = trainer.evaluate()
         if trainer.is_world_process_zero():
             write_json(Path(training_args.output_dir, "eval_results.json"), metrics)
-    if trainer.is_world_process_zero() and result is not None:
-        save_tokenizers(source_tok, target_tok, training_args.output_dir)
-        summary = training_summary(trainer, result, model, model_args, data_args, n_params, dropped, started)
-        write_json(Path(training_args.output_dir, "training_summary.json"), summary)
+    output_dir = Path(training_args.output_dir)
+    if trainer.is_world_process_zero():
+        # A finished run resumed (result None) restores what a kill before the end left unwritten.
+        if result is not None or not _has_tokenizers(output_dir, joint=source_tok is target_tok):
+            save_tokenizers(source_tok, target_tok, output_dir)
+            if result is None:
+                logger.info("Restored the final tokenizer of %s", output_dir)
+        if result is not None or not (output_dir / "training_summary.json").is_file():
+            summary = training_summary(
+                trainer, result, model, model_args, data_args, n_params, dropped, started
+            )
+            write_json(output_dir / "training_summary.json", summary)
     return trainer
 
 
@@ -298,3 +325,9 @@ def after_training_plan(
         test_pairs=test,
         test_decoding=describe_decoding(test or 0, finish_args.num_beams, finish_args.translate_batch_size),
     )
+
+
+def _has_tokenizers(folder: Path, joint: bool) -> bool:
+    if joint:
+        return (folder / "tokenizer.json").is_file()
+    return all((folder / side / "tokenizer.json").is_file() for side in (SOURCE_SUBDIR, TARGET_SUBDIR))

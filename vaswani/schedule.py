@@ -1,5 +1,9 @@
 """§5.3 The optimizer's learning-rate schedule: linear warm-up, then the inverse square root of the step (Eq. 3), with
-an optional linear cool-down at the end of a run of known length (`--lr_cooldown_fraction`, not the paper)."""
+an optional linear cool-down at the end of a run of known length (`--lr_cooldown_fraction`, not the paper).
+
+The optimizer's learning rate is the schedule's peak, as in transformers (`--learning_rate`): the schedule multiplies
+it by `warmup_factor`, which rises linearly to 1 at step `warmup_steps` and falls as step^-0.5 after it. The paper's
+own peak, d_model^-0.5 * warmup_steps^-0.5, makes this exactly Eq. 3 (`paper_peak_learning_rate`)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,20 @@ def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
     return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
+def paper_peak_learning_rate(d_model: int, warmup_steps: int, constant: float = 1.0) -> float:
+    """The highest rate of Eq. 3, reached at step `warmup_steps`: d_model^-0.5 * warmup_steps^-0.5, times
+    tensor2tensor's `learning_rate_constant` (1.0: the paper)."""
+    if warmup_steps <= 0:
+        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
+    return constant * (d_model * warmup_steps) ** -0.5
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Eq. 3 divided by its peak: min(step^-0.5, step * warmup^-1.5) / warmup^-0.5, 1 at step `warmup_steps`."""
+    step = max(step, 1)
+    return min(step**-0.5, step * warmup_steps**-1.5) * warmup_steps**0.5
+
+
 def cooldown_factor(progress: float, fraction: float) -> float:
     """The multiplier of `--lr_cooldown_fraction`: 1 until the last `fraction` of the run, then falling linearly
     to 0 at its end (`progress` 1). `fraction` 0 is the paper's schedule: always 1."""
@@ -26,14 +44,14 @@ def cooldown_factor(progress: float, fraction: float) -> float:
 
 def paper_schedule(
     optimizer: torch.optim.Optimizer,
-    d_model: int,
     warmup_steps: int,
     cooldown_fraction: float = 0.0,
     max_steps: int = 1,
     budget: TimeBudget | None = None,
 ):
-    """A `LambdaLR` giving each parameter group `learning_rate * lrate(step)`: with `learning_rate` 1.0 (the default
-    of `PaperTrainingArguments`) exactly Eq. 3; other values scale it (tensor2tensor's `learning_rate` multiplier).
+    """A `LambdaLR` giving each parameter group `learning_rate * warmup_factor(step)`: the optimizer's learning rate
+    is the peak, reached at step `warmup_steps`; with `paper_peak_learning_rate(d_model, warmup_steps)` as that rate,
+    exactly Eq. 3.
 
     `cooldown_fraction` > 0 (`--lr_cooldown_fraction`, not the paper) multiplies it by `cooldown_factor`, with the
     run's progress the larger of the step fraction (`step / max_steps`) and, with a time budget, the share of
@@ -43,8 +61,7 @@ def paper_schedule(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         partial(
-            _shifted_paper_learning_rate,
-            d_model=d_model,
+            _shifted_warmup_factor,
             warmup_steps=warmup_steps,
             cooldown_fraction=cooldown_fraction,
             max_steps=max_steps,
@@ -53,12 +70,12 @@ def paper_schedule(
     )
 
 
-def _shifted_paper_learning_rate(step, d_model, warmup_steps, cooldown_fraction, max_steps, budget) -> float:
+def _shifted_warmup_factor(step, warmup_steps, cooldown_fraction, max_steps, budget) -> float:
     # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update.
-    rate = paper_learning_rate(step + 1, d_model, warmup_steps)
+    factor = warmup_factor(step + 1, warmup_steps)
     if not cooldown_fraction:
-        return rate
+        return factor
     progress = step / max(max_steps, 1)
     if budget is not None:
         progress = max(progress, budget.elapsed_fraction())
-    return rate * cooldown_factor(progress, cooldown_fraction)
+    return factor * cooldown_factor(progress, cooldown_fraction)

@@ -40,10 +40,7 @@ def training_summary(
         "batch_tokens": tokens_per_step or None,
         "schedule": _schedule_name(training_args),
         "warmup_steps": training_args.warmup_steps,
-        "peak_learning_rate": training_args.learning_rate
-        * (model.config.d_model * training_args.warmup_steps) ** -0.5
-        if training_args.paper_lr_schedule
-        else training_args.learning_rate,
+        "peak_learning_rate": training_args.learning_rate,  # the peak itself, as in transformers
         "hardware": _hardware(training_args.world_size),
         "precision": _precision(training_args),
         "train_runtime": _training_clock(trainer, result),  # seconds, over every process of a resumed run
@@ -52,6 +49,10 @@ def training_summary(
         "parameters": parameters,
         "wall_time_s": time.time() - started,
         "max_tokens_per_device": training_args.max_tokens,
+        "sentences_per_device": training_args.max_sentences
+        if training_args.max_tokens is not None
+        else training_args.per_device_train_batch_size,
+        "learning_rate_constant": training_args.learning_rate_constant,
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
         "label_smoothing": training_args.label_smoothing_factor,
         "max_grad_norm": training_args.max_grad_norm,  # 0: no clipping, as in the paper

@@ -27,6 +27,7 @@ from .fileio import replace_files, temporary_sibling
 from .generation_vaswani import EXTRA_OUTPUT_TOKENS
 from .losses import fused_output_loss, label_smoothed_loss
 from .modeling_vaswani import VaswaniForConditionalGeneration
+from .recipe_flags import resolve_peak_learning_rate
 from .schedule import paper_schedule
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.evaluation_clock = EvaluationClock()
         if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RunProgress(minutes))
+        if hasattr(self.args, "learning_rate_constant"):  # PaperTrainingArguments: the peak needs d_model
+            resolve_peak_learning_rate(self.args, self.model.config.d_model)
+        self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
         self._owns_loss = False
         if self.args.label_smoothing_factor and self.compute_loss_func is None:
             self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
@@ -163,7 +167,12 @@ class VaswaniTrainer(Seq2SeqTrainer):
             lengths = [
                 max(len(s), len(t)) for s, t in zip(columns["input_ids"], columns["labels"], strict=True)
             ]
-            self._train_sampler = TokenBudgetBatchSampler(lengths, self.args.max_tokens, seed=self.args.seed)
+            self._train_sampler = TokenBudgetBatchSampler(
+                lengths,
+                self.args.max_tokens,
+                seed=self.args.seed,
+                max_sentences=getattr(self.args, "max_sentences", None),
+            )
             self.add_callback(EpochSetter(self._train_sampler))
             logger.info(
                 "Token-budget batches: %d batches of at most %d tokens per device and epoch",
@@ -225,11 +234,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if not getattr(self.args, "paper_lr_schedule", False):
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
-            d_model = self.model.config.d_model
             budgets = [c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)]
             self.lr_scheduler = paper_schedule(
                 optimizer or self.optimizer,
-                d_model,
                 int(self.args.warmup_steps),
                 cooldown_fraction=getattr(self.args, "lr_cooldown_fraction", 0.0),
                 max_steps=num_training_steps,
@@ -237,3 +244,42 @@ class VaswaniTrainer(Seq2SeqTrainer):
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """transformers' loading, then the §5.3 schedule's peak is this run's learning rate: a checkpoint saved when
+        the optimizer's rate was the formula's multiplier (1.0) would otherwise make the peak 1.0."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and getattr(self.args, "paper_lr_schedule", False) and self.lr_scheduler:
+            if hasattr(self.lr_scheduler, "base_lrs"):
+                self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
+
+    def train(self, *args, **kwargs):
+        self._trained = {"sentences": 0, "tokens": 0}
+        return super().train(*args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """transformers' step, counting the sentences and target tokens trained on (for `log`'s throughput)."""
+        labels = inputs.get("labels")
+        if labels is not None:
+            self._trained["sentences"] += labels.shape[0]
+            self._trained["tokens"] = self._trained["tokens"] + (labels != -100).sum()  # no sync per step
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """transformers' log, where the end-of-training metrics count what was trained on: transformers'
+        `train_samples_per_second` assumes `--per_device_train_batch_size` sentences per micro-batch (8 for a
+        token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
+        target tokens, of every process."""
+        if "train_runtime" in logs and "train_samples_per_second" in logs:
+            counts = torch.tensor(
+                [float(self._trained["sentences"]), float(self._trained["tokens"])], device=self.args.device
+            )
+            if self.accelerator.num_processes > 1:
+                counts = self.accelerator.reduce(counts, reduction="sum")
+            sentences, tokens = counts.tolist()
+            runtime = max(float(logs["train_runtime"]), 1e-9)
+            logs["train_samples_per_second"] = round(sentences / runtime, 3)
+            logs["train_tokens_per_second"] = round(tokens / runtime, 3)
+            logs["train_samples"] = int(sentences)
+            logs["train_tokens"] = int(tokens)
+        super().log(logs, start_time)

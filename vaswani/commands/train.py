@@ -4,17 +4,12 @@ work."""
 
 from __future__ import annotations
 
-from ..arguments import (
-    DataArguments,
-    FinishArguments,
-    ModelArguments,
-    ModelConfigArguments,
-    PaperTrainingArguments,
-    config_overrides,
-)
+from ..arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from ..cli import command, parse_args, setup_logging
-from ..finish import finish
+from ..config_arguments import ModelConfigArguments, config_overrides
+from ..finish import empty_translations_warning, finish
 from ..run import train_main
+from ..run_folder import release_output_dir
 
 DESCRIPTION = """\
 Train the Transformer of "Attention Is All You Need" with the paper's recipe (§5: joint BPE, token-budget batches,
@@ -53,8 +48,11 @@ def main(argv):
         renamed=RENAMED,
     )
     setup_logging(main_process=training_args.process_index == 0)
-    trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)
-    scores = finish(trainer, data_args, finish_args)
+    try:
+        trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)
+        scores = finish(trainer, data_args, finish_args)
+    finally:  # the run's lock on its folder (run_folder.lock_output_dir)
+        release_output_dir(training_args.output_dir)
     if scores:
         print(
             f"\n{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  (sacreBLEU, detokenized)"
@@ -71,6 +69,9 @@ def main(argv):
                 f"{scores['bleu_tokenized']:.2f}"
             )
             print(f"  {scores['bleu_tokenized_signature']}")
+        print(f"  translations: {scores['hypotheses']}")
+        if warning := empty_translations_warning(scores):
+            print(f"  warning: {warning}")
     return trainer
 
 

@@ -9,11 +9,14 @@ not at all. With --references, BLEU and chrF (sacreBLEU) go to standard error, n
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import engines
-from ..cli import command, parse_args, setup_logging
+from ..arguments import check_languages
+from ..cli import command, current_prog, parse_args, setup_logging
 from ..errors import UsageError, flag_errors
 from ..fileio import write_json
 from ..generation_vaswani import LENGTH_PENALTY_FORMS
@@ -34,6 +37,8 @@ from ..translation import (
     write_lines,
     write_sentences,
 )
+
+logger = logging.getLogger(__name__)
 
 DESCRIPTION = __doc__.replace("`vaswani-translate`: t", "T", 1)
 
@@ -73,12 +78,15 @@ class TranslationArguments:
     max_tokens: int | None = field(
         default=None, metadata={"help": "Also at most this many padded source tokens per batch."}
     )
-    num_beams: int = field(default=NUM_BEAMS, metadata={"help": "Beam size (§6.1: 4)."})
+    num_beams: int = field(
+        default=NUM_BEAMS, metadata={"help": "Beam size (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]}
+    )
     length_penalty: float | None = field(
         default=None,
         metadata={
             "help": "Length penalty alpha. Default: the model's generation config (§6.1's 0.6 for a model "
-            "vaswani-train wrote, unless its --length_penalty chose another on validation)."
+            "vaswani-train wrote, unless its --length_penalty chose another on validation). fairseq's --lenpen A "
+            "is --length_penalty A --length_penalty_form power."
         },
     )
     length_penalty_form: str | None = field(
@@ -101,13 +109,27 @@ class TranslationArguments:
         metadata={
             "help": "Write the N best translations of each sentence with their scores, as lines "
             "'index<TAB>score<TAB>translation', best first (N <= --num_beams; the score is the beam's "
-            "log-probability divided by the length penalty)."
+            "log-probability divided by the length penalty; fairseq: --nbest).",
+            "aliases": ["--nbest"],
         },
     )
     interactive: bool = field(
         default=False,
         metadata={
             "help": "Translate each line of standard input as soon as it is read (fairseq-interactive)."
+        },
+    )
+    source_lang: str | None = field(
+        default=None,
+        metadata={
+            "help": "The source language code, a flag of every vaswani tool. The model knows its languages; here "
+            "it only checks that an --input named <name>.<lang>[.gz] is not in --target_lang."
+        },
+    )
+    target_lang: str | None = field(
+        default=None,
+        metadata={
+            "help": "The target language code: the default of --moses_lang when scoring (--references)."
         },
     )
     device: str | None = field(
@@ -131,9 +153,11 @@ class TranslationArguments:
 
     def __post_init__(self):
         with flag_errors("num_beams"):
-            check_decoding(
-                self.num_beams, LENGTH_PENALTY if self.length_penalty is None else self.length_penalty
-            )
+            check_decoding(self.num_beams, LENGTH_PENALTY)
+        if self.length_penalty is not None:
+            with flag_errors("length_penalty"):
+                check_decoding(self.num_beams, self.length_penalty)
+        self._check_languages()
         for name in ("batch_size", "max_tokens", "max_new_tokens", "max_source_length"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -152,6 +176,15 @@ class TranslationArguments:
                     raise UsageError(f"--{name} applies to --engine pytorch, not {self.engine}")
         if self.threads < 0:
             raise UsageError(f"--threads must be 0 or more, got {self.threads}")
+
+    def _check_languages(self) -> None:
+        check_languages(self.source_lang, self.target_lang)
+        suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2] if self.input != "-" else ""
+        if self.source_lang and self.target_lang and suffix == self.target_lang:
+            raise UsageError(
+                f"--input {self.input} is named as {self.target_lang} text, the target language: this model "
+                f"translates {self.source_lang} into {self.target_lang} (--source_lang, --target_lang)"
+            )
 
 
 @dataclass
@@ -199,6 +232,14 @@ def main(argv):
     if args.interactive and scoring.references:
         raise UsageError("--interactive translates as lines arrive: --references needs a whole --input")
     setup_logging()
+    if scoring.references and scoring.moses_lang is None and args.target_lang:
+        try:
+            check_moses_lang(args.target_lang)
+            scoring.moses_lang = args.target_lang
+        except ValueError as error:
+            logger.warning(
+                "No lowercased Moses-tokenized BLEU for --target_lang %s: %s", args.target_lang, error
+            )
     if args.engine == "pytorch":
         model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
         model, source_tokenizer, target_tokenizer = load_translation_model(
@@ -225,6 +266,12 @@ def main(argv):
     if args.interactive:
         return _interactive(
             decode, model, source_tokenizer, target_tokenizer, decoding, args.n_best is not None
+        )
+    if args.input == "-" and sys.stdin.isatty():
+        print(
+            f"{current_prog()}: reading sentences from standard input, one a line; Ctrl-D ends them "
+            "(--input FILE reads a file, --interactive answers each line at once)",
+            file=sys.stderr,
         )
     results = decode(
         read_sentences(args.input),
