@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -62,6 +63,96 @@ def test_token_budget_rejects_examples_over_budget():
         TokenBudgetBatchSampler([3, 50, 4], max_tokens=40)
     with pytest.raises(ValueError, match="max_tokens"):
         TokenBudgetBatchSampler([3], max_tokens=0)
+    with pytest.raises(ValueError, match="Example 2 has a negative length"):
+        TokenBudgetBatchSampler([3, 4, -1], max_tokens=40)
+    with pytest.raises(ValueError, match="max_sentences"):
+        TokenBudgetBatchSampler([3], max_tokens=40, max_sentences=0)
+    with pytest.raises(ValueError, match="empty dataset"):
+        TokenBudgetBatchSampler(np.zeros(0, dtype=np.int32), max_tokens=40)
+
+
+class PerExampleSampler:
+    """The sampler as it was before it moved to numpy: a Python loop over every example (kept to check that the
+    vectorised one gives exactly its batches, so that runs resume identically across the change)."""
+
+    def __init__(self, lengths, max_tokens, shuffle=True, seed=0, max_sentences=None):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.max_tokens, self.max_sentences, self.shuffle, self.seed = (
+            max_tokens,
+            max_sentences,
+            shuffle,
+            seed,
+        )
+        self.epoch = 0
+
+    def _group(self, order):
+        batches, batch, longest = [], [], 0
+        for index in order.tolist():
+            length = int(self.lengths[index])
+            grown = max(longest, length)
+            full = self.max_sentences is not None and len(batch) >= self.max_sentences
+            if batch and (grown * (len(batch) + 1) > self.max_tokens or full):
+                batches.append(batch)
+                batch, grown = [], length
+            batch.append(index)
+            longest = grown
+        batches.append(batch)
+        return batches
+
+    def batches(self):
+        if not self.shuffle:
+            return self._group(np.argsort(self.lengths, kind="stable"))
+        rng = np.random.default_rng([self.seed, self.epoch])
+        shuffled = rng.permutation(len(self.lengths))
+        order = shuffled[np.argsort(self.lengths[shuffled], kind="stable")]
+        batches = self._group(order)
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def test_token_budget_batches_are_exactly_those_of_the_per_example_loop():
+    rng = np.random.default_rng(0)
+    cases = [
+        (rng.integers(1, 41, 700), 200, None),
+        (rng.integers(0, 9, 300), 8, None),
+    ]  # lengths 0 and == budget
+    cases += [(rng.integers(1, 41, 700), 200, 3), (np.full(50, 7), 70, None), ([5], 5, None), ([1, 1], 1, 1)]
+    wmt_like = np.clip(np.round(rng.lognormal(np.log(30), 0.55, 60_000)), 1, 256).astype(np.int32)
+    cases += [(wmt_like, 4096, None), (wmt_like, 1024, 64)]
+    for lengths, max_tokens, max_sentences in cases:
+        for shuffle, seed in ((True, 0), (True, 5), (False, 0)):
+            new = TokenBudgetBatchSampler(lengths, max_tokens, shuffle, seed, max_sentences)
+            old = PerExampleSampler(lengths, max_tokens, shuffle, seed, max_sentences)
+            for epoch in (0, 1, 7):
+                new.set_epoch(epoch)
+                old.epoch = epoch
+                expected = old.batches()
+                assert list(new) == expected, (len(lengths), max_tokens, max_sentences, shuffle, seed, epoch)
+                assert len(new) == len(expected)
+
+
+def test_the_sampler_keeps_arrays_not_lists():
+    lengths = np.clip(np.round(np.random.default_rng(1).lognormal(np.log(30), 0.55, 100_000)), 1, 256)
+    sampler = TokenBudgetBatchSampler(lengths.astype(np.int64), max_tokens=4096, seed=2)
+    assert sampler.lengths.dtype == np.uint16  # the smallest type that holds the lengths
+    order, batch_order = sampler.epoch_order()
+    assert order.dtype == np.int32 and len(order) == 100_000 and len(batch_order) == len(sampler)
+    first = next(iter(sampler))
+    assert isinstance(first, list) and isinstance(first[0], int)  # a Python list only when a batch is yielded
+
+
+def test_example_lengths_are_read_from_arrow():
+    from datasets import Dataset
+
+    from vaswani.batching import example_lengths
+
+    rows = {"input_ids": [[5, 2], [5, 6, 7, 2], [2]], "labels": [[9, 9, 9, 2], [2], [4, 2]]}
+    bare = Dataset.from_dict(rows)
+    assert example_lengths(bare).tolist() == [4, 4, 2] and example_lengths(bare).dtype == np.int32
+    with_length = Dataset.from_dict({**rows, "length": [40, 41, 42]})
+    assert example_lengths(with_length).tolist() == [40, 41, 42]  # the column tokenize_dataset writes wins
+    assert example_lengths(with_length.select([2, 0])).tolist() == [42, 40]  # an indices mapping is followed
+    with pytest.raises(ValueError, match="'length' column or the 'input_ids' and 'labels'"):
+        example_lengths(Dataset.from_dict({"input_ids": rows["input_ids"]}))
 
 
 # ---- schedule and optimizer defaults -----------------------------------------------------------------------------
