@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from vaswani import VaswaniConfig
 from vaswani.arguments import PaperTrainingArguments
@@ -340,6 +341,131 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
     }
     for name, values in choices.items():
         assert fields[name].metadata["choices"] == list(values), name
+
+
+# ---- the size of an update (§5.1: ~25,000 source and target tokens, whatever the hardware) ------------------------
+class UpdateRecorder(TrainerCallback):
+    """Each update's gradients (before the optimizer step) and learning rate, and each micro-batch's target tokens."""
+
+    def __init__(self):
+        self.gradients, self.learning_rates, self.target_tokens = [], [], []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        self.gradients.append(grads)
+        self.learning_rates.append(optimizer.param_groups[0]["lr"])
+
+    def collator(self, collate):
+        def counting(features):
+            batch = collate(features)
+            self.target_tokens.append(int((batch["labels"] != -100).sum()))
+            return batch
+
+        return counting
+
+
+def _pairs(lengths: list[tuple[int, int]], vocab_size: int, seed: int = 0):
+    """A tokenized dataset of random ids with these (source, target) lengths, `</s>` last, as tokenize_dataset
+    writes it."""
+    from datasets import Dataset
+
+    rng = np.random.default_rng(seed)
+
+    def ids(n):
+        return [*rng.integers(4, vocab_size, n - 1).tolist(), 2]
+
+    rows = [(ids(s), ids(t)) for s, t in lengths]
+    return Dataset.from_dict(
+        {
+            "input_ids": [s for s, _ in rows],
+            "labels": [t for _, t in rows],
+            "length": [max(s, t) for s, t in lengths],
+        }
+    )
+
+
+def _train(tmp_path, name, dataset, tokenizer, **flags):
+    from tiny_translation_assets import tiny_model
+    from transformers import DataCollatorForSeq2Seq
+    from transformers.utils import logging as hf_logging
+
+    from vaswani.trainer import VaswaniTrainer
+
+    hf_logging.set_verbosity_error()
+    model = tiny_model(len(tokenizer))  # the same initial weights for every run, no dropout
+    model.train()
+    settings = dict(
+        output_dir=str(tmp_path / name), warmup_steps=4, save_strategy="no", eval_strategy="no", seed=0,
+        logging_steps=1, use_cpu=True, dataloader_pin_memory=False, disable_tqdm=True, report_to="none",
+    )  # fmt: skip
+    settings.update(flags)
+    recorder = UpdateRecorder()
+    trainer = VaswaniTrainer(
+        model=model,
+        args=PaperTrainingArguments(**settings),
+        train_dataset=dataset,
+        data_collator=recorder.collator(
+            DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+        ),
+        processing_class=tokenizer,
+        callbacks=[recorder],
+    )
+    trainer.train()
+    return trainer, recorder
+
+
+def test_two_accumulated_half_batches_give_the_gradient_of_the_whole_batch(tmp_path):
+    """§5.1's update of ~25,000 target tokens made of 2 micro-batches (gradient accumulation, or 2 GPUs) has the
+    gradient of the single batch holding both: the label-smoothed loss is summed over every target token of the
+    update and divided by their number (`num_items_in_batch`), not averaged per micro-batch. The micro-batches
+    differ in target tokens (12,500 and about 9,000) and in padding, which a per-micro-batch mean would show."""
+    from tiny_translation_assets import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    rng = np.random.default_rng(1)
+    short = [(int(rng.integers(15, 26)), 25) for _ in range(500)]  # 500 x 25 = 12,500 tokens: one budget
+    long = [(50, int(rng.integers(20, 51))) for _ in range(250)]  # 250 x 50 = 12,500 padded tokens
+    dataset = _pairs(short + long, len(tokenizer))
+    _, halves = _train(
+        tmp_path, "halves", dataset, tokenizer, max_tokens=12_500, batch_tokens=25_000, max_steps=1
+    )
+    _, whole = _train(tmp_path, "whole", dataset, tokenizer, max_tokens=37_500, max_steps=1)
+    assert sorted(halves.target_tokens) == [sum(t for _, t in long), 12_500]  # two micro-batches, one update
+    assert whole.target_tokens == [sum(halves.target_tokens)]  # one batch of both, ~21,500 target tokens
+    assert len(halves.gradients) == len(whole.gradients) == 1
+    for key, expected in whole.gradients[0].items():
+        torch.testing.assert_close(halves.gradients[0][key], expected, rtol=1e-4, atol=1e-7, msg=key)
+
+
+def test_batch_tokens_counts_updates_not_micro_batches(tmp_path):
+    """With --batch_tokens the run's length (--max_steps, or the updates of an epoch), the logged steps and the §5.3
+    schedule count optimizer updates: an epoch of 9 micro-batches accumulated 2 at a time is 5 updates (the last
+    of one micro-batch), at the learning rates of steps 1..5."""
+    from tiny_translation_assets import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    dataset = _pairs([(10, 10)] * 27, len(tokenizer))  # 9 micro-batches of 3 pairs at 30 tokens
+    trainer, record = _train(
+        tmp_path,
+        "epoch",
+        dataset,
+        tokenizer,
+        max_tokens=30,
+        batch_tokens=60,
+        max_steps=-1,
+        num_train_epochs=1,
+    )
+    assert trainer.args.gradient_accumulation_steps == 2 and len(trainer.get_train_dataloader()) == 9
+    assert trainer.state.global_step == 5 and len(record.gradients) == 5
+    assert record.target_tokens == [30] * 9
+    assert record.learning_rates == pytest.approx([paper_learning_rate(k, 16, 4) for k in range(1, 6)])
+    logged = [e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e]
+    assert logged == pytest.approx(record.learning_rates)
+    trainer, record = _train(
+        tmp_path, "steps", dataset, tokenizer, max_tokens=30, batch_tokens=60, max_steps=3
+    )
+    assert trainer.state.global_step == 3 and record.target_tokens[:6] == [30] * 6
+    assert record.learning_rates == pytest.approx([paper_learning_rate(k, 16, 4) for k in range(1, 4)])
 
 
 # ---- end to end --------------------------------------------------------------------------------------------------
