@@ -261,7 +261,9 @@ def test_bpe_trains_on_a_random_sample_of_the_pairs_and_says_so(monkeypatch, cap
         return train_bpe_tokenizer(iter(sentences), *args, **kwargs)
 
     monkeypatch.setattr(run, "train_bpe_tokenizer", spy)
-    monkeypatch.setattr("vaswani.tokenization.train_bpe_tokenizer", spy)  # what train_separate_tokenizers calls
+    monkeypatch.setattr(
+        "vaswani.tokenization.train_bpe_tokenizer", spy
+    )  # what train_separate_tokenizers calls
     args = DataArguments(
         dataset_name="unused", vocab_size=300, max_tokenizer_samples=40, separate_vocabularies=separate
     )

@@ -850,48 +850,69 @@ def test_corrupt_checkpoints_are_named(tmp_path):
         verify_checkpoint(tmp_path / "checkpoint-9")
 
 
+@pytest.fixture(scope="module")
+def wmt_corpus(tmp_path_factory):
+    """2,000 WMT-shaped pairs (`bench.synthetic_corpus`: news-like lengths, 26 words a side on average) and a joint BPE
+    vocabulary of 1,000 tokens learned from them."""
+    from bench.synthetic_corpus import write_corpus
+    from vaswani.data import iter_text, load_parallel_dataset
+    from vaswani.tokenization import save_tokenizers, train_bpe_tokenizer
+
+    folder = write_corpus(
+        tmp_path_factory.mktemp("wmt"), 2000, "en", "de", validation=20, test=20, vocab=3000
+    )
+    train = load_parallel_dataset(folder, "en", "de", ["train"], cache_dir=folder / "raw-cache")["train"]
+    tokenizer = train_bpe_tokenizer(iter_text(train, ["en", "de"]), vocab_size=1000, show_progress=False)
+    save_tokenizers(tokenizer, tokenizer, folder / "tokenizer")
+    return folder
+
+
 @pytest.mark.slow
-def test_two_process_ddp_on_gloo_matches_one_process(corpus, tokenizer_dir, tmp_path):
-    """torchrun with 2 CPU processes (gloo): both ranks end with identical weights, equal to one process that
-    accumulates 2 micro-batches per step (the same global batch)."""
-    common = ["--dropout", "0.0", "--save_strategy", "no", "--max_steps", "6"]
-    tiny_run_args = _with_tokenizer(tokenizer_dir)
+def test_two_process_ddp_on_gloo_matches_one_process(wmt_corpus, tmp_path):
+    """torchrun with 2 CPU processes (gloo) on a WMT-shaped corpus with the base preset shrunk (d_model 32, 2 + 2
+    layers): rank 0 reads and tokenizes the corpus once and rank 1 maps the same cache; the ranks train on different
+    micro-batches, take the same number of updates and end with identical weights, equal to one process that
+    accumulates 2 micro-batches per update: the same micro-batches, the same update."""
+    args = [
+        "--dataset_name", str(wmt_corpus), "--source_lang", "en", "--target_lang", "de", "--eval_strategy", "no",
+        "--tokenizer_name", str(wmt_corpus / "tokenizer"), "--cache_dir", str(tmp_path / "cache"),
+        "--preset", "base", "--d_model", "32", "--encoder_layers", "2", "--decoder_layers", "2",
+        "--encoder_attention_heads", "4", "--decoder_attention_heads", "4", "--encoder_ffn_dim", "64",
+        "--decoder_ffn_dim", "64", "--dropout", "0.0", "--max_tokens", "2048", "--warmup_steps", "4",
+        "--max_steps", "4", "--save_strategy", "no", "--logging_steps", "2", "--seed", "7",
+        "--dataloader_pin_memory", "false",
+    ]  # fmt: skip
     ddp_dump, single_dump = tmp_path / "ddp", tmp_path / "single"
+    launch = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", "29533", str(RUNNER)]
     run(
-        [
-            str(BIN / "torchrun"),
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29533",
-            str(RUNNER),
-            *tiny_run_args(corpus, tmp_path / "ddp_run", extra=common),
-        ],
+        [*launch, *args, "--output_dir", str(tmp_path / "ddp_run")],
         env_extra={"VASWANI_DUMP_WEIGHTS": str(ddp_dump)},
     )
-    run(
-        [
-            sys.executable,
-            str(RUNNER),
-            *tiny_run_args(corpus, tmp_path / "single_run", extra=common),
-            "--gradient_accumulation_steps",
-            "2",
-        ],
-        env_extra={"VASWANI_DUMP_WEIGHTS": str(single_dump)},
+    single_args = [*args, "--output_dir", str(tmp_path / "single_run"), "--gradient_accumulation_steps", "2"]
+    run([sys.executable, str(RUNNER), *single_args], env_extra={"VASWANI_DUMP_WEIGHTS": str(single_dump)})
+    records = [json.loads((ddp_dump / f"rank{r}.json").read_text()) for r in (0, 1)]
+    single = json.loads((single_dump / "rank0.json").read_text())
+    # The corpus was read and tokenized once, by rank 0; rank 1 (and the later run) mapped its cache file.
+    assert (
+        records[0]["tokenized_batches"] > 0
+        and records[1]["tokenized_batches"] == single["tokenized_batches"] == 0
     )
+    assert records[0]["cache_files"] == records[1]["cache_files"] == single["cache_files"]
+    assert len(records[0]["cache_files"]) == 1 and str(tmp_path / "cache") in records[0]["cache_files"][0]
+    # Different micro-batches on the two ranks, the same number of updates, one micro-batch per rank and update.
+    ranks = [r["micro_batches"] for r in records]
+    assert records[0]["updates"] == records[1]["updates"] == single["updates"] == 4
+    assert len(ranks[0]) == len(ranks[1]) == 4 and len(single["micro_batches"]) == 8
+    assert not {tuple(b) for b in ranks[0]} & {tuple(b) for b in ranks[1]}
+    # The one process accumulates, update by update, the micro-batches of rank 0 and rank 1.
+    assert single["micro_batches"] == [batch for pair in zip(*ranks, strict=True) for batch in pair]
     rank0, rank1 = torch.load(ddp_dump / "rank0.pt"), torch.load(ddp_dump / "rank1.pt")
-    single = torch.load(single_dump / "rank0.pt")
+    one, initial = torch.load(single_dump / "rank0.pt"), torch.load(ddp_dump / "initial0.pt")
     for key in rank0:
         assert torch.equal(rank0[key], rank1[key]), key
-        torch.testing.assert_close(rank0[key], single[key], atol=2e-5, rtol=1e-4)
-    # Not trivially equal: half the global batch gives other weights.
-    half_dump = tmp_path / "half"
-    run(
-        [sys.executable, str(RUNNER), *tiny_run_args(corpus, tmp_path / "half_run", extra=common)],
-        env_extra={"VASWANI_DUMP_WEIGHTS": str(half_dump)},
-    )
-    half = torch.load(half_dump / "rank0.pt")
-    assert any(not torch.allclose(half[k], single[k], atol=1e-4) for k in single)
+        torch.testing.assert_close(rank0[key], one[key], atol=2e-5, rtol=1e-4)
+    assert all(torch.equal(initial[k], torch.load(single_dump / "initial0.pt")[k]) for k in initial)
+    assert any(not torch.allclose(initial[k], one[k], atol=1e-3) for k in initial)  # and training moved them
 
 
 def test_time_budget_stops_training_with_a_checkpoint():
