@@ -131,3 +131,41 @@ def test_gpu_wmt_throughput_runs_on_the_cpu_with_a_tiny_config(tmp_path):
         gpu_wmt_throughput.main(["--device", "cuda"]) if not __import__("torch").cuda.is_available() else None
     )
     assert skipped is None or skipped["skipped"] == "no CUDA device"
+
+
+def test_bench_data_scale(tmp_path, capsys):
+    """Every stage from raw text to the first step, timed with its peak memory in fresh processes: the first run,
+    the rerun from the cache (which tokenizes nothing), the BPE on every pair, and Multi30k-sized data."""
+    from bench import bench_data_scale
+
+    result = bench_data_scale.main(
+        ["--quick", "--work_dir", str(tmp_path), "--json", str(tmp_path / "out.json")]
+    )
+    stdout = capsys.readouterr().out
+    assert "to first step" in stdout and "Multi30k-sized" in stdout and "----" in stdout
+    assert json.loads((tmp_path / "out.json").read_text())["rows"] == result["rows"]
+    rows = {(row["run"], row["stage"]): row for row in result["rows"]}
+    stages = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step", "to first step")
+    for run in ("first", "from the cache", "Multi30k-sized"):
+        for stage in stages:
+            row = rows[run, stage]
+            assert row["s_r0"] >= 0 and row["rss_r0"] > 100 and 0 < row["anon_r0"] <= row["rss_r0"], (
+                run,
+                stage,
+            )
+    assert rows["every pair", "BPE"]["s_r0"] > 0 and rows["first", "BPE"]["pairs"] == 2000
+    first, cached = result["records"]["first"][0], result["records"]["cached"][0]
+    assert first["tokenized_batches"] > 0 and cached["tokenized_batches"] == 0  # the rerun maps the cache
+    assert first["train_pairs"] == 2000 and len(result["peak_rss_over_multi30k_mib"]) == 1
+
+
+def test_bench_data_scale_sampler_alone(tmp_path):
+    from bench import bench_data_scale
+
+    out = tmp_path / "sampler.json"
+    result = bench_data_scale.main(
+        ["--sampler_only", "--pairs", "50000", "--work_dir", str(tmp_path), "--json", str(out)]
+    )
+    (row,) = result["rows"]
+    assert row["pairs"] == 50000 and row["batches"] > 0 and row["epoch_arrays_s"] > 0
+    assert 0 < row["rise_mib"] < 100 and json.loads(out.read_text())["rows"] == result["rows"]
