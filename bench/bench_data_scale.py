@@ -345,40 +345,46 @@ def data_scale(args) -> dict:
     cache, langs = runs / "datasets-cache", ("en", "de")
     if runs.exists():
         subprocess.run(["rm", "-rf", str(runs)], check=True)  # a first run starts from nothing
-    rows, records = [], {}
     first, wall = launch(
         "train", runs / "first", args.processes, _train_flags(args, data, langs, cache, runs / "out1")
     )
-    rows += _rows("first", args.pairs, first, wall)
-    tokenizer = runs / "out1" / "tokenizer"
-    again, wall = launch(
-        "train",
-        runs / "cached",
-        args.processes,
-        _train_flags(args, data, langs, cache, runs / "out2", tokenizer),
-    )
-    rows += _rows("from the cache", args.pairs, again, wall)
-    records.update(first=first, cached=again)
-    # The BPE on every pair, alone; in --quick, where no time counts, beside the Multi30k-sized run.
-    full_bpe = None
+    rows, records = _rows("first", args.pairs, first, wall), {"first": first}
+    # The rerun from the first run's cache and tokenizer, the BPE on every pair, the same model on Multi30k-sized
+    # data: one after the other, or side by side in --quick, where no time counts.
+    m30k, m30k_langs = _multi30k(args, work)
+    children = {
+        "cached": ("train", runs / "cached", args.processes,
+                   _train_flags(args, data, langs, cache, runs / "out2", runs / "out1" / "tokenizer")),
+        "multi30k": ("train", runs / "multi30k", args.processes,
+                     _train_flags(args, m30k, m30k_langs, runs / "m30k-cache", runs / "out3")),
+    }  # fmt: skip
     if not args.no_full_bpe:
         flags = ["--dataset_name", str(data), "--source_lang", "en", "--target_lang", "de"]
-        flags += ["--vocab_size", str(args.vocab_size), "--output_dir", str(runs / "bpe-full")]
-        full_bpe = start("bpe", runs / "bpe", 1, flags + ["--cache_dir", str(cache)])
-        full_bpe = full_bpe if args.quick else wait(full_bpe)
-    m30k, m30k_langs = _multi30k(args, work)
-    m30k_flags = _train_flags(args, m30k, m30k_langs, runs / "m30k-cache", runs / "out3")
-    small, wall = launch("train", runs / "multi30k", args.processes, m30k_flags)
-    rows += _rows("Multi30k-sized", small[0]["train_pairs"], small, wall)
-    records["multi30k"] = small
-    if full_bpe:
-        (full,), wall = wait(full_bpe) if args.quick else full_bpe
+        flags += [
+            "--vocab_size",
+            str(args.vocab_size),
+            "--output_dir",
+            str(runs / "bpe-full"),
+            "--cache_dir",
+            str(cache),
+        ]
+        children["bpe_every_pair"] = ("bpe", runs / "bpe", 1, flags)
+    if args.quick:
+        started = {name: start(*child) for name, child in children.items()}
+        done = {name: wait(child) for name, child in started.items()}
+    else:
+        done = {name: launch(*child) for name, child in children.items()}
+    records.update({name: ranks for name, (ranks, _) in done.items()})
+    rows += _rows("from the cache", args.pairs, *done["cached"])
+    if "bpe_every_pair" in done:
+        (full,), wall = done["bpe_every_pair"]
         entry = full["stages"]["BPE"]
         rows.append(
             {"run": "every pair", "stage": "BPE", "pairs": args.pairs, "processes": 1, "wall_s": wall,
              "s_r0": entry["seconds"], "rss_r0": entry["peak_rss_mib"], "anon_r0": entry["peak_anon_mib"]}
         )  # fmt: skip
-        records["bpe_every_pair"] = full
+    small = done["multi30k"][0]
+    rows += _rows("Multi30k-sized", small[0]["train_pairs"], *done["multi30k"])
     excess = {
         f"peak_{kind}_over_multi30k_mib": [
             big[f"peak_{kind}_mib"] - ref[f"peak_{kind}_mib"] for big, ref in zip(first, small, strict=True)
