@@ -374,3 +374,22 @@ def test_sample_pairs_draws_a_fixed_uniform_sample_in_corpus_order():
     assert picked != [int(x) for x in sample_pairs(ds, 100, seed=1)["de"]]
     assert 300 < sum(picked) / 100 * 2 / 3 < 700 and max(picked) > 900  # spread over the corpus, not its head
     assert sample_pairs(ds, None) is ds and sample_pairs(ds, 5000) is ds
+
+
+class PythonTokenizer:
+    """A tokenizer with no Rust backend (as Marian's and FSMT's are): only `tok(texts)` to call."""
+
+    def __init__(self, fast):
+        self.fast = fast
+
+    def __call__(self, texts, **kwargs):
+        return self.fast(texts, **kwargs)
+
+
+def test_a_tokenizer_without_a_rust_backend_is_called(noisy):
+    ds, tok = noisy
+    out, dropped = tokenize_dataset(ds, PythonTokenizer(tok), tok, "de", "en")
+    expected, _ = tokenize_dataset(ds, tok, tok, "de", "en")
+    assert dropped == {"train": 3, "val": 0}
+    assert out["train"]["input_ids"] == expected["train"]["input_ids"]
+    assert out["val"]["labels"] == expected["val"]["labels"]

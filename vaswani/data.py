@@ -423,14 +423,16 @@ def _encode_pairs(
             src_ids, tgt_ids = [src_ids[i] for i in kept], [tgt_ids[i] for i in kept]
             src_len, tgt_len = src_len[kept], tgt_len[kept]
             rows = np.asarray(rows, dtype=np.int64)[kept]
-    columns = {}
-    for name in keep:
-        column = batch.column(name)
-        columns[name] = column if rows is None or len(rows) == batch.num_rows else column.take(rows)
-    columns["input_ids"] = _list_array(src_ids, src_len)
-    columns["labels"] = _list_array(tgt_ids, tgt_len)
-    columns[LENGTH_COLUMN] = pa.array(np.maximum(src_len, tgt_len))
-    return pa.table(columns)
+    kept_rows = rows is None or len(rows) == batch.num_rows
+    encoded = {name: batch.column(name) if kept_rows else batch.column(name).take(rows) for name in keep}
+    encoded.update(
+        {
+            "input_ids": _list_array(src_ids, src_len),
+            "labels": _list_array(tgt_ids, tgt_len),
+            LENGTH_COLUMN: pa.array(np.maximum(src_len, tgt_len)),
+        }
+    )
+    return pa.table(encoded)
 
 
 def _encoding_fingerprint(
