@@ -20,6 +20,7 @@ from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from .batching import LENGTH_COLUMN
 from .checkpoints import train_or_resume
 from .checks import check_run
 from .configuration_vaswani import VaswaniConfig
@@ -249,7 +250,10 @@ def train_main(
         model=model,
         args=training_args,
         train_dataset=tokenized["train"],
-        eval_dataset=tokenized.get("validation"),
+        # `length` is for the training sampler; with --remove_unused_columns false it would reach generate()
+        eval_dataset=tokenized["validation"].remove_columns(LENGTH_COLUMN)
+        if "validation" in tokenized
+        else None,
         data_collator=collator,
         processing_class=target_tok,
         compute_metrics=bleu_metric_fn(target_tok, raw["validation"][data_args.target_lang])
