@@ -62,12 +62,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--tokenizer_samples", type=int, help="pairs the BPE learns from (default: a quarter, at most 1M)"
     )
-    parser.add_argument("--no_full_bpe", action="store_true", help="skip the BPE on every pair")
     parser.add_argument(
         "--multi30k", default=str(MULTI30K), help="a Multi30k folder (else 29,000 synthetic pairs)"
     )
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke test: 2,000 pairs, the first run and the rerun only"
+    )
     parser.add_argument("--child", choices=["train", "bpe", "sampler"], help=argparse.SUPPRESS)
     parser.add_argument("--record", help=argparse.SUPPRESS)  # where a child writes its JSON
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)  # time.time() at the launch
@@ -75,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.pairs = 200_000 if args.sampler_only else 2000
-        args.vocab_size, args.max_tokens, args.multi30k = 500, 2048, ""
+        args.vocab_size, args.max_tokens = 500, 2048
     if args.tokenizer_samples is None:
         args.tokenizer_samples = max(1, min(1_000_000, args.pairs // 4))
     args.rest = [a for a in args.rest if a != "--"]
@@ -104,13 +105,13 @@ class StageClock:
     def __init__(self):
         self.stages: dict[str, dict] = {}
         self.peak = self.peak_anon = self.stage_anon = 0.0
+        self.stopped = threading.Event()
         threading.Thread(target=self._sample_anonymous_memory, daemon=True).start()
 
     def _sample_anonymous_memory(self) -> None:
-        while True:
+        while not self.stopped.wait(0.01):
             anon = common._rss_kib("RssAnon") / 1024
             self.stage_anon, self.peak_anon = max(self.stage_anon, anon), max(self.peak_anon, anon)
-            time.sleep(0.01)
 
     def begin(self) -> float:
         self.peak = max(self.peak, _vmhwm_mib())
@@ -198,13 +199,15 @@ def _bpe_child(args) -> None:
     """`vaswani-train-tokenizer` in this process: the BPE's seconds and peak resident set."""
     from vaswani.commands import train_tokenizer as command
 
-    clock = StageClock()
+    clock, originals = StageClock(), (command.load_split, command.train_new_tokenizers)
     command.load_split = clock.wrap("text -> Arrow", command.load_split)
     command.train_new_tokenizers = clock.wrap("BPE", command.train_new_tokenizers)
-    command.main(args.rest)
-    Path(args.record, "rank0.json").write_text(
-        json.dumps({"stages": clock.stages, "peak_rss_mib": clock.peak})
-    )
+    try:
+        command.main(args.rest)
+    finally:  # as it was, when run in a test's process
+        command.load_split, command.train_new_tokenizers = originals
+        clock.stopped.set()
+    Path(args.record, "rank0.json").write_text(json.dumps(clock.summary()))
 
 
 def random_lengths(pairs: int, seed: int = 0) -> np.ndarray:
@@ -332,10 +335,10 @@ def _rows(run: str, pairs: int, records: list[dict], wall: float) -> list[dict]:
 
 
 def _multi30k(args, work: Path) -> tuple[Path, tuple[str, str]]:
-    local = Path(args.multi30k) if args.multi30k else None
-    if local and (local / "train.de.gz").is_file():
+    local = Path(args.multi30k)
+    if (local / "train.de.gz").is_file():
         return local, ("de", "en")
-    return corpus(work, MULTI30K_PAIRS if not args.quick else 400), ("en", "de")
+    return corpus(work, MULTI30K_PAIRS), ("en", "de")
 
 
 def data_scale(args) -> dict:
@@ -349,42 +352,36 @@ def data_scale(args) -> dict:
         "train", runs / "first", args.processes, _train_flags(args, data, langs, cache, runs / "out1")
     )
     rows, records = _rows("first", args.pairs, first, wall), {"first": first}
-    # The rerun from the first run's cache and tokenizer, the BPE on every pair, the same model on Multi30k-sized
-    # data: one after the other, or side by side in --quick, where no time counts.
+    again, wall = launch(
+        "train", runs / "cached", args.processes,
+        _train_flags(args, data, langs, cache, runs / "out2", runs / "out1" / "tokenizer"),
+    )  # fmt: skip
+    rows += _rows("from the cache", args.pairs, again, wall)
+    records["cached"] = again
+    if args.quick:  # the smoke test stops here: the other runs take the same paths
+        return {"rows": rows, "records": records, "corpus": str(data)}
+    flags = [
+        "--dataset_name",
+        str(data),
+        "--source_lang",
+        "en",
+        "--target_lang",
+        "de",
+        "--cache_dir",
+        str(cache),
+    ]
+    flags += ["--vocab_size", str(args.vocab_size), "--output_dir", str(runs / "bpe-full")]
+    (full,), wall = launch("bpe", runs / "bpe", 1, flags)
+    entry = full["stages"]["BPE"]
+    rows.append(
+        {"run": "every pair", "stage": "BPE", "pairs": args.pairs, "processes": 1, "wall_s": wall,
+         "s_r0": entry["seconds"], "rss_r0": entry["peak_rss_mib"], "anon_r0": entry["peak_anon_mib"]}
+    )  # fmt: skip
     m30k, m30k_langs = _multi30k(args, work)
-    children = {
-        "cached": ("train", runs / "cached", args.processes,
-                   _train_flags(args, data, langs, cache, runs / "out2", runs / "out1" / "tokenizer")),
-        "multi30k": ("train", runs / "multi30k", args.processes,
-                     _train_flags(args, m30k, m30k_langs, runs / "m30k-cache", runs / "out3")),
-    }  # fmt: skip
-    if not args.no_full_bpe:
-        flags = ["--dataset_name", str(data), "--source_lang", "en", "--target_lang", "de"]
-        flags += [
-            "--vocab_size",
-            str(args.vocab_size),
-            "--output_dir",
-            str(runs / "bpe-full"),
-            "--cache_dir",
-            str(cache),
-        ]
-        children["bpe_every_pair"] = ("bpe", runs / "bpe", 1, flags)
-    if args.quick:
-        started = {name: start(*child) for name, child in children.items()}
-        done = {name: wait(child) for name, child in started.items()}
-    else:
-        done = {name: launch(*child) for name, child in children.items()}
-    records.update({name: ranks for name, (ranks, _) in done.items()})
-    rows += _rows("from the cache", args.pairs, *done["cached"])
-    if "bpe_every_pair" in done:
-        (full,), wall = done["bpe_every_pair"]
-        entry = full["stages"]["BPE"]
-        rows.append(
-            {"run": "every pair", "stage": "BPE", "pairs": args.pairs, "processes": 1, "wall_s": wall,
-             "s_r0": entry["seconds"], "rss_r0": entry["peak_rss_mib"], "anon_r0": entry["peak_anon_mib"]}
-        )  # fmt: skip
-    small = done["multi30k"][0]
-    rows += _rows("Multi30k-sized", small[0]["train_pairs"], *done["multi30k"])
+    m30k_flags = _train_flags(args, m30k, m30k_langs, runs / "m30k-cache", runs / "out3")
+    small, wall = launch("train", runs / "multi30k", args.processes, m30k_flags)
+    rows += _rows("Multi30k-sized", small[0]["train_pairs"], small, wall)
+    records.update(bpe_every_pair=[full], multi30k=small)
     excess = {
         f"peak_{kind}_over_multi30k_mib": [
             big[f"peak_{kind}_mib"] - ref[f"peak_{kind}_mib"] for big, ref in zip(first, small, strict=True)
@@ -423,6 +420,8 @@ def print_table(result: dict, args) -> None:
             (f"anon_r{r}", f"anon MiB (rank {r})", ".0f"),
         ]
     print(common.table(result["rows"], columns))
+    if "peak_rss_over_multi30k_mib" not in result:  # --quick
+        return
     excess = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_rss_over_multi30k_mib"])
     anon = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_anon_over_multi30k_mib"])
     print(
