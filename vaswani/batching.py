@@ -70,9 +70,8 @@ def _batch_offsets(counts: np.ndarray, max_tokens: int, max_sentences: int | Non
     run_ends = np.cumsum(counts[values])
     run_starts = run_ends - counts[values]
     total = int(run_ends[-1])
-    caps = [
-        min(max_tokens // int(v) if v else total, max_sentences or total) for v in values
-    ]  # pairs of a batch of that length
+    # The pairs of a batch of one length (of length 0, whose padded size is 0: as many as allowed).
+    caps = [min(max_tokens // int(v) if v else total, max_sentences or total) for v in values]
     pieces, start, run = [np.zeros(1, dtype=np.int64)], 0, 0
     while start < total:
         while run_ends[run] <= start:
