@@ -131,3 +131,55 @@ def test_gpu_wmt_throughput_runs_on_the_cpu_with_a_tiny_config(tmp_path):
         gpu_wmt_throughput.main(["--device", "cuda"]) if not __import__("torch").cuda.is_available() else None
     )
     assert skipped is None or skipped["skipped"] == "no CUDA device"
+
+
+def test_bench_data_scale(tmp_path, capsys):
+    """Every stage from raw text to the first step, timed with its peak memory in fresh processes: the first run and
+    the rerun from the cache, which tokenizes nothing."""
+    from bench import bench_data_scale
+
+    result = bench_data_scale.main(
+        ["--quick", "--work_dir", str(tmp_path), "--json", str(tmp_path / "out.json")]
+    )
+    stdout = capsys.readouterr().out
+    assert "to first step" in stdout and "from the cache" in stdout and "----" in stdout
+    assert json.loads((tmp_path / "out.json").read_text())["rows"] == result["rows"]
+    rows = {(row["run"], row["stage"]): row for row in result["rows"]}
+    stages = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step", "to first step")
+    for run in ("first", "from the cache"):
+        for stage in stages:
+            row = rows[run, stage]
+            assert row["s_r0"] >= 0 and row["rss_r0"] > 100 and 0 < row["anon_r0"] <= row["rss_r0"], (
+                run,
+                stage,
+            )
+    first, cached = result["records"]["first"][0], result["records"]["cached"][0]
+    assert first["tokenized_batches"] > 0 and cached["tokenized_batches"] == 0  # the rerun maps the cache
+    assert first["train_pairs"] == 2000 and rows["first", "BPE"]["pairs"] == 2000
+
+
+def test_bench_data_scale_bpe_on_every_pair(tmp_path):
+    """The BPE on every pair (`vaswani-train-tokenizer`'s child, here in this process): its stages timed."""
+    from bench import bench_data_scale
+    from bench.synthetic_corpus import write_corpus
+
+    data = write_corpus(tmp_path / "data", 300, validation=10, test=10)
+    flags = ["--dataset_name", str(data), "--source_lang", "en", "--target_lang", "de", "--vocab_size", "300"]
+    flags += ["--output_dir", str(tmp_path / "tok"), "--cache_dir", str(tmp_path / "cache")]
+    bench_data_scale.main(["--child", "bpe", "--record", str(tmp_path), "--", *flags])
+    record = json.loads((tmp_path / "rank0.json").read_text())
+    assert set(record["stages"]) == {"text -> Arrow", "BPE"} and record["stages"]["BPE"]["seconds"] > 0
+    assert (
+        record["peak_rss_mib"] >= record["stages"]["BPE"]["peak_rss_mib"] > 0 and record["peak_anon_mib"] > 0
+    )
+    assert (tmp_path / "tok" / "tokenizer.json").is_file()
+
+
+def test_bench_data_scale_sampler_alone(tmp_path):
+    """The sampler alone (`--sampler_only`'s child, here in this process): build, one epoch's arrays, the epoch."""
+    from bench import bench_data_scale
+
+    bench_data_scale.main(["--child", "sampler", "--record", str(tmp_path), "--pairs", "50000"])
+    row = json.loads((tmp_path / "rank0.json").read_text())
+    assert row["pairs"] == 50000 and row["batches"] > 0 and row["epoch_arrays_s"] > 0
+    assert 0 <= row["rise_mib"] < 100 and row["peak_rss_mib"] > 0

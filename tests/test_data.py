@@ -10,7 +10,14 @@ from datasets import Dataset, DatasetDict, Features, Translation
 from transformers import AutoTokenizer
 
 import vaswani.data
-from vaswani.data import count_lines, iter_text, load_parallel_dataset, read_lines, tokenize_dataset
+from vaswani.data import (
+    count_lines,
+    iter_text,
+    load_parallel_dataset,
+    read_lines,
+    sample_pairs,
+    tokenize_dataset,
+)
 from vaswani.tokenization import EOS_ID, train_bpe_tokenizer
 
 _DE = (
@@ -250,11 +257,11 @@ def test_tokenize_and_filter(noisy):
     out, dropped = tokenize_dataset(ds, tok, tok, "de", "en", max_length=max_length)
     assert dropped == {"train": 4, "val": 0}  # 3 pairs with an empty side and 1 long pair; val is kept whole
     assert len(out["train"]) == 14 and len(out["val"]) == 7
-    assert out["train"].column_names == ["input_ids", "attention_mask", "labels"]
+    assert out["train"].column_names == ["input_ids", "labels", "length"]  # the collator makes attention_mask
     assert max(map(len, out["val"]["input_ids"])) == long_length
     for example, de, en in zip(out["train"], ds["train"]["de"][:14], ds["train"]["en"][:14], strict=True):
         assert example["input_ids"][-1] == EOS_ID and example["labels"][-1] == EOS_ID
-        assert example["attention_mask"] == [1] * len(example["input_ids"])
+        assert example["length"] == max(len(example["input_ids"]), len(example["labels"]))
         assert tok.decode(example["input_ids"], skip_special_tokens=True) == de
         assert tok.decode(example["labels"], skip_special_tokens=True) == en
 
@@ -262,7 +269,7 @@ def test_tokenize_and_filter(noisy):
         ds, tok, tok, "de", "en", max_length, filter_splits=None, keep_text=True
     )
     assert dropped == {"train": 4, "val": 1}
-    assert everywhere["val"].column_names == ["de", "en", "input_ids", "attention_mask", "labels"]
+    assert everywhere["val"].column_names == ["de", "en", "input_ids", "labels", "length"]
     assert everywhere["val"]["de"] == ds["val"]["de"][:-1]
     with pytest.raises(ValueError, match="test"):
         tokenize_dataset(ds, tok, tok, "de", "en", filter_splits=["test"])
@@ -289,3 +296,100 @@ def test_tokenization_is_cached_across_tokenizer_reloads(noisy, tmp_path):
     different, _ = tokenize_dataset(ds, other, other, "de", "en")
     assert different["train"].cache_files != first["train"].cache_files
     assert different["train"]["labels"] != first["train"]["labels"]
+
+
+def test_one_pass_gives_the_tokenizers_own_ids_as_int32(noisy, tmp_path):
+    """The single `map` pass calls the Rust tokenizer directly: its ids are exactly `tok(text)["input_ids"]` (special
+    tokens as the tokenizer adds them, nothing truncated even where the tokenizer's own settings truncate), stored as
+    int32 lists with the longer side's length beside them."""
+    ds, tok = noisy
+    odd = ["<s> Ein </s> Hund <pad>", "  Zwei  Leerzeichen ", "Straße, Wiese; Größe!", "x" * 300]
+    extra = Dataset.from_dict({"de": odd, "en": list(reversed(odd))})
+    tok.backend_tokenizer.enable_truncation(3)  # ignored, as tok(texts, truncation=False) ignores it
+    try:
+        out, dropped = tokenize_dataset(
+            DatasetDict({"train": ds["train"], "extra": extra}), tok, tok, "de", "en", max_length=1000
+        )
+    finally:
+        tok.backend_tokenizer.no_truncation()
+    assert tok.backend_tokenizer.truncation is None  # the caller's tokenizer is left as it was
+    kept_de = [
+        d for d, e in zip(ds["train"]["de"], ds["train"]["en"], strict=True) if d.strip() and e.strip()
+    ]
+    assert dropped == {"train": 3, "extra": 0}
+    assert out["train"]["input_ids"] == tok(kept_de)["input_ids"]
+    assert out["extra"]["input_ids"] == tok(odd)["input_ids"]
+    assert out["extra"]["labels"] == tok(list(reversed(odd)))["input_ids"]
+    pairs = zip(out["extra"]["input_ids"], out["extra"]["labels"], strict=True)
+    assert out["extra"]["length"] == [max(len(s), len(t)) for s, t in pairs]
+    features = out["train"].features
+    assert features["input_ids"].feature.dtype == features["labels"].feature.dtype == "int32"
+    assert features["length"].dtype == "int32"
+
+
+def test_the_collator_makes_the_attention_mask(noisy):
+    """No attention_mask is stored: DataCollatorForSeq2Seq's padding makes it, and pads the labels with -100."""
+    from transformers import DataCollatorForSeq2Seq
+
+    ds, tok = noisy
+    out, _ = tokenize_dataset(ds, tok, tok, "de", "en")
+    rows = [out["train"].select_columns(["input_ids", "labels"])[i] for i in (0, 5, 13)]
+    batch = DataCollatorForSeq2Seq(tok, label_pad_token_id=-100)(rows)
+    lengths = [len(row["input_ids"]) for row in rows]
+    assert batch["attention_mask"].tolist() == [[1] * n + [0] * (max(lengths) - n) for n in lengths]
+    assert batch["input_ids"][batch["attention_mask"] == 0].eq(tok.pad_token_id).all()
+    labels = [len(row["labels"]) for row in rows]
+    assert batch["labels"].tolist()[0] == rows[0]["labels"] + [-100] * (max(labels) - labels[0])
+
+
+def test_the_filter_settings_are_part_of_the_cache_key(noisy):
+    ds, tok = noisy
+    first, dropped = tokenize_dataset(ds, tok, tok, "de", "en", max_length=1000)
+    again, _ = tokenize_dataset(ds, tok, tok, "de", "en", max_length=1000)
+    assert (
+        again["train"].cache_files == first["train"].cache_files
+    )  # a rerun maps the file the first run wrote
+    shorter, dropped_shorter = tokenize_dataset(ds, tok, tok, "de", "en", max_length=8)
+    assert shorter["train"].cache_files != first["train"].cache_files
+    assert dropped_shorter["train"] > dropped["train"] and max(shorter["train"]["length"]) <= 8
+    unfiltered, none_dropped = tokenize_dataset(ds, tok, tok, "de", "en", filter_splits=[])
+    assert none_dropped == {"train": 0, "val": 0} and len(unfiltered["train"]) == len(ds["train"])
+
+
+def test_a_null_text_outside_the_filtered_splits_is_named(noisy):
+    ds, tok = noisy
+    broken = DatasetDict({"test": Dataset.from_dict({"de": ["Ein Hund.", None], "en": ["A dog.", "A cat."]})})
+    with pytest.raises(ValueError, match="test: .* no de text"):
+        tokenize_dataset(broken, tok, tok, "de", "en", filter_splits=[])
+    dropped = tokenize_dataset(broken, tok, tok, "de", "en", filter_splits=["test"])[1]
+    assert dropped == {"test": 1}  # where pairs are filtered, a null side is an empty one
+
+
+def test_sample_pairs_draws_a_fixed_uniform_sample_in_corpus_order():
+    ds = Dataset.from_dict({"de": [str(i) for i in range(1000)], "en": [str(i) for i in range(1000)]})
+    sample = sample_pairs(ds, 100)
+    picked = [int(x) for x in sample["de"]]
+    assert len(picked) == len(set(picked)) == 100 and picked == sorted(picked)
+    assert picked == [int(x) for x in sample_pairs(ds, 100)["de"]]  # the same on every run and rank
+    assert picked != [int(x) for x in sample_pairs(ds, 100, seed=1)["de"]]
+    assert 300 < sum(picked) / 100 * 2 / 3 < 700 and max(picked) > 900  # spread over the corpus, not its head
+    assert sample_pairs(ds, None) is ds and sample_pairs(ds, 5000) is ds
+
+
+class PythonTokenizer:
+    """A tokenizer with no Rust backend (as Marian's and FSMT's are): only `tok(texts)` to call."""
+
+    def __init__(self, fast):
+        self.fast = fast
+
+    def __call__(self, texts, **kwargs):
+        return self.fast(texts, **kwargs)
+
+
+def test_a_tokenizer_without_a_rust_backend_is_called(noisy):
+    ds, tok = noisy
+    out, dropped = tokenize_dataset(ds, PythonTokenizer(tok), tok, "de", "en")
+    expected, _ = tokenize_dataset(ds, tok, tok, "de", "en")
+    assert dropped == {"train": 3, "val": 0}
+    assert out["train"]["input_ids"] == expected["train"]["input_ids"]
+    assert out["val"]["labels"] == expected["val"]["labels"]

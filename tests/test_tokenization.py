@@ -239,3 +239,42 @@ def test_train_tokenizer_script(tmp_path, separate, lowercase):
     case = str.lower if lowercase else str
     assert src_tok.decode(src_tok(de[5])["input_ids"], skip_special_tokens=True) == case(de[5])
     assert tgt_tok.decode(tgt_tok(en[5])["input_ids"], skip_special_tokens=True) == case(en[5])
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["joint", "separate"])
+def test_bpe_trains_on_a_random_sample_of_the_pairs_and_says_so(monkeypatch, caplog, separate):
+    """`--max_tokenizer_samples N`: the BPE learns from N pairs drawn at random with a fixed seed (both sides), with
+    the number of sentences given to the trainer for its progress bar, and a log line saying how many."""
+    from datasets import Dataset
+
+    from vaswani import run
+    from vaswani.arguments import DataArguments
+    from vaswani.data import sample_pairs
+
+    de, en = corpus()
+    train = Dataset.from_dict({"de": de, "en": en})
+    seen = []
+
+    def spy(batches, *args, **kwargs):
+        sentences = [s for batch in batches for s in batch]
+        seen.append((sentences, kwargs.get("length", args[5] if len(args) > 5 else None)))
+        return train_bpe_tokenizer(iter(sentences), *args, **kwargs)
+
+    monkeypatch.setattr(run, "train_bpe_tokenizer", spy)
+    monkeypatch.setattr(
+        "vaswani.tokenization.train_bpe_tokenizer", spy
+    )  # what train_separate_tokenizers calls
+    args = DataArguments(
+        dataset_name="unused", vocab_size=300, max_tokenizer_samples=40, separate_vocabularies=separate
+    )
+    with caplog.at_level("INFO", logger="vaswani.run"):
+        source, target = run.train_new_tokenizers(args, train, show_progress=False)
+    sample = sample_pairs(train, 40)
+    sample_de, sample_en = list(sample["de"]), list(sample["en"])
+    if separate:
+        assert seen == [(sample_de, 40), (sample_en, 40)] and source is not target
+    else:
+        assert [sorted(s) for s, _ in seen] == [sorted(sample_de + sample_en)] and seen[0][1] == 80
+        assert source is target
+    assert "on 80 sentences: 40 of the 96 training pairs, drawn at random" in caplog.text
+    assert DataArguments(dataset_name="unused").max_tokenizer_samples is None  # default: the whole split

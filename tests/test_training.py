@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from vaswani import VaswaniConfig
 from vaswani.arguments import PaperTrainingArguments
@@ -63,6 +65,96 @@ def test_token_budget_rejects_examples_over_budget():
         TokenBudgetBatchSampler([3, 50, 4], max_tokens=40)
     with pytest.raises(ValueError, match="max_tokens"):
         TokenBudgetBatchSampler([3], max_tokens=0)
+    with pytest.raises(ValueError, match="Example 2 has a negative length"):
+        TokenBudgetBatchSampler([3, 4, -1], max_tokens=40)
+    with pytest.raises(ValueError, match="max_sentences"):
+        TokenBudgetBatchSampler([3], max_tokens=40, max_sentences=0)
+    with pytest.raises(ValueError, match="empty dataset"):
+        TokenBudgetBatchSampler(np.zeros(0, dtype=np.int32), max_tokens=40)
+
+
+class PerExampleSampler:
+    """The sampler as it was before it moved to numpy: a Python loop over every example (kept to check that the
+    vectorised one gives exactly its batches, so that runs resume identically across the change)."""
+
+    def __init__(self, lengths, max_tokens, shuffle=True, seed=0, max_sentences=None):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.max_tokens, self.max_sentences, self.shuffle, self.seed = (
+            max_tokens,
+            max_sentences,
+            shuffle,
+            seed,
+        )
+        self.epoch = 0
+
+    def _group(self, order):
+        batches, batch, longest = [], [], 0
+        for index in order.tolist():
+            length = int(self.lengths[index])
+            grown = max(longest, length)
+            full = self.max_sentences is not None and len(batch) >= self.max_sentences
+            if batch and (grown * (len(batch) + 1) > self.max_tokens or full):
+                batches.append(batch)
+                batch, grown = [], length
+            batch.append(index)
+            longest = grown
+        batches.append(batch)
+        return batches
+
+    def batches(self):
+        if not self.shuffle:
+            return self._group(np.argsort(self.lengths, kind="stable"))
+        rng = np.random.default_rng([self.seed, self.epoch])
+        shuffled = rng.permutation(len(self.lengths))
+        order = shuffled[np.argsort(self.lengths[shuffled], kind="stable")]
+        batches = self._group(order)
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def test_token_budget_batches_are_exactly_those_of_the_per_example_loop():
+    rng = np.random.default_rng(0)
+    cases = [
+        (rng.integers(1, 41, 700), 200, None),
+        (rng.integers(0, 9, 300), 8, None),
+    ]  # lengths 0 and == budget
+    cases += [(rng.integers(1, 41, 700), 200, 3), (np.full(50, 7), 70, None), ([5], 5, None), ([1, 1], 1, 1)]
+    wmt_like = np.clip(np.round(rng.lognormal(np.log(30), 0.55, 60_000)), 1, 256).astype(np.int32)
+    cases += [(wmt_like, 4096, None), (wmt_like, 1024, 64)]
+    for lengths, max_tokens, max_sentences in cases:
+        for shuffle, seed in ((True, 0), (True, 5), (False, 0)):
+            new = TokenBudgetBatchSampler(lengths, max_tokens, shuffle, seed, max_sentences)
+            old = PerExampleSampler(lengths, max_tokens, shuffle, seed, max_sentences)
+            for epoch in (0, 1, 7):
+                new.set_epoch(epoch)
+                old.epoch = epoch
+                expected = old.batches()
+                assert list(new) == expected, (len(lengths), max_tokens, max_sentences, shuffle, seed, epoch)
+                assert len(new) == len(expected)
+
+
+def test_the_sampler_keeps_arrays_not_lists():
+    lengths = np.clip(np.round(np.random.default_rng(1).lognormal(np.log(30), 0.55, 100_000)), 1, 256)
+    sampler = TokenBudgetBatchSampler(lengths.astype(np.int64), max_tokens=4096, seed=2)
+    assert sampler.lengths.dtype == np.uint16  # the smallest type that holds the lengths
+    order, batch_order = sampler.epoch_order()
+    assert order.dtype == np.int32 and len(order) == 100_000 and len(batch_order) == len(sampler)
+    first = next(iter(sampler))
+    assert isinstance(first, list) and isinstance(first[0], int)  # a Python list only when a batch is yielded
+
+
+def test_example_lengths_are_read_from_arrow():
+    from datasets import Dataset
+
+    from vaswani.batching import example_lengths
+
+    rows = {"input_ids": [[5, 2], [5, 6, 7, 2], [2]], "labels": [[9, 9, 9, 2], [2], [4, 2]]}
+    bare = Dataset.from_dict(rows)
+    assert example_lengths(bare).tolist() == [4, 4, 2] and example_lengths(bare).dtype == np.int32
+    with_length = Dataset.from_dict({**rows, "length": [40, 41, 42]})
+    assert example_lengths(with_length).tolist() == [40, 41, 42]  # the column tokenize_dataset writes wins
+    assert example_lengths(with_length.select([2, 0])).tolist() == [42, 40]  # an indices mapping is followed
+    with pytest.raises(ValueError, match="'length' column or the 'input_ids' and 'labels'"):
+        example_lengths(Dataset.from_dict({"input_ids": rows["input_ids"]}))
 
 
 # ---- schedule and optimizer defaults -----------------------------------------------------------------------------
@@ -257,6 +349,131 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
     }
     for name, values in choices.items():
         assert fields[name].metadata["choices"] == list(values), name
+
+
+# ---- the size of an update (§5.1: ~25,000 source and target tokens, whatever the hardware) ------------------------
+class UpdateRecorder(TrainerCallback):
+    """Each update's gradients (before the optimizer step) and learning rate, and each micro-batch's target tokens."""
+
+    def __init__(self):
+        self.gradients, self.learning_rates, self.target_tokens = [], [], []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        self.gradients.append(grads)
+        self.learning_rates.append(optimizer.param_groups[0]["lr"])
+
+    def collator(self, collate):
+        def counting(features):
+            batch = collate(features)
+            self.target_tokens.append(int((batch["labels"] != -100).sum()))
+            return batch
+
+        return counting
+
+
+def _pairs(lengths: list[tuple[int, int]], vocab_size: int, seed: int = 0):
+    """A tokenized dataset of random ids with these (source, target) lengths, `</s>` last, as tokenize_dataset
+    writes it."""
+    from datasets import Dataset
+
+    rng = np.random.default_rng(seed)
+
+    def ids(n):
+        return [*rng.integers(4, vocab_size, n - 1).tolist(), 2]
+
+    rows = [(ids(s), ids(t)) for s, t in lengths]
+    return Dataset.from_dict(
+        {
+            "input_ids": [s for s, _ in rows],
+            "labels": [t for _, t in rows],
+            "length": [max(s, t) for s, t in lengths],
+        }
+    )
+
+
+def _train(tmp_path, name, dataset, tokenizer, **flags):
+    from tiny_translation_assets import tiny_model
+    from transformers import DataCollatorForSeq2Seq
+    from transformers.utils import logging as hf_logging
+
+    from vaswani.trainer import VaswaniTrainer
+
+    hf_logging.set_verbosity_error()
+    model = tiny_model(len(tokenizer))  # the same initial weights for every run, no dropout
+    model.train()
+    settings = dict(
+        output_dir=str(tmp_path / name), warmup_steps=4, save_strategy="no", eval_strategy="no", seed=0,
+        logging_steps=1, use_cpu=True, dataloader_pin_memory=False, disable_tqdm=True, report_to="none",
+    )  # fmt: skip
+    settings.update(flags)
+    recorder = UpdateRecorder()
+    trainer = VaswaniTrainer(
+        model=model,
+        args=PaperTrainingArguments(**settings),
+        train_dataset=dataset,
+        data_collator=recorder.collator(
+            DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+        ),
+        processing_class=tokenizer,
+        callbacks=[recorder],
+    )
+    trainer.train()
+    return trainer, recorder
+
+
+def test_two_accumulated_half_batches_give_the_gradient_of_the_whole_batch(tmp_path):
+    """§5.1's update of ~25,000 target tokens made of 2 micro-batches (gradient accumulation, or 2 GPUs) has the
+    gradient of the single batch holding both: the label-smoothed loss is summed over every target token of the
+    update and divided by their number (`num_items_in_batch`), not averaged per micro-batch. The micro-batches
+    differ in target tokens (12,500 and about 9,000) and in padding, which a per-micro-batch mean would show."""
+    from tiny_translation_assets import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    rng = np.random.default_rng(1)
+    short = [(int(rng.integers(15, 26)), 25) for _ in range(500)]  # 500 x 25 = 12,500 tokens: one budget
+    long = [(50, int(rng.integers(20, 51))) for _ in range(250)]  # 250 x 50 = 12,500 padded tokens
+    dataset = _pairs(short + long, len(tokenizer))
+    _, halves = _train(
+        tmp_path, "halves", dataset, tokenizer, max_tokens=12_500, batch_tokens=25_000, max_steps=1
+    )
+    _, whole = _train(tmp_path, "whole", dataset, tokenizer, max_tokens=37_500, max_steps=1)
+    assert sorted(halves.target_tokens) == [sum(t for _, t in long), 12_500]  # two micro-batches, one update
+    assert whole.target_tokens == [sum(halves.target_tokens)]  # one batch of both, ~21,500 target tokens
+    assert len(halves.gradients) == len(whole.gradients) == 1
+    for key, expected in whole.gradients[0].items():
+        torch.testing.assert_close(halves.gradients[0][key], expected, rtol=1e-4, atol=1e-7, msg=key)
+
+
+def test_batch_tokens_counts_updates_not_micro_batches(tmp_path):
+    """With --batch_tokens the run's length (--max_steps, or the updates of an epoch), the logged steps and the §5.3
+    schedule count optimizer updates: an epoch of 9 micro-batches accumulated 2 at a time is 5 updates (the last
+    of one micro-batch), at the learning rates of steps 1..5."""
+    from tiny_translation_assets import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    dataset = _pairs([(10, 10)] * 27, len(tokenizer))  # 9 micro-batches of 3 pairs at 30 tokens
+    trainer, record = _train(
+        tmp_path,
+        "epoch",
+        dataset,
+        tokenizer,
+        max_tokens=30,
+        batch_tokens=60,
+        max_steps=-1,
+        num_train_epochs=1,
+    )
+    assert trainer.args.gradient_accumulation_steps == 2 and len(trainer.get_train_dataloader()) == 9
+    assert trainer.state.global_step == 5 and len(record.gradients) == 5
+    assert record.target_tokens == [30] * 9
+    assert record.learning_rates == pytest.approx([paper_learning_rate(k, 16, 4) for k in range(1, 6)])
+    logged = [e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e]
+    assert logged == pytest.approx(record.learning_rates)
+    trainer, record = _train(
+        tmp_path, "steps", dataset, tokenizer, max_tokens=30, batch_tokens=60, max_steps=3
+    )
+    assert trainer.state.global_step == 3 and record.target_tokens[:6] == [30] * 6
+    assert record.learning_rates == pytest.approx([paper_learning_rate(k, 16, 4) for k in range(1, 4)])
 
 
 # ---- end to end --------------------------------------------------------------------------------------------------
@@ -646,48 +863,69 @@ def test_corrupt_checkpoints_are_named(tmp_path):
         verify_checkpoint(tmp_path / "checkpoint-9")
 
 
+@pytest.fixture(scope="module")
+def wmt_corpus(tmp_path_factory):
+    """2,000 WMT-shaped pairs (`bench.synthetic_corpus`: news-like lengths, 26 words a side on average) and a joint BPE
+    vocabulary of 1,000 tokens learned from them."""
+    from bench.synthetic_corpus import write_corpus
+    from vaswani.data import iter_text, load_parallel_dataset
+    from vaswani.tokenization import save_tokenizers, train_bpe_tokenizer
+
+    folder = write_corpus(
+        tmp_path_factory.mktemp("wmt"), 2000, "en", "de", validation=20, test=20, vocab=3000
+    )
+    train = load_parallel_dataset(folder, "en", "de", ["train"], cache_dir=folder / "raw-cache")["train"]
+    tokenizer = train_bpe_tokenizer(iter_text(train, ["en", "de"]), vocab_size=1000, show_progress=False)
+    save_tokenizers(tokenizer, tokenizer, folder / "tokenizer")
+    return folder
+
+
 @pytest.mark.slow
-def test_two_process_ddp_on_gloo_matches_one_process(corpus, tokenizer_dir, tmp_path):
-    """torchrun with 2 CPU processes (gloo): both ranks end with identical weights, equal to one process that
-    accumulates 2 micro-batches per step (the same global batch)."""
-    common = ["--dropout", "0.0", "--save_strategy", "no", "--max_steps", "6"]
-    tiny_run_args = _with_tokenizer(tokenizer_dir)
+def test_two_process_ddp_on_gloo_matches_one_process(wmt_corpus, tmp_path):
+    """torchrun with 2 CPU processes (gloo) on a WMT-shaped corpus with the base preset shrunk (d_model 32, 2 + 2
+    layers): rank 0 reads and tokenizes the corpus once and rank 1 maps the same cache; the ranks train on different
+    micro-batches, take the same number of updates and end with identical weights, equal to one process that
+    accumulates 2 micro-batches per update: the same micro-batches, the same update."""
+    args = [
+        "--dataset_name", str(wmt_corpus), "--source_lang", "en", "--target_lang", "de", "--eval_strategy", "no",
+        "--tokenizer_name", str(wmt_corpus / "tokenizer"), "--cache_dir", str(tmp_path / "cache"),
+        "--preset", "base", "--d_model", "32", "--encoder_layers", "2", "--decoder_layers", "2",
+        "--encoder_attention_heads", "4", "--decoder_attention_heads", "4", "--encoder_ffn_dim", "64",
+        "--decoder_ffn_dim", "64", "--dropout", "0.0", "--max_tokens", "2048", "--warmup_steps", "4",
+        "--max_steps", "4", "--save_strategy", "no", "--logging_steps", "2", "--seed", "7",
+        "--dataloader_pin_memory", "false",
+    ]  # fmt: skip
     ddp_dump, single_dump = tmp_path / "ddp", tmp_path / "single"
+    launch = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", "29533", str(RUNNER)]
     run(
-        [
-            str(BIN / "torchrun"),
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29533",
-            str(RUNNER),
-            *tiny_run_args(corpus, tmp_path / "ddp_run", extra=common),
-        ],
+        [*launch, *args, "--output_dir", str(tmp_path / "ddp_run")],
         env_extra={"VASWANI_DUMP_WEIGHTS": str(ddp_dump)},
     )
-    run(
-        [
-            sys.executable,
-            str(RUNNER),
-            *tiny_run_args(corpus, tmp_path / "single_run", extra=common),
-            "--gradient_accumulation_steps",
-            "2",
-        ],
-        env_extra={"VASWANI_DUMP_WEIGHTS": str(single_dump)},
+    single_args = [*args, "--output_dir", str(tmp_path / "single_run"), "--gradient_accumulation_steps", "2"]
+    run([sys.executable, str(RUNNER), *single_args], env_extra={"VASWANI_DUMP_WEIGHTS": str(single_dump)})
+    records = [json.loads((ddp_dump / f"rank{r}.json").read_text()) for r in (0, 1)]
+    single = json.loads((single_dump / "rank0.json").read_text())
+    # The corpus was read and tokenized once, by rank 0; rank 1 (and the later run) mapped its cache file.
+    assert (
+        records[0]["tokenized_batches"] > 0
+        and records[1]["tokenized_batches"] == single["tokenized_batches"] == 0
     )
+    assert records[0]["cache_files"] == records[1]["cache_files"] == single["cache_files"]
+    assert len(records[0]["cache_files"]) == 1 and str(tmp_path / "cache") in records[0]["cache_files"][0]
+    # Different micro-batches on the two ranks, the same number of updates, one micro-batch per rank and update.
+    ranks = [r["micro_batches"] for r in records]
+    assert records[0]["updates"] == records[1]["updates"] == single["updates"] == 4
+    assert len(ranks[0]) == len(ranks[1]) == 4 and len(single["micro_batches"]) == 8
+    assert not {tuple(b) for b in ranks[0]} & {tuple(b) for b in ranks[1]}
+    # The one process accumulates, update by update, the micro-batches of rank 0 and rank 1.
+    assert single["micro_batches"] == [batch for pair in zip(*ranks, strict=True) for batch in pair]
     rank0, rank1 = torch.load(ddp_dump / "rank0.pt"), torch.load(ddp_dump / "rank1.pt")
-    single = torch.load(single_dump / "rank0.pt")
+    one, initial = torch.load(single_dump / "rank0.pt"), torch.load(ddp_dump / "initial0.pt")
     for key in rank0:
         assert torch.equal(rank0[key], rank1[key]), key
-        torch.testing.assert_close(rank0[key], single[key], atol=2e-5, rtol=1e-4)
-    # Not trivially equal: half the global batch gives other weights.
-    half_dump = tmp_path / "half"
-    run(
-        [sys.executable, str(RUNNER), *tiny_run_args(corpus, tmp_path / "half_run", extra=common)],
-        env_extra={"VASWANI_DUMP_WEIGHTS": str(half_dump)},
-    )
-    half = torch.load(half_dump / "rank0.pt")
-    assert any(not torch.allclose(half[k], single[k], atol=1e-4) for k in single)
+        torch.testing.assert_close(rank0[key], one[key], atol=2e-5, rtol=1e-4)
+    assert all(torch.equal(initial[k], torch.load(single_dump / "initial0.pt")[k]) for k in initial)
+    assert any(not torch.allclose(initial[k], one[k], atol=1e-3) for k in initial)  # and training moved them
 
 
 def test_time_budget_stops_training_with_a_checkpoint():

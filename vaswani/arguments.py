@@ -126,6 +126,13 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Evaluate on the first N pairs only."}
     )
+    max_tokenizer_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train the BPE vocabulary on N training pairs drawn uniformly at random (a fixed seed: the same "
+            "sample every run) instead of the whole split; for WMT-sized corpora, e.g. 1000000."
+        },
+    )
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for tokenization."}
     )
@@ -139,6 +146,7 @@ class DataArguments:
             "max_target_length",
             "max_train_samples",
             "max_eval_samples",
+            "max_tokenizer_samples",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:

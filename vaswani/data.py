@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -30,7 +31,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import datasets
+import numpy as np
+import pyarrow as pa
 from datasets import Dataset, DatasetDict
+from datasets.fingerprint import Hasher
+from tokenizers import Tokenizer
+
+from .batching import LENGTH_COLUMN
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +45,13 @@ Splits = Sequence[str] | Mapping[str, str] | None
 
 _JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")
+# What `tokenize_dataset` writes: token ids as int32 lists, and the longer side's length for the batch sampler.
+_ENCODED_FEATURES = {
+    "input_ids": datasets.Sequence(datasets.Value("int32")),
+    "labels": datasets.Sequence(datasets.Value("int32")),
+    LENGTH_COLUMN: datasets.Value("int32"),
+}
+_ENCODED_COLUMNS = tuple(_ENCODED_FEATURES)
 
 
 def _open_binary(path: Path):
@@ -329,42 +343,115 @@ def iter_text(dataset: Dataset, columns: Sequence[str], batch_size: int = 1000) 
             yield batch[column]
 
 
+def sample_pairs(dataset: Dataset, max_samples: int | None, seed: int = 0) -> Dataset:
+    """`max_samples` pairs of `dataset` drawn uniformly at random without replacement by a generator seeded with
+    `seed`, in their order in the corpus (the same sample on every run and rank); the whole dataset when `max_samples`
+    is None or not smaller than it. To train a BPE vocabulary on a sample of a WMT-sized corpus."""
+    if max_samples is None or max_samples >= len(dataset):
+        return dataset
+    if max_samples < 1:
+        raise ValueError(f"max_samples must be positive, got {max_samples}")
+    rows = np.random.default_rng(seed).choice(len(dataset), size=max_samples, replace=False)
+    rows.sort()
+    return dataset.select(rows)
+
+
+def _encoder(tok):
+    """The Rust tokenizer behind `tok`, set as `tok(texts, truncation=False)` sets it (special tokens added, neither
+    truncation nor padding, special tokens split or not as `tok.split_special_tokens` says), as a copy so that `tok`
+    is left as it is; None for a tokenizer without one (a Python "slow" tokenizer), which is then called."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    encoder = Tokenizer.from_str(backend.to_str())
+    encoder.no_truncation()
+    encoder.no_padding()
+    encoder.encode_special_tokens = bool(getattr(tok, "split_special_tokens", False))
+    return encoder
+
+
+def _token_ids(texts: list[str], encoder, tok) -> list[list[int]]:
+    if encoder is None:
+        return tok(texts, truncation=False)["input_ids"]
+    # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which are not needed here
+    encode = getattr(encoder, "encode_batch_fast", encoder.encode_batch)
+    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+
+
+def _list_array(ids: list[list[int]], lengths: np.ndarray) -> pa.ListArray:
+    """Token lists as an Arrow list<int32> array, built from one flat int32 buffer and its offsets."""
+    offsets = np.zeros(len(ids) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def _encode_pairs(
+    batch: pa.Table,
+    encoders: tuple,
+    tokenizers: tuple,
+    src_lang: str,
+    tgt_lang: str,
+    keep: list[str],
+    limits: tuple[int, int] | None,
+    split: str,
+) -> pa.Table:
+    """One batch of `tokenize_dataset`'s single pass: both sides encoded, and with `limits` (the maximum source and
+    target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch may shrink."""
+    sources, targets = batch.column(src_lang).to_pylist(), batch.column(tgt_lang).to_pylist()
+    rows = None
+    if limits is None:
+        for lang, texts in ((src_lang, sources), (tgt_lang, targets)):
+            if None in texts:
+                raise ValueError(f"{split}: pair {texts.index(None)} of a batch has no {lang} text (null)")
+    else:  # `bool(s.strip())` without the copies; a null side is an empty one
+        rows = [
+            i
+            for i, (s, t) in enumerate(zip(sources, targets, strict=True))
+            if s and t and not s.isspace() and not t.isspace()
+        ]
+        if len(rows) < len(sources):
+            sources, targets = [sources[i] for i in rows], [targets[i] for i in rows]
+    src_ids = _token_ids(sources, encoders[0], tokenizers[0])
+    tgt_ids = _token_ids(targets, encoders[1], tokenizers[1])
+    src_len = np.fromiter(map(len, src_ids), dtype=np.int32, count=len(src_ids))
+    tgt_len = np.fromiter(map(len, tgt_ids), dtype=np.int32, count=len(tgt_ids))
+    if limits is not None:
+        fit = (src_len <= limits[0]) & (tgt_len <= limits[1])
+        if not fit.all():
+            kept = np.flatnonzero(fit)
+            src_ids, tgt_ids = [src_ids[i] for i in kept], [tgt_ids[i] for i in kept]
+            src_len, tgt_len = src_len[kept], tgt_len[kept]
+            rows = np.asarray(rows, dtype=np.int64)[kept]
+    kept_rows = rows is None or len(rows) == batch.num_rows
+    encoded = {name: batch.column(name) if kept_rows else batch.column(name).take(rows) for name in keep}
+    encoded.update(
+        {
+            "input_ids": _list_array(src_ids, src_len),
+            "labels": _list_array(tgt_ids, tgt_len),
+            LENGTH_COLUMN: pa.array(np.maximum(src_len, tgt_len)),
+        }
+    )
+    return pa.table(encoded)
+
+
 def _encoding_fingerprint(
-    ds: Dataset, src_tok, tgt_tok, src_lang: str, tgt_lang: str, keep_text: bool
+    ds: Dataset, src_tok, tgt_tok, src_lang: str, tgt_lang: str, keep_text: bool, limits
 ) -> str:
-    """A cache key for `_encode_batch` from what decides its output: the input rows and both tokenizers' JSON.
+    """A cache key for `_encode_pairs` from what decides its output: the input rows, both tokenizers' JSON, the
+    columns kept and the filter's limits (None: no filter). The main process's cache file is the one every other
+    rank and every rerun maps.
 
     `datasets` would otherwise hash the tokenizer objects, whose state (e.g. `name_or_path`) differs between
     a freshly trained and a reloaded tokenizer, so every run would tokenize again.
     """
     digest = hashlib.sha256()
-    for part in (ds._fingerprint, src_lang, tgt_lang, str(keep_text), "encode-v1"):
+    for part in (ds._fingerprint, src_lang, tgt_lang, str(keep_text), json.dumps(limits), "encode-v2"):
         digest.update(part.encode())
     for tok in (src_tok, tgt_tok):
-        digest.update(tok.backend_tokenizer.to_str().encode())
+        backend = getattr(tok, "backend_tokenizer", None)
+        digest.update(backend.to_str().encode() if backend is not None else Hasher.hash(tok).encode())
     return digest.hexdigest()[:32]
-
-
-def _encode_batch(batch, src_tok, tgt_tok, src_lang: str, tgt_lang: str):
-    encoded = src_tok(batch[src_lang], truncation=False)
-    return {
-        "input_ids": encoded["input_ids"],
-        "attention_mask": encoded["attention_mask"],
-        "labels": tgt_tok(batch[tgt_lang], truncation=False)["input_ids"],
-    }
-
-
-def _both_sides_non_empty(batch, src_lang: str, tgt_lang: str) -> list[bool]:
-    return [
-        bool(s.strip()) and bool(t.strip()) for s, t in zip(batch[src_lang], batch[tgt_lang], strict=True)
-    ]
-
-
-def _both_sides_fit(batch, max_length: int, max_target_length: int) -> list[bool]:
-    return [
-        len(src) <= max_length and len(tgt) <= max_target_length
-        for src, tgt in zip(batch["input_ids"], batch["labels"], strict=True)
-    ]
 
 
 def tokenize_dataset(
@@ -378,25 +465,31 @@ def tokenize_dataset(
     max_target_length: int | None = None,
     keep_text: bool = False,
     num_proc: int | None = None,
-    batch_size: int = 1000,
+    batch_size: int = 10_000,
 ) -> tuple[DatasetDict, dict[str, int]]:
     """Encode every split for the model and drop unusable pairs from the splits in `filter_splits`.
 
-    Each example gets `input_ids` and `attention_mask` (source, ending in `</s>`) and `labels` (target,
-    ending in `</s>`; the model prepends `<s>` when shifting right). Nothing is truncated and nothing is
-    padded: `DataCollatorForSeq2Seq` pads per batch, labels with -100.
+    Each example gets `input_ids` (source, ending in `</s>`), `labels` (target, ending in `</s>`; the model prepends
+    `<s>` when shifting right), both int32 lists, and `length`, the longer side's token count, which the token-budget
+    sampler reads (`batching.example_lengths`) without turning token lists into Python objects. There is no
+    `attention_mask` column: `DataCollatorForSeq2Seq` makes it when it pads. Nothing is truncated and nothing is
+    padded: the collator pads per batch, labels with -100. The ids are those of `src_tok(texts)["input_ids"]`; the
+    Rust tokenizer is called directly, with both sides in one `Dataset.map` pass of `batch_size` pairs.
 
     In the splits named by `filter_splits` (`None`: all), a pair is dropped when either side is empty or
     whitespace, or when the source has more than `max_length` tokens or the target more than `max_target_length`
     (default: `max_length`), `</s>` included. Only "train" is filtered by default, so validation and test BLEU stay
     comparable with published numbers.
 
+    Datasets backed by Arrow files (every loader of this module) are tokenized once: the result is cached beside
+    them under a key of the rows, the tokenizers and these settings, so a rerun, and every other process of a
+    distributed run, memory-maps the file the first one wrote.
+
     Args:
         dataset: splits with `src_lang` and `tgt_lang` text columns (from `load_parallel_dataset`).
         src_tok, tgt_tok: the tokenizers of each side; pass the same one twice for a joint vocabulary.
         keep_text: keep the two text columns (e.g. as BLEU references), else only model inputs remain.
-        num_proc, batch_size: passed to `Dataset.map` and `Dataset.filter`, which cache their results for
-            datasets backed by Arrow files.
+        num_proc, batch_size: passed to `Dataset.map`.
 
     Returns:
         The tokenized `DatasetDict` and `{split: number of pairs dropped}`.
@@ -409,53 +502,54 @@ def tokenize_dataset(
         raise ValueError(
             f"filter_splits names splits the dataset lacks: {sorted(unknown)} (it has {list(dataset)})"
         )
+    encoders = (_encoder(src_tok), _encoder(tgt_tok))
+    tokenizers = (src_tok if encoders[0] is None else None, tgt_tok if encoders[1] is None else None)
     result, dropped = DatasetDict(), {}
     for split, ds in dataset.items():
-        n_before = len(ds)
-        n_empty = n_long = 0
-        if split in filtered:
-            ds = ds.filter(
-                _both_sides_non_empty,
-                batched=True,
-                batch_size=batch_size,
-                num_proc=num_proc,
-                fn_kwargs={"src_lang": src_lang, "tgt_lang": tgt_lang},
-                desc=f"Dropping empty pairs ({split})",
-            )
-            n_empty = n_before - len(ds)
-        ds = ds.map(
-            _encode_batch,
+        missing = [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]
+        if missing:
+            raise ValueError(f"split {split!r} has no text column {missing} (it has {ds.column_names})")
+        limits = (max_length, max_target_length) if split in filtered else None
+        keep = [
+            c
+            for c in ds.column_names
+            if c not in _ENCODED_COLUMNS and (keep_text or c not in (src_lang, tgt_lang))
+        ]
+        features = datasets.Features(
+            {**{c: ds.features[c] for c in keep}, **{c: _ENCODED_FEATURES[c] for c in _ENCODED_COLUMNS}}
+        )
+        encoded = ds.with_format("arrow").map(
+            _encode_pairs,
             batched=True,
             batch_size=batch_size,
             num_proc=num_proc,
-            fn_kwargs={"src_tok": src_tok, "tgt_tok": tgt_tok, "src_lang": src_lang, "tgt_lang": tgt_lang},
-            remove_columns=None if keep_text else [src_lang, tgt_lang],
-            new_fingerprint=_encoding_fingerprint(ds, src_tok, tgt_tok, src_lang, tgt_lang, keep_text),
-            desc=f"Tokenizing {split}",
+            fn_kwargs={
+                "encoders": encoders,
+                "tokenizers": tokenizers,
+                "src_lang": src_lang,
+                "tgt_lang": tgt_lang,
+                "keep": keep,
+                "limits": limits,
+                "split": split,
+            },
+            remove_columns=ds.column_names,
+            features=features,
+            new_fingerprint=_encoding_fingerprint(
+                ds, src_tok, tgt_tok, src_lang, tgt_lang, keep_text, limits
+            ),
+            desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
         )
-        if split in filtered:
-            n_kept = len(ds)
-            ds = ds.filter(
-                _both_sides_fit,
-                batched=True,
-                batch_size=batch_size,
-                num_proc=num_proc,
-                fn_kwargs={"max_length": max_length, "max_target_length": max_target_length},
-                desc=f"Dropping pairs over {max_length}/{max_target_length} tokens ({split})",
-            )
-            n_long = n_kept - len(ds)
+        result[split] = encoded.with_format(None)
+        dropped[split] = len(ds) - len(encoded)
+        if limits is not None:
             logger.info(
-                "%s: dropped %d of %d pairs (%d with an empty side, %d over %d source or %d target tokens)",
+                "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
                 split,
-                n_empty + n_long,
-                n_before,
-                n_empty,
-                n_long,
+                dropped[split],
+                len(ds),
                 max_length,
                 max_target_length,
             )
-        result[split] = ds
-        dropped[split] = n_empty + n_long
     return result, dropped
 
 
@@ -466,5 +560,6 @@ __all__ = [
     "load_parallel_file",
     "parallel_file_paths",
     "read_lines",
+    "sample_pairs",
     "tokenize_dataset",
 ]

@@ -20,11 +20,12 @@ from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
 from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, tokenizer_digest, train_or_resume
 from .checks import check_run, has_training_state
 from .configuration_vaswani import VaswaniConfig
-from .data import iter_text, load_parallel_dataset, load_parallel_file, tokenize_dataset
+from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
 from .errors import UsageError
 from .evaluation import AfterTraining, describe_decoding, sort_by_source_length
 from .fileio import atomic_folder, write_json
@@ -83,15 +84,46 @@ def _tokenizer_source(
     return saved if saved.is_dir() else None
 
 
+def train_new_tokenizers(data_args: DataArguments, train, show_progress: bool = True, **options):
+    """A new BPE vocabulary (§5.1: joint; one per side with `--separate_vocabularies`) learned from the training
+    split, or from `--max_tokenizer_samples` of its pairs drawn uniformly at random with a fixed seed
+    (`data.sample_pairs`). `options`: `min_frequency`, `model_max_length`, `target_vocab_size` (separate only).
+    Returns `(source, target)`, the same object twice for a joint vocabulary."""
+    sample = sample_pairs(train, data_args.max_tokenizer_samples)
+    src, tgt = data_args.source_lang, data_args.target_lang
+    separate = data_args.separate_vocabularies
+    logger.info(
+        "Training the BPE vocabulary (%d tokens, %s) on %s sentences: %s",
+        data_args.vocab_size,
+        "one per language" if separate else "joint",
+        f"{len(sample) * 2:,}",
+        f"{len(sample):,} of the {len(train):,} training pairs, drawn at random"
+        if len(sample) < len(train)
+        else f"all {len(train):,} training pairs",
+    )
+    common = dict(vocab_size=data_args.vocab_size, lowercase=data_args.lowercase, show_progress=show_progress)
+    if separate:
+        return train_separate_tokenizers(
+            iter_text(sample, [src]), iter_text(sample, [tgt]), length=len(sample), **common, **options
+        )
+    options.pop("target_vocab_size", None)
+    tokenizer = train_bpe_tokenizer(
+        iter_text(sample, [src, tgt]), length=2 * len(sample), **common, **options
+    )
+    return tokenizer, tokenizer
+
+
 def prepare_tokenizers(
     data_args: DataArguments,
     raw,
     output_dir: str,
     is_main_process: bool = True,
     model_args: ModelArguments | None = None,
+    show_progress: bool = True,
 ):
     """The given tokenizer, else the fine-tuned model's, else the one a previous (resumed) run trained, else a new
-    one (main process only; the others load what it saved). A new tokenizer is written whole or not at all."""
+    one (main process only, with a progress bar when `show_progress`; the others load what it saved). A new
+    tokenizer is written whole or not at all."""
     path = _tokenizer_source(data_args, model_args, output_dir)
     if path is not None or not is_main_process:
         path = path or Path(output_dir) / "tokenizer"
@@ -102,23 +134,7 @@ def prepare_tokenizers(
                 f"{'keeps case' if data_args.lowercase else 'lowercases'}: train a new one, or match the flag."
             )
         return source, target
-    train = raw["train"]
-    src, tgt = data_args.source_lang, data_args.target_lang
-    if data_args.separate_vocabularies:
-        source, target = train_separate_tokenizers(
-            iter_text(train, [src]),
-            iter_text(train, [tgt]),
-            vocab_size=data_args.vocab_size,
-            lowercase=data_args.lowercase,
-            show_progress=False,
-        )
-    else:
-        source = target = train_bpe_tokenizer(
-            iter_text(train, [src, tgt]),
-            vocab_size=data_args.vocab_size,
-            lowercase=data_args.lowercase,
-            show_progress=False,
-        )
+    source, target = train_new_tokenizers(data_args, raw["train"], show_progress=show_progress)
     with atomic_folder(Path(output_dir) / "tokenizer") as folder:
         save_tokenizers(source, target, folder)
     logger.info("Saved the new tokenizer to %s", Path(output_dir) / "tokenizer")
@@ -181,10 +197,12 @@ def train_main(
     finish_args = finish_args or FinishArguments()
     with training_args.main_process_first(desc="checks"):
         resume = check_run(model_args, data_args, training_args, finish_args, overrides)
-    raw = {"train": load_split(data_args, "train")}
     wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
-    if wants_validation:
-        raw["validation"] = load_split(data_args, "validation")
+    # The main process reads the text into datasets' Arrow cache first; the others then map that cache.
+    with training_args.main_process_first(desc="loading the corpus"):
+        raw = {"train": load_split(data_args, "train")}
+        if wants_validation:
+            raw["validation"] = load_split(data_args, "validation")
     if data_args.max_train_samples:
         raw["train"] = raw["train"].select(range(min(data_args.max_train_samples, len(raw["train"]))))
     full_validation = len(raw["validation"]) if "validation" in raw else None
@@ -200,6 +218,7 @@ def train_main(
             training_args.output_dir,
             is_main_process=training_args.process_index == 0,
             model_args=model_args,
+            show_progress=not training_args.disable_tqdm,
         )
     with training_args.main_process_first(desc="tokenization"):
         tokenized, dropped = tokenize_dataset(
@@ -254,7 +273,10 @@ def train_main(
         model=model,
         args=training_args,
         train_dataset=tokenized["train"],
-        eval_dataset=tokenized.get("validation"),
+        # `length` is for the training sampler; with --remove_unused_columns false it would reach generate()
+        eval_dataset=tokenized["validation"].remove_columns(LENGTH_COLUMN)
+        if "validation" in tokenized
+        else None,
         data_collator=collator,
         processing_class=target_tok,
         compute_metrics=bleu_metric_fn(target_tok, raw["validation"][data_args.target_lang])

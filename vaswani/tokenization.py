@@ -152,6 +152,7 @@ def train_bpe_tokenizer(
     model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
     show_progress: bool = True,
     lowercase: bool = False,
+    length: int | None = None,
 ) -> PreTrainedTokenizerFast:
     """Learn a byte-level BPE vocabulary and wrap it as a `PreTrainedTokenizerFast`.
 
@@ -168,6 +169,7 @@ def train_bpe_tokenizer(
         show_progress: show the trainer's progress bar.
         lowercase: lowercase all text before encoding (not the paper; see the module docstring). The vocabulary is
             then learned on lowercased text too.
+        length: the number of sentences the iterator yields, if known: the progress bar then shows how far it is.
 
     Returns:
         A tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every sequence and pads
@@ -185,7 +187,7 @@ def train_bpe_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    tokenizer.train_from_iterator(_text_batches(files_or_iterator), trainer=trainer)
+    tokenizer.train_from_iterator(_text_batches(files_or_iterator), trainer=trainer, length=length)
     logger.info(
         "Trained a byte-level BPE vocabulary of %d tokens (asked for %d)%s",
         tokenizer.get_vocab_size(),
@@ -205,16 +207,24 @@ def train_separate_tokenizers(
     save_directory: str | os.PathLike | None = None,
     show_progress: bool = True,
     lowercase: bool = False,
+    length: int | None = None,
 ) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
     """One BPE vocabulary per language instead of the paper's shared one (§5.1); same special ids in both.
 
     With separate vocabularies the encoder and decoder embeddings cannot be shared (§3.4 shares them only
     with a joint vocabulary). `vocab_size` sizes the source vocabulary and, unless `target_vocab_size` is
-    given, the target one. If `save_directory` is given, the tokenizers are written to
-    `<save_directory>/source` and `<save_directory>/target` (see `save_tokenizers`).
+    given, the target one; `length` is the number of sentences of each side, for the progress bar. If
+    `save_directory` is given, the tokenizers are written to `<save_directory>/source` and `<save_directory>/target`
+    (see `save_tokenizers`).
     """
     source = train_bpe_tokenizer(
-        source_files_or_iterator, vocab_size, min_frequency, model_max_length, show_progress, lowercase
+        source_files_or_iterator,
+        vocab_size,
+        min_frequency,
+        model_max_length,
+        show_progress,
+        lowercase,
+        length,
     )
     target = train_bpe_tokenizer(
         target_files_or_iterator,
@@ -223,6 +233,7 @@ def train_separate_tokenizers(
         model_max_length,
         show_progress,
         lowercase,
+        length,
     )
     if save_directory is not None:
         save_tokenizers(source, target, save_directory)

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
 from transformers.trainer_callback import ProgressCallback
 
-from .batching import EpochSetter, TokenBudgetBatchSampler
+from .batching import EpochSetter, TokenBudgetBatchSampler, example_lengths
 from .callbacks import AutocastInTheTrainer, RunProgress, TimeBudget, TimedCheckpoints, TrainingClock
 from .distributed import enable_fsdp_on_cpu, shard_with_fsdp2
 from .evaluation import EvaluationClock, describe_decoding, generation_settings
@@ -162,13 +162,11 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.args.hub_token = token
 
     def token_sampler(self) -> TokenBudgetBatchSampler:
+        """The §5.1 batches of the training set, built once: the lengths are read from Arrow (`example_lengths`), so
+        no token list becomes a Python object, in any process."""
         if self._train_sampler is None:
-            columns = self.train_dataset.select_columns(["input_ids", "labels"])
-            lengths = [
-                max(len(s), len(t)) for s, t in zip(columns["input_ids"], columns["labels"], strict=True)
-            ]
             self._train_sampler = TokenBudgetBatchSampler(
-                lengths,
+                example_lengths(self.train_dataset),
                 self.args.max_tokens,
                 seed=self.args.seed,
                 max_sentences=getattr(self.args, "max_sentences", None),

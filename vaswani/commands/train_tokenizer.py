@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 
 from ..arguments import DataArguments
 from ..cli import command, parse_args, setup_logging
-from ..data import iter_text
 from ..errors import UsageError
-from ..run import load_split
-from ..tokenization import save_tokenizers, train_bpe_tokenizer, train_separate_tokenizers
+from ..run import load_split, train_new_tokenizers
+from ..tokenization import save_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +27,7 @@ examples:
       --vocab_size 8000 --output_dir runs/tokenizer-multi30k
   vaswani-train-tokenizer --dataset_name wmt14 --dataset_config_name de-en --source_lang en --target_lang de \\
       --vocab_size 37000 --output_dir runs/tokenizer-wmt14          (§5.1: about 37000 tokens)
+  vaswani-train-tokenizer ... --max_tokenizer_samples 1000000      (on 1M of the 4.5M pairs, drawn at random)
 """
 
 RENAMED = {
@@ -73,32 +73,20 @@ def main(argv):
     train = load_split(data_args, "train")
     if data_args.max_train_samples:
         train = train.select(range(min(data_args.max_train_samples, len(train))))
-    src, tgt = data_args.source_lang, data_args.target_lang
-    if data_args.separate_vocabularies:
-        src_tok, tgt_tok = train_separate_tokenizers(
-            iter_text(train, [src]),
-            iter_text(train, [tgt]),
-            vocab_size=data_args.vocab_size,
-            target_vocab_size=args.target_vocab_size,
-            min_frequency=args.min_frequency,
-            model_max_length=args.model_max_length,
-            lowercase=data_args.lowercase,
-        )
-    else:
-        src_tok = tgt_tok = train_bpe_tokenizer(
-            iter_text(train, [src, tgt]),
-            vocab_size=data_args.vocab_size,
-            min_frequency=args.min_frequency,
-            model_max_length=args.model_max_length,
-            lowercase=data_args.lowercase,
-        )
+    src_tok, tgt_tok = train_new_tokenizers(
+        data_args,
+        train,
+        target_vocab_size=args.target_vocab_size,
+        min_frequency=args.min_frequency,
+        model_max_length=args.model_max_length,
+    )
     save_tokenizers(src_tok, tgt_tok, args.output_dir)
     logger.info(
         "Vocabulary size: source %d, target %d (%s) from %d sentence pairs, saved to %s",
         len(src_tok),
         len(tgt_tok),
         "separate" if data_args.separate_vocabularies else "joint",
-        len(train),
+        min(len(train), data_args.max_tokenizer_samples or len(train)),
         args.output_dir,
     )
     return src_tok, tgt_tok

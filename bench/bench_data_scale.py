@@ -1,0 +1,448 @@
+"""Data at WMT scale: wall time and peak resident memory of every stage from raw text to the first training step.
+
+`vaswani-train --preset tiny --max_steps 1` runs on a WMT-shaped corpus of `--pairs` pairs (`bench.synthetic_corpus`,
+written once into `--work_dir` and kept), in fresh processes: one, or two ranks under torchrun (gloo) with
+`--processes 2`. Each rank records, for each stage of the recipe, its seconds and its peak resident set (`VmHWM`,
+reset through `/proc/self/clear_refs` when the stage begins):
+
+- text -> Arrow: `run.load_split`, the text files read into datasets' Arrow cache (rank 0; the others map it);
+- BPE: `run.prepare_tokenizers`, the joint BPE on `--tokenizer_samples` pairs drawn at random (rank 0; the others
+  load it);
+- tokenize: `data.tokenize_dataset`, the one `map` pass over the training split (rank 0; the others map its cache);
+- sampler: `VaswaniTrainer.token_sampler`, the lengths read from Arrow and the token-budget batches built;
+- first step: from the start of training to the end of the first update;
+
+and the seconds from the launch of the processes to the end of that update. The run is repeated from the cache (the
+first run's tokenizer and datasets cache: nothing is read or tokenized again), the BPE is also trained on every pair
+(`vaswani-train-tokenizer`, another fresh process), and the same model trains on a Multi30k-sized corpus (29,000
+pairs, the local copy of Multi30k when there is one) for the comparison of peak memory. `--sampler_only` times the
+sampler alone on `--pairs` random lengths (e.g. 36,000,000, WMT en-fr).
+
+    python -m bench.bench_data_scale --pairs 450000 --json bench/results/data_scale_450k.json
+    python -m bench.bench_data_scale --pairs 4500000 --processes 2 --json bench/results/data_scale_4.5M_2p.json
+    python -m bench.bench_data_scale --sampler_only --pairs 36000000
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench import common
+from bench.synthetic_corpus import write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+MULTI30K_PAIRS = 29_000
+STAGES = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pairs", type=int, default=450_000, help="training pairs (WMT14 en-de: 4.5M)")
+    parser.add_argument("--processes", type=int, default=1, choices=[1, 2], help="2: torchrun with gloo")
+    parser.add_argument(
+        "--sampler_only", action="store_true", help="time the sampler alone on random lengths"
+    )
+    parser.add_argument(
+        "--work_dir", default="/tmp/vaswani-data-scale", help="corpora (kept), caches and runs"
+    )
+    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--max_tokens", type=int, default=8192, help="token budget of a micro-batch")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument(
+        "--tokenizer_samples", type=int, help="pairs the BPE learns from (default: a quarter, at most 1M)"
+    )
+    parser.add_argument(
+        "--multi30k", default=str(MULTI30K), help="a Multi30k folder (else 29,000 synthetic pairs)"
+    )
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke test: 2,000 pairs, the first run and the rerun only"
+    )
+    parser.add_argument("--child", choices=["train", "bpe", "sampler"], help=argparse.SUPPRESS)
+    parser.add_argument("--record", help=argparse.SUPPRESS)  # where a child writes its JSON
+    parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)  # time.time() at the launch
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)  # the tool's own flags
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.pairs = 200_000 if args.sampler_only else 2000
+        args.vocab_size, args.max_tokens = 500, 2048
+    if args.tokenizer_samples is None:
+        args.tokenizer_samples = max(1, min(1_000_000, args.pairs // 4))
+    args.rest = [a for a in args.rest if a != "--"]
+    return args
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Inside the measured processes
+# --------------------------------------------------------------------------------------------------------------------
+def _vmhwm_mib() -> float:
+    return common._rss_kib("VmHWM") / 1024
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+class StageClock:
+    """Seconds and peak resident set of each stage of this process, and the process's peak over all of them.
+
+    `VmHWM` counts every resident page, the pages of memory-mapped Arrow files that a stage reads too (clean file
+    pages, shared between processes and dropped by the kernel under pressure); a thread also samples `RssAnon`, the
+    process's own memory, every 10 ms, whose peak is reported beside it."""
+
+    def __init__(self):
+        self.stages: dict[str, dict] = {}
+        self.peak = self.peak_anon = self.stage_anon = 0.0
+        self.stopped = threading.Event()
+        threading.Thread(target=self._sample_anonymous_memory, daemon=True).start()
+
+    def _sample_anonymous_memory(self) -> None:
+        while not self.stopped.wait(0.01):
+            anon = common._rss_kib("RssAnon") / 1024
+            self.stage_anon, self.peak_anon = max(self.stage_anon, anon), max(self.peak_anon, anon)
+
+    def begin(self) -> float:
+        self.peak = max(self.peak, _vmhwm_mib())
+        _reset_peak()
+        self.stage_anon = common._rss_kib("RssAnon") / 1024
+        return time.perf_counter()
+
+    def end(self, name: str, started: float) -> None:
+        peak, anon = _vmhwm_mib(), max(self.stage_anon, common._rss_kib("RssAnon") / 1024)
+        self.peak, self.peak_anon = max(self.peak, peak), max(self.peak_anon, anon)
+        entry = self.stages.setdefault(name, {"seconds": 0.0, "peak_rss_mib": 0.0, "peak_anon_mib": 0.0})
+        entry["seconds"] += time.perf_counter() - started
+        entry["peak_rss_mib"] = max(entry["peak_rss_mib"], peak)
+        entry["peak_anon_mib"] = max(entry["peak_anon_mib"], anon)
+
+    def summary(self) -> dict:
+        return {"stages": self.stages, "peak_rss_mib": self.peak, "peak_anon_mib": self.peak_anon}
+
+    def wrap(self, name: str, function, when=lambda *args: True):
+        def timed(*args, **kwargs):
+            if not when(*args):
+                return function(*args, **kwargs)
+            started = self.begin()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.end(name, started)
+
+        return timed
+
+
+def _train_child(args) -> None:
+    """`vaswani-train` in this process, its stages timed, ended right after the first update."""
+    from transformers import TrainerCallback
+
+    from vaswani import data, run
+    from vaswani.commands import train as command
+    from vaswani.trainer import VaswaniTrainer
+
+    clock, rank = StageClock(), int(os.environ.get("RANK", "0"))
+    record = {"rank": rank, "tokenized_batches": 0}
+
+    def count(function):
+        def counting(*a, **k):
+            record["tokenized_batches"] += 1
+            return function(*a, **k)
+
+        return counting
+
+    class FirstStep(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = clock.begin()
+
+        def on_step_end(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+            if state.global_step == 1:
+                clock.end("first step", self.started)
+                record.update(
+                    to_first_step_s=time.time() - args_launched,
+                    train_pairs=len(trainer_ref[0].train_dataset),
+                    **clock.summary(),
+                )
+                Path(args_record, f"rank{rank}.json").write_text(json.dumps(record))
+                os._exit(0)  # what follows (saving the model, the summary) is no data stage
+
+    args_launched, args_record, trainer_ref = args.launched, args.record, []
+    original_init = VaswaniTrainer.__init__
+
+    def init(self, *a, **k):
+        original_init(self, *a, **k)
+        trainer_ref.append(self)
+        self.add_callback(FirstStep())
+
+    run.load_split = clock.wrap("text -> Arrow", run.load_split)
+    run.prepare_tokenizers = clock.wrap("BPE", run.prepare_tokenizers)
+    run.tokenize_dataset = clock.wrap("tokenize", run.tokenize_dataset)
+    data._encode_pairs = count(data._encode_pairs)  # 0 calls: the tokenized cache was mapped
+    VaswaniTrainer.token_sampler = clock.wrap(
+        "sampler", VaswaniTrainer.token_sampler, when=lambda self: self._train_sampler is None
+    )
+    VaswaniTrainer.__init__ = init
+    command.main(args.rest)
+
+
+def _bpe_child(args) -> None:
+    """`vaswani-train-tokenizer` in this process: the BPE's seconds and peak resident set."""
+    from vaswani.commands import train_tokenizer as command
+
+    clock, originals = StageClock(), (command.load_split, command.train_new_tokenizers)
+    command.load_split = clock.wrap("text -> Arrow", command.load_split)
+    command.train_new_tokenizers = clock.wrap("BPE", command.train_new_tokenizers)
+    try:
+        command.main(args.rest)
+    finally:  # as it was, when run in a test's process
+        command.load_split, command.train_new_tokenizers = originals
+        clock.stopped.set()
+    Path(args.record, "rank0.json").write_text(json.dumps(clock.summary()))
+
+
+def random_lengths(pairs: int, seed: int = 0) -> np.ndarray:
+    """Token lengths shaped like WMT's after BPE: log-normal with a median of 30 tokens, from 1 to 256."""
+    lengths = np.random.default_rng(seed).lognormal(np.log(30.0), 0.55, pairs)
+    return np.clip(np.round(lengths), 1, 256).astype(np.int32)
+
+
+def _sampler_child(args) -> None:
+    """The sampler alone on `--pairs` random lengths: building it, one epoch's arrays, iterating the epoch."""
+    from vaswani.batching import TokenBudgetBatchSampler
+
+    lengths = random_lengths(args.pairs)
+    timings = {}
+
+    def work():
+        started = time.perf_counter()
+        sampler = TokenBudgetBatchSampler(lengths, args.max_tokens, seed=1)
+        timings["build_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        sampler.set_epoch(1)
+        order, batch_order = sampler.epoch_order()
+        timings["epoch_arrays_s"] = time.perf_counter() - started
+        del order, batch_order
+        started = time.perf_counter()
+        pairs = sum(len(batch) for batch in sampler)
+        timings["epoch_iterated_s"] = time.perf_counter() - started
+        timings["batches"], timings["pairs"] = len(sampler), pairs
+
+    memory = common.peak_rss_during(work)
+    record = {**timings, "peak_rss_mib": memory["peak_rss_mib"], "rise_mib": memory["rise_mib"]}
+    Path(args.record, "rank0.json").write_text(json.dumps(record))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The parent: corpora, launches, the table
+# --------------------------------------------------------------------------------------------------------------------
+def corpus(work_dir: Path, pairs: int) -> Path:
+    """The synthetic WMT-shaped corpus of `pairs` pairs, written once and kept (`complete` marks a whole one)."""
+    folder = work_dir / f"corpus-{pairs}"
+    if not (folder / "complete").is_file():
+        started = time.perf_counter()
+        write_corpus(folder, pairs, "en", "de", validation=min(3000, pairs), test=min(3003, pairs))
+        (folder / "complete").write_text(f"{time.perf_counter() - started:.1f} s\n")
+    return folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(child: str, record: Path, processes: int, tool_args: list[str], own: tuple[str, ...] = ()):
+    """Start a child (with `own` flags of this script, then the tool's flags) in fresh processes."""
+    record.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    if processes > 1:
+        torchrun = Path(sys.executable).parent / "torchrun"
+        launcher = [
+            str(torchrun),
+            "--nproc_per_node",
+            str(processes),
+            "--master_port",
+            str(_free_port()),
+            "-m",
+        ]
+    else:
+        launcher = [sys.executable, "-m"]
+    launched = time.time()
+    command = [*launcher, "bench.bench_data_scale", "--child", child, "--record", str(record), *own]
+    command += ["--launched", repr(launched), "--", *tool_args]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    return process, record, processes, launched
+
+
+def wait(started) -> tuple[list[dict], float]:
+    """Each rank's record of a started child, and the wall seconds from its launch to its end."""
+    process, record, processes, launched = started
+    _, stderr = process.communicate()
+    wall = time.time() - launched
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(process.args)} failed:\n{stderr[-4000:]}")
+    return [json.loads((record / f"rank{r}.json").read_text()) for r in range(processes)], wall
+
+
+def launch(*args, **kwargs) -> tuple[list[dict], float]:
+    return wait(start(*args, **kwargs))
+
+
+def _train_flags(
+    args, data: Path, langs: tuple[str, str], cache: Path, out: Path, tokenizer=None
+) -> list[str]:
+    flags = [
+        "--dataset_name", str(data), "--source_lang", langs[0], "--target_lang", langs[1], "--preset", args.preset,
+        "--vocab_size", str(args.vocab_size), "--max_tokens", str(args.max_tokens), "--max_steps", "1",
+        "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--output_dir", str(out),
+        "--overwrite_output_dir", "--cache_dir", str(cache), "--max_tokenizer_samples", str(args.tokenizer_samples),
+        "--dataloader_pin_memory", "false", "--disable_tqdm", "true", "--seed", "1",
+    ]  # fmt: skip
+    return flags + (["--tokenizer_name", str(tokenizer)] if tokenizer else [])
+
+
+def _rows(run: str, pairs: int, records: list[dict], wall: float) -> list[dict]:
+    rows = []
+    for stage in STAGES:
+        row = {"run": run, "stage": stage, "pairs": pairs, "processes": len(records)}
+        for r, rec in enumerate(records):
+            entry = rec["stages"].get(stage, {})
+            row[f"s_r{r}"], row[f"rss_r{r}"] = entry.get("seconds"), entry.get("peak_rss_mib")
+            row[f"anon_r{r}"] = entry.get("peak_anon_mib")
+        rows.append(row)
+    total = {"run": run, "stage": "to first step", "pairs": pairs, "processes": len(records), "wall_s": wall}
+    for r, rec in enumerate(records):
+        total[f"s_r{r}"], total[f"rss_r{r}"] = rec["to_first_step_s"], rec["peak_rss_mib"]
+        total[f"anon_r{r}"] = rec["peak_anon_mib"]
+    return rows + [total]
+
+
+def _multi30k(args, work: Path) -> tuple[Path, tuple[str, str]]:
+    local = Path(args.multi30k)
+    if (local / "train.de.gz").is_file():
+        return local, ("de", "en")
+    return corpus(work, MULTI30K_PAIRS), ("en", "de")
+
+
+def data_scale(args) -> dict:
+    work = Path(args.work_dir)
+    data = corpus(work, args.pairs)
+    runs = work / f"runs-{args.pairs}-{args.processes}p"
+    cache, langs = runs / "datasets-cache", ("en", "de")
+    if runs.exists():
+        subprocess.run(["rm", "-rf", str(runs)], check=True)  # a first run starts from nothing
+    first, wall = launch(
+        "train", runs / "first", args.processes, _train_flags(args, data, langs, cache, runs / "out1")
+    )
+    rows, records = _rows("first", args.pairs, first, wall), {"first": first}
+    again, wall = launch(
+        "train", runs / "cached", args.processes,
+        _train_flags(args, data, langs, cache, runs / "out2", runs / "out1" / "tokenizer"),
+    )  # fmt: skip
+    rows += _rows("from the cache", args.pairs, again, wall)
+    records["cached"] = again
+    if args.quick:  # the smoke test stops here: the other runs take the same paths
+        return {"rows": rows, "records": records, "corpus": str(data)}
+    flags = [
+        "--dataset_name",
+        str(data),
+        "--source_lang",
+        "en",
+        "--target_lang",
+        "de",
+        "--cache_dir",
+        str(cache),
+    ]
+    flags += ["--vocab_size", str(args.vocab_size), "--output_dir", str(runs / "bpe-full")]
+    (full,), wall = launch("bpe", runs / "bpe", 1, flags)
+    entry = full["stages"]["BPE"]
+    rows.append(
+        {"run": "every pair", "stage": "BPE", "pairs": args.pairs, "processes": 1, "wall_s": wall,
+         "s_r0": entry["seconds"], "rss_r0": entry["peak_rss_mib"], "anon_r0": entry["peak_anon_mib"]}
+    )  # fmt: skip
+    m30k, m30k_langs = _multi30k(args, work)
+    m30k_flags = _train_flags(args, m30k, m30k_langs, runs / "m30k-cache", runs / "out3")
+    small, wall = launch("train", runs / "multi30k", args.processes, m30k_flags)
+    rows += _rows("Multi30k-sized", small[0]["train_pairs"], small, wall)
+    records.update(bpe_every_pair=[full], multi30k=small)
+    excess = {
+        f"peak_{kind}_over_multi30k_mib": [
+            big[f"peak_{kind}_mib"] - ref[f"peak_{kind}_mib"] for big, ref in zip(first, small, strict=True)
+        ]
+        for kind in ("rss", "anon")
+    }
+    return {"rows": rows, "records": records, **excess, "corpus": str(data)}
+
+
+def sampler_only(args) -> dict:
+    own = ("--pairs", str(args.pairs), "--max_tokens", str(args.max_tokens))
+    (record,), wall = launch("sampler", Path(args.work_dir) / f"sampler-{args.pairs}", 1, [], own)
+    return {"rows": [{"pairs": args.pairs, "max_tokens": args.max_tokens, **record, "wall_s": wall}]}
+
+
+def print_table(result: dict, args) -> None:
+    if args.sampler_only:
+        columns = [
+            ("pairs", "pairs", ",d"), ("batches", "batches", ",d"), ("build_s", "build s", ".3f"),
+            ("epoch_arrays_s", "epoch arrays s", ".3f"), ("epoch_iterated_s", "epoch iterated s", ".3f"),
+            ("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f"),
+        ]  # fmt: skip
+        print(common.table(result["rows"], columns))
+        return
+    columns = [
+        ("run", "run", ""),
+        ("stage", "stage", ""),
+        ("pairs", "pairs", ",d"),
+        ("s_r0", "s (rank 0)", ".2f"),
+    ]
+    if args.processes > 1:
+        columns.append(("s_r1", "s (rank 1)", ".2f"))
+    for r in range(args.processes):
+        columns += [
+            (f"rss_r{r}", f"peak RSS MiB (rank {r})", ".0f"),
+            (f"anon_r{r}", f"anon MiB (rank {r})", ".0f"),
+        ]
+    print(common.table(result["rows"], columns))
+    if "peak_rss_over_multi30k_mib" not in result:  # --quick
+        return
+    excess = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_rss_over_multi30k_mib"])
+    anon = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_anon_over_multi30k_mib"])
+    print(
+        f"\nPeak RSS of a training process over the same model on Multi30k-sized data: {excess} (anon: {anon})"
+    )
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    if args.child:
+        {"train": _train_child, "bpe": _bpe_child, "sampler": _sampler_child}[args.child](args)
+        return None
+    result = sampler_only(args) if args.sampler_only else data_scale(args)
+    result["machine"] = common.machine()
+    result["settings"] = {
+        k: v for k, v in vars(args).items() if k not in ("child", "record", "launched", "rest")
+    }
+    print_table(result, args)
+    common.write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
