@@ -243,9 +243,12 @@ def train_main(
             )
         except (ValueError, FileNotFoundError) as error:
             raise UsageError(f"--resume_from_checkpoint: {error}") from None
+    # The training text is not read again: its memory map (gigabytes of pages at WMT scale) goes now, so that what
+    # a training process holds resident is the model and the token ids.
+    text_pairs = len(raw.pop("train"))
     if len(tokenized["train"]) == 0:
         raise ValueError(
-            f"All {len(raw['train'])} training pairs were dropped (an empty side, or longer than "
+            f"All {text_pairs} training pairs were dropped (an empty side, or longer than "
             f"--max_source_length {data_args.max_source_length} / --max_target_length "
             f"{data_args.max_target_length or data_args.max_source_length} tokens)"
         )
