@@ -393,3 +393,35 @@ def test_a_tokenizer_without_a_rust_backend_is_called(noisy):
     assert dropped == {"train": 3, "val": 0}
     assert out["train"]["input_ids"] == expected["train"]["input_ids"]
     assert out["val"]["labels"] == expected["val"]["labels"]
+
+
+def test_the_training_text_is_released_once_tokenized(tmp_path, monkeypatch):
+    """At WMT scale the training text is gigabytes of memory-mapped pages: nothing holds it once the token ids exist,
+    so a training process keeps only the model and the ids resident (BENCHMARKS.md, "Data at WMT scale")."""
+    import gc
+    import weakref
+
+    from test_tool_faults import run_args, write_corpus
+
+    from vaswani import run
+    from vaswani.commands import train as train_command
+
+    texts, alive_at_build = {}, {}
+    load_split, build_model = run.load_split, run.build_model
+
+    def recording_load_split(data_args, split):
+        dataset = load_split(data_args, split)
+        texts[split] = weakref.ref(dataset)
+        return dataset
+
+    def checking_build_model(*args, **kwargs):
+        gc.collect()
+        alive_at_build.update((split, ref() is not None) for split, ref in texts.items())
+        return build_model(*args, **kwargs)
+
+    monkeypatch.setattr(run, "load_split", recording_load_split)
+    monkeypatch.setattr(run, "build_model", checking_build_model)
+    corpus = write_corpus(tmp_path)
+    argv = run_args(corpus, tmp_path / "run", "--max_steps", "1", "--do_predict", "false", "--eval_strategy", "steps")
+    train_command.main(argv + ["--eval_steps", "1"])
+    assert alive_at_build == {"train": False, "validation": False}  # the validation split was sorted: a new one
