@@ -159,9 +159,7 @@ def release_output_dir(output_dir: str | os.PathLike) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 def holds_run(path: Path) -> bool:
     """Whether the folder holds a vaswani run: its marker, or the training state of a run from before the marker."""
-    if (path / MARKER).is_file() or (path / "training_summary.json").is_file():
-        return True
-    if (path / "trainer_state.json").is_file():
+    if any((path / name).is_file() for name in (MARKER, "training_summary.json", "trainer_state.json")):
         return True
     return any((folder / "trainer_state.json").is_file() for folder in path.glob("checkpoint-*"))
 
@@ -185,12 +183,9 @@ def claim_output_dir(output_dir: str | os.PathLike, overwrite: bool, resuming: b
     """Make `output_dir` this run's folder and mark it (`MARKER`). A folder that holds anything is refused
     (`UsageError`) unless it holds a run that this one continues (`resuming`) or replaces (`overwrite`: what a run
     wrote there is deleted first, so no checkpoint, model or score of the earlier run survives next to the new ones,
-    and nothing else is touched). A folder that holds no run is refused either way."""
+    and nothing else is touched). A folder that holds no run is refused either way. Called by `take_output_dir`,
+    which refuses `overwrite` with `resuming`, under the lock: the folder is looked at again."""
     path = Path(output_dir)
-    if overwrite and resuming:
-        raise UsageError(
-            "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
-        )
     entries = _refuse_a_folder_without_a_run(path, overwrite)
     if entries and not resuming:
         if not overwrite:
