@@ -20,7 +20,8 @@ from .schedule import paper_peak_learning_rate, warmup_factor
 
 logger = logging.getLogger(__name__)
 
-# §5.1's batches: token-budget micro-batches of this many padded tokens per device unless other batches are asked for.
+# §5.1's token-budget batches, per device: micro-batches of this many padded tokens unless other batches are asked for
+# (the paper's ~25,000-token update is `--batch_tokens 25000`, which accumulates them).
 PAPER_MAX_TOKENS = 4096
 # transformers' `TrainingArguments` defaults, for the flags whose default here is None ("not given").
 TRANSFORMERS_LEARNING_RATE = 5e-5
