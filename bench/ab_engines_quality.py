@@ -21,9 +21,9 @@ from pathlib import Path
 
 from bench import common
 from vaswani import engines
-from vaswani.export import export
-from vaswani.tokenization import lowercases
-from vaswani.translation import load_translation_model, read_sentences, score_translations, translate
+from vaswani.interop.export import export
+from vaswani.recipe.tokenization import lowercases
+from vaswani.recipe.translation import load_translation_model, read_sentences, score_translations, translate
 
 EXPORTS = ("float32", "int8", "bfloat16", "onnx")
 CTRANSLATE2_SEARCH = dict(num_beams=4, length_penalty=0.6, length_penalty_form="power", early_stopping=True)

@@ -149,7 +149,7 @@ def _train_child(args) -> None:
 
     from vaswani import data, run
     from vaswani.commands import train as command
-    from vaswani.trainer import VaswaniTrainer
+    from vaswani.recipe.trainer import VaswaniTrainer
 
     clock, rank = StageClock(), int(os.environ.get("RANK", "0"))
     record = {"rank": rank, "tokenized_batches": 0}
@@ -218,7 +218,7 @@ def random_lengths(pairs: int, seed: int = 0) -> np.ndarray:
 
 def _sampler_child(args) -> None:
     """The sampler alone on `--pairs` random lengths: building it, one epoch's arrays, iterating the epoch."""
-    from vaswani.batching import TokenBudgetBatchSampler
+    from vaswani.recipe.batching import TokenBudgetBatchSampler
 
     lengths = random_lengths(args.pairs)
     timings = {}

@@ -4,7 +4,7 @@ Implementations, all built from one `VaswaniConfig` preset with random weights (
 
 - `vaswani`: `VaswaniForConditionalGeneration.generate()` with `attn_implementation="vaswani_sdpa"` (our PyTorch path);
 - `marian`: transformers' `MarianMTModel.generate()`;
-- `vaswani-onnx`: our ONNX export (`vaswani-export --engine onnx`) run by `vaswani.engines.OnnxEngine`;
+- `vaswani-onnx`: our ONNX export (`vaswani-export --engine onnx`) run by `vaswani.interop.engines.OnnxEngine`;
 - `vaswani-ct2-<q>`: our CTranslate2 export (`vaswani-export --engine ctranslate2 --quantization <q>`);
 - `marian-ct2-<q>`: CTranslate2's own converter applied to the `MarianMTModel`, same quantization.
 
@@ -79,8 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def prepare(args, workdir: Path) -> None:
     """Save both PyTorch models and write every export the chosen implementations need into `workdir`. A `--workdir`
     prepared before for the same preset and vocabulary is reused as it is."""
-    from vaswani.export import export
-    from vaswani.tokenization import save_tokenizers, train_bpe_tokenizer
+    from vaswani.interop.export import export
+    from vaswani.recipe.tokenization import save_tokenizers, train_bpe_tokenizer
 
     stamp, sizes = (
         workdir / "models.json",
@@ -140,7 +140,7 @@ def load(name: str, args, workdir: Path):
         model = common.build_model(name, common.vaswani_config(args.preset, args.vocab)).eval()
         return lambda sources, beams: generate_pytorch(model, sources, beams, args.new_tokens)
     if name == "vaswani-onnx":
-        from vaswani.engines import load_engine
+        from vaswani.interop.engines import load_engine
 
         engine = load_engine(workdir / name, threads=args.threads)
         return lambda sources, beams: [

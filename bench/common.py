@@ -37,7 +37,7 @@ from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, shift_tokens_right
 from vaswani.kernels import FAST_ATTENTION, use_cpu_kernels
-from vaswani.losses import fused_output_loss, label_smoothed_loss
+from vaswani.recipe.losses import fused_output_loss, label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
 PAD, BOS, EOS = 0, 1, 2

@@ -13,7 +13,7 @@ from tiny_translation_assets import tiny_model, tiny_tokenizer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani import VaswaniForConditionalGeneration
-from vaswani.averaging import (
+from vaswani.recipe.averaging import (
     average_checkpoints,
     average_last_checkpoints,
     average_state_dicts,

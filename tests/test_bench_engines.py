@@ -3,7 +3,7 @@
 from test_bench import run_script
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
-from vaswani.tokenization import save_tokenizers
+from vaswani.recipe.tokenization import save_tokenizers
 
 
 def test_bench_engines_times_every_engine_against_its_peer(tmp_path):

@@ -1,4 +1,4 @@
-"""The tools' shared conventions (`vaswani.cli`): console commands, arguments files, flag names, --help, and a
+"""The tools' shared conventions (`vaswani.commands.cli`): console commands, arguments files, flag names, --help, and a
 non-editable install that ships the commands and the card template."""
 
 import json
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from vaswani.cli import build_parser, command, parse_args, read_arguments_file
 from vaswani.commands import push_to_hub, train, translate
-from vaswani.errors import UsageError
+from vaswani.commands.cli import build_parser, command, parse_args, read_arguments_file
+from vaswani.common.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -128,7 +128,7 @@ def test_the_training_arguments_file_carries_model_config_and_trainer_flags(tmp_
 
 
 def test_renamed_flags_still_work_and_warn(caplog):
-    with caplog.at_level(logging.WARNING, logger="vaswani.cli"):
+    with caplog.at_level(logging.WARNING, logger="vaswani.commands.cli"):
         (args,) = parse_args(Example, ["--src_lang=en", "--beams", "2"], description="", renamed={
             "src_lang": "source_lang", "beams": "num_beams"
         })  # fmt: skip
@@ -227,7 +227,7 @@ def _commands_in(text: str) -> list[list[str]]:
 
 
 def test_documented_commands_use_flags_the_tools_have():
-    """Every `vaswani-*` command in the READMEs and the Makefile parses with the current flags and no renamed one."""
+    """Every `vaswani-*` command in the READMEs, docs/ and the Makefile parses with the current flags and no renamed one."""
     from vaswani.commands import average_checkpoints, evaluate, plot, train_tokenizer
 
     tools = {
@@ -242,6 +242,8 @@ def test_documented_commands_use_flags_the_tools_have():
     makefile = (ROOT / "Makefile").read_text().replace("$(BIN)/vaswani-", "vaswani-")
     commands = _commands_in((ROOT / "README.md").read_text()) + _commands_in(makefile)
     commands += _commands_in((ROOT / "recipes" / "README.md").read_text())
+    for page in sorted((ROOT / "docs").glob("*.md")):  # the README's detail pages
+        commands += _commands_in(page.read_text())
     assert any(c[0] == "vaswani-train" for c in commands) and any(
         c[0] == "vaswani-translate" for c in commands
     )
@@ -282,7 +284,7 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert "vaswani/hub_card.md" in names and "vaswani/commands/translate.py" in names
+    assert "vaswani/publishing/hub_card.md" in names and "vaswani/commands/translate.py" in names
     for name, target in OUR_COMMANDS.items():
         assert f"{name} = {target}" in entry_points
     target = tmp_path / "site"
@@ -299,7 +301,7 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
     tokenizer.save_pretrained(model_dir)
     env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     where = subprocess.run(
-        [sys.executable, "-c", "import vaswani.model_card as m; print(m.__file__); print(m.DEFAULT_TEMPLATE)"],
+        [sys.executable, "-c", "import vaswani.publishing.model_card as m; print(m.__file__); print(m.DEFAULT_TEMPLATE)"],
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     module_file, template = where.stdout.split()
@@ -341,7 +343,7 @@ def test_an_unknown_flag_is_reported_before_the_values_are_checked():
 def test_fairseq_and_run_translation_flag_names_mean_what_they_mean_there(tmp_path):
     """Issue: fairseq's --beam, --nbest, --lenpen and --lr were unknown (--lr "ambiguous": argparse took prefixes);
     vaswani-translate refused --source_lang although the shared flags work in every tool."""
-    from vaswani.arguments import FinishArguments, PaperTrainingArguments
+    from vaswani.recipe.arguments import FinishArguments, PaperTrainingArguments
 
     tools = [translate.TranslationArguments, translate.ScoringArguments]
     args, _ = parse_args(

@@ -28,7 +28,7 @@ from transformers import (
 
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.commands.convert import main
-from vaswani.convert import (
+from vaswani.interop.convert import (
     check_parity,
     check_source_config,
     convert,
@@ -518,7 +518,7 @@ def test_variants_that_cannot_be_represented_are_refused_naming_what_differs(con
 
 def test_layerdrop_is_dropped_with_a_warning(caplog):
     config = marian_config(encoder_layerdrop=0.1)
-    with caplog.at_level("WARNING", logger="vaswani.convert"):
+    with caplog.at_level("WARNING", logger="vaswani.interop.convert"):
         converted = vaswani_config(config, share_embeddings=True, tie_output=True)
     assert "encoder_layerdrop=0.1 is dropped" in caplog.text
     assert converted.vocab_size == 40 and converted.output_bias
@@ -620,7 +620,7 @@ def test_overwrite_output_dir_replaces_a_converted_folder(folders, tmp_path):
 
 
 def test_the_recipes_tools_translate_a_converted_folder(folders, tmp_path):
-    """`vaswani-translate` (and everything else that loads tokenizers with `vaswani.tokenization`) takes a converted
+    """`vaswani-translate` (and everything else that loads tokenizers with `vaswani.recipe.tokenization`) takes a converted
     folder: its own tokenizer encodes the source and decodes the target, as the source model's generate() does."""
     from vaswani.commands.translate import main as translate_main
 

@@ -9,8 +9,8 @@ import pytest
 from datasets import Dataset, DatasetDict, Features, Translation
 from transformers import AutoTokenizer
 
-import vaswani.data
-from vaswani.data import (
+import vaswani.recipe.data
+from vaswani.recipe.data import (
     count_lines,
     iter_text,
     load_parallel_dataset,
@@ -18,7 +18,7 @@ from vaswani.data import (
     sample_pairs,
     tokenize_dataset,
 )
-from vaswani.tokenization import EOS_ID, train_bpe_tokenizer
+from vaswani.recipe.tokenization import EOS_ID, train_bpe_tokenizer
 
 _DE = (
     ["Ein Mann", "Eine Frau", "Zwei Hunde", "Ein Mädchen", "Der Junge"],
@@ -206,7 +206,7 @@ def test_hub_shapes_are_normalised(tmp_path, monkeypatch, shape):
         calls.append((path, name))
         return _hub_like(shape)
 
-    monkeypatch.setattr(vaswani.data.datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(vaswani.recipe.data.datasets, "load_dataset", fake_load_dataset)
     ds = load_parallel_dataset("wmt14", "en", "de", {"test": "validation"}, config_name="de-en")
     assert calls == [("wmt14", "de-en")]
     assert list(ds) == ["test"] and ds["test"].column_names == ["en", "de"] and ds["test"]["de"] == de[8:]

@@ -18,9 +18,9 @@ from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
 from vaswani import engines
 from vaswani.commands.export import main
-from vaswani.export import CTRANSLATE2_QUANTIZATIONS, export, read_metadata
-from vaswani.tokenization import save_tokenizers
-from vaswani.translation import translate, translate_n_best
+from vaswani.interop.export import CTRANSLATE2_QUANTIZATIONS, export, read_metadata
+from vaswani.recipe.tokenization import save_tokenizers
+from vaswani.recipe.translation import translate, translate_n_best
 
 ROOT = Path(__file__).resolve().parents[1]
 MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
@@ -171,7 +171,7 @@ def assert_same_n_best(model, exported, tokenizer, beams, n_best, **search):
 
 def test_ctranslate2_warns_that_it_has_no_paper_length_penalty(ct2_folder, tokenizer, caplog):
     engine = engines.load_engine(ct2_folder)
-    with caplog.at_level(logging.WARNING, logger="vaswani.engines"):
+    with caplog.at_level(logging.WARNING, logger="vaswani.interop.engines"):
         engine.generate(
             tokenizer(MORE[:1])["input_ids"], num_beams=4, max_new_tokens=4, length_penalty_form="gnmt"
         )
@@ -307,7 +307,7 @@ def test_an_engine_names_the_folder_it_cannot_use(ct2_folder, tmp_path):
 
 def test_the_package_imports_no_engine():
     code = (
-        "import sys, vaswani, vaswani.export, vaswani.engines;"
+        "import sys, vaswani, vaswani.interop.export, vaswani.interop.engines;"
         "print(sorted({'ctranslate2', 'onnx', 'onnxruntime', 'onnxscript'} & set(sys.modules)))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -21,11 +21,11 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniForConditionalGeneration
-from vaswani.errors import PublishError
+from vaswani.common.errors import PublishError
 from vaswani.generation_vaswani import EXTRA_OUTPUT_TOKENS, paper_decoding
-from vaswani.hub import AUTO_CLASSES, check_folder, publish
-from vaswani.model_card import EvalResults, TrainingSummary, render_card, validate_card
 from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
+from vaswani.publishing.hub import AUTO_CLASSES, check_folder, publish
+from vaswani.publishing.model_card import EvalResults, TrainingSummary, render_card, validate_card
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO_ID = "someone/vaswani-de-en"
@@ -50,7 +50,7 @@ def files_in(folder: Path) -> set[str]:
 
 
 SOURCES = ["ein mann fährt rad .", "zwei hunde spielen im schnee .", "eine frau"]
-# As vaswani.finish writes test_results.json.
+# As vaswani.recipe.finish writes test_results.json.
 RESULTS = {
     "bleu": 31.4159,
     "bleu_signature": "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0",

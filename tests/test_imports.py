@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vaswani"
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of the package by dotted name (`vaswani.export` for `vaswani/export/__init__.py`)."""
+    """Every module of the package by dotted name (`vaswani.interop.export` for `vaswani/interop/export/__init__.py`)."""
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -97,15 +97,17 @@ def test_no_import_cycle():
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
-    assert graph["vaswani.trainer"] and "vaswani.cli" not in graph["vaswani.run"]  # the walk sees imports
+    assert (
+        graph["vaswani.recipe.trainer"] and "vaswani.commands.cli" not in graph["vaswani.recipe.run"]
+    )  # the walk sees imports
 
 
 def test_library_modules_never_import_the_command_line():
-    """`UsageError` comes from `vaswani.errors`; only the tools (`vaswani.commands`) use `vaswani.cli`."""
+    """`UsageError` comes from `vaswani.common.errors`; only the tools (`vaswani.commands`) use `vaswani.commands.cli`."""
     modules = _modules()
     users = sorted(
         name
         for name, path in modules.items()
-        if "vaswani.cli" in _imports(name, path, modules) and not name.startswith("vaswani.commands")
+        if "vaswani.commands.cli" in _imports(name, path, modules) and not name.startswith("vaswani.commands")
     )
     assert not users, users

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from vaswani.metrics import (
+from vaswani.recipe.metrics import (
     METRIC_PATH,
     compute_bleu,
     compute_moses_bleu,
@@ -74,7 +74,7 @@ def test_several_references_per_segment():
 _OFFLINE_LOAD = """
 import json, sys
 import evaluate
-from vaswani.metrics import METRIC_PATH, load_translation_metric
+from vaswani.recipe.metrics import METRIC_PATH, load_translation_metric
 predictions, references, second = json.loads(sys.stdin.read())
 by_function = load_translation_metric().compute(predictions=predictions, references=references)
 by_file = evaluate.load(str(METRIC_PATH / "sacrebleu_chrf.py")).compute(
@@ -181,7 +181,7 @@ def test_tokenized_bleu_is_multi_bleu_on_moses_tokens_with_compounds_split():
     """tensor2tensor's get_ende_bleu.sh, worked by hand: Moses tokenization, then "rot-weißes" becomes
     "rot ##AT##-##AT## weißes" on both sides, and multi-bleu.perl's BLEU over 9 tokens: 8/9 unigrams, 6/8 bigrams,
     5/7 trigrams and 4/6 four-grams match, lengths equal."""
-    from vaswani.metrics import compute_tokenized_bleu, moses_compound_tokenize, split_compounds
+    from vaswani.recipe.metrics import compute_tokenized_bleu, moses_compound_tokenize, split_compounds
 
     assert moses_compound_tokenize(["Der Mann fährt ein rot-weißes Fahrrad."], "de") == [
         "Der Mann fährt ein rot ##AT##-##AT## weißes Fahrrad ."

@@ -15,12 +15,12 @@ import pytest
 from test_tool_faults import assert_one_line_error, invoke, run_args, write_corpus
 from tiny_translation_assets import tiny_model, tiny_tokenizer
 
-from vaswani.averaging import average_checkpoints
 from vaswani.commands import train as train_command
-from vaswani.errors import UsageError
-from vaswani.fileio import atomic_folder, write_text
-from vaswani.recipe_flags import resolve_peak_learning_rate
-from vaswani.schedule import warmup_factor
+from vaswani.common.errors import UsageError
+from vaswani.common.fileio import atomic_folder, write_text
+from vaswani.recipe.averaging import average_checkpoints
+from vaswani.recipe.flags import resolve_peak_learning_rate
+from vaswani.recipe.schedule import warmup_factor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,7 +94,7 @@ def converted_marian(tmp_path_factory):
     length penalty), taught to copy, and its `vaswani-convert` folder."""
     import test_convert
 
-    from vaswani.convert import convert
+    from vaswani.interop.convert import convert
 
     root = tmp_path_factory.mktemp("marian")
     name = next(name for name, case in test_convert.CASES.items() if case[0] == "marian")
@@ -107,10 +107,10 @@ def converted_marian(tmp_path_factory):
 def test_a_converted_marian_model_exports_and_translates_as_pytorch_does(converted_marian, tmp_path, engine):
     """CTranslate2 needs a beginning-of-sentence token the Marian config lacks (the decoder start serves), and a
     generation config without a length penalty decodes with transformers' default, 1.0."""
-    from vaswani.engines import load_exported
-    from vaswani.engines import translate as translate_exported
-    from vaswani.export import export
-    from vaswani.translation import load_translation_model, translate
+    from vaswani.interop.engines import load_exported
+    from vaswani.interop.engines import translate as translate_exported
+    from vaswani.interop.export import export
+    from vaswani.recipe.translation import load_translation_model, translate
 
     _, converted = converted_marian
     export(converted, tmp_path / engine, engine)
@@ -122,7 +122,7 @@ def test_a_converted_marian_model_exports_and_translates_as_pytorch_does(convert
 
 
 def test_exporting_an_unconverted_marian_folder_names_the_fix(converted_marian, tmp_path):
-    from vaswani.export import export
+    from vaswani.interop.export import export
 
     marian, _ = converted_marian
     with pytest.raises(ValueError, match=r"holds a 'marian' model, not a vaswani one: convert it first"):
@@ -135,7 +135,7 @@ def test_a_failed_export_leaves_the_earlier_export_whole_and_no_folder_behind(
 ):
     """Built beside its destination: a failure (here the exporter raises half-way) leaves the earlier export as it
     was, and a first export that fails leaves nothing, so a retry is not refused."""
-    from vaswani.export import export, to_onnx
+    from vaswani.interop.export import export, to_onnx
 
     _, converted = converted_marian
     out = tmp_path / "onnx"
@@ -157,7 +157,7 @@ def test_a_failed_export_leaves_the_earlier_export_whole_and_no_folder_behind(
 
 
 def test_a_folder_that_is_not_a_complete_export_is_named_as_such(tmp_path):
-    from vaswani.engines import load_exported
+    from vaswani.interop.engines import load_exported
 
     tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(tmp_path)  # a tokenizer, but no export
@@ -168,7 +168,7 @@ def test_a_folder_that_is_not_a_complete_export_is_named_as_such(tmp_path):
 def test_separate_tokenizers_of_two_trainings_are_not_loaded_as_one_pair(tmp_path):
     """`vaswani-train-tokenizer --separate_vocabularies` killed between the renames of source/ and target/ would
     leave one side of the new training beside one of the old: that folder is refused, naming both sides."""
-    from vaswani.tokenization import load_tokenizers, save_tokenizers, train_separate_tokenizers
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers, train_separate_tokenizers
 
     sentences = ["ein mann fährt rad", "zwei hunde spielen", "a man rides a bike", "two dogs play"]
     old = train_separate_tokenizers(
@@ -298,7 +298,7 @@ def test_token_budget_batches_report_what_they_trained_on(finished):
 
 
 def test_batches_follow_the_flags_given(tmp_path, corpus, capsys):
-    from vaswani.arguments import PaperTrainingArguments
+    from vaswani.recipe.arguments import PaperTrainingArguments
 
     def args(**given):
         return PaperTrainingArguments(output_dir=str(tmp_path), **given)
@@ -331,8 +331,8 @@ def test_batches_follow_the_flags_given(tmp_path, corpus, capsys):
 def test_the_learning_rate_flags_of_transformers_tensor2tensor_and_fairseq(tmp_path, corpus, capsys):
     """--learning_rate is the peak (transformers), --learning_rate_constant the multiplier of Eq. 3 (tensor2tensor, and
     this tool's --learning_rate before), --lr fairseq's name of the peak; a prefix is never another flag."""
-    from vaswani.arguments import PaperTrainingArguments
-    from vaswani.cli import parse_args
+    from vaswani.commands.cli import parse_args
+    from vaswani.recipe.arguments import PaperTrainingArguments
 
     def parsed(*argv):
         return parse_args(PaperTrainingArguments, ["--output_dir", str(tmp_path), *argv], description="")[0]
@@ -364,7 +364,7 @@ def test_an_invalid_hub_model_id_is_refused_before_any_data_is_read(tmp_path, co
     def no_data(*args, **kwargs):
         raise AssertionError("data was read before the flags were checked")
 
-    monkeypatch.setattr("vaswani.run.load_split", no_data)
+    monkeypatch.setattr("vaswani.recipe.run.load_split", no_data)
     argv = ["--max_steps", "2", "--push_to_hub", "--hub_model_id", "me/not a valid id"]
     code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", *argv), capsys)
     assert_one_line_error(code, err, "--hub_model_id", "not a valid id")
@@ -443,7 +443,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_at_once(corpus, tmp_path, 
     run (here by a process that took the tool's lock and is then killed with SIGKILL, which releases it)."""
     out = tmp_path / "run"
     script = (
-        "import sys, time\nfrom vaswani.run_folder import lock_output_dir\n"
+        "import sys, time\nfrom vaswani.recipe.run_folder import lock_output_dir\n"
         "lock_output_dir(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(600)\n"
     )
     holder = subprocess.Popen(
@@ -501,7 +501,7 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_skipped_when_resuming_from_
 def test_resuming_with_another_tokenizer_is_refused(finished, corpus, tmp_path, capsys):
     """Issue: a run resumed with a different tokenizer of the same size trained one vocabulary's embeddings on the
     other's ids."""
-    from vaswani.tokenization import load_tokenizers, save_tokenizers, train_bpe_tokenizer
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers, train_bpe_tokenizer
 
     out = _copy(finished[0], tmp_path)
     own, _ = load_tokenizers(out / "tokenizer")
@@ -541,7 +541,7 @@ def _validation_loss(model_dir, corpus) -> float:
     """The plain cross-entropy of a model folder on the corpus' val pairs."""
     import torch
 
-    from vaswani.translation import load_translation_model
+    from vaswani.recipe.translation import load_translation_model
 
     model, source, target = load_translation_model(model_dir, device="cpu")
     sources, references = ((corpus / f"val.{lang}").read_text().splitlines() for lang in ("de", "en"))

@@ -10,7 +10,7 @@ import torch
 from matplotlib.image import imread
 from tiny_translation_assets import SENTENCES, tiny_model, tiny_tokenizer
 
-from vaswani.plotting import (
+from vaswani.recipe.plotting import (
     attention_maps,
     find_trainer_state,
     learning_curves,

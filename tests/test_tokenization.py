@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from vaswani.tokenization import (
+from vaswani.recipe.tokenization import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -248,8 +248,8 @@ def test_bpe_trains_on_a_random_sample_of_the_pairs_and_says_so(monkeypatch, cap
     from datasets import Dataset
 
     from vaswani import run
-    from vaswani.arguments import DataArguments
-    from vaswani.data import sample_pairs
+    from vaswani.recipe.arguments import DataArguments
+    from vaswani.recipe.data import sample_pairs
 
     de, en = corpus()
     train = Dataset.from_dict({"de": de, "en": en})
@@ -262,12 +262,12 @@ def test_bpe_trains_on_a_random_sample_of_the_pairs_and_says_so(monkeypatch, cap
 
     monkeypatch.setattr(run, "train_bpe_tokenizer", spy)
     monkeypatch.setattr(
-        "vaswani.tokenization.train_bpe_tokenizer", spy
+        "vaswani.recipe.tokenization.train_bpe_tokenizer", spy
     )  # what train_separate_tokenizers calls
     args = DataArguments(
         dataset_name="unused", vocab_size=300, max_tokenizer_samples=40, separate_vocabularies=separate
     )
-    with caplog.at_level("INFO", logger="vaswani.run"):
+    with caplog.at_level("INFO", logger="vaswani.recipe.run"):
         source, target = run.train_new_tokenizers(args, train, show_progress=False)
     sample = sample_pairs(train, 40)
     sample_de, sample_en = list(sample["de"]), list(sample["en"])

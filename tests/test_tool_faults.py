@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
-from vaswani.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
 from vaswani.commands import average_checkpoints as average_command
 from vaswani.commands import evaluate as evaluate_command
 from vaswani.commands import push_to_hub as push_command
 from vaswani.commands import train as train_command
 from vaswani.commands import translate as translate_command
+from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -156,7 +156,9 @@ def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_p
     def killed(folder):
         raise KeyboardInterrupt  # as a kill would stop the process here, after the weights were written
 
-    monkeypatch.setattr("vaswani.averaging._copy_companion_files", lambda newest, folder: killed(folder))
+    monkeypatch.setattr(
+        "vaswani.recipe.averaging._copy_companion_files", lambda newest, folder: killed(folder)
+    )
     with pytest.raises(SystemExit):
         average_command.main(["--checkpoints", str(finished_run / "checkpoint-4"), "--output_dir", str(out)])
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
@@ -167,8 +169,8 @@ def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_p
 def test_written_files_are_whole_or_absent(tmp_path):
     """A translation file (and any JSON result) is the earlier complete file until the new one is complete, and two
     processes writing one path leave one of their complete files, never a mix."""
-    from vaswani.fileio import write_json
-    from vaswani.translation import write_sentences
+    from vaswani.common.fileio import write_json
+    from vaswani.recipe.translation import write_sentences
 
     path = tmp_path / "hyp.txt"
     write_sentences(["complete", "earlier", "output"], path)
@@ -208,7 +210,7 @@ def test_written_files_are_whole_or_absent(tmp_path):
 def test_a_torn_tokenizer_is_never_written_and_a_bad_one_is_named(tmp_path, monkeypatch):
     from transformers import PreTrainedTokenizerFast
 
-    from vaswani.tokenization import load_tokenizers, save_tokenizers
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers
 
     tokenizer = tiny_tokenizer()
     save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
@@ -340,7 +342,7 @@ def test_model_config_and_language_errors_come_before_any_data_is_read(corpus, t
     def no_data(*args, **kwargs):
         raise AssertionError("data was read before the flags were checked")
 
-    monkeypatch.setattr("vaswani.run.load_split", no_data)
+    monkeypatch.setattr("vaswani.recipe.run.load_split", no_data)
     cases = [
         (["--d_model", "15"], "d_model"),  # not divisible by the 2 heads
         (["--encoder_attention_heads", "7"], "d_model"),
@@ -459,7 +461,7 @@ def test_the_pipeline_translates_an_empty_text_to_an_empty_text(model_dir):
 
     from vaswani import VaswaniForConditionalGeneration
     from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
-    from vaswani.translation import translate
+    from vaswani.recipe.translation import translate
 
     model = VaswaniForConditionalGeneration.from_pretrained(model_dir).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
@@ -476,7 +478,7 @@ def test_the_pipeline_translates_an_empty_text_to_an_empty_text(model_dir):
 # Habits of the field
 # ---------------------------------------------------------------------------------------------------------------------
 def test_n_best_lists_with_scores(model_dir, tmp_path, capsys):
-    from vaswani.translation import load_translation_model, translate
+    from vaswani.recipe.translation import load_translation_model, translate
 
     source = tmp_path / "src.txt"
     source.write_text("\n".join([SENTENCES[0], "", SENTENCES[1]]) + "\n")
@@ -529,7 +531,7 @@ def test_interactive_translation_answers_each_line_before_the_next(model_dir):
     finally:
         process.kill()
         reader.shutdown(wait=False)
-    from vaswani.translation import load_translation_model, translate
+    from vaswani.recipe.translation import load_translation_model, translate
 
     model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
     expected = translate(SENTENCES[:2], model, tokenizer, max_new_tokens=6, show_progress=False)
@@ -569,7 +571,7 @@ def test_plain_translate_on_a_terminal_says_it_reads_standard_input(model_dir):
         process.kill()
         reader.shutdown(wait=False)
         os.close(terminal)
-    from vaswani.translation import load_translation_model, translate
+    from vaswani.recipe.translation import load_translation_model, translate
 
     model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
     assert (
@@ -580,7 +582,7 @@ def test_plain_translate_on_a_terminal_says_it_reads_standard_input(model_dir):
 def test_the_progress_bar_ends_where_the_run_ends():
     from transformers import TrainerControl, TrainerState
 
-    from vaswani.callbacks import RunProgress
+    from vaswani.recipe.callbacks import RunProgress
 
     state, control = TrainerState(), TrainerControl()
     state.max_steps, state.global_step = 100000, 0
@@ -609,7 +611,7 @@ def test_default_logs_are_quiet(corpus, tmp_path, capfd):
 
 
 def test_launch_mistakes_are_refused(monkeypatch, tmp_path):
-    from vaswani.arguments import PaperTrainingArguments
+    from vaswani.recipe.arguments import PaperTrainingArguments
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # `accelerate launch --cpu --num_processes 2` sets these
@@ -644,7 +646,7 @@ def test_fsdp_on_two_cpu_processes_trains_the_model_as_one_process_does(corpus, 
     common.remove("--output_dir")
     common.remove("OUT")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    from vaswani.tokenization import save_tokenizers, train_bpe_tokenizer
+    from vaswani.recipe.tokenization import save_tokenizers, train_bpe_tokenizer
 
     tokenizer = train_bpe_tokenizer(
         [corpus / "train.de", corpus / "train.en"], vocab_size=300, show_progress=False
@@ -697,7 +699,7 @@ def test_the_readme_pipeline_works_on_every_folder_the_tools_write(finished_run,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     printed = [eval(line) for line in done.stdout.strip().splitlines()]  # noqa: S307 (our own child's output)
-    from vaswani.translation import load_translation_model, translate
+    from vaswani.recipe.translation import load_translation_model, translate
 
     assert len(printed) == len(folders)
     for folder, result in zip(folders, printed, strict=True):

@@ -17,18 +17,23 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from vaswani import VaswaniConfig
-from vaswani.arguments import PaperTrainingArguments
-from vaswani.batching import TokenBudgetBatchSampler
-from vaswani.callbacks import TimeBudget
-from vaswani.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
 from vaswani.configuration_vaswani import (
     ACTIVATIONS,
     POSITION_EMBEDDING_TYPES,
     SINUSOID_FREQUENCIES,
     SINUSOID_LAYOUTS,
 )
-from vaswani.recipe_flags import resolve_peak_learning_rate
-from vaswani.schedule import cooldown_factor, paper_learning_rate, paper_peak_learning_rate, paper_schedule
+from vaswani.recipe.arguments import PaperTrainingArguments
+from vaswani.recipe.batching import TokenBudgetBatchSampler
+from vaswani.recipe.callbacks import TimeBudget
+from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
+from vaswani.recipe.flags import resolve_peak_learning_rate
+from vaswani.recipe.schedule import (
+    cooldown_factor,
+    paper_learning_rate,
+    paper_peak_learning_rate,
+    paper_schedule,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
@@ -145,7 +150,7 @@ def test_the_sampler_keeps_arrays_not_lists():
 def test_example_lengths_are_read_from_arrow():
     from datasets import Dataset
 
-    from vaswani.batching import example_lengths
+    from vaswani.recipe.batching import example_lengths
 
     rows = {"input_ids": [[5, 2], [5, 6, 7, 2], [2]], "labels": [[9, 9, 9, 2], [2], [4, 2]]}
     bare = Dataset.from_dict(rows)
@@ -246,9 +251,9 @@ def test_training_arguments_default_to_the_paper(tmp_path):
 def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_one(tmp_path):
     from datasets import Dataset
 
-    from vaswani.arguments import DataArguments
-    from vaswani.run import prepare_tokenizers
-    from vaswani.tokenization import lowercases
+    from vaswani.recipe.arguments import DataArguments
+    from vaswani.recipe.run import prepare_tokenizers
+    from vaswani.recipe.tokenization import lowercases
 
     pairs = {"de": ["Ein Mann läuft.", "Zwei Hunde spielen.", "Die Frau liest."] * 20}
     pairs["en"] = ["A man runs.", "Two dogs play.", "The woman reads."] * 20
@@ -269,8 +274,8 @@ def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_
 def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
     from transformers import EvalPrediction
 
-    from vaswani.metrics import bleu_metric_fn
-    from vaswani.tokenization import train_bpe_tokenizer
+    from vaswani.recipe.metrics import bleu_metric_fn
+    from vaswani.recipe.tokenization import train_bpe_tokenizer
 
     sentences = ["Ein Mann läuft über die Straße.", "Zwei Hunde spielen im Schnee."] * 10
     references = sentences[:2]
@@ -285,9 +290,9 @@ def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
 
 
 def test_config_fields_on_the_command_line():
-    from vaswani.cli import parse_args
-    from vaswani.config_arguments import ModelConfigArguments, config_overrides
-    from vaswani.errors import UsageError
+    from vaswani.commands.cli import parse_args
+    from vaswani.common.errors import UsageError
+    from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
 
     def overrides(argv):
         (config_args,) = parse_args(ModelConfigArguments, argv, description="")
@@ -319,7 +324,7 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
     import inspect
     import typing
 
-    from vaswani.config_arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
+    from vaswani.recipe.config_arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
 
     parameters = {
         name: p
@@ -397,7 +402,7 @@ def _train(tmp_path, name, dataset, tokenizer, **flags):
     from transformers import DataCollatorForSeq2Seq
     from transformers.utils import logging as hf_logging
 
-    from vaswani.trainer import VaswaniTrainer
+    from vaswani.recipe.trainer import VaswaniTrainer
 
     hf_logging.set_verbosity_error()
     model = tiny_model(len(tokenizer))  # the same initial weights for every run, no dropout
@@ -499,8 +504,8 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizer_dir(corpus, tmp_path_factory):
     """One tokenizer for the runs that are compared with each other."""
-    from vaswani.data import iter_text, load_parallel_dataset
-    from vaswani.tokenization import save_tokenizers, train_bpe_tokenizer
+    from vaswani.recipe.data import iter_text, load_parallel_dataset
+    from vaswani.recipe.tokenization import save_tokenizers, train_bpe_tokenizer
 
     train = load_parallel_dataset(corpus, "de", "en", splits=["train"])["train"]
     tok = train_bpe_tokenizer(iter_text(train, ["de", "en"]), vocab_size=300)
@@ -581,7 +586,7 @@ def test_train_script_end_to_end_with_bleu_evaluation(corpus, tmp_path):
 
     assert AutoTokenizer.from_pretrained(out / "tokenizer").pad_token_id == 0
     # §6.1 after training: the average of the last 2 checkpoints, beam search on the "test" split, scores.
-    from vaswani.averaging import load_safetensors_state_dict
+    from vaswani.recipe.averaging import load_safetensors_state_dict
 
     averaged = load_file(str(out / "averaged" / "model.safetensors"))
     c4, c8 = (load_safetensors_state_dict(out / f"checkpoint-{s}") for s in (4, 8))
@@ -623,7 +628,7 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
         )
         return loss_of_logits(logits, labels, epsilon, chunk_elements)
 
-    # where the recipe's losses (`vaswani.losses`) call the kernels
+    # where the recipe's losses (`vaswani.recipe.losses`) call the kernels
     monkeypatch.setattr(losses, "linear_label_smoothed_cross_entropy", fused_spy)
     monkeypatch.setattr(losses, "label_smoothed_cross_entropy", logits_spy)
     generating = []
@@ -664,9 +669,9 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     with the test's beam search, the highest BLEU is kept (the fewest checkpoints among equals), and every
     candidate's scores are written down."""
     from vaswani import finish
-    from vaswani.arguments import DataArguments, FinishArguments
-    from vaswani.averaging import average_state_dicts
-    from vaswani.tokenization import load_tokenizers
+    from vaswani.recipe.arguments import DataArguments, FinishArguments
+    from vaswani.recipe.averaging import average_state_dicts
+    from vaswani.recipe.tokenization import load_tokenizers
 
     out = tmp_path / "run"
     args = _with_tokenizer(tokenizer_dir)(
@@ -753,9 +758,9 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
 
 
 def test_average_choices_are_checked(tmp_path):
-    from vaswani.arguments import DataArguments, FinishArguments
-    from vaswani.checks import _check_data_sources
-    from vaswani.errors import UsageError
+    from vaswani.common.errors import UsageError
+    from vaswani.recipe.arguments import DataArguments, FinishArguments
+    from vaswani.recipe.checks import _check_data_sources
 
     assert FinishArguments(average_last=5).average_last == [5]
     assert not FinishArguments(average_last=[5, 5]).chooses_average
@@ -868,8 +873,8 @@ def wmt_corpus(tmp_path_factory):
     """2,000 WMT-shaped pairs (`bench.synthetic_corpus`: news-like lengths, 26 words a side on average) and a joint BPE
     vocabulary of 1,000 tokens learned from them."""
     from bench.synthetic_corpus import write_corpus
-    from vaswani.data import iter_text, load_parallel_dataset
-    from vaswani.tokenization import save_tokenizers, train_bpe_tokenizer
+    from vaswani.recipe.data import iter_text, load_parallel_dataset
+    from vaswani.recipe.tokenization import save_tokenizers, train_bpe_tokenizer
 
     folder = write_corpus(
         tmp_path_factory.mktemp("wmt"), 2000, "en", "de", validation=20, test=20, vocab=3000

@@ -10,10 +10,10 @@ import torch
 from conftest import tiny_model
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
-from vaswani.metrics import reported_scores
-from vaswani.model_card import EvalResults
-from vaswani.tokenization import save_tokenizers
-from vaswani.translation import (
+from vaswani.publishing.model_card import EvalResults
+from vaswani.recipe.metrics import reported_scores
+from vaswani.recipe.tokenization import save_tokenizers
+from vaswani.recipe.translation import (
     length_penalty_form_of,
     length_penalty_of,
     load_translation_model,

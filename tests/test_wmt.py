@@ -13,13 +13,13 @@ from transformers import EvalPrediction, TrainerControl, TrainerState
 from transformers.trainer_utils import IntervalStrategy
 
 from bench.synthetic_corpus import write_corpus
-from vaswani.arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
-from vaswani.callbacks import TimeBudget, TimedCheckpoints
-from vaswani.checkpoints import checkpoints
-from vaswani.cli import parse_args, read_arguments_file
-from vaswani.config_arguments import ModelConfigArguments, config_overrides
-from vaswani.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
-from vaswani.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
+from vaswani.commands.cli import parse_args, read_arguments_file
+from vaswani.recipe.arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from vaswani.recipe.callbacks import TimeBudget, TimedCheckpoints
+from vaswani.recipe.checkpoints import checkpoints
+from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
+from vaswani.recipe.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
+from vaswani.recipe.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {path.stem: path for path in sorted((ROOT / "recipes").glob("*.yaml"))}
@@ -275,7 +275,7 @@ def test_translate_with_references_reports_both_bleus(tmp_path, capsys, monkeypa
     from conftest import tiny_model
 
     from vaswani.commands import translate as translate_command
-    from vaswani.translation import Hypothesis
+    from vaswani.recipe.translation import Hypothesis
 
     folder = tmp_path / "model"
     tokenizer = tiny_tokenizer()

@@ -4,7 +4,7 @@ import torch
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.generation_vaswani import paper_decoding
-from vaswani.tokenization import train_bpe_tokenizer
+from vaswani.recipe.tokenization import train_bpe_tokenizer
 
 SENTENCES = [
     "Ein Mann fährt Fahrrad.",

@@ -8,16 +8,24 @@ written with an explicit `__init__` (not as a dataclass), which every transforme
 """
 
 import math
+import re
 
 import transformers
-from packaging.version import Version
 from transformers import PreTrainedConfig
 
 # The oldest transformers these files are tested on (pyproject.toml says the same). Earlier 5.x releases give wrong
 # outputs with a static cache under torch.compile (5.0-5.3) and fail half-precision loading (5.3). Hub folders carry
 # these files and run on the user's transformers, so an older one gets this error instead of wrong translations.
 MIN_TRANSFORMERS_VERSION = "5.5.0"
-if Version(transformers.__version__) < Version(MIN_TRANSFORMERS_VERSION):
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of a version string ("5.5.0.dev0" -> (5, 5, 0)): the files import torch and
+    transformers only, so not `packaging`."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+if _release(transformers.__version__) < _release(MIN_TRANSFORMERS_VERSION):
     raise ImportError(
         f"The Vaswani model needs transformers >= {MIN_TRANSFORMERS_VERSION}, but {transformers.__version__} is "
         f"installed: pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION}'."
@@ -185,11 +193,11 @@ class VaswaniConfig(PreTrainedConfig):
             none; this is tensor2tensor's and fairseq's, which suits the sqrt(d_model) scaling). Linear layers use
             Xavier-uniform initialisation.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
-            Special token ids (0, 1, 2, 1): those of the tokenizers that `vaswani.tokenization` trains.
+            Special token ids (0, 1, 2, 1): those of the tokenizers that `vaswani.recipe.tokenization` trains.
         use_cache (`bool`, defaults to `True`): return key/value caches for fast decoding.
 
     Label smoothing (eps_ls = 0.1, §5.4) is a property of the training recipe, not of the model: the model's loss is
-    the plain cross-entropy, as in every transformers model, and `vaswani.losses` smooths it
+    the plain cross-entropy, as in every transformers model, and `vaswani.recipe.losses` smooths it
     (`--label_smoothing_factor`, 0.1 by default).
 
     Example:

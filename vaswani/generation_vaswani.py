@@ -19,16 +19,16 @@ divides by ((5 + |Y|) / 6)^alpha. `generate` below decodes a model with the form
 Saved model folders carry this file twice: beside `modeling_vaswani.py`, whose `generate` calls it, and as
 `custom_generate/generate.py`, which `from_pretrained(folder, trust_remote_code=True)` installs as the model's
 `generate` (`GenerationMixin.load_custom_generate`). So it imports only torch and transformers, and
-`vaswani.engines` (the CTranslate2 and ONNX Runtime exports) takes its length penalty from `length_penalty_factor`
+`vaswani.interop.engines` (the CTranslate2 and ONNX Runtime exports) takes its length penalty from `length_penalty_factor`
 here: one statement of the penalty.
 """
 
 import copy
 import math
+import re
 
 import torch
 import transformers
-from packaging.version import Version
 from torch import nn
 from transformers import GenerationMixin
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerationMode
@@ -129,13 +129,18 @@ def _source_length(args, kwargs, model) -> int:
     return int(source.shape[1]) if source is not None and source.dim() >= 2 else 0
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor, patch) of a version string; this file imports torch and transformers only."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
 def _check_beam_search_vocabulary(config, uses_beams: bool) -> None:
     """A clear error where transformers' own beam search cannot handle separate vocabularies of different sizes."""
     decoder_vocab_size = getattr(config, "decoder_vocab_size", config.vocab_size)
     if (
         uses_beams
         and decoder_vocab_size != config.vocab_size
-        and Version(transformers.__version__) < Version(BEAM_SEARCH_OVER_ANY_VOCABULARY)
+        and _release(transformers.__version__) < _release(BEAM_SEARCH_OVER_ANY_VOCABULARY)
     ):
         raise ValueError(
             f"Beam search over a target vocabulary ({decoder_vocab_size} tokens) of another size than the source's "

@@ -12,8 +12,8 @@
 | `vaswani-export` | `commands.export` | export a model folder to CTranslate2 or ONNX |
 | `vaswani-convert` | `commands.convert` | import an OPUS-MT (Marian) or fairseq WMT (FSMT) model |
 
-Each is `main(argv=None)` built on `vaswani.cli` (shared flags, arguments files, one-line errors): it parses its flags,
-then calls the library (`vaswani.run`, `vaswani.finish`, `vaswani.export`, ...). `scripts/*.py` are thin wrappers that
+Each is `main(argv=None)` built on `vaswani.commands.cli` (shared flags, arguments files, one-line errors): it parses its flags,
+then calls the library (`vaswani.recipe.run`, `vaswani.recipe.finish`, `vaswani.interop.export`, ...). `scripts/*.py` are thin wrappers that
 call them, for a clone without installing. `python -m vaswani.commands.train` also works (e.g.
 under `torchrun`).
 """

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..averaging import average_checkpoints, last_checkpoints
-from ..cli import command, parse_args, setup_logging
-from ..errors import UsageError
+from ..common.errors import UsageError
+from ..recipe.averaging import average_checkpoints, last_checkpoints
+from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.replace("`vaswani-average-checkpoints`: a", "A", 1)
 

@@ -1,6 +1,6 @@
 """`vaswani-convert`: import a pretrained OPUS-MT or fairseq WMT translation model as a `vaswani` model.
 
-The conversion, its checks and its limits are `vaswani.convert`'s (its docstring says what becomes which
+The conversion, its checks and its limits are `vaswani.interop.convert`'s (its docstring says what becomes which
 `VaswaniConfig` field); the folder written loads with `pipeline("translation", ..., trust_remote_code=True)`.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cli import command, parse_args, setup_logging
-from ..convert import convert
+from ..interop.convert import convert
+from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("`vaswani-convert`: i", "I", 1)
 

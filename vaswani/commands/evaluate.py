@@ -4,16 +4,16 @@ paper's WMT BLEU (Moses-tokenized, compounds split as ##AT##-##AT##, case kept: 
 each on its own line with its signature.
 
 Files hold one segment a line (`.gz` allowed) and must have the same number of lines. The numbers come from
-`vaswani.metrics.score_files`; see `compute_moses_bleu` and `compute_tokenized_bleu` for what `--moses_lang` adds.
+`vaswani.recipe.metrics.score_files`; see `compute_moses_bleu` and `compute_tokenized_bleu` for what `--moses_lang` adds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cli import command, parse_args
-from ..errors import UsageError, flag_errors
-from ..metrics import BLEU_TOKENIZERS, check_moses_lang, score_files, score_lines
+from ..common.errors import UsageError, flag_errors
+from ..recipe.metrics import BLEU_TOKENIZERS, check_moses_lang, score_files, score_lines
+from .cli import command, parse_args
 
 DESCRIPTION = __doc__.replace("`vaswani-evaluate`: s", "S", 1)
 

@@ -1,6 +1,6 @@
 """`vaswani-export`: export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX.
 
-The export itself is `vaswani.export.export`; `vaswani-translate --engine ctranslate2|onnx` decodes the result.
+The export itself is `vaswani.interop.export.export`; `vaswani-translate --engine ctranslate2|onnx` decodes the result.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli import command, parse_args, setup_logging
-from ..export import CTRANSLATE2_QUANTIZATIONS, ENGINES, export
+from ..interop.export import CTRANSLATE2_QUANTIZATIONS, ENGINES, export
+from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("`vaswani-export`: e", "E", 1)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cli import command, parse_args, setup_logging
-from ..errors import UsageError
-from ..plotting import attention_maps, load_attention_model, plot_attention_maps, plot_learning_curves
+from ..common.errors import UsageError
+from ..recipe.plotting import attention_maps, load_attention_model, plot_attention_maps, plot_learning_curves
+from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.replace("`vaswani-plot`: a", "A", 1)
 

@@ -1,8 +1,8 @@
 """`vaswani-push-to-hub`: publish a trained model folder to the Hugging Face Hub with its model card, or write the
 folder that would be published.
 
-The token comes from --hub_token, else `HF_TOKEN`, else `hf auth login`. All the work is `vaswani.hub.publish`; the
-card template ships with the package (`vaswani/hub_card.md`).
+The token comes from --hub_token, else `HF_TOKEN`, else `hf auth login`. All the work is `vaswani.publishing.hub.publish`; the
+card template ships with the package (`vaswani/publishing/hub_card.md`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..cli import command, parse_args, setup_logging
-from ..hub import publish
+from ..publishing.hub import publish
+from .cli import command, parse_args, setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +57,15 @@ class PushArguments:
     )
     results_json: str | None = field(
         default=None,
-        metadata={"help": "Evaluation results (bleu, bleu_signature, chrf, ...; see vaswani.model_card)."},
+        metadata={
+            "help": "Evaluation results (bleu, bleu_signature, chrf, ...; see vaswani.publishing.model_card)."
+        },
     )
     training_summary_json: str | None = field(
         default=None,
-        metadata={"help": "Training summary (source_lang, target_lang, steps, ...; see vaswani.model_card)."},
+        metadata={
+            "help": "Training summary (source_lang, target_lang, steps, ...; see vaswani.publishing.model_card)."
+        },
     )
     hub_private_repo: bool = field(
         default=False, metadata={"help": "Create the repo as private (if it does not exist)."}

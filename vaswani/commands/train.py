@@ -4,12 +4,12 @@ work."""
 
 from __future__ import annotations
 
-from ..arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
-from ..cli import command, parse_args, setup_logging
-from ..config_arguments import ModelConfigArguments, config_overrides
-from ..finish import empty_translations_warning, finish
-from ..run import train_main
-from ..run_folder import release_output_dir
+from ..recipe.arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from ..recipe.config_arguments import ModelConfigArguments, config_overrides
+from ..recipe.finish import empty_translations_warning, finish
+from ..recipe.run import train_main
+from ..recipe.run_folder import release_output_dir
+from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = """\
 Train the Transformer of "Attention Is All You Need" with the paper's recipe (§5: joint BPE, token-budget batches,

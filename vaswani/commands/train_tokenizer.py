@@ -3,7 +3,7 @@ corpus.
 
 The paper's vocabulary is joint ("shared source-target vocabulary"); `--separate_vocabularies` writes one per
 language to `<output_dir>/source` and `<output_dir>/target`. Load the result with
-`vaswani.tokenization.load_tokenizers(output_dir)`, or pass it to `vaswani-train --tokenizer_name`.
+`vaswani.recipe.tokenization.load_tokenizers(output_dir)`, or pass it to `vaswani-train --tokenizer_name`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..arguments import DataArguments
-from ..cli import command, parse_args, setup_logging
-from ..errors import UsageError
-from ..run import load_split, train_new_tokenizers
-from ..tokenization import save_tokenizers
+from ..common.errors import UsageError
+from ..recipe.arguments import DataArguments
+from ..recipe.run import load_split, train_new_tokenizers
+from ..recipe.tokenization import save_tokenizers
+from .cli import command, parse_args, setup_logging
 
 logger = logging.getLogger(__name__)
 

@@ -14,15 +14,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import engines
-from ..arguments import check_languages
-from ..cli import command, current_prog, parse_args, setup_logging
-from ..errors import UsageError, flag_errors
-from ..fileio import write_json
+from ..common.errors import UsageError, flag_errors
+from ..common.fileio import write_json
 from ..generation_vaswani import LENGTH_PENALTY_FORMS
-from ..metrics import check_moses_lang, score_lines
-from ..tokenization import lowercases
-from ..translation import (
+from ..interop import engines
+from ..recipe.arguments import check_languages
+from ..recipe.metrics import check_moses_lang, score_lines
+from ..recipe.tokenization import lowercases
+from ..recipe.translation import (
     LENGTH_PENALTY,
     NUM_BEAMS,
     check_decoding,
@@ -37,6 +36,7 @@ from ..translation import (
     write_lines,
     write_sentences,
 )
+from .cli import command, current_prog, parse_args, setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def main(argv):
             args.model_name_or_path, args.tokenizer_name, device=args.device, bf16=args.bf16, **model_kwargs
         )
         decode = translate_n_best
-    else:  # an exported model: the same decoding, by CTranslate2 or ONNX Runtime (vaswani.engines)
+    else:  # an exported model: the same decoding, by CTranslate2 or ONNX Runtime (vaswani.interop.engines)
         options = {"device": args.device} if args.device else {}
         model, source_tokenizer, target_tokenizer = engines.load_exported(
             args.model_name_or_path, args.engine, threads=args.threads, **options

@@ -1,0 +1,143 @@
+"""The package's folders are its layers (docs/ARCHITECTURE.md), and nothing reaches up:
+
+    model (vaswani/*.py)  <-  common  <-  publishing  <-  recipe  <-  interop  <-  commands
+
+The model's files (what every saved folder carries) import torch and transformers only; the recipe never imports
+interop or the commands. Every public door a user or an old script knows still opens: `import vaswani`, its names,
+the console commands, `python -m vaswani.commands.train`, the modules' old names."""
+
+import ast
+import subprocess
+import sys
+import tomllib
+import warnings
+from pathlib import Path
+
+import pytest
+
+import vaswani
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
+from vaswani.utils_vaswani import CODE_FILES
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vaswani"
+LAYERS = ["model", "common", "publishing", "recipe", "interop", "commands"]
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "model"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if "sacrebleu_chrf" in parts:  # run by `evaluate` from a copy, not a module of the package
+            continue
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _all_imports(name: str, path: Path) -> set[str]:
+    """Every module name `name` imports, at any depth of its code (inside functions too), resolved to absolute."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found |= {f"{target}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+def test_the_tree_shows_the_layers():
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(LAYERS[1:])
+    model_files = {p.name for p in PACKAGE.glob("*.py")} - {"__init__.py", "_moved.py"}
+    # The model's top holds the files a saved folder carries and the opt-in CPU kernels, nothing of the recipe.
+    assert model_files == {Path(name).name for name in CODE_FILES.values()} | {"kernels.py"}
+
+
+def test_no_layer_imports_a_layer_above_it():
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        rank = LAYERS.index(_layer(name))
+        for target in _all_imports(name, path):
+            if target in modules and LAYERS.index(_layer(target)) > rank:
+                upward.append(f"{name} ({_layer(name)}) imports {target} ({_layer(target)})")
+    assert not upward, "\n".join(upward)
+    # the walk sees imports: the trainer imports its neighbours and the model
+    assert {"vaswani.recipe.batching", "vaswani.generation_vaswani"} <= _all_imports(
+        "vaswani.recipe.trainer", modules["vaswani.recipe.trainer"]
+    )
+
+
+def test_a_saved_folder_code_imports_only_torch_and_transformers(tmp_path):
+    config = VaswaniConfig.from_preset("small", vocab_size=40, d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32)
+    VaswaniForConditionalGeneration(config).save_pretrained(tmp_path)
+    code = sorted(tmp_path.rglob("*.py"))
+    assert {str(p.relative_to(tmp_path)) for p in code} == set(CODE_FILES)
+    allowed = {"torch", "transformers", "__future__"} | set(sys.stdlib_module_names)
+    for path in code:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and (path.parent / f"{node.module}.py").exists(), (path, node.module)
+            elif isinstance(node, ast.ImportFrom):
+                assert node.module.split(".")[0] in allowed, (path.name, node.module)
+            elif isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] in allowed for a in node.names), (path.name, ast.dump(node))
+
+
+def test_the_public_names_and_commands():
+    assert vaswani.VaswaniConfig is VaswaniConfig and callable(vaswani.use_cpu_kernels)
+    assert set(vaswani.__all__) <= set(dir(vaswani))
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert len(scripts) == 9
+    for command, target in scripts.items():
+        module, function = target.split(":")
+        assert (ROOT / "scripts" / f"{module.rsplit('.', 1)[1]}.py").exists(), command
+        assert callable(getattr(__import__(module, fromlist=[function]), function)), command
+
+
+def test_python_m_vaswani_commands_train_answers_help():
+    run = subprocess.run(
+        [sys.executable, "-m", "vaswani.commands.train", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and "--dataset_name" in run.stdout, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "name"),
+    [
+        ("vaswani.data", "vaswani.recipe.data", "load_parallel_dataset"),
+        ("vaswani.metrics", "vaswani.recipe.metrics", "load_translation_metric"),
+        ("vaswani.tokenization", "vaswani.recipe.tokenization", "train_bpe_tokenizer"),
+        ("vaswani.recipe_flags", "vaswani.recipe.flags", "PAPER_MAX_TOKENS"),
+        ("vaswani.export", "vaswani.interop.export", "ENGINES"),
+        ("vaswani.export.to_onnx", "vaswani.interop.export.to_onnx", "export_onnx"),
+        ("vaswani.hub", "vaswani.publishing.hub", "publish"),
+        ("vaswani.errors", "vaswani.common.errors", "UsageError"),
+    ],
+)
+def test_an_old_module_name_is_the_module_at_its_new_place(old, new, name):
+    """Scripts written against the flat layout (`from vaswani.data import ...`) keep working, with a warning that
+    names the new place; the module is the same object, so a patch through either name reaches both."""
+    import importlib
+
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new) and hasattr(module, name)
+    assert any(issubclass(w.category, FutureWarning) and new in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        exec(f"from {old} import {name}")  # the form a script uses

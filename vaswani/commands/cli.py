@@ -1,0 +1,544 @@
+"""What every command-line tool of the package shares: how it parses flags, reports errors and logs.
+
+A tool is a function `main(argv)` in `vaswani.commands`, decorated with `command`, whose flags are dataclasses parsed
+by `parse_args` (transformers' `HfArgumentParser`), followed by library calls:
+
+    from vaswani.commands.cli import command, parse_args, setup_logging
+
+    @command("vaswani-export")
+    def main(argv):
+        (args,) = parse_args(ExportArguments, argv, description="Export a model folder to CTranslate2 or ONNX.")
+        setup_logging()
+        return export(args.model_name_or_path, ...)
+
+    # pyproject.toml: [project.scripts] vaswani-export = "vaswani.commands.export:main"; main(argv=None) reads sys.argv.
+
+The conventions, the same in every tool:
+
+- Errors: library code raises (`ValueError`, `OSError`, ...) with a message that names the file, line or flag; the tool
+  prints `<prog>: error: <message>` on one line of standard error and exits with status 1 (2 for a wrong command line,
+  `vaswani.common.errors.UsageError`), without a traceback. `--debug` (or `VASWANI_DEBUG=1`) lets the exception through
+  with its traceback.
+- Flags: `--name value` and `--name=value`, written out in full (a prefix of a flag is an error, never another flag);
+  the flag names of transformers' `run_translation.py` where the meaning is the same, and fairseq's where it is the
+  same too (`--lr`, `--beam`, `--nbest`; `--lenpen A` is `--length_penalty A --length_penalty_form power`, fairseq's
+  |Y| ** A). A renamed flag keeps working under its old name, with a warning naming the new one.
+- Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
+  `{flag_name: value}`; flags given on the command line override it.
+- `--help` lists every flag, grouped by dataclass (`_argument_group_name`); `--help_all` is the same.
+- Logs: `setup_logging()` gives this package's INFO messages and everyone else's warnings on standard error, no
+  `datasets` progress bars; `--verbose` gives transformers' and datasets' INFO logs and bars too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import functools
+import json
+import logging
+import math
+import os
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+
+import datasets
+import transformers
+import yaml
+from transformers import HfArgumentParser
+
+from ..common.errors import UsageError, describe_error
+
+logger = logging.getLogger(__name__)
+
+ARGS_FILE_FLAG = "--args_file"
+ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
+DEBUG_FLAG = "--debug"
+VERBOSE_FLAG = "--verbose"
+HELP_ALL_FLAG = "--help_all"
+DEBUG_ENVIRONMENT = "VASWANI_DEBUG"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# fairseq's length penalty: `--lenpen A` divides a hypothesis' score by |Y| ** A, transformers' "power" form.
+LENPEN_FLAG = "--lenpen"
+# The values of transformers' own `--debug` training flag: `--debug underflow_overflow` stays the Trainer's.
+_TRAINER_DEBUG_VALUES = ("underflow_overflow", "tpu_metrics_debug")
+
+
+@dataclasses.dataclass
+class _Invocation:
+    prog: str
+    debug: bool = False
+    verbose: bool = False
+
+
+_current = _Invocation(prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "vaswani")
+
+
+def current_prog() -> str:
+    """The name of the running tool (`vaswani-train`, ...), for messages."""
+    return _current.prog
+
+
+def verbose() -> bool:
+    """Whether the running tool was given `--verbose`."""
+    return _current.verbose
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The tool: one-line errors, exit statuses, --debug and --verbose
+# ---------------------------------------------------------------------------------------------------------------------
+def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[str] = ()) -> bool:
+    """Remove every bare `flag` from `argv` (not one followed by one of `keep_if_followed_by`); whether any was."""
+    found, i = False, 0
+    while i < len(argv):
+        if argv[i] == flag and not (i + 1 < len(argv) and argv[i + 1] in keep_if_followed_by):
+            del argv[i]
+            found = True
+        else:
+            i += 1
+    return found
+
+
+def command(prog: str) -> Callable:
+    """Decorate a tool's `main(argv)`; the result is `main(argv=None)`, which returns what `main` returns, or exits
+    with a one-line error (see the module docstring). Called without `argv` (as a console command, whose wrapper
+    exits with the return value), it reads `sys.argv[1:]` and returns None. `--debug` and `--verbose` are taken off
+    the arguments here, before `main` sees them."""
+
+    def decorate(main: Callable) -> Callable:
+        @functools.wraps(main)
+        def run(argv: Sequence[str] | None = None):
+            global _current
+            arguments = list(sys.argv[1:] if argv is None else argv)
+            debug = _take_flag(arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES)
+            debug = debug or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
+            previous = _current
+            _current = _Invocation(prog=prog, debug=debug, verbose=_take_flag(arguments, VERBOSE_FLAG))
+            try:
+                result = main(arguments)
+                return None if argv is None else result
+            except KeyboardInterrupt:
+                if debug:
+                    raise
+                print(f"{prog}: interrupted", file=sys.stderr)
+                raise SystemExit(130) from None
+            except Exception as error:
+                if debug:
+                    raise
+                print(f"{prog}: error: {describe_error(error)}", file=sys.stderr)
+                raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
+            finally:
+                _current = previous
+
+        return run
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments files
+# ---------------------------------------------------------------------------------------------------------------------
+def read_arguments_file(path: str | os.PathLike) -> dict[str, object]:
+    """The mapping `{flag_name: value}` of a JSON or YAML file, without the entries whose value is `null`.
+
+    A value is a scalar, a list of scalars (a flag that takes several values) or a mapping (given to the flag as its
+    JSON text, for flags such as `--fsdp_config`). Raises `UsageError` naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"Arguments file {path} does not exist.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"Arguments file {path} is not UTF-8 text: {error.reason} at byte {error.start}"
+        ) from None
+    if path.suffix == ".json":
+        try:
+            values = json.loads(text)
+        except ValueError as error:
+            raise UsageError(f"Arguments file {path} is not valid JSON: {error}") from None
+    else:
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise UsageError(
+                f"Arguments file {path} is not valid YAML: {' '.join(str(error).split())}"
+            ) from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise UsageError(f"Arguments file {path} must hold a mapping of flag names to values.")
+    mapping = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key.strip("-"):
+            raise UsageError(f"Arguments file {path}: {key!r} is not a flag name.")
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise UsageError(f"Arguments file {path}: {key} is an empty list.")
+            for item in value:
+                _check_scalar(path, key, item)
+        elif not isinstance(value, dict):
+            _check_scalar(path, key, value)
+        mapping[key.lstrip("-")] = value
+    return mapping
+
+
+def _check_scalar(path: Path, key: str, value) -> None:
+    if isinstance(value, (dict, list)):
+        raise UsageError(f"Arguments file {path}: {key} holds a nested {type(value).__name__}.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"Arguments file {path}: {key} is {value}.")
+
+
+def _as_text(value) -> str:
+    """A file's value as it would be written on the command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def split_arguments_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The arguments files of `argv` (a first argument ending in .json/.yaml/.yml, and every `--args_file FILE`),
+    and the rest of `argv`."""
+    argv = list(argv)
+    files = []
+    if argv and not argv[0].startswith("-") and argv[0].endswith(ARGS_FILE_SUFFIXES):
+        files.append(argv.pop(0))
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == ARGS_FILE_FLAG or token.startswith(ARGS_FILE_FLAG + "="):
+            if "=" in token:
+                files.append(token.split("=", 1)[1])
+                i += 1
+            elif i + 1 < len(argv):
+                files.append(argv[i + 1])
+                i += 2
+            else:
+                raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
+            continue
+        rest.append(token)
+        i += 1
+    return files, rest
+
+
+def _flag_fields(dataclass_types: Sequence[type]) -> dict[str, tuple[dataclasses.Field, object]]:
+    """Every flag of the dataclasses: its field and its resolved annotation."""
+    found = {}
+    for dtype in dataclass_types:
+        hints = typing.get_type_hints(dtype)
+        for item in dataclasses.fields(dtype):
+            if item.init:
+                found[item.name] = (item, hints[item.name])
+    return found
+
+
+def _aliases(fields: Mapping[str, tuple[dataclasses.Field, object]]) -> dict[str, str]:
+    """Each flag's other names (a field's `aliases` metadata, e.g. fairseq's `--lr`): alias -> field name."""
+    found = {}
+    for name, (item, _) in fields.items():
+        aliases = item.metadata.get("aliases", ())
+        for alias in [aliases] if isinstance(aliases, str) else aliases:
+            found[alias.lstrip("-").replace("-", "_")] = name
+    return found
+
+
+def _members(hint) -> tuple:
+    """The types of an annotation, `X | Y | None` taken apart."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _takes_a_list(hint) -> bool:
+    return any(typing.get_origin(member) is list for member in _members(hint))
+
+
+def _choices(item: dataclasses.Field, hint) -> list[str] | None:
+    """The values a flag accepts, as `HfArgumentParser` restricts them: its `choices`, or an Enum's values."""
+    if "choices" in item.metadata:
+        return [str(choice) for choice in item.metadata["choices"]]
+    for member in _members(hint):
+        if isinstance(member, type) and issubclass(member, enum.Enum):
+            return [str(choice.value) for choice in member]
+        if typing.get_origin(member) is typing.Literal:
+            return [str(choice) for choice in typing.get_args(member)]
+    return None
+
+
+def apply_arguments_files(
+    parser: HfArgumentParser, files: Sequence[str], argv: Sequence[str], renamed: Mapping[str, str]
+) -> list[str]:
+    """Give the flags of the arguments `files` (later files first) to `parser`, so that `argv`'s flags override
+    them; returns the command line to parse.
+
+    `HfArgumentParser.parse_yaml_file`/`parse_json_file` fill the dataclasses without argparse: no type conversion
+    (YAML reads `1e-3` as a string) and no command line over the file. Here the values become the parser's defaults
+    (`set_defaults`): argparse converts a string default with the flag's type, as it converts a command-line value,
+    and any flag on the command line wins. A flag the parser requires, or one that takes several values, is put in
+    front of the command line instead (argparse reads those only there), where a later flag still wins.
+    """
+    fields = _flag_fields(parser.dataclass_types)
+    aliases = _aliases(fields)
+    defaults: dict[str, str] = {}
+    tokens: dict[str, list[str]] = {}
+    for path in files:
+        values = read_arguments_file(path)
+        if "lenpen" in values and "length_penalty_form" in fields:
+            form = values.get("length_penalty_form", "power")
+            if form != "power":
+                raise UsageError(
+                    f"Arguments file {path}: lenpen is fairseq's length penalty |Y| ** alpha "
+                    f"(length_penalty_form power), but length_penalty_form is {form!r}"
+                )
+            values = {**values, "length_penalty": values.pop("lenpen"), "length_penalty_form": "power"}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            name = aliases.get(name, name)
+            if name in renamed:
+                logger.warning("%s: %s is deprecated; use %s", path, name, renamed[name])
+                name = renamed[name]
+            if name not in fields:
+                raise UsageError(
+                    f"Arguments file {path}: {key} is not a flag of {current_prog()} "
+                    f"({current_prog()} --help lists the flags)"
+                )
+            item, hint = fields[name]
+            texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
+            required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+            defaults.pop(name, None)
+            tokens.pop(name, None)
+            if required or _takes_a_list(hint):
+                tokens[name] = [f"--{name}", *texts]
+                continue
+            if len(texts) > 1:
+                parser.error(f"argument --{name}: expected one argument, got {len(texts)} ({path})")
+            choices = _choices(item, hint)
+            if choices is not None and texts[0] not in choices:
+                parser.error(
+                    f"argument --{name}: invalid choice: {texts[0]!r} (choose from "
+                    f"{', '.join(map(repr, choices))})"
+                )
+            defaults[name] = texts[0]
+    parser.set_defaults(**defaults)
+    return [token for flag in tokens.values() for token in flag] + list(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Renamed flags
+# ---------------------------------------------------------------------------------------------------------------------
+def rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
+    """`argv` with deprecated flag names (`renamed`: old name -> new name, without dashes) replaced, each with a
+    warning. `--old`, `--old=value`, `--old-name` and `--no_old` (for a boolean) are all recognised."""
+    if not renamed:
+        return list(argv)
+    result = []
+    for token in argv:
+        if token.startswith("--") and len(token) > 2:
+            name, equals, value = token[2:].partition("=")
+            key = name.replace("-", "_")
+            negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
+            old = key[3:] if negated else key
+            if old in renamed:
+                new = ("no_" if negated else "") + renamed[old]
+                logger.warning("--%s is deprecated; use --%s", key, new)
+                token = f"--{new}{equals}{value}"
+        result.append(token)
+    return result
+
+
+def expand_lenpen(argv: Sequence[str]) -> list[str]:
+    """fairseq's `--lenpen A` as this package's flags: `--length_penalty A --length_penalty_form power` (fairseq
+    divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form` other than power
+    beside it is refused, as is `--lenpen` beside `--length_penalty`."""
+    argv = list(argv)
+    if not any(token == LENPEN_FLAG or token.startswith(LENPEN_FLAG + "=") for token in argv):
+        return argv
+    result, i = [], 0
+    for flag in ("--length_penalty", "--length-penalty"):
+        if any(token == flag or token.startswith(flag + "=") for token in argv):
+            raise UsageError(f"{LENPEN_FLAG} is fairseq's name of --length_penalty: give one of them")
+    while i < len(argv):
+        token = argv[i]
+        if token == LENPEN_FLAG or token.startswith(LENPEN_FLAG + "="):
+            if "=" in token:
+                values, i = [token.split("=", 1)[1]], i + 1
+            else:
+                i += 1
+                values = []
+                while i < len(argv) and not (argv[i].startswith("--") and len(argv[i]) > 2):
+                    values.append(argv[i])
+                    i += 1
+                if not values:
+                    raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
+            result += ["--length_penalty", *values, "--length_penalty_form", "power"]
+            continue
+        if token.startswith(("--length_penalty_form", "--length-penalty-form")):
+            value = token.split("=", 1)[1] if "=" in token else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value != "power":
+                raise UsageError(
+                    f"{LENPEN_FLAG} is fairseq's length penalty |Y| ** alpha (--length_penalty_form power), "
+                    f"but --length_penalty_form is {value!r}: give --length_penalty with it instead"
+                )
+        result.append(token)
+        i += 1
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------------------------------------------------
+class _Parser(HfArgumentParser):
+    """`HfArgumentParser` whose errors raise `UsageError` (one line) instead of printing the whole usage and exiting
+    (`ArgumentParser.error` is the documented place for that)."""
+
+    def error(self, message):
+        # not the `--flag-name` spelling, nor the aliases, beside each flag
+        message = re.sub(r"(--\w+)(?:/--[\w-]+)+", r"\1", message)
+        raise UsageError(f"{message} ({self.prog} --help lists the flags)")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each flag's default after its help; the description and the epilog (examples) as written."""
+
+
+def build_parser(
+    dataclass_types: Sequence[type] | type, *, description: str, epilog: str | None = None
+) -> HfArgumentParser:
+    """The parser of a tool: a flag per field of `dataclass_types`, grouped in `--help` by each dataclass's
+    `_argument_group_name`, and the flags common to every tool. `description` and `epilog` are printed as written."""
+    types_ = list(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else [dataclass_types]
+    parser = _Parser(
+        types_,
+        prog=current_prog(),
+        description=description,
+        epilog=epilog,
+        formatter_class=_HelpFormatter,
+        usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
+        allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
+    )
+    trainer_debug = "debug" in _flag_fields(
+        types_
+    )  # transformers' --debug takes a value; a bare --debug is ours
+    common = parser.add_argument_group(
+        "common to every vaswani tool",
+        "a bare --debug shows the traceback of an error (--debug with a value is transformers')"
+        if trainer_debug
+        else None,
+    )
+    common.add_argument(
+        ARGS_FILE_FLAG,
+        metavar="FILE",
+        help="read flags from a JSON or YAML mapping {flag: value}; flags on the command line override it",
+    )
+    if not trainer_debug:
+        common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
+    common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
+    if {"length_penalty", "length_penalty_form"} <= _flag_fields(types_).keys():
+        common.add_argument(  # expanded before parsing (`expand_lenpen`); listed here for --help
+            LENPEN_FLAG,
+            metavar="ALPHA",
+            nargs="+",
+            type=float,
+            help="fairseq's length penalty: --length_penalty ALPHA --length_penalty_form power (|Y| ** ALPHA)",
+        )
+    return parser
+
+
+def parse_args(
+    dataclass_types: Sequence[type] | type,
+    argv: Sequence[str] | None,
+    *,
+    description: str,
+    epilog: str | None = None,
+    renamed: Mapping[str, str] | None = None,
+) -> tuple:
+    """Parse `argv` (None: `sys.argv[1:]`) into instances of `dataclass_types`, in their order.
+
+    Renamed flags are translated (`renamed`: old -> new name), arguments files give their flags to the parser
+    (`apply_arguments_files`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
+    flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
+    `ValueError`. `--help_all` is `--help`.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    files, argv = split_arguments_files(argv)
+    argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
+    parser = build_parser(dataclass_types, description=description, epilog=epilog)
+    if {"length_penalty", "length_penalty_form"} <= _flag_fields(parser.dataclass_types).keys():
+        argv = expand_lenpen(argv)
+    argv = apply_arguments_files(parser, files, argv, renamed or {})
+    # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
+    _, remaining = parser.parse_known_args(argv)
+    if remaining:
+        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+    outputs = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    # The dataclasses, without the namespace of the common flags (--args_file, --debug, --verbose).
+    return tuple(outputs[: len(parser.dataclass_types)])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Logging
+# ---------------------------------------------------------------------------------------------------------------------
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at the time of each message (a tool called twice in one process, or under
+    a test's capture, logs where standard error is now)."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def setup_logging(main_process: bool = True) -> None:
+    """Quiet logs on standard error: this package's INFO messages, warnings from everyone else, no progress bars of
+    transformers' loading and saving or of `datasets`; with `--verbose`, transformers' and datasets' INFO logs and bars as well. Processes other than
+    the main one of a distributed run log warnings only."""
+    level = logging.INFO if main_process else logging.WARNING
+    root = logging.getLogger()
+    if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("vaswani").setLevel(level)
+    logging.captureWarnings(True)
+    if verbose() and main_process:
+        transformers.utils.logging.set_verbosity_info()
+        transformers.utils.logging.enable_progress_bar()
+        datasets.utils.logging.set_verbosity_info()
+        datasets.enable_progress_bars()
+    else:
+        transformers.utils.logging.set_verbosity_warning()
+        transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
+        datasets.utils.logging.set_verbosity_warning()
+        datasets.disable_progress_bars()
+
+
+__all__ = [
+    "apply_arguments_files",
+    "build_parser",
+    "command",
+    "current_prog",
+    "expand_lenpen",
+    "parse_args",
+    "read_arguments_file",
+    "rename_flags",
+    "setup_logging",
+    "split_arguments_files",
+    "verbose",
+]

@@ -1,0 +1,2 @@
+"""What every layer above the model shares: `errors` (how a mistake reads: one line naming the flag, file or field)
+and `fileio` (every file a tool writes appears whole or not at all)."""

@@ -1,0 +1,45 @@
+"""The package's errors as a user reads them: `UsageError` for a wrong command line, and one line per exception.
+
+Library code raises (`ValueError`, `OSError`, ...) with a message that names the file, line or flag; a tool
+(`vaswani.commands.cli.command`) prints `describe_error(error)` on one line and exits with status 1, or 2 for a `UsageError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+_EXPECTED_ERRORS = (ValueError, OSError, ImportError)
+
+
+class UsageError(ValueError):
+    """The command line is wrong: a flag, its value or a combination of flags. The message names the flag."""
+
+
+def describe_error(error: BaseException) -> str:
+    """An exception as one line: its message (with its type when that says something the message does not)."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, _EXPECTED_ERRORS) and not isinstance(error, (FileNotFoundError, ImportError)):
+        return message
+    if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in message:
+        return f"{message}: {error.filename}"
+    if isinstance(error, _EXPECTED_ERRORS):
+        return message
+    return f"{type(error).__name__}: {message} (run with --debug for the traceback)"
+
+
+class PublishError(ValueError):
+    """The inputs cannot make a valid published model (`vaswani.publishing.hub`); raised before anything is uploaded."""
+
+
+@contextlib.contextmanager
+def flag_errors(flag: str):
+    """Re-raise a `ValueError` of the block as a `UsageError` that names `flag`."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except ValueError as error:
+        raise UsageError(f"--{flag.lstrip('-')}: {describe_error(error)}") from error
+
+
+__all__ = ["PublishError", "UsageError", "describe_error", "flag_errors"]

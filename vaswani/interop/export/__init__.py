@@ -1,0 +1,166 @@
+"""Export a trained `vaswani` folder to an inference engine: CTranslate2 or ONNX (the `vaswani-export` command is
+`vaswani.commands.export`).
+
+    vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \
+        --output_dir runs/de-en/ct2-int8
+    vaswani-export --model_name_or_path runs/de-en/averaged --engine onnx --output_dir runs/de-en/onnx
+
+- `ctranslate2` (`to_ctranslate2.py`): CTranslate2's own transformers converter, with a loader registered for
+  `VaswaniConfig`; weights in float32, int8, bfloat16 or any other CTranslate2 quantization.
+- `onnx` (`to_onnx.py`): an encoder graph and a decoder graph whose self-attention cache is an input and an output,
+  written by `torch.onnx.export` (the dynamo-based exporter) and run with ONNX Runtime.
+
+Both write the tokenizer(s) next to the model and `vaswani_export.json`, which `vaswani.interop.engines` reads to decode
+(the file is written last). An export is built beside its output folder and renamed into place when complete: a
+failed or killed export leaves the folder as it was (an earlier export stays whole), never a partial one
+; `vaswani-translate --engine ctranslate2|onnx --model_name_or_path <exported folder>`). The engines are optional extras
+(`pip install vaswani-transformer[ctranslate2]` or `[onnx]`): they are imported when an export or an engine runs,
+never by `import vaswani`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import GenerationConfig
+
+from ...common.fileio import atomic_folder
+from ...generation_vaswani import PAPER_LENGTH_PENALTY_FORM
+from ...recipe.tokenization import load_tokenizers, save_tokenizers
+from ...recipe.translation import check_model_path
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("ctranslate2", "onnx")
+METADATA_FILE = "vaswani_export.json"
+# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`, checked by the tests); the three
+# precisions offered are float32, int8 and bfloat16.
+CTRANSLATE2_QUANTIZATIONS = (
+    "float32",
+    "int8",
+    "bfloat16",
+    "float16",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+)
+
+
+def decoding_settings(model_path: str | os.PathLike) -> dict:
+    """The decoding a folder asks for in its generation config (§6.1's beam 4, alpha 0.6 and its length-penalty form
+    when the recipe trained it), as the exported model's defaults."""
+    try:
+        config = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # a folder without generation_config.json decodes as transformers' defaults
+        config = GenerationConfig()
+    return {  # transformers' defaults where the folder sets nothing (a converted model's config may not)
+        "num_beams": config.num_beams or 1,
+        "length_penalty": 1.0 if config.length_penalty is None else config.length_penalty,
+        "length_penalty_form": getattr(config, "length_penalty_form", None) or PAPER_LENGTH_PENALTY_FORM,
+        # transformers reads None as False: stop a sentence by the heuristic, not at the first `num_beams` hypotheses
+        "early_stopping": config.early_stopping if config.early_stopping is not None else False,
+    }
+
+
+def check_output(output_dir: str | os.PathLike, force: bool) -> Path:
+    """The output folder, refused when it exists unless `force` (then the new export replaces it when complete)."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not force:
+        raise FileExistsError(f"{output_dir} already exists: pass --overwrite_output_dir to replace it")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"{output_dir} is a file: give a folder for the export")
+    return output_dir
+
+
+def check_vaswani_model(model_path: str | os.PathLike) -> None:
+    """Refuse, naming what the folder holds, a model of another kind (a Marian or FSMT folder: convert it first)."""
+    path = Path(model_path) / "config.json"
+    if path.is_file():
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+        if model_type != "vaswani":
+            raise ValueError(
+                f"{model_path} holds a {model_type!r} model, not a vaswani one: convert it first "
+                f"(vaswani-convert --model_name_or_path {model_path} --output_dir <folder>), then export that folder"
+            )
+
+
+def finish_export(
+    output_dir: Path,
+    engine: str,
+    model_path: str | os.PathLike,
+    model_config,
+    tokenizer_path: str | os.PathLike | None,
+    **fields,
+) -> Path:
+    """Write the tokenizer(s) and `vaswani_export.json` (special ids, default decoding, versions) into the export."""
+    source, target = load_tokenizers(tokenizer_path or model_path)
+    save_tokenizers(source, target, output_dir)
+    metadata = {
+        "engine": engine,
+        "source_model": str(model_path),
+        "pad_token_id": model_config.pad_token_id,
+        "eos_token_id": model_config.eos_token_id,
+        "decoder_start_token_id": model_config.decoder_start_token_id,
+        "decoding": decoding_settings(model_path),
+        **fields,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    with open(output_dir / METADATA_FILE, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2)
+    return output_dir
+
+
+def read_metadata(folder: str | os.PathLike) -> dict:
+    """The `vaswani_export.json` of an exported folder; a `ValueError` naming the file when it is missing."""
+    path = Path(folder) / METADATA_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} not found: {folder} is not a complete folder written by vaswani-export")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def export(
+    model_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    engine: str,
+    quantization: str | None = None,
+    tokenizer_path: str | os.PathLike | None = None,
+    force: bool = False,
+) -> Path:
+    """Export `model_path` (a `vaswani` folder) for `engine` into `output_dir`; returns `output_dir`.
+
+    `quantization` is CTranslate2's weight type (default float32); the ONNX graphs are float32.
+    The tokenizer comes from `tokenizer_path`, else from the model folder."""
+    check_model_path(model_path)
+    check_vaswani_model(model_path)
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "onnx" and quantization not in (None, "float32"):
+        raise ValueError(f"--quantization {quantization} applies to ctranslate2; ONNX graphs are float32")
+    output_dir = check_output(output_dir, force)
+    with atomic_folder(output_dir) as building:
+        if engine == "ctranslate2":
+            from .to_ctranslate2 import export_ctranslate2
+
+            export_ctranslate2(model_path, building, quantization or "float32", tokenizer_path)
+        else:
+            from .to_onnx import export_onnx
+
+            export_onnx(model_path, building, tokenizer_path)
+    logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
+    return output_dir
+
+
+__all__ = [
+    "CTRANSLATE2_QUANTIZATIONS",
+    "ENGINES",
+    "METADATA_FILE",
+    "export",
+    "read_metadata",
+]

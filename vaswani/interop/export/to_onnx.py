@@ -1,0 +1,181 @@
+"""A `vaswani` folder to two ONNX graphs, written by `torch.onnx.export` (the dynamo-based exporter).
+
+- `encoder.onnx`: `input_ids`, `attention_mask` (B, S) -> `last_hidden_state` (B, S, d_model) and, for every decoder
+  layer i, the encoder-decoder attention keys and values `cross_key.i`, `cross_value.i` (B, h, S, d_k): computed once
+  per sentence, as the PyTorch model's cache holds them.
+- `decoder.onnx`: `decoder_input_ids` (B, T), `encoder_attention_mask` (B, S), the self-attention cache of earlier
+  steps `past_key.i`, `past_value.i` (B, h, P, d_k; P = 0 at the first step) and `cross_key.i`, `cross_value.i` ->
+  `logits` (B, T, target vocabulary) and the cache with this step appended, `present_key.i`, `present_value.i`
+  (B, h, P + T, d_k). Positions continue from P.
+
+Both graphs run the model's own modules, traced: the encoder, then the decoder and `lm_head` with an
+`EncoderDecoderCache` made of the input tensors, so the arithmetic is the PyTorch model's (eager attention, float32).
+All sizes are dynamic. `vaswani.interop.engines.OnnxEngine` runs them with ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+from transformers import AutoModelForSeq2SeqLM
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from . import finish_export
+
+logger = logging.getLogger(__name__)
+
+ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
+
+
+def cache_names(prefix: str, layers: int) -> list[str]:
+    """`{prefix}_key.0 .. {prefix}_key.{layers-1}`, then the values: the order of the graphs' cache inputs/outputs."""
+    return [f"{prefix}_{kind}.{i}" for kind in ("key", "value") for i in range(layers)]
+
+
+class EncoderGraph(nn.Module):
+    """The encoder (§3.1), and the keys and values that each decoder layer's encoder-decoder attention reads."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.encoder = model.get_encoder()
+        self.cross_attentions = nn.ModuleList(layer.encoder_attn for layer in model.get_decoder().layers)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        memory = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state  # (B, S, d)
+        keys = [
+            attention.split_heads(attention.k_proj(memory)) for attention in self.cross_attentions
+        ]  # (B, h, S, d_k)
+        values = [attention.split_heads(attention.v_proj(memory)) for attention in self.cross_attentions]
+        return memory, keys, values
+
+
+class DecoderGraph(nn.Module):
+    """One decoding call: the decoder and the pre-softmax projection over new tokens, given the cache."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, decoder_input_ids, encoder_attention_mask, past_keys, past_values, cross_keys, cross_values
+    ):
+        config = self.model.config
+        cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+        for i, (key, value) in enumerate(zip(past_keys, past_values, strict=True)):
+            cache.self_attention_cache.update(key, value, i)
+        for i, (key, value) in enumerate(zip(cross_keys, cross_values, strict=True)):
+            cache.cross_attention_cache.update(key, value, i)
+            cache.is_updated[i] = (
+                True  # the encoder-decoder attention reads its keys and values from the cache
+            )
+        # The encoder output itself is never read once its keys and values are cached: only its (B, S) shape is.
+        batch, source_length = encoder_attention_mask.shape
+        memory = cross_keys[0].new_zeros(batch, source_length, 0)
+        outputs = self.model(
+            decoder_input_ids=decoder_input_ids,
+            attention_mask=encoder_attention_mask,
+            encoder_outputs=(memory,),
+            cache=cache,
+            use_cache=True,
+        )
+        layers = cache.self_attention_cache.layers
+        return outputs.logits, [layer.keys for layer in layers], [layer.values for layer in layers]
+
+
+def example_inputs(config, batch: int = 2, source: int = 5, past: int = 3, target: int = 2):
+    """Inputs to trace with: sizes above 1 (torch.export specialises sizes 0 and 1) and different from each other."""
+    heads, layers = config.decoder_attention_heads, config.decoder_layers
+    head_dim = config.d_model // heads
+    # One tensor object per input: the exporter would read an object passed twice as one input used twice.
+    cache = lambda length: [torch.zeros(batch, heads, length, head_dim) for _ in range(layers)]  # noqa: E731
+    encoder = (torch.full((batch, source), 4), torch.ones(batch, source, dtype=torch.long))
+    decoder = (torch.full((batch, target), 4), torch.ones(batch, source, dtype=torch.long))
+    return encoder, (*decoder, cache(past), cache(past), cache(source), cache(source))
+
+
+def export_graphs(model, output_dir: Path) -> None:
+    """Trace the two graphs of `model` (float32, eager attention, eval mode) into `output_dir`."""
+    layers = model.config.decoder_layers
+    batch, source, past, target = (torch.export.Dim(name) for name in ("batch", "source", "past", "target"))
+    encoder_inputs, decoder_inputs = example_inputs(model.config)
+    past_cache = [{0: batch, 2: past}] * layers
+    cross_cache = [{0: batch, 2: source}] * layers
+    graphs = [
+        (
+            EncoderGraph(model),
+            encoder_inputs,
+            ENCODER_FILE,
+            ["input_ids", "attention_mask"],
+            ["last_hidden_state", *cache_names("cross", layers)],
+            ({0: batch, 1: source}, {0: batch, 1: source}),
+        ),
+        (
+            DecoderGraph(model),
+            decoder_inputs,
+            DECODER_FILE,
+            [
+                "decoder_input_ids",
+                "encoder_attention_mask",
+                *cache_names("past", layers),
+                *cache_names("cross", layers),
+            ],
+            ["logits", *cache_names("present", layers)],
+            ({0: batch, 1: target}, {0: batch, 1: source}, past_cache, past_cache, cross_cache, cross_cache),
+        ),
+    ]
+    for module, inputs, name, input_names, output_names, dynamic_shapes in graphs:
+        logger.info("Exporting %s", name)
+        with warnings.catch_warnings():
+            # One Dim object names the same size in several inputs; the exporter warns that it keeps one name.
+            warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            torch.onnx.export(
+                module.eval(),
+                inputs,
+                str(output_dir / name),
+                dynamo=True,
+                verbose=False,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_shapes=dynamic_shapes,
+            )
+
+
+def export_onnx(
+    model_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    tokenizer_path: str | os.PathLike | None = None,
+) -> Path:
+    """Export `model_path` to `encoder.onnx` and `decoder.onnx` in the existing folder `output_dir` (see the module
+    docstring; `vaswani.interop.export.export` builds it beside the destination)."""
+    import vaswani  # noqa: F401  (registers the model with AutoModelForSeq2SeqLM)
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation="eager"
+    )
+    output_dir = Path(output_dir)
+    with torch.no_grad():
+        export_graphs(model.eval(), output_dir)
+    config = model.config
+    return finish_export(
+        output_dir,
+        "onnx",
+        model_path,
+        config,
+        tokenizer_path,
+        decoder_layers=config.decoder_layers,
+        decoder_attention_heads=config.decoder_attention_heads,
+        head_dim=config.d_model // config.decoder_attention_heads,
+        engine_version=onnx.__version__,
+    )
+
+
+__all__ = ["DECODER_FILE", "ENCODER_FILE", "DecoderGraph", "EncoderGraph", "cache_names", "export_onnx"]

@@ -1,0 +1,365 @@
+"""The model card of a published model and what it reports: the run's evaluation results and training summary.
+
+`render_card` fills the Jinja template `hub_card.md` (package data) with the model's configuration and decoding, the
+scores and the training recipe, and `validate_card` checks a card offline; `vaswani.publishing.hub.publish` puts it in the
+published folder as `README.md`.
+
+Two JSON files describe the run. Every key is optional unless noted; other keys (such as the rest of what
+`vaswani.recipe.metrics.compute_bleu` returns) are ignored; keys may carry a `test_`, `eval_` or `predict_` prefix, as
+`Trainer` metrics do:
+
+- evaluation results (`EvalResults`): `bleu` (required), `bleu_signature` (sacreBLEU's signature string), `chrf`,
+  `chrf_signature`, `bleu_lowercase_moses_tokenized` and its `_signature` (BLEU comparable to published Multi30k
+  figures), `bleu_tokenized` and its `_signature` (the paper's tokenized BLEU with compounds split, as on WMT),
+  `dataset` (Hub id, short name or local path), `dataset_name` (display name), `dataset_config` (e.g.
+  `"de-en"`), `split` (default `"test"`), `num_beams`, `length_penalty` and `length_penalty_form` (how the test set was
+  decoded);
+- training summary (`TrainingSummary`): `source_lang` and `target_lang` (required), `dataset`, `preset`, `steps`,
+  `batch_tokens`, `schedule`, `warmup_steps`, `peak_learning_rate`, `hardware`, `precision` (e.g. `"fp32"`,
+  `"bf16 autocast"`), `label_smoothing` (ε_ls of the training loss), `train_runtime` (seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.utils import validate_repo_id
+from transformers import PreTrainedTokenizerBase
+
+from ..common.errors import PublishError
+from ..modeling_vaswani import VaswaniForConditionalGeneration
+
+logger = logging.getLogger(__name__)
+
+# Package data: installed with the package (pyproject's package-data), so publishing works from any install.
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "hub_card.md"
+TAGS = ["translation", "transformer", "attention-is-all-you-need", "vaswani", "custom_code"]
+_METRIC_PREFIXES = ("test_", "eval_", "predict_")
+# One sentence per source language for the card's usage example.
+_EXAMPLES = {
+    "de": "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
+    "en": "A man is riding a bicycle through the city.",
+    "fr": "Un homme traverse la ville à vélo.",
+}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What the run reports: evaluation results and training summary
+# --------------------------------------------------------------------------------------------------------------------
+def _from_dict(cls, values: dict, what: str, path: str | os.PathLike | None = None):
+    known = {field.name for field in dataclasses.fields(cls)}
+    kwargs, unknown = {}, []
+    for key, value in values.items():
+        name = next(
+            (key[len(p) :] for p in _METRIC_PREFIXES if key.startswith(p) and key[len(p) :] in known), key
+        )
+        if name in known:
+            kwargs[name] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
+    where = f"The {what} file {str(path)!r}" if path is not None else f"The {what}"
+    try:
+        return cls(**kwargs)
+    except TypeError as error:  # a required field is missing
+        raise PublishError(f"{where} lacks a required key: {error}") from None
+    except ValueError as error:  # a value the card cannot state
+        raise PublishError(f"{where}: {error}") from None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _read_json(path: str | os.PathLike, what: str) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise PublishError(f"No {what} file at {str(path)!r}.")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise PublishError(f"The {what} file {str(path)!r} is not valid JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise PublishError(f"The {what} file {str(path)!r} must hold a JSON object.")
+    return values
+
+
+@dataclass
+class EvalResults:
+    """Scores of the published model on a test set, as computed by sacreBLEU (corpus level, 0-100)."""
+
+    bleu: float
+    bleu_signature: str | None = None
+    chrf: float | None = None
+    chrf_signature: str | None = None
+    bleu_lowercase_moses_tokenized: float | None = None
+    bleu_lowercase_moses_tokenized_signature: str | None = None
+    bleu_tokenized: float | None = None
+    bleu_tokenized_signature: str | None = None
+    dataset: str | None = None
+    dataset_name: str | None = None
+    dataset_config: str | None = None
+    split: str = "test"
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    length_penalty_form: str | None = None
+
+    def __post_init__(self):
+        for name in ("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"):
+            value = getattr(self, name)
+            if value is None and name != "bleu":
+                continue
+            if not _is_number(value) or not 0 <= value <= 100:
+                raise ValueError(f"{name!r} must be a score between 0 and 100, got {value!r}")
+        if self.num_beams is not None and (not isinstance(self.num_beams, int) or self.num_beams < 1):
+            raise ValueError(f"'num_beams' must be a positive integer, got {self.num_beams!r}")
+        if self.length_penalty is not None and not _is_number(self.length_penalty):
+            raise ValueError(f"'length_penalty' must be a number, got {self.length_penalty!r}")
+        for name in (
+            "bleu_signature",
+            "chrf_signature",
+            "dataset",
+            "dataset_name",
+            "split",
+            "length_penalty_form",
+        ):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name!r} must be a string, got {value!r}")
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> EvalResults:
+        return _from_dict(cls, _read_json(path, "evaluation results"), "evaluation results", path)
+
+
+@dataclass
+class TrainingSummary:
+    """How the published model was trained: what the card reports as the training recipe."""
+
+    source_lang: str
+    target_lang: str
+    dataset: str | None = None
+    preset: str | None = None
+    steps: int | None = None
+    batch_tokens: int | None = None
+    schedule: str | None = None
+    warmup_steps: int | None = None
+    peak_learning_rate: float | None = None
+    hardware: str | None = None
+    precision: str | None = None
+    label_smoothing: float | None = None
+    train_runtime: float | None = None
+
+    def __post_init__(self):
+        for name in ("source_lang", "target_lang"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name!r} must be a language code, got {getattr(self, name)!r}")
+        for name in ("steps", "batch_tokens", "warmup_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name!r} must be a whole number, got {value!r}")
+        for name in ("peak_learning_rate", "label_smoothing", "train_runtime"):
+            value = getattr(self, name)
+            if value is not None and (not _is_number(value) or value < 0):
+                raise ValueError(f"{name!r} must be a non-negative number, got {value!r}")
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> TrainingSummary:
+        return _from_dict(cls, _read_json(path, "training summary"), "training summary", path)
+
+    @property
+    def train_time(self) -> str | None:
+        """`train_runtime` for people: "3 h 05 min", "12 min", "40 s"."""
+        if self.train_runtime is None:
+            return None
+        seconds = round(self.train_runtime)
+        hours, minutes = seconds // 3600, seconds % 3600 // 60
+        if hours:
+            return f"{hours} h {minutes:02d} min"
+        return f"{minutes} min" if minutes else f"{seconds} s"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The model card
+# --------------------------------------------------------------------------------------------------------------------
+def _is_hub_dataset(name: str) -> bool:
+    """Whether `name` reads as a Hub dataset id ("wmt14", "bentrevett/multi30k") rather than a local path."""
+    if Path(name).is_absolute() or name.startswith(".") or Path(name).exists():
+        return False
+    try:
+        validate_repo_id(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _dataset_type(name: str) -> str:
+    """The model-index `dataset.type`: the Hub id, or the folder or file name of a local dataset."""
+    return name if _is_hub_dataset(name) else Path(name).name.split(".")[0] or "custom"
+
+
+# The license of a card whose publisher chose none: "other", with the card saying that the training data's terms
+# apply. A permissive default would license weights trained on data whose terms forbid it (Multi30k is for
+# non-commercial research and education only).
+UNSET_LICENSE = "other"
+
+
+def card_metadata(
+    model_name: str,
+    results: EvalResults | None,
+    summary: TrainingSummary | None,
+    license: str | None = None,
+    dataset_tags: list[str] | None = None,
+) -> ModelCardData:
+    """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`.
+    `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
+    id the card could name)."""
+    eval_results = None
+    hub_name = dataset_tags[0] if dataset_tags else None
+    if results is not None:
+        named = results.dataset or (summary.dataset if summary else None) or "custom"
+        dataset_type = hub_name if hub_name and not _is_hub_dataset(named) else _dataset_type(named)
+        common = dict(
+            task_type="translation",
+            task_name="Translation",
+            dataset_type=dataset_type,
+            dataset_name=results.dataset_name or dataset_type,
+            dataset_config=results.dataset_config,
+            dataset_split=results.split,
+        )
+        scores = [
+            ("bleu", "BLEU (sacreBLEU)", results.bleu, results.bleu_signature),
+            ("chrf", "chrF (sacreBLEU)", results.chrf, results.chrf_signature),
+            (
+                "bleu",
+                "BLEU (lowercased, Moses-tokenized)",
+                results.bleu_lowercase_moses_tokenized,
+                results.bleu_lowercase_moses_tokenized_signature,
+            ),
+            (
+                "bleu",
+                "BLEU (Moses-tokenized, compounds split: the paper's)",
+                results.bleu_tokenized,
+                results.bleu_tokenized_signature,
+            ),
+        ]
+        eval_results = [
+            EvalResult(
+                metric_type=kind, metric_name=name, metric_value=round(value, 2), metric_config=sig, **common
+            )
+            for kind, name, value, sig in scores
+            if value is not None
+        ]
+    named = {
+        summary.dataset if summary else None,
+        results.dataset if results else None,
+        *(dataset_tags or []),
+    }
+    datasets = [d for d in named if d and _is_hub_dataset(d)]
+    return ModelCardData(
+        model_name=model_name,
+        language=[summary.source_lang, summary.target_lang] if summary else None,
+        license=license or UNSET_LICENSE,
+        datasets=sorted(datasets) or None,
+        metrics=["bleu", "chrf"],
+        tags=list(TAGS),
+        library_name="transformers",
+        pipeline_tag="translation",
+        eval_results=eval_results,
+    )
+
+
+def _training_data(summary: TrainingSummary | None, dataset_tags: list[str] | None) -> str | None:
+    """How the card names the training data: its Hub id, else the name of its local folder or file."""
+    if summary is None or not summary.dataset:
+        return dataset_tags[0] if dataset_tags else None
+    if _is_hub_dataset(summary.dataset) or not dataset_tags:
+        return _dataset_type(summary.dataset)
+    return dataset_tags[0]
+
+
+def lowercases(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`)."""
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    return normalizer is not None and normalizer.normalize_str("A").strip() == "a"
+
+
+def render_card(
+    model: VaswaniForConditionalGeneration,
+    repo_id: str,
+    results: EvalResults | None = None,
+    summary: TrainingSummary | None = None,
+    template_path: str | os.PathLike | None = None,
+    license: str | None = None,
+    example_text: str | None = None,
+    lowercase: bool = False,
+    dataset_tags: list[str] | None = None,
+) -> ModelCard:
+    """Render the model card from the Jinja template `hub_card.md` (or `template_path`) and check it. `lowercase`:
+    the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`), which the card states."""
+    template_path = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
+    if not template_path.is_file():
+        raise PublishError(f"No model card template at {str(template_path)!r}.")
+    model_name = repo_id.rstrip("/").split("/")[-1]
+    data = card_metadata(model_name, results, summary, license=license, dataset_tags=dataset_tags)
+    config = model.config
+    if example_text is None:
+        example_text = _EXAMPLES.get(summary.source_lang if summary else "", "Hello world!")
+    card = ModelCard.from_template(
+        data,
+        template_path=str(template_path),
+        repo_id=repo_id,
+        # Python string literals for the usage example: JSON strings are valid Python.
+        repo_literal=json.dumps(repo_id, ensure_ascii=False),
+        example_literal=json.dumps(example_text, ensure_ascii=False),
+        model_name=model_name,
+        config=config,
+        num_parameters=f"{model.num_parameters():,}",
+        num_parameters_millions=f"{model.num_parameters() / 1e6:.1f}M",
+        generation=model.generation_config,
+        results=results,
+        summary=summary,
+        training_data=_training_data(summary, dataset_tags),
+        license_chosen=bool(license),
+        test_data=data.eval_results[0].dataset_name if data.eval_results else None,
+        example_text=example_text,
+        lowercase=lowercase,
+    )
+    validate_card(str(card))
+    return card
+
+
+def validate_card(text: str) -> ModelCard:
+    """Check a card offline (`ModelCard.validate` asks the Hub): its YAML parses into valid `ModelCardData`, the
+    `model-index` into `EvalResult`s, and it names the library, task and license; every placeholder was filled."""
+    card = ModelCard(text)  # raises on a malformed model-index
+    data = card.data
+    missing = [key for key in ("library_name", "pipeline_tag", "license") if not getattr(data, key, None)]
+    if missing:
+        raise PublishError(f"The model card metadata lacks {missing}.")
+    if data.library_name != "transformers" or data.pipeline_tag != "translation":
+        raise PublishError(
+            "The model card must declare `library_name: transformers` and `pipeline_tag: translation`."
+        )
+    ModelCardData(**data.to_dict())  # round trip: the metadata rebuilds from its own dict
+    if "{{" in card.text or "{%" in card.text:
+        raise PublishError("The model card has unrendered template placeholders.")
+    return card
+
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "EvalResults",
+    "TrainingSummary",
+    "card_metadata",
+    "render_card",
+    "validate_card",
+]

@@ -1,0 +1,480 @@
+"""The flags of `vaswani-train` (and of `vaswani-train-tokenizer`'s data) as dataclasses for `HfArgumentParser`:
+where the data comes from (`DataArguments`), which model (`ModelArguments`) with which `VaswaniConfig` fields over
+its preset (`ModelConfigArguments`), the training recipe (`PaperTrainingArguments`: all of `Seq2SeqTrainingArguments`
+with the paper's values as defaults) and what happens after training (`FinishArguments`). Each checks its own values
+in `__post_init__`, with errors that name the flag; checks that need several of them, or the disk, are in
+`vaswani.recipe.checks`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+import torch
+from transformers import Seq2SeqTrainingArguments
+
+from ..common.errors import UsageError
+from ..configuration_vaswani import (
+    PRESETS,
+)
+from ..generation_vaswani import (
+    LENGTH_PENALTY_FORMS,
+    PAPER_LENGTH_PENALTY,
+    PAPER_LENGTH_PENALTY_FORM,
+    PAPER_NUM_BEAMS,
+)
+from ..kernels import FAST_ATTENTION
+from .distributed import check_launch
+from .flags import (
+    PAPER_MAX_TOKENS,
+    check_recipe_values,
+    choose_batches,
+    choose_learning_rate,
+)
+
+
+def check_languages(source_lang: str | None, target_lang: str | None) -> None:
+    """Raise `UsageError` naming the flag unless the languages given (None: not given) are two language codes."""
+    for name, value in (("source_lang", source_lang), ("target_lang", target_lang)):
+        if value is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", value):
+            raise UsageError(f"--{name} must be a language code such as de or en, got {value!r}")
+    if source_lang is not None and source_lang == target_lang:
+        raise UsageError(
+            f"--source_lang and --target_lang are both {source_lang!r}: translation needs two languages"
+        )
+
+
+@dataclass
+class DataArguments:
+    """Where the parallel text comes from, the languages, and the tokenizer (the flags of transformers'
+    `run_translation.py` where the meaning is the same)."""
+
+    _argument_group_name = "data"
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Hub dataset (a `translation` column as in wmt14, or one column per language as in "
+            "bentrevett/multi30k), or a local folder of {split}.{lang}[.gz] text files, JSON lines or save_to_disk."
+        },
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata={"help": "The Hub dataset's configuration, e.g. de-en for wmt14."}
+    )
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Training pairs from files: a JSON-lines file, or the prefix P of the text files P.<source_lang> "
+            "and P.<target_lang> (.gz allowed). Instead of, or over, --dataset_name's train split."
+        },
+    )
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Validation pairs from files, as --train_file."}
+    )
+    test_file: str | None = field(
+        default=None, metadata={"help": "Test pairs from files, as --train_file (translated after training)."}
+    )
+    source_lang: str = field(default="de", metadata={"help": "Source language code."})
+    target_lang: str = field(default="en", metadata={"help": "Target language code."})
+    train_split: str = field(
+        default="train", metadata={"help": "Name of the training split of --dataset_name."}
+    )
+    validation_split: str = field(
+        default="validation", metadata={"help": "Validation split of --dataset_name (multi30k files: val)."}
+    )
+    test_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Translate this split of --dataset_name with beam search after training and score it "
+            "(e.g. test; multi30k files: test_2016_flickr)."
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A trained tokenizer folder; default: the --model_name_or_path folder's, else one trained "
+            "into <output_dir>/tokenizer."
+        },
+    )
+    vocab_size: int = field(default=37000, metadata={"help": "BPE vocabulary size when training one (§5.1)."})
+    separate_vocabularies: bool = field(
+        default=False, metadata={"help": "Separate source and target vocabularies (not the paper)."}
+    )
+    lowercase: bool = field(
+        default=False,
+        metadata={
+            "help": "Train the BPE on lowercased text, with a tokenizer that lowercases what it encodes, so the "
+            "model reads and writes lowercase (not the paper; the form of published Multi30k results)."
+        },
+    )
+    max_source_length: int = field(
+        default=256,
+        metadata={
+            "help": "Drop training pairs whose source has more tokens than this (nothing is truncated)."
+        },
+    )
+    max_target_length: int | None = field(
+        default=None,
+        metadata={"help": "Drop training pairs whose target has more tokens (default: --max_source_length)."},
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Use only the first N training pairs."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on the first N pairs only."}
+    )
+    max_tokenizer_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train the BPE vocabulary on N training pairs drawn uniformly at random (a fixed seed: the same "
+            "sample every run) instead of the whole split; for WMT-sized corpora, e.g. 1000000."
+        },
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for tokenization."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache folder of the datasets library."})
+
+    def __post_init__(self):
+        check_languages(self.source_lang or "", self.target_lang or "")  # both required here
+        for name in (
+            "vocab_size",
+            "max_source_length",
+            "max_target_length",
+            "max_train_samples",
+            "max_eval_samples",
+            "max_tokenizer_samples",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name} must be positive, got {value}")
+        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
+            raise UsageError(
+                f"--preprocessing_num_workers must be positive, got {self.preprocessing_num_workers}"
+            )
+
+    @property
+    def source(self) -> str:
+        """What the data is, for the training summary and the model card."""
+        return self.dataset_name or self.train_file or "?"
+
+
+@dataclass
+class ModelArguments:
+    _argument_group_name = "model"
+
+    preset: str = field(
+        default="base",
+        metadata={"help": "base or big (Table 3), or small or tiny (CPU).", "choices": sorted(PRESETS)},
+    )
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Fine-tune this model (a folder or Hub id) instead of training one from scratch."},
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Attention kernel: eager, sdpa, {FAST_ATTENTION}, ... Default: {FAST_ATTENTION} on the CPU "
+            "(this package's faster CPU path), sdpa elsewhere."
+        },
+    )
+
+
+@dataclass
+class FinishArguments:
+    """What happens after training (§6.1): checkpoint averaging, beam search on the test set, BLEU, pictures."""
+
+    _argument_group_name = "after training (§6.1)"
+
+    average_last: list[int] = field(
+        default_factory=lambda: [0],
+        metadata={
+            "help": "Average the last N checkpoints (§6.1: 5 for base, 20 for big); 0: none. Several numbers "
+            "(--average_last 10 20 40; not the paper, which fixes N) average each, translate the validation split "
+            "with the test's beam search, and keep the average of the highest BLEU."
+        },
+    )
+    num_beams: int = field(
+        default=PAPER_NUM_BEAMS,
+        metadata={"help": "Beam size for the test set (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]},
+    )
+    length_penalty: list[float] = field(
+        default_factory=lambda: [PAPER_LENGTH_PENALTY],
+        metadata={
+            "help": "Length penalty alpha of the test's beam search, saved in the final model's generation config "
+            "(§6.1: 0.6). Several values (--length_penalty 0.6 1.0 1.5 2.0; not the paper, which fixes alpha) "
+            "each translate the validation split with the final model, and the highest BLEU is kept (the first "
+            "given among equals); averages chosen on validation are compared with the first. fairseq's --lenpen A "
+            "is --length_penalty A --length_penalty_form power."
+        },
+    )
+    length_penalty_form: str = field(
+        default=PAPER_LENGTH_PENALTY_FORM,
+        metadata={
+            "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha.",
+            "choices": list(LENGTH_PENALTY_FORMS),
+        },
+    )
+    translate_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
+    plots: bool = field(default=True, metadata={"help": "Draw learning curves and an attention map."})
+
+    def __post_init__(self):
+        if isinstance(self.average_last, int):  # FinishArguments(average_last=5) in code
+            self.average_last = [self.average_last]
+        if not self.average_last or any(n < 0 for n in self.average_last):
+            raise UsageError(
+                f"--average_last must be 0 (none) or numbers of checkpoints, got {self.average_last}"
+            )
+        if len(self.average_last) > 1 and 0 in self.average_last:
+            raise UsageError(
+                f"--average_last {' '.join(map(str, self.average_last))}: 0 (no averaging) cannot be one of "
+                "several choices; 1 is the last checkpoint alone"
+            )
+        for name in ("num_beams", "translate_batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if isinstance(self.length_penalty, (int, float)):  # FinishArguments(length_penalty=1.0) in code
+            self.length_penalty = [float(self.length_penalty)]
+        if not self.length_penalty or not all(math.isfinite(a) for a in self.length_penalty):
+            raise UsageError(f"--length_penalty must be finite numbers, got {self.length_penalty}")
+
+    @property
+    def chooses_average(self) -> bool:
+        """Whether several averages are compared on the validation split (`--average_last` with several numbers)."""
+        return len(set(self.average_last)) > 1
+
+    @property
+    def chooses_length_penalty(self) -> bool:
+        """Whether several length penalties are compared on the validation split."""
+        return len(set(self.length_penalty)) > 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The training recipe: all of Seq2SeqTrainingArguments, with the paper's values as defaults
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class PaperTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe; every Trainer flag still works."""
+
+    _argument_group_name = (
+        "the paper's training recipe (§5; Seq2SeqTrainingArguments with the paper's defaults)"
+    )
+
+    output_dir: str | None = field(
+        default="runs/vaswani",
+        metadata={"help": "The run's folder: checkpoints, the final and averaged models, scores, pictures."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace the run in --output_dir (its checkpoints, models, scores); without it a folder that "
+            "holds anything is refused unless --resume_from_checkpoint continues its run."
+        },
+    )
+    do_train: bool = field(default=True, metadata={"help": "Always true: this tool trains."})
+    do_eval: bool = field(
+        default=False,
+        metadata={
+            "help": "Evaluate (loss, BLEU) on the validation data at the end of training; with --eval_strategy "
+            "steps it also runs every --eval_steps."
+        },
+    )
+    do_predict: bool = field(
+        default=False,
+        metadata={"help": "Translate and score the test data after training (--test_split, default 'test')."},
+    )
+    learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "The peak learning rate, as in transformers (fairseq: --lr). With the §5.3 schedule the rate "
+            "rises linearly to it over --warmup_steps, then falls as step^-0.5. Default: the paper's own peak, "
+            "d_model^-0.5 * warmup_steps^-0.5 (7.0e-4 for base with 4000 warm-up steps), times "
+            "--learning_rate_constant; without the §5.3 schedule transformers' 5e-5.",
+            "aliases": ["--lr"],
+        },
+    )
+    learning_rate_constant: float | None = field(
+        default=None,
+        metadata={
+            "help": "tensor2tensor's learning_rate_constant C, the other way to set the §5.3 schedule's peak: lrate "
+            "= C * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); 1.0 (default) is the paper. Not with "
+            "--learning_rate."
+        },
+    )
+    warmup_steps: int = field(default=4000, metadata={"help": "warmup_steps of §5.3 (the paper: 4000)."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "Adam beta1 (§5.3: 0.9)."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (§5.3: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (§5.3: 1e-9)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "No weight decay in the paper."})
+    max_grad_norm: float = field(
+        default=0.0,
+        metadata={
+            "help": "Gradient-norm clipping threshold; 0 disables it. The paper clips nothing (§5.3); transformers' "
+            "Trainer defaults to 1.0, so clipping is a departure to ask for by setting this."
+        },
+    )
+    optim: str = field(
+        default="adamw_torch", metadata={"help": "Adam (weight decay 0 makes AdamW plain Adam)."}
+    )
+    label_smoothing_factor: float = field(
+        default=0.1, metadata={"help": "eps_ls of §5.4 (0.1), applied by the recipe's loss."}
+    )
+    fused_output_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "In CPU training under bf16/fp16 autocast with the recipe's label-smoothed loss, compute the "
+            "output projection and the loss together, chunk by chunk, without the (tokens x vocabulary) logits "
+            "(kernels.linear_label_smoothed_cross_entropy): the same loss and gradients to rounding, "
+            "faster. False computes the logits, then the loss."
+        },
+    )
+    paper_lr_schedule: bool = field(
+        default=True,
+        metadata={
+            "help": "Use the §5.3 schedule; false falls back to --lr_scheduler_type with --learning_rate."
+        },
+    )
+    lr_scheduler_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "transformers' schedule (linear, cosine, ...), with --paper_lr_schedule false only."
+        },
+    )
+    lr_cooldown_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "A departure from §5.3 for runs of a known length: over the last FRACTION of the run "
+            "(of --max_steps, or of --max_train_minutes when that ends it first) the learning rate falls "
+            "linearly to 0. 0 (default) is the paper's schedule."
+        },
+    )
+    per_device_train_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Sentences per batch and device, as in transformers; with --max_tokens, the most sentences of a "
+            "token-budget batch (fairseq's --batch-size with --max-tokens)."
+        },
+    )
+    max_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). Default: "
+            f"{PAPER_MAX_TOKENS}, unless --per_device_train_batch_size is given alone."
+        },
+    )
+    batch_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per optimizer step across devices and accumulation; sets --gradient_accumulation_steps "
+            "to ceil(batch_tokens / (max_tokens * world_size)). The paper: about 25000."
+        },
+    )
+    predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
+    generation_num_beams: int | None = field(
+        default=1,
+        metadata={"help": "Beams for BLEU during training (greedy for speed; the final test uses 4)."},
+    )
+    generation_max_length: int | None = field(
+        default=None, metadata={"help": "Max length for eval generation."}
+    )
+    per_device_eval_batch_size: int = field(
+        default=64,
+        metadata={
+            "help": "Validation pairs per generate() call and device (transformers' default is 8); the validation "
+            "split is decoded longest first, so that a batch holds sources of similar length."
+        },
+    )
+    save_strategy: str = field(
+        default="steps",
+        metadata={
+            "help": "steps: a checkpoint every --save_steps; no: only those of --save_minutes (and of a "
+            "--max_train_minutes stop)."
+        },
+    )
+    save_steps: float = field(default=500, metadata={"help": "Checkpoint interval in optimizer steps."})
+    save_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Also write a checkpoint whenever this many minutes of training have passed since the last one "
+            "(§6.1: 10), and at the last step; a resumed run continues the interval. In addition to --save_steps: "
+            "--save_strategy no leaves the time alone."
+        },
+    )
+    eval_strategy: str = field(default="steps", metadata={"help": "Evaluate with BLEU at a fixed interval."})
+    eval_steps: float | None = field(
+        default=500, metadata={"help": "Evaluation interval in optimizer steps."}
+    )
+    logging_steps: float = field(default=50, metadata={"help": "Log loss and learning rate every N steps."})
+    report_to: str = field(default="none", metadata={"help": "Trackers (none by default)."})
+    save_safetensors: bool = field(default=True, metadata={"help": "Checkpoints as safetensors."})
+
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care."
+        },
+    )
+
+    def __post_init__(self):
+        _check_training_length(self)
+        if not self.do_train:
+            raise ValueError(
+                "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
+            )
+        check_recipe_values(self)
+        choose_batches(self)
+        choose_learning_rate(self)
+        check_launch()
+        if self.deepspeed and not torch.cuda.is_available():
+            raise ValueError(
+                "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
+                "processes with --fsdp instead"
+            )
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+            # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
+            # gloo process group only when asked for the CPU; otherwise every rank would train alone.
+            self.use_cpu = True
+        if not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator
+        super().__post_init__()
+        if not 0.0 <= self.lr_cooldown_fraction < 1.0 or not math.isfinite(self.lr_cooldown_fraction):
+            raise ValueError(
+                f"--lr_cooldown_fraction must be at least 0 and below 1 (the share of the run over which the "
+                f"learning rate falls to 0), got {self.lr_cooldown_fraction}"
+            )
+        if self.lr_cooldown_fraction and not self.paper_lr_schedule:
+            raise ValueError(
+                "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
+                "--lr_scheduler_type (linear, cosine) instead"
+            )
+        if self.save_minutes is not None and not (self.save_minutes > 0 and math.isfinite(self.save_minutes)):
+            raise UsageError(f"--save_minutes must be a positive number of minutes, got {self.save_minutes}")
+        if self.batch_tokens is not None:
+            if self.max_tokens is None:
+                raise ValueError(
+                    "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size "
+                    "alone batches sentences)"
+                )
+            self.gradient_accumulation_steps = max(
+                1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
+            )
+
+
+def _check_training_length(args) -> None:
+    """Raise `ValueError` naming the flag unless the run has a length: a run of 0 or -5 steps would save an untrained
+    model as if it were trained."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(
+            f"--max_steps must be a positive number of optimizer steps (or -1 to train for --num_train_epochs), "
+            f"got {args.max_steps}"
+        )
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(
+            f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
+        )
+    minutes = getattr(args, "max_train_minutes", None)
+    if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
+        raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")

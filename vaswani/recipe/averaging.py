@@ -1,0 +1,264 @@
+"""Checkpoint averaging (Vaswani et al., 2017, §6.1).
+
+§6.1: "For the base models, we used a single model obtained by averaging the last 5 checkpoints, which were
+written at 10-minute intervals. For the big models, we averaged the last 20 checkpoints."
+
+Checkpoints are the Trainer's `checkpoint-<step>/` folders. Every floating-point tensor of their safetensors
+state dicts is averaged, accumulated in float64 and stored in the checkpoints' dtype (that of the newest one);
+other tensors (integer buffers, if a model has any) are taken from the newest checkpoint. The result is written
+with `save_pretrained` from a model loaded from the newest checkpoint, so it is a normal model folder: same
+config, tied weights stored once and tied again on load, plus the newest checkpoint's tokenizer files,
+`generation_config.json` and any remote-code files.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
+
+from ..common.fileio import atomic_folder
+from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_tokenizers
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# Tokenizer files `save_pretrained` of a tokenizer may write (fast and slow ones), copied from the newest checkpoint.
+TOKENIZER_PATTERNS = (
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab*",
+    "merges.txt",
+    "*.model",
+    "chat_template*",
+)
+
+
+def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The `checkpoint-<step>` folders of a run directory, oldest first (by step number, not by name)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"No such run directory: {run_dir}")
+    found = [
+        (int(match.group(1)), path)
+        for path in run_dir.iterdir()
+        if path.is_dir() and (match := CHECKPOINT_PATTERN.match(path.name))
+    ]
+    return [path for _, path in sorted(found)]
+
+
+def last_checkpoints(run_dir: str | os.PathLike, num_checkpoints: int) -> list[Path]:
+    """The newest `num_checkpoints` checkpoint folders of a run, oldest first.
+
+    Raises `ValueError` if the run has fewer (e.g. `save_total_limit` deleted them): asking for the paper's 5 and
+    silently averaging 2 would give a different model.
+    """
+    if num_checkpoints < 1:
+        raise ValueError(f"num_checkpoints must be at least 1, got {num_checkpoints}")
+    checkpoints = find_checkpoints(run_dir)
+    if len(checkpoints) < num_checkpoints:
+        names = ", ".join(path.name for path in checkpoints) or "none"
+        raise ValueError(
+            f"Asked to average the last {num_checkpoints} checkpoints of {run_dir}, but it has "
+            f"{len(checkpoints)} ({names})"
+        )
+    return checkpoints[-num_checkpoints:]
+
+
+def _weight_files(checkpoint: Path) -> list[Path]:
+    """The safetensors file(s) of a checkpoint folder: `model.safetensors` or the shards of its index."""
+    if (checkpoint / SAFETENSORS_FILE).is_file():
+        return [checkpoint / SAFETENSORS_FILE]
+    index = checkpoint / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"Cannot read the safetensors index {index}: {err}") from err
+        names = sorted(set(weight_map.values()))
+        outside = [name for name in names if Path(name).name != name or name in (".", "..")]
+        if outside:  # e.g. "../other/model.safetensors": never read weights from outside the checkpoint
+            raise ValueError(f"{index} names weight files outside its folder: {outside}")
+        return [checkpoint / name for name in names]
+    raise FileNotFoundError(f"No {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} in {checkpoint}")
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Raise `ValueError` naming `path` unless it is a complete safetensors file (its header parses and every
+    tensor it lists lies inside the file); no tensor data is read."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                f.get_slice(key)
+    except Exception as error:  # safetensors raises its own error types for bad headers and short buffers
+        raise ValueError(f"{path} is corrupt or truncated: {' '.join(str(error).split())}") from None
+
+
+def load_safetensors_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The tensors stored in a checkpoint folder's safetensors file(s), on the CPU.
+
+    Raises `ValueError` naming the file when it is missing, truncated or otherwise unreadable.
+    """
+    state_dict: dict[str, torch.Tensor] = {}
+    for path in _weight_files(Path(checkpoint)):
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    state_dict[key] = f.get_tensor(key)
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise ValueError(f"Cannot read the safetensors file {path}: {err}") from err
+    return state_dict
+
+
+def _check_compatible(
+    shapes: dict[str, torch.Size], reference_name: Path, state_dict: dict[str, torch.Tensor], name: Path
+) -> None:
+    missing = sorted(shapes.keys() - state_dict.keys())
+    extra = sorted(state_dict.keys() - shapes.keys())
+    if missing or extra:
+        raise ValueError(
+            f"Checkpoint {name} does not have the same tensors as {reference_name}: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}"
+        )
+    for key, tensor in state_dict.items():
+        if tensor.shape != shapes[key]:
+            raise ValueError(
+                f"Checkpoint {name}: tensor {key!r} has shape {tuple(tensor.shape)}, but "
+                f"{tuple(shapes[key])} in {reference_name}"
+            )
+
+
+def average_state_dicts(
+    checkpoints: Sequence[str | os.PathLike], show_progress: bool = True
+) -> dict[str, torch.Tensor]:
+    """The average of the checkpoints' safetensors state dicts.
+
+    Floating-point tensors: the mean, summed in float64 and cast to the newest (last) checkpoint's dtype.
+    Other tensors: the newest checkpoint's. All checkpoints must hold the same keys and shapes (`ValueError`
+    naming the offending folder otherwise).
+    """
+    paths = [Path(path) for path in checkpoints]
+    if not paths:
+        raise ValueError("No checkpoints to average")
+    sums: dict[str, torch.Tensor] = {}
+    shapes: dict[str, torch.Size] = {}
+    for i, path in enumerate(
+        tqdm(paths, desc="Averaging checkpoints", unit="ckpt", disable=not show_progress)
+    ):
+        state_dict = load_safetensors_state_dict(path)
+        if i == 0:
+            shapes = {key: tensor.shape for key, tensor in state_dict.items()}
+            sums = {
+                key: torch.zeros(tensor.shape, dtype=torch.float64)
+                for key, tensor in state_dict.items()
+                if tensor.is_floating_point()
+            }
+        _check_compatible(shapes, paths[0], state_dict, path)
+        for key, total in sums.items():
+            total += state_dict[key].to(torch.float64)
+        newest = state_dict  # the last one read is the newest
+    return {
+        key: (sums[key] / len(paths)).to(tensor.dtype) if key in sums else tensor
+        for key, tensor in newest.items()
+    }
+
+
+def _copy_companion_files(newest: Path, output_dir: Path) -> list[str]:
+    """Copy the tokenizer files, `generation_config.json` and remote-code files of `newest` to `output_dir`."""
+    copied = []
+    for path in sorted(newest.iterdir()):
+        is_tokenizer_file = path.is_file() and any(
+            fnmatch.fnmatch(path.name, pattern) for pattern in TOKENIZER_PATTERNS
+        )
+        # Code the config refers to (e.g. a custom pipeline) that save_pretrained did not write itself.
+        is_extra_code = path.suffix == ".py" and not (output_dir / path.name).exists()
+        if is_tokenizer_file or is_extra_code or path.name == GENERATION_CONFIG_FILE:
+            shutil.copy2(path, output_dir / path.name)
+            copied.append(path.name)
+        elif path.is_dir() and path.name in (SOURCE_SUBDIR, TARGET_SUBDIR):  # separate vocabularies
+            shutil.copytree(path, output_dir / path.name, dirs_exist_ok=True)
+            copied.append(path.name + "/")
+    return copied
+
+
+def _load_averaged_model(newest: Path, averaged: dict[str, torch.Tensor]) -> PreTrainedModel:
+    """The newest checkpoint's model with the averaged weights; the keys not stored must all be tied ones."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(newest)
+    result = model.load_state_dict(averaged, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"Tensors of {newest} that the model does not have: {result.unexpected_keys}")
+    state_dict = model.state_dict()
+    stored = {state_dict[key].data_ptr() for key in averaged}
+    untied = [key for key in result.missing_keys if state_dict[key].data_ptr() not in stored]
+    if untied:
+        raise ValueError(f"{newest} does not store {untied}, which are not tied to a stored tensor")
+    model.config.use_cache = True  # the Trainer switches the cache off in the checkpoints it writes
+    return model
+
+
+def average_checkpoints(
+    checkpoints: Sequence[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    show_progress: bool = True,
+    tokenizer_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Average `checkpoints` (oldest first) and write the result as a model folder to `output_dir`.
+
+    The folder loads with `AutoModelForSeq2SeqLM.from_pretrained` / `VaswaniForConditionalGeneration.from_pretrained`
+    and carries the newest checkpoint's config, tokenizer files (joint, or `source/` and `target/`; those of
+    `tokenizer_dir` when given) and `generation_config.json`, and the translation pipeline
+    (which the model's `save_pretrained` writes). The folder is built beside `output_dir` and swapped in whole
+    (`fileio.atomic_folder`): a kill leaves the earlier folder or the new one, never new files mixed with old ones.
+    Returns `output_dir` as a `Path`.
+    """
+    paths = [Path(path) for path in checkpoints]
+    output_dir = Path(output_dir)
+    if output_dir.resolve() in {path.resolve() for path in paths}:
+        raise ValueError(f"The output folder {output_dir} is one of the checkpoints being averaged")
+    logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(path.name for path in paths))
+    averaged = average_state_dicts(paths, show_progress=show_progress)
+    newest = paths[-1]
+    model = _load_averaged_model(newest, averaged)
+    with atomic_folder(output_dir) as building:
+        model.save_pretrained(building)
+        copied = _copy_companion_files(newest, building)
+        if tokenizer_dir is not None:
+            save_tokenizers(*load_tokenizers(tokenizer_dir), building)
+    logger.info("Wrote the averaged model to %s (copied from %s: %s)", output_dir, newest, ", ".join(copied))
+    return output_dir
+
+
+def average_last_checkpoints(
+    run_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    num_checkpoints: int = 5,
+    show_progress: bool = True,
+) -> Path:
+    """Average the last `num_checkpoints` `checkpoint-<step>` folders of `run_dir` (§6.1: 5 for base, 20 for big)."""
+    return average_checkpoints(last_checkpoints(run_dir, num_checkpoints), output_dir, show_progress)
+
+
+__all__ = [
+    "check_safetensors",
+    "average_checkpoints",
+    "average_last_checkpoints",
+    "average_state_dicts",
+    "find_checkpoints",
+    "last_checkpoints",
+    "load_safetensors_state_dict",
+]

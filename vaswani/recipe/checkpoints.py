@@ -1,0 +1,260 @@
+"""A run's checkpoints and how a run resumes from them: nothing is lost when a run is killed.
+
+The Trainer writes `checkpoint-<step>` folders into the run's folder. `--resume_from_checkpoint last` continues the
+run from the newest one that verifies (`resolve_resume_checkpoint`; a checkpoint cut short by a kill, without the
+optimizer's, schedule's or random state, with weights that are not finite, or saved with another tokenizer than the
+run's is skipped with a warning that names the reason), a folder resumes from that checkpoint once it verifies (or is
+refused, with the reason), and `train_or_resume` trains from there: with the training
+clock the checkpoint saved, or, for a run that had already reached `--max_steps`, nothing more than restoring its
+state and final model (`restore_finished_run`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import Trainer, TrainerState
+
+from ..common.fileio import replace_files, temporary_sibling
+from .averaging import check_safetensors, find_checkpoints
+from .callbacks import TrainingClock
+
+logger = logging.getLogger(__name__)
+
+# The values of `--resume_from_checkpoint` that start a run from scratch.
+NO_RESUME = (None, False, "", "False", "false", "no")
+
+
+def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The `checkpoint-<step>` folders of a run, oldest first (by step number); none when the folder is missing."""
+    return find_checkpoints(run_dir) if Path(run_dir).is_dir() else []
+
+
+# What transformers' Trainer reads from a checkpoint when it resumes (all with `torch.load(weights_only=True)`), and
+# the JSON files it parses. Nothing else in the folder is opened, so a file dropped into a checkpoint is never run.
+TORCH_STATE_FILES = (
+    "optimizer.pt",
+    "scheduler.pt",
+    "scaler.pt",
+    "rng_state.pth",
+    "rng_state_*.pth",
+    # FSDP runs (Accelerate's full-state-dict files)
+    "pytorch_model_fsdp*.bin",
+    "optimizer*.bin",
+)
+JSON_FILES = ("config.json", "generation_config.json", "trainer_state.json")
+# The training state a resumed run needs beside the weights, as (what it is, the file names that hold it): without it,
+# transformers restarts Adam, the schedule or the random streams in silence.
+TRAINING_STATE = (
+    ("the optimizer's state (Adam's moments)", ("optimizer.pt", "optimizer*.bin", "optimizer_*/")),
+    ("the learning-rate schedule's state", ("scheduler.pt",)),
+    ("the random state (dropout, data order)", ("rng_state.pth", "rng_state_*.pth")),
+)
+# The callback state (in trainer_state.json) that records the tokenizer a checkpoint was trained with.
+TOKENIZER_STATE = "RunTokenizer"
+
+
+def _check_torch_archive(path: Path) -> None:
+    """Check a `torch.save` file without unpickling it: it is a zip archive (torch's format) whose every member's
+    CRC matches, which a file cut short or damaged is not."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
+    if bad is not None:
+        raise ValueError(f"Checkpoint file {path} is corrupt: member {bad} fails its CRC check")
+
+
+def verify_checkpoint(
+    folder: str | os.PathLike, training_state: bool = False, tokenizer_digest: str | None = None
+) -> None:
+    """Raise `ValueError` naming the file when a checkpoint is incomplete, corrupt or truncated.
+
+    Reads the safetensors headers and tensors, parses the JSON files, and checks the archives of the files the
+    Trainer loads on resume (`TORCH_STATE_FILES`) without unpickling anything. For resuming, `training_state` also
+    requires the optimizer's, schedule's and random state (`TRAINING_STATE`) and finite weights, and
+    `tokenizer_digest` the tokenizer the checkpoint was saved with (`tokenizer_digest`; a checkpoint written before
+    the digest was recorded is not checked).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"Checkpoint folder {folder} does not exist.")
+    for required in ("config.json", "trainer_state.json"):
+        if not (folder / required).is_file():
+            raise ValueError(f"Checkpoint {folder} is incomplete: {folder / required} is missing.")
+    for name in JSON_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:
+                raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
+    if tokenizer_digest is not None:
+        _check_tokenizer(folder, tokenizer_digest)
+    if training_state:
+        for what, patterns in TRAINING_STATE:
+            if not any(any(folder.glob(pattern)) for pattern in patterns):
+                raise ValueError(
+                    f"Checkpoint {folder} is incomplete: it has no {patterns[0]}, {what}; resuming from it would "
+                    "restart that state and train differently from the run it continues"
+                )
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        raise ValueError(f"Checkpoint {folder} is incomplete: no *.safetensors weights file.")
+    for path in weights:
+        try:
+            check_safetensors(path)
+        except ValueError as error:
+            raise ValueError(f"Checkpoint file {error}") from None
+    for pattern in TORCH_STATE_FILES:
+        for path in sorted(folder.glob(pattern)):
+            _check_torch_archive(path)
+    if training_state:
+        for path in weights:
+            _check_finite(path)
+
+
+def _check_finite(path: Path) -> None:
+    """Raise `ValueError` naming the tensor when a weights file holds NaN or infinite values (a run that diverged):
+    training on from them trains nothing and saves a model that outputs nothing."""
+    with safe_open(str(path), framework="pt", device="cpu") as weights:
+        for key in weights.keys():
+            tensor = weights.get_tensor(key)
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise ValueError(
+                    f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
+                )
+
+
+def tokenizer_digest(source_tokenizer, target_tokenizer) -> str:
+    """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
+    tokens give different digests."""
+    models = []
+    for tokenizer in (source_tokenizer, target_tokenizer):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            models.append(json.loads(backend.to_str()).get("model"))
+        else:
+            models.append(sorted(tokenizer.get_vocab().items()))
+    text = json.dumps(models, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def saved_tokenizer_digest(folder: str | os.PathLike) -> str | None:
+    """The tokenizer digest a checkpoint's `trainer_state.json` records (None for a checkpoint without one)."""
+    try:
+        state = json.loads(Path(folder, "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    saved = (state.get("stateful_callbacks") or {}).get(TOKENIZER_STATE)
+    if isinstance(saved, list):
+        saved = saved[0] if saved else None
+    return ((saved or {}).get("args") or {}).get("digest")
+
+
+def _check_tokenizer(folder: Path, digest: str) -> None:
+    saved = saved_tokenizer_digest(folder)
+    if saved is not None and saved != digest:
+        raise ValueError(
+            f"Checkpoint {folder} was trained with another tokenizer than this run's (its token ids mean other "
+            "tokens): resume with the run's own tokenizer (drop --tokenizer_name, or give the one it was trained "
+            "with), or start a new run in another --output_dir"
+        )
+
+
+def checkpoint_step(folder: str | os.PathLike) -> int:
+    """The global step a checkpoint was saved at, from its `trainer_state.json`."""
+    path = Path(folder) / "trainer_state.json"
+    try:
+        return int(json.loads(path.read_text(encoding="utf-8"))["global_step"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"Cannot read the step of {path}: {error}") from None
+
+
+def resolve_resume_checkpoint(
+    resume: str | bool | None,
+    output_dir: str | os.PathLike,
+    training_state: bool = True,
+    tokenizer_digest: str | None = None,
+) -> str | None:
+    """The checkpoint to resume from: an explicit folder (verified; an error names the reason) or, for
+    `True`/"last", the newest checkpoint in `output_dir` that verifies (one cut short by a kill, without its
+    training state, with weights that are not finite or of another tokenizer is skipped with a warning naming the
+    reason, so the run loses at most one checkpoint interval). `training_state`: whether the run's checkpoints hold
+    the optimizer's, schedule's and random state (not with `--save_only_model`); `tokenizer_digest`: the run's
+    tokenizer (`tokenizer_digest`), None before it is known. A folder whose checkpoints are all unusable is refused rather
+    than trained afresh among them."""
+    if not asks_to_resume(resume):
+        return None
+    check = {"training_state": training_state, "tokenizer_digest": tokenizer_digest}
+    if resume in (True, "True", "true", "last", "yes"):
+        candidates = checkpoints(output_dir)
+        for candidate in reversed(candidates):
+            try:
+                verify_checkpoint(candidate, **check)
+            except ValueError as error:
+                logger.warning("Skipping checkpoint %s: %s", candidate, error)
+                continue
+            return str(candidate)
+        if candidates:
+            # Starting afresh would write new checkpoints among the old ones, and a later resume would mix them.
+            raise ValueError(
+                f"no checkpoint in {output_dir} can be resumed from ({', '.join(c.name for c in candidates)}; the "
+                "warnings above give each reason): --overwrite_output_dir starts the run afresh"
+            )
+        logger.warning("No checkpoint in %s: starting from scratch.", output_dir)
+        return None
+    verify_checkpoint(resume, **check)
+    return str(resume)
+
+
+def asks_to_resume(resume: str | bool | None) -> bool:
+    """Whether a `--resume_from_checkpoint` value continues a run (`last`, `true` or a checkpoint folder)."""
+    return resume not in NO_RESUME
+
+
+def train_or_resume(trainer: Trainer, checkpoint: str | None):
+    """Train from scratch, or continue from `checkpoint` (as `resolve_resume_checkpoint` chose it) with the training
+    clock it saved. Returns the Trainer's `TrainOutput`, or None when `checkpoint` had already reached
+    `--max_steps`: then nothing is trained (`restore_finished_run`)."""
+    if checkpoint is not None:  # the training time counts every process of the run
+        trainer.pop_callback(TrainingClock)
+        trainer.add_callback(TrainingClock.from_checkpoint(checkpoint))
+    if checkpoint is not None and 0 < trainer.args.max_steps <= checkpoint_step(checkpoint):
+        restore_finished_run(trainer, checkpoint)
+        return None
+    return trainer.train(resume_from_checkpoint=checkpoint)
+
+
+def restore_finished_run(trainer: Trainer, checkpoint: str) -> None:
+    """A run resumed from a checkpoint at or past --max_steps has nothing left to train: take its state (for the
+    averaging and the learning curves), keep its final model, and restore that model from the checkpoint only if the
+    run was killed before writing it."""
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    logger.info(
+        "%s already reached --max_steps %d (step %d): nothing left to train",
+        checkpoint,
+        trainer.args.max_steps,
+        trainer.state.global_step,
+    )
+    output_dir = Path(trainer.args.output_dir)
+    if trainer.is_world_process_zero() and not (output_dir / "model.safetensors").is_file():
+        building = temporary_sibling(output_dir)
+        for path in Path(checkpoint).iterdir():
+            if (
+                path.is_file()
+                and not path.name.endswith((".pt", ".pth", ".bin"))
+                and path.name != "trainer_state.json"
+            ):
+                shutil.copy2(path, building / path.name)
+        replace_files(building, output_dir)
+        logger.info("Restored the final model of %s from %s", output_dir, checkpoint)

@@ -1,0 +1,135 @@
+"""The checks of `vaswani-train` before any data is read (`check_run`): the model configuration the flags ask for,
+the data sources, the tokenizer folder, the Hub repo id to publish to, the run's folder (`run_folder.take_output_dir`:
+locked for the run, and refused when it holds another run or files of the user's) and the checkpoint to resume from
+(`checkpoints.resolve_resume_checkpoint`). A mistake is a `UsageError` that names the flag, seconds after the
+start, not after the data has been read and tokenized.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoConfig
+
+from ..common.errors import UsageError
+from ..configuration_vaswani import VaswaniConfig
+from ..publishing.hub import check_repo_id
+from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from .checkpoints import asks_to_resume, resolve_resume_checkpoint
+from .data import parallel_file_paths
+from .run_folder import take_output_dir
+from .translation import check_model_path
+
+SPLITS = ("train", "validation", "test")
+
+
+def check_model_config(model_args: ModelArguments, data_args: DataArguments, overrides: dict) -> None:
+    """Build the configuration the run will train (with the flag's vocabulary size in place of the tokenizer's), so
+    that a bad field is reported before any data is read."""
+    if model_args.model_name_or_path:
+        try:
+            check_model_path(model_args.model_name_or_path)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--model_name_or_path: {error}") from None
+        try:
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {error}") from None
+        if not isinstance(config, VaswaniConfig):
+            raise UsageError(
+                f"--model_name_or_path {model_args.model_name_or_path} holds a {config.model_type!r} model, "
+                "not a vaswani one"
+            )
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        config.validate_fields()
+        return
+    VaswaniConfig.from_preset(model_args.preset, vocab_size=max(data_args.vocab_size, 8), **overrides)
+
+
+def _check_data_sources(data_args: DataArguments, training_args, finish_args: FinishArguments) -> None:
+    if not data_args.dataset_name and not data_args.train_file:
+        raise UsageError(
+            "No training data: give --dataset_name (a Hub dataset or a local folder) or --train_file"
+        )
+    for split in SPLITS:
+        path = getattr(data_args, f"{split}_file")
+        if path:
+            try:
+                parallel_file_paths(path, data_args.source_lang, data_args.target_lang)
+            except FileNotFoundError as error:
+                raise UsageError(f"--{split}_file: {error}") from None
+    if data_args.dataset_name:
+        path = Path(data_args.dataset_name)
+        looks_local = (
+            path.is_absolute()
+            or data_args.dataset_name.startswith(".")
+            or data_args.dataset_name.count("/") > 1
+        )
+        if looks_local and not path.exists():
+            raise UsageError(f"--dataset_name {data_args.dataset_name}: no such file or folder")
+    wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
+    if wants_validation and not (data_args.validation_file or data_args.dataset_name):
+        raise UsageError(
+            "Evaluation needs validation data: give --validation_file (or --dataset_name), or --eval_strategy no"
+        )
+    if training_args.do_predict and not (data_args.test_split or data_args.test_file):
+        data_args.test_split = "test"
+    if data_args.test_split and not data_args.dataset_name and not data_args.test_file:
+        raise UsageError(f"--test_split {data_args.test_split} needs --dataset_name (or give --test_file)")
+    has_validation = data_args.validation_file or data_args.dataset_name
+    for flag, chooses in (
+        ("--average_last", finish_args.chooses_average),
+        ("--length_penalty", finish_args.chooses_length_penalty),
+    ):
+        if chooses and not has_validation:
+            raise UsageError(
+                f"{flag} with several numbers chooses among them on validation data: give --validation_file "
+                "(or --dataset_name)"
+            )
+
+
+def check_run(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: PaperTrainingArguments,
+    finish_args: FinishArguments,
+    overrides: dict,
+) -> str | None:
+    """Every check that needs no data, before any is read; returns the checkpoint to resume from (or None).
+
+    Raises `UsageError` / `ValueError` naming the flag: a model configuration that cannot be built, missing data
+    sources or files, an output folder that holds another run, a checkpoint that cannot be resumed from."""
+    check_model_config(model_args, data_args, overrides)
+    _check_data_sources(data_args, training_args, finish_args)
+    if data_args.tokenizer_name and not Path(data_args.tokenizer_name).exists():
+        raise UsageError(f"--tokenizer_name {data_args.tokenizer_name}: no such folder")
+    if training_args.push_to_hub:
+        repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
+        try:
+            check_repo_id(repo_id)
+        except ValueError as error:
+            flag = (
+                "--hub_model_id"
+                if training_args.hub_model_id
+                else "--push_to_hub (without --hub_model_id, the --output_dir name)"
+            )
+            raise UsageError(f"{flag}: {error}") from None
+    if training_args.process_index == 0:
+        take_output_dir(
+            training_args.output_dir,
+            training_args.overwrite_output_dir,
+            asks_to_resume(training_args.resume_from_checkpoint),
+        )
+    try:
+        return resolve_resume_checkpoint(
+            training_args.resume_from_checkpoint, training_args.output_dir, has_training_state(training_args)
+        )
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(f"--resume_from_checkpoint: {error}") from None
+
+
+def has_training_state(training_args) -> bool:
+    """Whether the run's checkpoints hold the optimizer's, schedule's and random state that a resumed run needs
+    (not with --save_only_model; DeepSpeed keeps its own)."""
+    return not training_args.save_only_model and not training_args.deepspeed

@@ -1,0 +1,269 @@
+"""After training (§6.1), on the main process: average the last checkpoints (or the average that translates the
+validation split best), choose the length penalty on the validation split when asked, translate the test split with
+beam search and score it, draw the learning curves and attention maps, and publish the final model (`--push_to_hub`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..common.fileio import atomic_folder, replace_files, write_json
+from ..publishing.hub import publish
+from .arguments import DataArguments, FinishArguments
+from .averaging import average_checkpoints
+from .checkpoints import checkpoints
+from .evaluation import describe_decoding, describe_seconds
+from .metrics import reported_scores
+from .run import load_split
+from .tokenization import lowercases
+from .translation import load_translation_model, translate, write_sentences
+
+logger = logging.getLogger(__name__)
+
+
+def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> dict | None:
+    """§6.1 after training, on the main process: average the last checkpoints, translate the test split with beam
+    search, score it (sacreBLEU, chrF, and BLEU comparable to published Multi30k figures), draw the pictures, and
+    publish if `--push_to_hub`. Returns the test scores (or None without a test split)."""
+    args = trainer.args
+    if not trainer.is_world_process_zero():
+        return None
+    output_dir = Path(args.output_dir)
+    final_dir = output_dir
+    averaged = None
+    if max(finish_args.average_last) > 0:
+        own = [c for c in checkpoints(output_dir) if int(c.name.split("-")[1]) <= trainer.state.global_step]
+        if not own:
+            logger.warning("No checkpoints in %s to average: the final model is the result", output_dir)
+        elif finish_args.chooses_average:
+            averaged = choose_average_on_validation(own, output_dir, data_args, finish_args)
+            final_dir = output_dir / "averaged"
+        else:
+            averaged = own[-finish_args.average_last[0] :]
+            if len(averaged) < finish_args.average_last[0]:
+                logger.warning(
+                    "Only %d checkpoints to average (asked for %d)",
+                    len(averaged),
+                    finish_args.average_last[0],
+                )
+            final_dir = average_checkpoints(averaged, output_dir / "averaged", tokenizer_dir=output_dir)
+    alpha = finish_args.length_penalty[0]
+    if finish_args.chooses_length_penalty:
+        alpha = choose_length_penalty_on_validation(final_dir, output_dir, data_args, finish_args)
+    save_length_penalty(final_dir, alpha)
+    if finish_args.plots:
+        from .plotting import plot_learning_curves  # matplotlib, only when drawing
+
+        plot_learning_curves(trainer.state.log_history, output_dir / "learning_curves.png")
+    scores = None
+    if data_args.test_split or data_args.test_file:
+        scores = evaluate_test_split(
+            final_dir, data_args, finish_args, plot_attention=finish_args.plots, length_penalty=alpha
+        )
+        if averaged is not None:
+            scores["averaged_checkpoints"] = [c.name for c in averaged]
+        scores["steps"] = trainer.state.global_step
+        if warning := empty_translations_warning(scores):
+            logger.warning("%s", warning)
+        write_json(output_dir / "test_results.json", scores)
+        logger.info("Test scores written to %s", output_dir / "test_results.json")
+    if args.push_to_hub:
+        published = publish(
+            final_dir,
+            repo_id=args.hub_model_id or output_dir.name,
+            results=output_dir / "test_results.json" if scores else None,
+            summary=output_dir / "training_summary.json",
+            private=args.hub_private_repo,
+            token=args.hub_token,
+            revision=getattr(args, "hub_revision", None),
+        )
+        logger.info("Published: %s", published)
+    return scores
+
+
+def empty_translations_warning(scores: dict) -> str | None:
+    """What to say when most test translations are empty (a model after a few steps writes the end of sentence
+    first): their BLEU of about 0 measures the training so far, not the recipe. None otherwise."""
+    empty, total = scores.get("empty_translations", 0), scores.get("sentences", 0)
+    if not total or empty * 2 <= total:
+        return None
+    steps = scores.get("steps")
+    trained = f"{steps} training steps" if steps is not None else "its training"
+    return (
+        f"{empty} of the {total} test translations are empty: the model is undertrained ({trained}), so its scores "
+        "say nothing yet about the recipe; train longer (--max_steps, --max_train_minutes)"
+    )
+
+
+def choose_average_on_validation(
+    own: list[Path], output_dir: Path, data_args: DataArguments, finish_args: FinishArguments
+) -> list[Path]:
+    """The checkpoints whose average translates the validation split best: for each N of `--average_last` (several
+    numbers), the last N of `own` (oldest first) are averaged and the validation split is translated with the test's
+    beam search and scored. The highest BLEU wins, the fewest checkpoints among equals; its folder becomes
+    `output_dir/averaged`. The scores of every candidate are written to `average_on_validation.json` in
+    `output_dir`."""
+    validation = load_split(data_args, "validation")
+    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
+    sizes = sorted({min(n, len(own)) for n in finish_args.average_last})
+    if len(own) < max(finish_args.average_last):
+        logger.warning(
+            "Only %d checkpoints to average (asked for up to %d)", len(own), max(finish_args.average_last)
+        )
+    candidates, best = [], None
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".average-") as scratch:
+        for size in tqdm(sizes, desc="Averages on validation", disable=len(sizes) < 2):
+            chosen = own[-size:]
+            folder = average_checkpoints(
+                chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
+            )
+            scores = _validation_scores(
+                folder, sources, references, data_args, finish_args, finish_args.length_penalty[0]
+            )
+            candidates.append({"checkpoints": [c.name for c in chosen], **scores})
+            logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
+            if best is None or scores["bleu"] > best[1]:
+                if best is not None:
+                    shutil.rmtree(best[2])
+                best = (chosen, scores["bleu"], folder)
+            else:
+                shutil.rmtree(folder)
+        with atomic_folder(output_dir / "averaged") as building:
+            replace_files(best[2], building)
+    write_json(
+        output_dir / "average_on_validation.json",
+        _choice_record(
+            data_args,
+            finish_args,
+            length_penalty=finish_args.length_penalty[0],
+            chosen=[c.name for c in best[0]],
+            candidates=candidates,
+        ),
+    )
+    logger.info(
+        "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", len(best[0]), best[1]
+    )
+    return best[0]
+
+
+def choose_length_penalty_on_validation(
+    model_dir: Path, output_dir: Path, data_args: DataArguments, finish_args: FinishArguments
+) -> float:
+    """The length penalty alpha, among `--length_penalty`'s values, with which `model_dir` translates the validation
+    split best (the test's beam size and form): the highest BLEU wins, the first given among equals. The scores of
+    every value are written to `length_penalty_on_validation.json` in `output_dir`."""
+
+    validation = load_split(data_args, "validation")
+    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
+    candidates, best = [], None
+    for alpha in tqdm(list(dict.fromkeys(finish_args.length_penalty)), desc="Length penalties on validation"):
+        scores = _validation_scores(model_dir, sources, references, data_args, finish_args, alpha)
+        candidates.append({"length_penalty": alpha, **scores})
+        logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
+        if best is None or scores["bleu"] > best[1]:
+            best = (alpha, scores["bleu"])
+    write_json(
+        output_dir / "length_penalty_on_validation.json",
+        _choice_record(data_args, finish_args, model=str(model_dir), chosen=best[0], candidates=candidates),
+    )
+    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", *best)
+    return best[0]
+
+
+def _validation_scores(model_dir, sources, references, data_args, finish_args, length_penalty) -> dict:
+    """The scores of the model folder's translation of the validation split with the test's decoding."""
+    hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, length_penalty)
+    return reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok))
+
+
+def _choice_record(data_args: DataArguments, finish_args: FinishArguments, **choice) -> dict:
+    """What a choice on the validation split writes down: the criterion, the split, the decoding, `choice`."""
+    split = data_args.validation_split if not data_args.validation_file else data_args.validation_file
+    return {
+        "criterion": "bleu",
+        "split": split,
+        "num_beams": finish_args.num_beams,
+        "length_penalty_form": finish_args.length_penalty_form,
+        **choice,
+    }
+
+
+def save_length_penalty(model_dir: Path, alpha: float) -> None:
+    """Write `alpha` into the model folder's generation config, so that `generate()`, the translation pipeline and
+    `vaswani-translate` decode the saved model as its test score was made."""
+    path = Path(model_dir, "generation_config.json")
+    if not path.exists():
+        return
+    config = json.loads(path.read_text())
+    if config.get("length_penalty") != alpha:
+        config["length_penalty"] = alpha
+        write_json(path, config)
+
+
+def _translate_with(model_dir, sources, finish_args: FinishArguments, length_penalty: float):
+    """`sources` translated by the model folder with the test's decoding; returns the texts and the target tokenizer."""
+    model, source_tok, target_tok = load_translation_model(model_dir)
+    hypotheses = translate(
+        sources,
+        model,
+        source_tok,
+        target_tok,
+        batch_size=finish_args.translate_batch_size,
+        num_beams=finish_args.num_beams,
+        length_penalty=length_penalty,
+        length_penalty_form=finish_args.length_penalty_form,
+    )
+    return hypotheses, target_tok
+
+
+def evaluate_test_split(
+    model_dir,
+    data_args: DataArguments,
+    finish_args: FinishArguments,
+    plot_attention: bool = False,
+    length_penalty: float | None = None,
+) -> dict:
+    """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
+    of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`. The length
+    penalty is `length_penalty`, else the first of `--length_penalty`."""
+    alpha = finish_args.length_penalty[0] if length_penalty is None else length_penalty
+    test = load_split(data_args, "test")
+    split = data_args.test_split or Path(data_args.test_file).name
+    what = describe_decoding(len(test), finish_args.num_beams, finish_args.translate_batch_size)
+    logger.info("Translating the test split %s: %s", split, what)
+    started = time.monotonic()
+    sources = test[data_args.source_lang]
+    hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
+    logger.info("Translated %d test pairs in %s", len(test), describe_seconds(time.monotonic() - started))
+    references = test[data_args.target_lang]
+    hypotheses_file = Path(model_dir, f"{split}.hyp.{data_args.target_lang}")
+    write_sentences(hypotheses, hypotheses_file)
+    logger.info("Test translations written to %s", hypotheses_file)
+    if plot_attention:
+        from .plotting import attention_maps, load_attention_model, plot_attention_maps  # matplotlib
+
+        eager, src_tok, tgt_tok = load_attention_model(model_dir)
+        maps = attention_maps(eager, src_tok, test[data_args.source_lang][0], hypotheses[0], tgt_tok)
+        plot_attention_maps(maps, model_dir, prefix="attention")
+    return {
+        **reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)),
+        "dataset": data_args.source,
+        "split": split,
+        "num_beams": finish_args.num_beams,
+        "length_penalty": alpha,
+        "length_penalty_form": finish_args.length_penalty_form,
+        "model": str(model_dir),
+        "hypotheses": str(hypotheses_file),
+        "sentences": len(sources),
+        # translations left empty although their source is not: an untrained model's, whose BLEU means nothing
+        "empty_translations": sum(
+            1 for s, h in zip(sources, hypotheses, strict=True) if s.strip() and not h.strip()
+        ),
+    }

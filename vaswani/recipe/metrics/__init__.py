@@ -1,0 +1,353 @@
+"""Translation metrics: corpus BLEU and chrF with sacreBLEU, offline.
+
+- `load_translation_metric()`: the `evaluate` metric in `sacrebleu_chrf/`, loaded by path (no network).
+- `compute_bleu(...)`: the same numbers straight from `sacrebleu`, without `evaluate`.
+- `compute_moses_bleu(...)`: BLEU on lowercased, Moses-tokenized text, the convention of most published
+  Multi30k results; not comparable with `compute_bleu` on raw text.
+- `compute_tokenized_bleu(...)`: the paper's WMT BLEU, case-sensitive on Moses-tokenized text with hyphenated
+  compounds split (tensor2tensor's `get_ende_bleu.sh`, then `multi-bleu.perl`); not comparable with either.
+- `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
+- `reported_scores(...)`: both as the flat record a run reports (`test_results.json`, the model card's results).
+- `score_lines(...)`: that record as the tools print it, each line naming its BLEU.
+- `bleu_metric_fn(...)`: BLEU and chrF during training, as the Trainer's `compute_metrics`.
+
+The scoring lives twice, here and in `sacrebleu_chrf/sacrebleu_chrf.py`, because `evaluate` copies that file
+out of the package before importing it, so it cannot import this package; tests check that both agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+from sacrebleu.metrics import BLEU, CHRF
+
+from ..data import read_lines
+from ..tokenization import lowercases
+
+logger = logging.getLogger(__name__)
+
+METRIC_PATH = Path(__file__).parent / "sacrebleu_chrf"
+BLEU_TOKENIZERS = tuple(BLEU.TOKENIZERS)  # sacreBLEU's `tokenize` values: 13a, intl, char, none, ...
+
+
+def check_bleu_tokenizer(tokenize: str) -> None:
+    """Raise `ValueError` unless sacreBLEU has the BLEU tokenizer `tokenize`."""
+    if tokenize not in BLEU_TOKENIZERS:
+        raise ValueError(
+            f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
+        )
+
+
+@cache
+def moses_languages() -> tuple[str, ...]:
+    """The language codes for which sacremoses has Moses' rules (nonbreaking prefixes)."""
+    try:
+        from sacremoses.corpus import NonbreakingPrefixes
+    except ImportError as error:
+        raise ImportError(
+            "Moses-tokenized BLEU needs sacremoses: pip install sacremoses (or this package's [test] extra)"
+        ) from error
+    return tuple(sorted(set(NonbreakingPrefixes().available_langs.values())))
+
+
+def check_moses_lang(lang: str) -> None:
+    """Raise `ValueError` unless Moses has rules for `lang` (sacremoses would silently tokenize anything else
+    without them, giving BLEU that no published figure was computed with)."""
+    if lang not in moses_languages():
+        raise ValueError(
+            f"Moses has no rules for the language {lang!r}; choose one of {', '.join(moses_languages())}"
+        )
+
+
+def load_translation_metric(**kwargs):
+    """`evaluate.load` of the local sacreBLEU BLEU + chrF metric; works with `HF_HUB_OFFLINE=1`.
+
+    `kwargs` go to `evaluate.load` (e.g. `experiment_id`, `num_process`, `process_id`).
+    """
+    # Imported here: run as `python scripts/evaluate.py`, the script itself would shadow the package.
+    import evaluate
+
+    return evaluate.load(str(METRIC_PATH), **kwargs)
+
+
+def _reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
+    """sacreBLEU's layout (one list per reference set) from one reference or a list of them per segment."""
+    if references and isinstance(references[0], str):
+        return [list(references)]
+    n_refs = len(references[0]) if references else 0
+    if any(len(refs) != n_refs for refs in references):
+        raise ValueError("Every prediction needs the same number of references")
+    return [[refs[i] for refs in references] for i in range(n_refs)]
+
+
+def compute_bleu(
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+) -> dict:
+    """Corpus BLEU and chrF of detokenized `predictions` against `references`, with sacreBLEU signatures.
+
+    Args:
+        predictions: one hypothesis per segment.
+        references: one reference per segment, or a list of references per segment (same count each).
+        tokenize: sacreBLEU's BLEU tokenizer: "13a" (its default, WMT's mteval), "intl", "char", "none", ...
+        lowercase: case-insensitive BLEU and chrF.
+        chrf_word_order: 0 for chrF, 2 for chrF++.
+
+    Returns:
+        `{"bleu", "chrf", "bleu_signature", "chrf_signature", "counts", "totals", "precisions", "bp",
+        "sys_len", "ref_len"}`, the same keys and values as `load_translation_metric().compute(...)`.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    if not predictions:
+        raise ValueError("No predictions to score")
+    check_bleu_tokenizer(tokenize)
+    streams = _reference_streams(references)
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
+    chrf = CHRF(word_order=chrf_word_order, lowercase=lowercase)
+    bleu_score = bleu.corpus_score(list(predictions), streams)
+    chrf_score = chrf.corpus_score(list(predictions), streams)
+    return {
+        "bleu": bleu_score.score,
+        "chrf": chrf_score.score,
+        "bleu_signature": f"{bleu_score.name}|{bleu.get_signature()}",
+        "chrf_signature": f"{chrf_score.name}|{chrf.get_signature()}",
+        "counts": bleu_score.counts,
+        "totals": bleu_score.totals,
+        "precisions": bleu_score.precisions,
+        "bp": bleu_score.bp,
+        "sys_len": bleu_score.sys_len,
+        "ref_len": bleu_score.ref_len,
+    }
+
+
+def moses_lowercase_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+    """Lowercase, normalize punctuation and Moses-tokenize, as Multi30k's `scripts/task1-tokenize.sh` does.
+
+    That script runs `lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG` to make
+    the repository's `data/task1/tok/*.lc.norm.tok.LANG` files; this is the same pipeline with `sacremoses`
+    (Python ports of those scripts), escaping included ("woman's" becomes "woman &apos;s").
+    """
+    # Imported here: sacremoses is only needed for this convention (it is a test extra of the project).
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [
+        tokenizer.tokenize(normalizer.normalize(text.lower()), return_str=True, escape=True) for text in texts
+    ]
+
+
+def compute_moses_bleu(
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    lang: str,
+) -> dict:
+    """BLEU "comparable to published Multi30k numbers": lowercased, Moses-tokenized, no further tokenization.
+
+    Exactly: hypotheses and references (plain detokenized text) both go through `moses_lowercase_tokenize`
+    (lowercase, then Moses punctuation normalization, then the Moses tokenizer for `lang`, the target
+    language), and sacreBLEU scores the result with `tokenize="none"`, splitting on spaces only. That is what
+    `multi-bleu.perl` computes on the repository's `*.lc.norm.tok.*` files (equal whenever no n-gram precision is
+    zero; sacreBLEU's default "exp" smoothing only acts then), and what the signature records as
+    `case:lc|tok:none`. chrF is computed on the same
+    tokenized text. Scores of `compute_bleu` on raw text are a different measurement: never compare the two.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    check_moses_lang(lang)
+    streams = _reference_streams(references)
+    tokenized_refs = [moses_lowercase_tokenize(stream, lang) for stream in streams]
+    per_segment = [list(refs) for refs in zip(*tokenized_refs, strict=True)]
+    # The text is lowercased already; `lowercase=True` changes no score and makes the signature say so (case:lc).
+    return compute_bleu(
+        moses_lowercase_tokenize(predictions, lang), per_segment, tokenize="none", lowercase=True
+    )
+
+
+# tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as re.sub)
+_COMPOUND = re.compile(r"(\S)-(\S)")
+TOKENIZED_BLEU_NOTE = "Moses-tokenized, compounds split as ##AT##-##AT##"
+
+
+def split_compounds(text: str) -> str:
+    """ "rich-text format" -> "rich ##AT##-##AT## text format", as the Stanford NMT and GNMT papers scored WMT en-de
+    and tensor2tensor's `get_ende_bleu.sh` does it (one pass of non-overlapping matches: "a-b-c" keeps its second
+    hyphen)."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
+
+
+def moses_compound_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+    """`tokenizer.perl -l LANG` (escaping on, no aggressive hyphen splitting), then `split_compounds`: the text
+    `multi-bleu.perl` scores in `get_ende_bleu.sh`. Case is kept."""
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang)
+    return [split_compounds(tokenizer.tokenize(text, return_str=True, escape=True)) for text in texts]
+
+
+def compute_tokenized_bleu(
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    lang: str,
+) -> dict:
+    """The BLEU the paper reports on WMT 2014 (27.3 base, 28.4 big on en-de): `multi-bleu.perl` on Moses-tokenized
+    text with hyphenated compounds split, which tensor2tensor's `get_ende_bleu.sh` computes from detokenized output
+    and references.
+
+    Exactly: both sides go through `moses_compound_tokenize` (`lang`, the target language), and sacreBLEU scores the
+    result case-sensitively with `tokenize="none"` and no smoothing, as `multi-bleu.perl` does (0 when an n-gram
+    order has no match). The signature says so (`tok:none|smooth:none`, plus `TOKENIZED_BLEU_NOTE`). It runs higher
+    than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
+    """
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    if not predictions:
+        raise ValueError("No predictions to score")
+    check_moses_lang(lang)
+    streams = [moses_compound_tokenize(stream, lang) for stream in _reference_streams(references)]
+    bleu = BLEU(tokenize="none", smooth_method="none", force=True)
+    score = bleu.corpus_score(moses_compound_tokenize(predictions, lang), streams)
+    return {
+        "bleu": score.score,
+        "bleu_signature": f"{score.name}|{bleu.get_signature()} ({TOKENIZED_BLEU_NOTE})",
+        "counts": score.counts,
+        "totals": score.totals,
+        "precisions": score.precisions,
+        "bp": score.bp,
+        "sys_len": score.sys_len,
+        "ref_len": score.ref_len,
+    }
+
+
+def score_files(
+    hypotheses_path: str | os.PathLike,
+    reference_paths: Sequence[str | os.PathLike],
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    chrf_word_order: int = 0,
+    moses_lang: str | None = None,
+) -> dict[str, dict]:
+    """Score a hypothesis file against one or more reference files (one segment a line, `.gz` allowed).
+
+    Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` and
+    `"tokenized": compute_tokenized_bleu(..., lang=moses_lang)` when `moses_lang` is given. Raises `ValueError`
+    naming the files if their line counts differ.
+    """
+    check_bleu_tokenizer(tokenize)
+    if moses_lang is not None:
+        check_moses_lang(moses_lang)
+    hypotheses = list(read_lines(hypotheses_path))
+    if not hypotheses:
+        raise ValueError(f"{hypotheses_path} is empty: nothing to score")
+    references = [list(read_lines(path)) for path in reference_paths]
+    for path, stream in zip(reference_paths, references, strict=True):
+        if len(stream) != len(hypotheses):
+            raise ValueError(f"{hypotheses_path} has {len(hypotheses)} lines but {path} has {len(stream)}")
+    per_segment = [list(refs) for refs in zip(*references, strict=True)]
+    scores = {"sacrebleu": compute_bleu(hypotheses, per_segment, tokenize, lowercase, chrf_word_order)}
+    if moses_lang is not None:
+        scores["moses"] = compute_moses_bleu(hypotheses, per_segment, moses_lang)
+        scores["tokenized"] = compute_tokenized_bleu(hypotheses, per_segment, moses_lang)
+    return scores
+
+
+def reported_scores(
+    predictions: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    lang: str,
+    lowercase: bool = False,
+) -> dict:
+    """BLEU and chrF on the raw text, BLEU on lowercased Moses-tokenized `lang` text (published Multi30k figures) and
+    the paper's tokenized BLEU with compounds split (WMT), with their signatures, under the keys a run's
+    `test_results.json` uses and `vaswani.publishing.model_card.EvalResults` reads. `lowercase` makes the
+    raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only.
+
+    For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
+    raw = compute_bleu(predictions, references, lowercase=lowercase)
+    record = {
+        "bleu": raw["bleu"],
+        "bleu_signature": raw["bleu_signature"],
+        "chrf": raw["chrf"],
+        "chrf_signature": raw["chrf_signature"],
+    }
+    if lang not in moses_languages():
+        logger.warning("No Moses rules for %r: the scores leave out lowercased Moses-tokenized BLEU", lang)
+        return record
+    comparable = compute_moses_bleu(predictions, references, lang)
+    record["bleu_lowercase_moses_tokenized"] = comparable["bleu"]
+    record["bleu_lowercase_moses_tokenized_signature"] = comparable["bleu_signature"]
+    papers = compute_tokenized_bleu(predictions, references, lang)
+    record["bleu_tokenized"] = papers["bleu"]
+    record["bleu_tokenized_signature"] = papers["bleu_signature"]
+    return record
+
+
+def score_lines(record: dict, lang: str | None = None) -> list[str]:
+    """What `vaswani-evaluate` and `vaswani-translate --references` print for a record with `reported_scores`' keys:
+    lines "NAME = score<TAB>signature", each saying which score it is. "BLEU" is sacreBLEU on the detokenized text
+    (WMT's own figure, comparable across papers through its signature); "BLEU (tokenized, compounds split, ...)" is
+    the paper's WMT BLEU (`compute_tokenized_bleu`: 27.3 base, 28.4 big on newstest2014 en-de), higher than
+    sacreBLEU's on the same output and never to be compared with it."""
+    lines = [
+        f"BLEU = {record['bleu']:.2f}\t{record['bleu_signature']}",
+        f"chrF = {record['chrf']:.2f}\t{record['chrf_signature']}",
+    ]
+    if "bleu_lowercase_moses_tokenized" in record:
+        lines.append(
+            f"BLEU (lowercased, Moses-tokenized, {lang}) = {record['bleu_lowercase_moses_tokenized']:.2f}\t"
+            f"{record['bleu_lowercase_moses_tokenized_signature']}"
+        )
+    if "bleu_tokenized" in record:
+        lines.append(
+            f"BLEU (tokenized, compounds split, {lang}: the paper's WMT BLEU) = {record['bleu_tokenized']:.2f}\t"
+            f"{record['bleu_tokenized_signature']}"
+        )
+    return lines
+
+
+def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
+    """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: sacreBLEU and chrF of the decoded
+    predictions against the raw reference text, case-insensitive if the tokenizer lowercases (its model writes
+    lowercase only). Under DDP the gathered predictions can carry padded duplicates at the end; only the first
+    `len(references)` rows, which are the dataset's rows in order, are scored."""
+    lowercase = lowercases(tokenizer)
+
+    def compute(eval_prediction) -> dict:
+        predictions = eval_prediction.predictions
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)[: len(references)]
+        texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        scores = compute_bleu(texts, list(references), lowercase=lowercase)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return compute
+
+
+__all__ = [
+    "BLEU_TOKENIZERS",
+    "METRIC_PATH",
+    "bleu_metric_fn",
+    "check_bleu_tokenizer",
+    "check_moses_lang",
+    "moses_languages",
+    "compute_bleu",
+    "compute_moses_bleu",
+    "compute_tokenized_bleu",
+    "load_translation_metric",
+    "moses_compound_tokenize",
+    "moses_lowercase_tokenize",
+    "reported_scores",
+    "score_files",
+    "score_lines",
+    "split_compounds",
+]

@@ -1,0 +1,322 @@
+"""Figures of a training run and of a model's attention (Vaswani et al., 2017, Figures 3-5).
+
+- `plot_learning_curves`: training loss, eval loss, eval BLEU and learning rate against the step, from a run's
+  `trainer_state.json` (the Trainer's `log_history`).
+- `attention_maps` + `plot_attention_maps`: for one sentence pair, the attention weights of every layer and head
+  of the encoder self-attention, the decoder (masked) self-attention and the encoder-decoder attention, one PNG
+  per kind with a grid of layers x heads and the tokens on the axes, like the paper's Figures 3-5.
+
+Attention weights come from `output_attentions=True`, which needs the eager attention: load the model with
+`attn_implementation="eager"` (`load_attention_model` does). Figures are drawn on matplotlib `Figure` objects
+with the Agg canvas, without pyplot, so nothing here changes the process's matplotlib backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..common.fileio import atomic_write
+from .averaging import find_checkpoints
+from .translation import load_translation_model, translate
+
+logger = logging.getLogger(__name__)
+
+TRAINER_STATE_FILE = "trainer_state.json"
+# Series of `plot_learning_curves`: log_history key -> label.
+CURVES = {
+    "loss": "training loss (label-smoothed)",
+    "eval_loss": "eval loss (cross-entropy)",
+    "eval_bleu": "eval BLEU",
+    "learning_rate": "learning rate",
+}
+ATTENTION_KINDS = ("encoder", "decoder", "cross")
+_KIND_TITLES = {
+    "encoder": "Encoder self-attention",
+    "decoder": "Decoder self-attention (masked)",
+    "cross": "Encoder-decoder attention",
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Learning curves
+# ----------------------------------------------------------------------------------------------------------------
+def find_trainer_state(path: str | os.PathLike) -> Path:
+    """The `trainer_state.json` for a file, a checkpoint folder or a run folder.
+
+    A run folder's own `trainer_state.json` (written by `trainer.save_state()` at the end of training) is preferred;
+    otherwise the newest `checkpoint-<step>/trainer_state.json`, whose history is the longest.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    if (path / TRAINER_STATE_FILE).is_file():
+        return path / TRAINER_STATE_FILE
+    if path.is_dir():
+        for checkpoint in reversed(find_checkpoints(path)):
+            if (checkpoint / TRAINER_STATE_FILE).is_file():
+                return checkpoint / TRAINER_STATE_FILE
+    raise FileNotFoundError(f"No {TRAINER_STATE_FILE} in {path} or in its checkpoint-<step> folders")
+
+
+def load_log_history(path: str | os.PathLike) -> list[dict]:
+    """The Trainer's `log_history` of a run, checkpoint or `trainer_state.json` (see `find_trainer_state`)."""
+    state_file = find_trainer_state(path)
+    try:
+        return json.loads(state_file.read_text())["log_history"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{state_file} is not a Trainer state with a log_history: {err}") from err
+
+
+def learning_curves(log_history: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """`{key: (steps, values)}` for each key of `CURVES`, from the log entries that have the key and a step."""
+    curves: dict[str, tuple[list[int], list[float]]] = {key: ([], []) for key in CURVES}
+    for entry in log_history:
+        if "step" not in entry:
+            continue
+        for key, (steps, values) in curves.items():
+            if isinstance(entry.get(key), (int, float)):
+                steps.append(entry["step"])
+                values.append(float(entry[key]))
+    return curves
+
+
+def _save(figure: Figure, output_path: str | os.PathLike, dpi: int) -> Path:
+    output_path = Path(output_path)
+    FigureCanvasAgg(figure)
+    with atomic_write(output_path, "wb") as handle:  # a PNG is complete or absent
+        figure.savefig(handle, dpi=dpi, format="png")
+    logger.info("Wrote %s", output_path)
+    return output_path
+
+
+def plot_learning_curves(
+    log_history_or_path: Sequence[dict] | str | os.PathLike,
+    output_path: str | os.PathLike,
+    title: str | None = None,
+    dpi: int = 120,
+) -> Path:
+    """Plot loss (training and eval), eval BLEU and learning rate against the step into one PNG.
+
+    `log_history_or_path`: a `log_history` list, or anything `load_log_history` reads. Panels whose series was
+    never logged say so. Returns the PNG's path.
+    """
+    if isinstance(log_history_or_path, (str, os.PathLike)):
+        title = title or str(log_history_or_path)
+        log_history_or_path = load_log_history(log_history_or_path)
+    curves = learning_curves(log_history_or_path)
+    figure = Figure(figsize=(15, 4.2), layout="constrained")
+    loss_ax, bleu_ax, lr_ax = figure.subplots(1, 3)
+    panels = [
+        (loss_ax, ("loss", "eval_loss"), "loss"),
+        (bleu_ax, ("eval_bleu",), "BLEU"),
+        (lr_ax, ("learning_rate",), "learning rate"),
+    ]
+    for ax, keys, ylabel in panels:
+        drawn = False
+        for key in keys:
+            steps, values = curves[key]
+            if steps:
+                marker = "o" if key.startswith("eval_") else None
+                ax.plot(steps, values, marker=marker, markersize=3, label=CURVES[key])
+                drawn = True
+        if drawn:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    if title:
+        figure.suptitle(title)
+    return _save(figure, output_path, dpi)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Attention maps
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class AttentionMaps:
+    """Attention weights of one sentence pair; every row (one query position) sums to 1.
+
+    `source_tokens` label the encoder positions (`</s>` included), `target_tokens` the decoder input positions
+    (`<s>` first: the row of a target token is the query that predicts the next one).
+    """
+
+    source_tokens: list[str]
+    target_tokens: list[str]
+    encoder: torch.Tensor  # (layers, heads, Ts, Ts)
+    decoder: torch.Tensor  # (layers, heads, Tt, Tt), zero above the diagonal
+    cross: torch.Tensor  # (layers, heads, Tt, Ts)
+
+    def kind(self, name: str) -> tuple[torch.Tensor, list[str], list[str]]:
+        """`(weights, row labels, column labels)` of "encoder", "decoder" or "cross"."""
+        if name == "encoder":
+            return self.encoder, self.source_tokens, self.source_tokens
+        if name == "decoder":
+            return self.decoder, self.target_tokens, self.target_tokens
+        if name == "cross":
+            return self.cross, self.target_tokens, self.source_tokens
+        raise ValueError(f"Unknown attention kind {name!r}; expected one of {ATTENTION_KINDS}")
+
+
+def load_attention_model(
+    model_path: str | os.PathLike,
+    tokenizer_path: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerBase]:
+    """`(model, source_tokenizer, target_tokenizer)` with the eager attention that returns attention weights."""
+    return load_translation_model(model_path, tokenizer_path, device=device, attn_implementation="eager")
+
+
+def token_labels(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:
+    """A label per token: the text it adds to the decoded sentence, a space shown as "▁" so that word starts stay
+    visible; special tokens as themselves. A token that ends inside a multi-byte character (byte-level BPE) is
+    labelled "�", and the character goes to the token that completes it."""
+    special = set(tokenizer.all_special_ids)
+    labels, previous = [], ""
+    for i, token_id in enumerate(ids):
+        if token_id in special:
+            labels.append(tokenizer.convert_ids_to_tokens(token_id))
+            continue
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete character
+            labels.append("\ufffd")
+            continue
+        piece = text[len(previous) :] if text.startswith(previous) else tokenizer.decode([token_id])
+        previous = text
+        labels.append(piece.replace(" ", "▁") or "▁")  # empty: a space the decoder strips at the start
+    return labels
+
+
+def _require_eager(model: PreTrainedModel) -> None:
+    if model.config._attn_implementation != "eager":
+        model.set_attn_implementation("eager")
+    if model.config._attn_implementation != "eager":
+        raise ValueError(
+            f"Attention weights need the eager attention, but the model uses "
+            f"{model.config._attn_implementation!r} and cannot switch: load it with "
+            'from_pretrained(..., attn_implementation="eager") (or use `load_attention_model`).'
+        )
+
+
+@torch.inference_mode()
+def attention_maps(
+    model: PreTrainedModel,
+    source_tokenizer: PreTrainedTokenizerBase,
+    source: str,
+    target: str | None = None,
+    target_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> AttentionMaps:
+    """The attention weights of `model` on `source` and `target`, the target fed to the decoder (teacher forcing).
+
+    Without `target`, the model's own translation of `source` (§6.1 decoding, `translation.translate`) is used.
+    The model must use the eager attention (see `load_attention_model`).
+    """
+    _require_eager(model)
+    if model.training:
+        logger.warning(
+            "The model is in training mode: dropout changes the attention weights; call model.eval()"
+        )
+    target_tokenizer = target_tokenizer or source_tokenizer
+    if target is None:
+        (target,) = translate([source], model, source_tokenizer, target_tokenizer, show_progress=False)
+        logger.info("Plotting the model's translation: %r", target)
+    source_ids = source_tokenizer(source)["input_ids"]  # ends with </s>
+    labels = target_tokenizer(target)["input_ids"]
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(torch.tensor([labels]))  # <s> y_1 ... y_n
+    outputs = model(
+        input_ids=torch.tensor([source_ids], device=model.device),
+        attention_mask=torch.ones(1, len(source_ids), dtype=torch.long, device=model.device),
+        decoder_input_ids=decoder_input_ids.to(model.device),
+        output_attentions=True,
+        use_cache=False,
+    )
+    if not outputs.encoder_attentions or outputs.encoder_attentions[0] is None:
+        raise ValueError("The model returned no attention weights despite output_attentions=True")
+
+    def stack(per_layer: Sequence[torch.Tensor]) -> torch.Tensor:
+        return (
+            torch.stack([layer[0] for layer in per_layer]).float().cpu()
+        )  # L x (h, Tq, Tk) -> (L, h, Tq, Tk)
+
+    return AttentionMaps(
+        source_tokens=token_labels(source_tokenizer, source_ids),
+        target_tokens=token_labels(target_tokenizer, decoder_input_ids[0].tolist()),
+        encoder=stack(outputs.encoder_attentions),
+        decoder=stack(outputs.decoder_attentions),
+        cross=stack(outputs.cross_attentions),
+    )
+
+
+def plot_attention_kind(
+    maps: AttentionMaps,
+    kind: str,
+    output_path: str | os.PathLike,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    dpi: int = 100,
+) -> Path:
+    """One PNG for one kind of attention: a grid of heatmaps, a row per layer and a column per head.
+
+    `layers` / `heads` (0-based) restrict the grid, e.g. for the big model's 6 x 16 heads. Colours share one
+    scale from 0 to 1.
+    """
+    weights, row_labels, col_labels = maps.kind(kind)
+    layers = list(range(weights.shape[0])) if layers is None else list(layers)
+    heads = list(range(weights.shape[1])) if heads is None else list(heads)
+    longest = max(len(row_labels), len(col_labels))
+    cell = min(max(2.5, 0.24 * longest + 1.3), 9.0)  # inches per heatmap, room for one label per token
+    figure = Figure(figsize=(cell * len(heads) + 1.0, cell * len(layers) + 0.6), layout="constrained")
+    axes = figure.subplots(len(layers), len(heads), squeeze=False)
+    image = None
+    for r, layer in enumerate(layers):
+        for c, head in enumerate(heads):
+            ax = axes[r][c]
+            image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.set_xticks(range(len(col_labels)), col_labels, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
+    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    figure.suptitle(f"{_KIND_TITLES[kind]}: rows attend to columns")
+    return _save(figure, output_path, dpi)
+
+
+def plot_attention_maps(
+    maps: AttentionMaps,
+    output_dir: str | os.PathLike,
+    prefix: str = "attention",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    dpi: int = 100,
+) -> dict[str, Path]:
+    """Write `<prefix>_encoder.png`, `<prefix>_decoder.png` and `<prefix>_cross.png` to `output_dir`."""
+    return {
+        kind: plot_attention_kind(maps, kind, Path(output_dir) / f"{prefix}_{kind}.png", layers, heads, dpi)
+        for kind in ATTENTION_KINDS
+    }
+
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "AttentionMaps",
+    "attention_maps",
+    "find_trainer_state",
+    "learning_curves",
+    "load_attention_model",
+    "load_log_history",
+    "plot_attention_kind",
+    "plot_attention_maps",
+    "plot_learning_curves",
+    "token_labels",
+]

@@ -1,0 +1,323 @@
+"""A run's folder (`--output_dir`) belongs to one run at a time, and `vaswani-train` deletes nothing in it that a run
+did not write.
+
+- `take_output_dir` locks the folder for the run (`lock_output_dir`: an exclusive `flock` on `.vaswani-run.lock`
+  inside it, held until `release_output_dir` or the process ends, a SIGKILL too), so that a second run into the same
+  folder is refused at once instead of mixing its checkpoints with the first's; then it claims the folder
+  (`claim_output_dir`).
+- A run marks the folder it claims (`.vaswani-run.json`). A folder that holds anything is refused unless the run
+  continues its run (`--resume_from_checkpoint`) or replaces it (`--overwrite_output_dir`); a folder that holds no
+  run (no marker, no checkpoint or training state of a run from before the marker) is refused either way, naming a
+  few of its entries: it is the user's.
+- `--overwrite_output_dir` (transformers' flag, which never deletes anything there) removes only the files a run
+  writes (`RUN_FILES`, checked one by one: a `config.json` of another model, a `source/` folder without a tokenizer,
+  a file a user put into a checkpoint stay) and says what it kept.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from ..common.errors import UsageError
+from ..common.fileio import write_json
+from ..utils_vaswani import CODE_FILES
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs are not locked there
+    fcntl = None
+
+logger = logging.getLogger(__name__)
+
+MARKER = ".vaswani-run.json"
+LOCK_FILE = ".vaswani-run.lock"
+_OWN = (MARKER, LOCK_FILE)  # never removed, never counted as the folder's contents
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vaswani_tokenizer_pair.json",
+)
+# A model folder as `save_pretrained` and the tools write it (paths relative to the folder).
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model-*-of-*.safetensors",
+    "model.safetensors.index.json",
+    "training_args.bin",
+    "*.hyp.*",
+    "attention_*.png",
+    *CODE_FILES,
+    *TOKENIZER_FILES,
+)
+CHECKPOINT_FILES = (
+    *MODEL_FILES,
+    "trainer_state.json",
+    "optimizer.pt",
+    "scheduler.pt",
+    "scaler.pt",
+    "rng_state.pth",
+    "rng_state_*.pth",
+    "pytorch_model_fsdp*",
+    "optimizer*.bin",
+    "optimizer_*/*",
+)
+# What a run writes, by top-level entry: a folder's files matching the patterns are the run's. `source` and `target`
+# (separate tokenizers) are the run's only when they hold a tokenizer.
+RUN_FOLDERS = {
+    "checkpoint-[0-9]*": CHECKPOINT_FILES,
+    "averaged": MODEL_FILES,
+    "tokenizer": (
+        *TOKENIZER_FILES,
+        *(f"{side}/{name}" for side in ("source", "target") for name in TOKENIZER_FILES),
+    ),
+    "source": TOKENIZER_FILES,
+    "target": TOKENIZER_FILES,
+    "custom_generate": ("generate.py",),
+    "runs": ("*events.out.tfevents.*",),  # transformers' TensorBoard logs (--report_to tensorboard)
+}
+RUN_FILES = (
+    *(name for name in MODEL_FILES if "/" not in name),
+    "trainer_state.json",
+    "training_summary.json",
+    "test_results.json",
+    "eval_results.json",
+    "train_results.json",
+    "all_results.json",
+    "average_on_validation.json",
+    "length_penalty_on_validation.json",
+    "learning_curves.png",
+)
+# The run's folders that a later run deletes or replaces whole (checkpoints rotated by --save_total_limit, the averaged
+# model, a newly trained tokenizer): a file of the user's inside one would not survive.
+REPLACED_WHOLE = ("checkpoint-[0-9]*", "averaged", "tokenizer")
+# Temporary siblings of what the tools write whole (`fileio`), and the scratch folder of the averages' choice.
+TEMPORARIES = (".*.tmp*", ".*.old-*", ".average-*")
+# Kept for compatibility: every top-level name a run writes.
+RUN_ENTRIES = (*RUN_FOLDERS, *RUN_FILES, *TEMPORARIES)
+
+_held: dict[str, int] = {}  # the output folders this process has locked: resolved path -> descriptor
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The lock
+# ---------------------------------------------------------------------------------------------------------------------
+def lock_output_dir(output_dir: str | os.PathLike) -> None:
+    """Take the run's exclusive lock on `output_dir` (created if needed), or raise `UsageError` naming the folder
+    and the process that holds it. The lock is the kernel's (`flock`): it ends with the process however it ends. A
+    process that holds the lock already takes it again at no cost."""
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--output_dir {path} is a file, not a folder")
+    path.mkdir(parents=True, exist_ok=True)
+    key = str(path.resolve())
+    if key in _held or fcntl is None:
+        return
+    descriptor = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _read_holder(descriptor)
+        os.close(descriptor)
+        raise UsageError(
+            f"--output_dir {path} is in use by another run{holder}: two runs in one folder would mix their "
+            "checkpoints; wait for it to end, or choose another --output_dir"
+        ) from None
+    os.ftruncate(descriptor, 0)
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
+    _held[key] = descriptor
+
+
+def _read_holder(descriptor: int) -> str:
+    try:
+        holder = json.loads(os.pread(descriptor, 4096, 0).decode() or "{}")
+        return f" (process {holder['pid']} on {holder['host']}, since {holder['since']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def release_output_dir(output_dir: str | os.PathLike) -> None:
+    """Release the lock `lock_output_dir` took (nothing if this process holds none)."""
+    descriptor = _held.pop(str(Path(output_dir).resolve()), None)
+    if descriptor is not None:
+        os.close(descriptor)  # closing the descriptor releases the flock
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Whose folder it is
+# ---------------------------------------------------------------------------------------------------------------------
+def holds_run(path: Path) -> bool:
+    """Whether the folder holds a vaswani run: its marker, or the training state of a run from before the marker."""
+    if any((path / name).is_file() for name in (MARKER, "training_summary.json", "trainer_state.json")):
+        return True
+    return any((folder / "trainer_state.json").is_file() for folder in path.glob("checkpoint-*"))
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+
+
+def take_output_dir(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
+    """Lock `output_dir` for this run (`lock_output_dir`) and make it this run's folder (`claim_output_dir`)."""
+    if overwrite and resuming:
+        raise UsageError(
+            "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
+        )
+    _refuse_a_folder_without_a_run(Path(output_dir), overwrite)  # before the lock file is written into it
+    lock_output_dir(output_dir)
+    claim_output_dir(output_dir, overwrite, resuming)
+
+
+def claim_output_dir(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
+    """Make `output_dir` this run's folder and mark it (`MARKER`). A folder that holds anything is refused
+    (`UsageError`) unless it holds a run that this one continues (`resuming`) or replaces (`overwrite`: what a run
+    wrote there is deleted first, so no checkpoint, model or score of the earlier run survives next to the new ones,
+    and nothing else is touched). A folder that holds no run is refused either way. Called by `take_output_dir`,
+    which refuses `overwrite` with `resuming`, under the lock: the folder is looked at again."""
+    path = Path(output_dir)
+    entries = _refuse_a_folder_without_a_run(path, overwrite)
+    if entries and not resuming:
+        if not overwrite:
+            raise UsageError(
+                f"--output_dir {path} already holds a run ({_shown(entries)}): continue it with "
+                "--resume_from_checkpoint last, replace it with --overwrite_output_dir, or choose another --output_dir"
+            )
+        _remove_run(path)
+    if not resuming or not (path / MARKER).is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        write_json(
+            path / MARKER, {"written_by": "vaswani-train", "claimed": time.strftime("%Y-%m-%d %H:%M:%S")}
+        )
+
+
+def _refuse_a_folder_without_a_run(path: Path, overwrite: bool) -> list[str]:
+    """Raise `UsageError` naming a few entries when `path` is a file, or a folder that holds things but no run; else
+    the folder's entries (none for a new or empty folder)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--output_dir {path} is a file, not a folder")
+    entries = sorted(p.name for p in path.iterdir() if p.name not in _OWN) if path.is_dir() else []
+    if entries and not holds_run(path):
+        extra = (
+            " (--overwrite_output_dir removes only what a run wrote, never other files)" if overwrite else ""
+        )
+        raise UsageError(
+            f"--output_dir {path} holds files that are not a vaswani run ({_shown(entries)}): a run trains into "
+            f"an empty folder or its own; choose another --output_dir{extra}"
+        )
+    return entries
+
+
+def _is_run_config(path: Path) -> bool:
+    """Whether a `config.json` is a vaswani model's (another model's configuration is not the run's)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("model_type") == "vaswani"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _foreign_files(folder: Path, patterns) -> list[str]:
+    return [
+        item.relative_to(folder).as_posix()
+        for item in sorted(folder.rglob("*"))
+        if not (item.is_dir() and not item.is_symlink())
+        and not _matches(item.relative_to(folder).as_posix(), patterns)
+    ]
+
+
+def _remove_run(path: Path) -> None:
+    """--overwrite_output_dir: delete the files an earlier run wrote into `path`, and nothing else. A file of the
+    user's inside a folder that a run replaces whole (a checkpoint, which `--save_total_limit` deletes; the averaged
+    model; the tokenizer) would be lost later: the overwrite is refused before anything is deleted."""
+    inside = [
+        f"{entry.name}/{relative}"
+        for entry in sorted(path.iterdir())
+        if entry.is_dir() and not entry.is_symlink() and _matches(entry.name, REPLACED_WHOLE)
+        for relative in _foreign_files(
+            entry, next(f for p, f in RUN_FOLDERS.items() if fnmatch.fnmatchcase(entry.name, p))
+        )
+    ]
+    if inside:
+        raise UsageError(
+            f"--overwrite_output_dir: {path} holds files that a run did not write inside folders a run replaces "
+            f"whole ({_shown(inside)}); move them out of {path} first (nothing was removed)"
+        )
+    removed, kept = [], []
+    for entry in sorted(path.iterdir(), key=lambda p: p.name):
+        name = entry.name
+        if name in _OWN:
+            continue
+        if _matches(name, TEMPORARIES):
+            _delete(entry)
+            removed.append(name)
+        elif entry.is_dir() and not entry.is_symlink():
+            patterns = next(
+                (files for pattern, files in RUN_FOLDERS.items() if fnmatch.fnmatchcase(name, pattern)), ()
+            )
+            if name in ("source", "target") and not (entry / "tokenizer.json").is_file():
+                patterns = ()  # a folder of that name without a tokenizer is not the run's
+            if not patterns:
+                kept.append(name)
+                continue
+            left = _remove_files(entry, patterns)
+            if not left:
+                removed.append(name)
+            else:
+                kept.extend(f"{name}/{relative}" for relative in left)
+        elif _matches(name, RUN_FILES) or (entry.is_symlink() and _matches(name, RUN_FOLDERS)):
+            if name == "config.json" and not entry.is_symlink() and not _is_run_config(entry):
+                kept.append(name)
+                continue
+            entry.unlink()
+            removed.append(name)
+        else:
+            kept.append(name)
+    logger.info(
+        "--overwrite_output_dir: removed the earlier run's %s from %s", ", ".join(removed) or "nothing", path
+    )
+    if kept:
+        logger.warning(
+            "Left in %s (not written by a vaswani run, so not removed by --overwrite_output_dir): %s",
+            path,
+            ", ".join(kept[:10]) + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""),
+        )
+
+
+def _delete(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
+
+
+def _remove_files(folder: Path, patterns) -> list[str]:
+    """Remove the files under `folder` whose relative path matches `patterns`, then the folders that removing them
+    left empty; returns what is left (relative paths)."""
+    left, emptied = [], set()
+    for item in sorted(folder.rglob("*"), key=lambda p: p.as_posix()):
+        if item.is_dir() and not item.is_symlink():
+            continue
+        relative = item.relative_to(folder).as_posix()
+        if _matches(relative, patterns):
+            item.unlink()
+            emptied.update(parent for parent in item.parents if parent == folder or folder in parent.parents)
+        else:
+            left.append(relative)
+    for item in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
+        if not any(item.iterdir()):
+            item.rmdir()
+    return left

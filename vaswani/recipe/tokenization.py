@@ -1,0 +1,361 @@
+"""Byte-pair encoding vocabularies for translation (Vaswani et al., 2017, §5.1).
+
+§5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target vocabulary of about
+37000 tokens" (WMT 2014 English-German). `train_bpe_tokenizer` learns that joint vocabulary from source and
+target text together; `train_separate_tokenizers` is the option of one vocabulary per language.
+
+Where this departs from the paper's preprocessing (subword-nmt on Moses-tokenized text): the BPE here is
+byte-level and runs on raw text, so no external tokenizer is needed and nothing is ever `<unk>`:
+
+- normalizer: `Prepend(" ")`, so the first word of a sentence is the same token as that word inside it;
+- pre-tokenizer: GPT-2 style byte-level split (words, numbers and punctuation runs, each with its leading
+  space), over all 256 bytes as the initial alphabet;
+- decoder: byte-level, then `Strip` of exactly the one space the normalizer added.
+
+So `decode(encode(text)) == text` for every string, umlauts, punctuation and repeated spaces included
+(no Unicode normalization is applied: NFD input stays NFD).
+
+Option, not the paper (it trained on cased WMT text): `lowercase=True` puts a `Lowercase` normalizer before the
+`Prepend`, so the tokenizer lowercases everything it encodes and `decode(encode(text)) == text.lower()`. The model
+then reads and writes lowercase only; this is the form most published Multi30k results train on and are scored
+on (lowercased BLEU). Its output cannot be scored case-sensitively in any meaningful way.
+
+Conventions shared with the model: `<pad>`=0, `<s>`=1 (bos and decoder start), `</s>`=2 (eos), `<unk>`=3.
+The post-processor appends `</s>` to every encoded sequence, source and target alike; the model prepends `<s>`
+when it shifts the labels right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from ..common.fileio import replace_files, temporary_sibling
+from ..publishing.model_card import lowercases  # noqa: F401 (the card states it; the recipe asks it too)
+from .data import read_lines
+
+logger = logging.getLogger(__name__)
+
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# The trainer gives special tokens the first ids in this order.
+SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]
+SOURCE_SUBDIR, TARGET_SUBDIR = "source", "target"
+# Written into both sides of separate vocabularies: the digest of the pair, so that a source/ and a target/ of two
+# different trainings (a save cut short between their renames, or a folder copied over) are refused, not mixed.
+PAIR_FILE = "vaswani_tokenizer_pair.json"
+
+# Positions are sinusoidal (§3.5), so this bounds nothing in the model; it only sets when the tokenizer warns.
+DEFAULT_MODEL_MAX_LENGTH = 1024
+_MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens plus the byte alphabet
+
+TextInput = str | os.PathLike | Iterable[str] | Iterable[list[str]]
+
+
+def _text_batches(files_or_iterator: TextInput, batch_size: int = 1000) -> Iterable:
+    """Sentences to train on: lines of files (a path or a list/tuple of paths), or the iterator as given.
+
+    A list is always read as file paths, so a list of sentences fails loudly instead of being mistaken for
+    files or vice versa; pass sentences as an iterator (`iter(sentences)`, a generator, `data.iter_text`).
+    """
+    if isinstance(files_or_iterator, (str, os.PathLike)):
+        files_or_iterator = [files_or_iterator]
+    if not isinstance(files_or_iterator, (list, tuple)):
+        return files_or_iterator
+    paths = [Path(p) for p in files_or_iterator]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"No such text file: {str(path)!r}. To train on sentences rather than files, "
+                "pass an iterator such as iter(sentences)."
+            )
+
+    def batches() -> Iterator[list[str]]:
+        for path in paths:
+            batch: list[str] = []
+            for line in read_lines(path):
+                batch.append(line)
+                if len(batch) == batch_size:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+    return batches()
+
+
+def _new_bpe_tokenizer(lowercase: bool = False) -> Tokenizer:
+    """An untrained byte-level BPE pipeline whose decode exactly inverts encode (see module docstring); with
+    `lowercase`, it inverts the lowercased text."""
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    prepend = normalizers.Prepend(" ")
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), prepend]) if lowercase else prepend
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.ByteLevel(), decoders.Strip(content=" ", left=1, right=0)]
+    )
+    # Every sequence ends in </s>: sources, and targets before the model shifts them right behind <s>.
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS_TOKEN}",
+        pair=f"$A {EOS_TOKEN} $B {EOS_TOKEN}",
+        special_tokens=[(EOS_TOKEN, EOS_ID)],
+    )
+    return tokenizer
+
+
+def _wrap(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        model_max_length=model_max_length,
+        padding_side="right",
+        truncation_side="right",
+        # The decoder already restores the exact text; clean-up would turn "a , b" into "a, b" (transformers 5
+        # skips it for BPE with a warning; saying so here keeps it off and silent).
+        clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def check_special_ids(tokenizer: PreTrainedTokenizerFast, name: str = "tokenizer") -> None:
+    """Raise `ValueError` unless `<pad>`, `<s>`, `</s>`, `<unk>` have the ids 0, 1, 2, 3 the model relies on."""
+    found = {
+        "pad": (tokenizer.pad_token, tokenizer.pad_token_id),
+        "bos": (tokenizer.bos_token, tokenizer.bos_token_id),
+        "eos": (tokenizer.eos_token, tokenizer.eos_token_id),
+        "unk": (tokenizer.unk_token, tokenizer.unk_token_id),
+    }
+    expected = {
+        "pad": (PAD_TOKEN, PAD_ID),
+        "bos": (BOS_TOKEN, BOS_ID),
+        "eos": (EOS_TOKEN, EOS_ID),
+        "unk": (UNK_TOKEN, UNK_ID),
+    }
+    if found != expected:
+        raise ValueError(f"{name} has special tokens {found}, but the model expects {expected}")
+
+
+def train_bpe_tokenizer(
+    files_or_iterator: TextInput,
+    vocab_size: int = 37000,
+    min_frequency: int = 2,
+    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+    show_progress: bool = True,
+    lowercase: bool = False,
+    length: int | None = None,
+) -> PreTrainedTokenizerFast:
+    """Learn a byte-level BPE vocabulary and wrap it as a `PreTrainedTokenizerFast`.
+
+    For the paper's shared vocabulary (§5.1: about 37000 tokens for EN-DE) pass source and target text
+    together, e.g. `data.iter_text(train, ["de", "en"])` or both files `[train.de.gz, train.en.gz]`.
+
+    Args:
+        files_or_iterator: a text file path or a list/tuple of them (one sentence a line, `.gz` allowed), or an
+            iterator over sentences or over batches (lists) of sentences.
+        vocab_size: the size of the vocabulary, special tokens and the 256 byte symbols included. A small
+            corpus may end with fewer tokens, when no pair is left that occurs `min_frequency` times.
+        min_frequency: a pair of symbols is merged only if it occurs at least this often.
+        model_max_length: the length above which `transformers` warns (positions are sinusoidal, no limit).
+        show_progress: show the trainer's progress bar.
+        lowercase: lowercase all text before encoding (not the paper; see the module docstring). The vocabulary is
+            then learned on lowercased text too.
+        length: the number of sentences the iterator yields, if known: the progress bar then shows how far it is.
+
+    Returns:
+        A tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every sequence and pads
+        on the right; `tok(sources, text_target=targets)` returns `input_ids`, `attention_mask` and `labels`.
+    """
+    if vocab_size < _MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: the special tokens and bytes take {_MIN_VOCAB_SIZE}"
+        )
+    tokenizer = _new_bpe_tokenizer(lowercase)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    tokenizer.train_from_iterator(_text_batches(files_or_iterator), trainer=trainer, length=length)
+    logger.info(
+        "Trained a byte-level BPE vocabulary of %d tokens (asked for %d)%s",
+        tokenizer.get_vocab_size(),
+        vocab_size,
+        " on lowercased text" if lowercase else "",
+    )
+    return _wrap(tokenizer, model_max_length)
+
+
+def train_separate_tokenizers(
+    source_files_or_iterator: TextInput,
+    target_files_or_iterator: TextInput,
+    vocab_size: int = 37000,
+    target_vocab_size: int | None = None,
+    min_frequency: int = 2,
+    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+    save_directory: str | os.PathLike | None = None,
+    show_progress: bool = True,
+    lowercase: bool = False,
+    length: int | None = None,
+) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+    """One BPE vocabulary per language instead of the paper's shared one (§5.1); same special ids in both.
+
+    With separate vocabularies the encoder and decoder embeddings cannot be shared (§3.4 shares them only
+    with a joint vocabulary). `vocab_size` sizes the source vocabulary and, unless `target_vocab_size` is
+    given, the target one; `length` is the number of sentences of each side, for the progress bar. If
+    `save_directory` is given, the tokenizers are written to `<save_directory>/source` and `<save_directory>/target`
+    (see `save_tokenizers`).
+    """
+    source = train_bpe_tokenizer(
+        source_files_or_iterator,
+        vocab_size,
+        min_frequency,
+        model_max_length,
+        show_progress,
+        lowercase,
+        length,
+    )
+    target = train_bpe_tokenizer(
+        target_files_or_iterator,
+        target_vocab_size or vocab_size,
+        min_frequency,
+        model_max_length,
+        show_progress,
+        lowercase,
+        length,
+    )
+    if save_directory is not None:
+        save_tokenizers(source, target, save_directory)
+    return source, target
+
+
+def save_tokenizers(
+    source_tokenizer: PreTrainedTokenizerFast,
+    target_tokenizer: PreTrainedTokenizerFast,
+    directory: str | os.PathLike,
+) -> None:
+    """Write a joint tokenizer (the same object twice) to `directory`, separate ones to `directory/{source,target}`.
+
+    Each file appears whole (written beside `directory`, then renamed into it, `fileio.replace_files`), so a run killed
+    while saving never leaves a torn `tokenizer.json`."""
+    directory = Path(directory)
+    building = temporary_sibling(directory)
+    try:
+        if source_tokenizer is target_tokenizer:
+            source_tokenizer.save_pretrained(building)
+        else:
+            source_tokenizer.save_pretrained(building / SOURCE_SUBDIR)
+            target_tokenizer.save_pretrained(building / TARGET_SUBDIR)
+            pair = _pair_digest(building / SOURCE_SUBDIR, building / TARGET_SUBDIR)
+            for side in (SOURCE_SUBDIR, TARGET_SUBDIR):
+                (building / side / PAIR_FILE).write_text(json.dumps({"pair": pair}) + "\n", encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    replace_files(building, directory)
+    if source_tokenizer is target_tokenizer:
+        logger.debug("Saved the joint tokenizer (%d tokens) to %s", len(source_tokenizer), directory)
+        return
+    logger.debug(
+        "Saved the source (%d tokens) and target (%d tokens) tokenizers to %s/{%s,%s}",
+        len(source_tokenizer),
+        len(target_tokenizer),
+        directory,
+        SOURCE_SUBDIR,
+        TARGET_SUBDIR,
+    )
+
+
+def load_tokenizers(
+    path: str | os.PathLike,
+) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+    """Load `(source_tokenizer, target_tokenizer)` from a folder written by `save_tokenizers`, or by `vaswani.interop.convert`.
+
+    A joint vocabulary (`path/tokenizer.json`) gives the same object twice; separate vocabularies come from
+    `path/source` and `path/target`. Both layouts are checked for the special ids the model expects. A converted
+    model's own tokenizer (Marian's sentencepiece, FSMT's) serves both sides.
+    """
+    path = Path(path)
+    if (path / "tokenizer.json").is_file():
+        tokenizer = _load_tokenizer(path)
+        return tokenizer, tokenizer
+    source_dir, target_dir = path / SOURCE_SUBDIR, path / TARGET_SUBDIR
+    if (source_dir / "tokenizer.json").is_file() and (target_dir / "tokenizer.json").is_file():
+        _check_pair(source_dir, target_dir)
+        return _load_tokenizer(source_dir), _load_tokenizer(target_dir)
+    if (path / "tokenizer_config.json").is_file():
+        # A tokenizer of another kind that encodes the source and decodes the target itself, as a converted Marian
+        # (sentencepiece) or FSMT model carries it (`vaswani.interop.convert`); its special ids are the converted config's.
+        tokenizer = _load_tokenizer(path, check_ids=False)
+        return tokenizer, tokenizer
+    raise FileNotFoundError(
+        f"No tokenizer in {path}: expected {path / 'tokenizer.json'} (joint vocabulary) or "
+        f"{source_dir / 'tokenizer.json'} and {target_dir / 'tokenizer.json'} (separate vocabularies)"
+    )
+
+
+def _pair_digest(source_dir: Path, target_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for folder in (source_dir, target_dir):
+        digest.update((folder / "tokenizer.json").read_bytes())
+    return digest.hexdigest()
+
+
+def _check_pair(source_dir: Path, target_dir: Path) -> None:
+    """Refuse separate vocabularies whose two sides were not saved together (see `PAIR_FILE`)."""
+    marks = [folder / PAIR_FILE for folder in (source_dir, target_dir)]
+    if not all(mark.is_file() for mark in marks):
+        return  # saved before the mark existed, or by hand
+    recorded = {json.loads(mark.read_text(encoding="utf-8")).get("pair") for mark in marks}
+    if recorded != {_pair_digest(source_dir, target_dir)}:
+        raise ValueError(
+            f"{source_dir} and {target_dir} are not one pair of tokenizers (each side is from another training, "
+            "e.g. a save cut short between them): train the tokenizers again"
+        )
+
+
+def _load_tokenizer(folder: Path, check_ids: bool = True) -> PreTrainedTokenizerFast:
+    """`AutoTokenizer.from_pretrained(folder)`, its special ids checked; a file that is not valid JSON (cut short by
+    a kill, say) raises `ValueError` naming it."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        file = folder / name
+        if file.is_file():
+            try:
+                json.loads(file.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:
+                raise ValueError(
+                    f"Tokenizer file {file} is corrupt or truncated ({error}): delete {folder} to train a new one"
+                ) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as error:  # tokenizers' own exception types
+        raise ValueError(f"Cannot load the tokenizer in {folder}: {' '.join(str(error).split())}") from error
+    if check_ids:
+        check_special_ids(tokenizer, str(folder))
+    return tokenizer
+
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "PAD_ID",
+    "UNK_ID",
+    "check_special_ids",
+    "load_tokenizers",
+    "lowercases",
+    "save_tokenizers",
+    "train_bpe_tokenizer",
+    "train_separate_tokenizers",
+]

@@ -1,0 +1,283 @@
+"""`VaswaniTrainer`: transformers' `Seq2SeqTrainer` with the recipe of §5 (token-budget batches, the §5.3 schedule,
+label smoothing), the recipe's callbacks, FSDP2 on CPU processes, and model folders that are written whole.
+
+The pieces are in their own modules: `batching`, `schedule`, `losses`, `callbacks`, `distributed`; a run's
+checkpoints and resuming in `checkpoints`; the flags in `arguments.PaperTrainingArguments`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import shutil
+from functools import partial
+
+import torch
+from accelerate.utils import extract_model_from_parallel
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer
+from transformers.trainer_callback import ProgressCallback
+
+from ..common.fileio import replace_files, temporary_sibling
+from ..generation_vaswani import EXTRA_OUTPUT_TOKENS
+from ..modeling_vaswani import VaswaniForConditionalGeneration
+from .batching import EpochSetter, TokenBudgetBatchSampler, example_lengths
+from .callbacks import AutocastInTheTrainer, RunProgress, TimeBudget, TimedCheckpoints, TrainingClock
+from .distributed import enable_fsdp_on_cpu, shard_with_fsdp2
+from .evaluation import EvaluationClock, describe_decoding, generation_settings
+from .flags import resolve_peak_learning_rate
+from .losses import fused_output_loss, label_smoothed_loss
+from .schedule import paper_schedule
+
+logger = logging.getLogger(__name__)
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "labels")
+
+
+class VaswaniTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with token-budget batches, the paper's learning-rate schedule and label smoothing.
+
+    Label smoothing (eps_ls = `--label_smoothing_factor`, 0.1, §5.4) is the recipe's, applied as transformers'
+    `compute_loss_func` by `label_smoothed_loss`: the smoothed cross-entropy in float32 with one (N, V) buffer
+    (`kernels.label_smoothed_cross_entropy`), exact under gradient accumulation. The Trainer's own smoother,
+    which would hold the logits of the whole batch in memory a second time, stays off. In bf16/fp16 CPU training the
+    output projection runs inside that loss, so that the logits are never held (`compute_loss`, `--fused_output_loss`).
+    The model's own loss (`model(labels=...)`) is the plain cross-entropy, and so is `eval_loss` when evaluation
+    generates (`predict_with_generate`, as in the recipe): `Seq2SeqTrainer` then takes the model's loss.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._train_sampler = None
+        self.add_callback(TrainingClock())
+        if self._autocast_dtype is not None:
+            self.add_callback(AutocastInTheTrainer(self))
+        minutes = getattr(self.args, "max_train_minutes", None)
+        if minutes:
+            self.add_callback(TimeBudget(minutes))
+        if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
+            self.add_callback(TimedCheckpoints(self.args.save_minutes))
+        self.evaluation_clock = EvaluationClock()
+        if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(RunProgress(minutes))
+        if hasattr(self.args, "learning_rate_constant"):  # PaperTrainingArguments: the peak needs d_model
+            resolve_peak_learning_rate(self.args, self.model.config.d_model)
+        self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
+        self._owns_loss = False
+        if self.args.label_smoothing_factor and self.compute_loss_func is None:
+            self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
+            self.label_smoother = None
+            self._owns_loss = True
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """transformers' `compute_loss`, except in the training steps that `fuses_output_loss` picks: there the
+        decoder's output goes to `fused_output_loss` (the output projection and the label-smoothed loss in one
+        kernel) instead of through the model's logits to `label_smoothed_loss`. Same loss, same normalisation."""
+        if return_outputs or not self.fuses_output_loss(model, inputs):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return fused_output_loss(model, inputs, self.args.label_smoothing_factor, num_items_in_batch)
+
+    def fuses_output_loss(self, model, inputs) -> bool:
+        """Whether this step takes `fused_output_loss`: `--fused_output_loss` (the default), the recipe's own
+        label-smoothed loss, a training step of the bare model in one process (not wrapped for DDP, FSDP or PEFT)
+        on the CPU, under the trainer's bf16/fp16 autocast (where it is measured faster: BENCHMARKS.md)."""
+        return (
+            getattr(self.args, "fused_output_loss", False)
+            and self._owns_loss
+            and "labels" in inputs
+            and self.accelerator.num_processes == 1
+            and not self.is_fsdp_enabled
+            and isinstance(model, VaswaniForConditionalGeneration)
+            and model.training
+            and model.device.type == "cpu"
+            and torch.is_autocast_enabled("cpu")
+        )
+
+    def create_accelerator_and_postprocess(self):
+        super().create_accelerator_and_postprocess()
+        enable_fsdp_on_cpu(self)
+        self._autocast_dtype = None
+        self._owns_autocast = False  # set by take_over_autocast
+        if self.accelerator.native_amp:  # bf16 or fp16 mixed precision
+            self._autocast_dtype = torch.bfloat16 if self.args.bf16 else torch.float16
+
+    def take_over_autocast(self) -> None:
+        """Run mixed precision through `autocast_smart_context_manager` instead of Accelerate's forward wrapper.
+
+        Under bf16 or fp16 mixed precision, Accelerate wraps the model's forward in autocast and converts every
+        half-precision output to float32: the logits too, (tokens, V), which the loss then reads and differentiates in
+        float32 and whose gradient is converted back. At the en->de recipe's shape (8160 x 8000 logits) that costs
+        two extra (N, V) float32 tensors per step. Here the wrapper is removed (`extract_model_from_parallel(...,
+        keep_fp32_wrapper=False)`, Accelerate's own way to undo it) and the trainer enters the same autocast around
+        the loss and around generation in evaluation, so the label-smoothed loss receives the logits in the autocast
+        dtype and computes in float32 chunk by chunk (`kernels.label_smoothed_cross_entropy`). Weights,
+        gradients and Adam's state stay in float32, as before.
+        """
+        if self._autocast_dtype is None or self._owns_autocast:
+            return
+        extract_model_from_parallel(self.model_wrapped, keep_fp32_wrapper=False)
+        self._owns_autocast = True
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        """transformers leaves autocast to Accelerate's forward wrapper; once `take_over_autocast` has removed that
+        wrapper, the trainer's loss and evaluation enter torch's autocast here, in the same dtype."""
+        if not self._owns_autocast:
+            return super().autocast_smart_context_manager(cache_enabled)
+        return torch.autocast(
+            device_type=self.accelerator.device.type,
+            dtype=self._autocast_dtype,
+            cache_enabled=cache_enabled,
+        )
+
+    def create_optimizer(self, model=None):
+        if self.is_fsdp_enabled:
+            shard_with_fsdp2(self.model, self.accelerator)
+        return super().create_optimizer(model)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save the model folder (a checkpoint's or the final one) as transformers does, with two differences:
+        every file appears whole (written beside the folder, then renamed into it), and `training_args.bin` never
+        holds the Hub token. The model's `save_pretrained` makes the folder whole (code, pipeline, custom
+        generate), FSDP-wrapped too."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        token, self.args.hub_token = self.args.hub_token, None
+        try:
+            if not self.args.should_save:
+                return super()._save(output_dir, state_dict=state_dict)
+            if self.is_fsdp_enabled and state_dict:
+                # A gathered FSDP state dict holds a tied matrix once per name: tie them again, so that it is saved
+                # once, as without FSDP.
+                for target, source in self.model.get_expanded_tied_weights_keys(all_submodels=True).items():
+                    if target in state_dict and source in state_dict:
+                        state_dict[target] = state_dict[source]
+            building = temporary_sibling(output_dir)
+            try:
+                super()._save(str(building), state_dict=state_dict)
+            except BaseException:
+                shutil.rmtree(building, ignore_errors=True)
+                raise
+            replace_files(building, output_dir)
+        finally:
+            self.args.hub_token = token
+
+    def token_sampler(self) -> TokenBudgetBatchSampler:
+        """The §5.1 batches of the training set, built once: the lengths are read from Arrow (`example_lengths`), so
+        no token list becomes a Python object, in any process."""
+        if self._train_sampler is None:
+            self._train_sampler = TokenBudgetBatchSampler(
+                example_lengths(self.train_dataset),
+                self.args.max_tokens,
+                seed=self.args.seed,
+                max_sentences=getattr(self.args, "max_sentences", None),
+            )
+            self.add_callback(EpochSetter(self._train_sampler))
+            logger.info(
+                "Token-budget batches: %d batches of at most %d tokens per device and epoch",
+                len(self._train_sampler),
+                self.args.max_tokens,
+            )
+        return self._train_sampler
+
+    def get_train_dataloader(self) -> DataLoader:
+        if getattr(self.args, "max_tokens", None) is None:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset.select_columns(
+            [c for c in MODEL_INPUTS if c in self.train_dataset.column_names]
+        )
+        loader = DataLoader(
+            dataset,
+            batch_sampler=self.token_sampler(),
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        return self.accelerator.prepare(loader)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", **gen_kwargs):
+        """`Seq2SeqTrainer.evaluate`, with a log line before it saying what it decodes and how long it should take,
+        and one after it with the time it took (`evaluation.EvaluationClock`)."""
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        timing = contextlib.nullcontext()
+        if self.args.predict_with_generate and hasattr(dataset, "__len__") and not isinstance(dataset, dict):
+            beams, limit = generation_settings(self, gen_kwargs)
+            batch = self.args.per_device_eval_batch_size
+            what = describe_decoding(len(dataset), beams, batch, self.args.world_size, limit)
+            timing = self.evaluation_clock.timing(len(dataset), what)
+        with timing:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """Generation during evaluation stops at source length + 50 tokens (§6.1) unless a maximum is given."""
+        if self.args.predict_with_generate and not prediction_loss_only:
+            if not gen_kwargs:
+                gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
+            if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
+                gen_kwargs.pop("max_length", None)
+                gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + EXTRA_OUTPUT_TOKENS
+        # transformers' Seq2SeqTrainer.prediction_step writes every default into the model's generation config, and
+        # checkpoints would save them all: `max_length: 20` among them, so that each later
+        # `generate(max_new_tokens=...)` on the saved model warned that both were set. The model keeps its own.
+        own = copy.deepcopy(self.model.generation_config)
+        try:
+            # Generation in evaluation under the trainer's autocast once it has taken autocast over from Accelerate.
+            with self.autocast_smart_context_manager():
+                return super().prediction_step(
+                    model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+                )
+        finally:
+            self.model.generation_config = own
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if not getattr(self.args, "paper_lr_schedule", False):
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            budgets = [c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)]
+            self.lr_scheduler = paper_schedule(
+                optimizer or self.optimizer,
+                int(self.args.warmup_steps),
+                cooldown_fraction=getattr(self.args, "lr_cooldown_fraction", 0.0),
+                max_steps=num_training_steps,
+                budget=budgets[0] if budgets else None,
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """transformers' loading, then the §5.3 schedule's peak is this run's learning rate: a checkpoint saved when
+        the optimizer's rate was the formula's multiplier (1.0) would otherwise make the peak 1.0."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and getattr(self.args, "paper_lr_schedule", False) and self.lr_scheduler:
+            if hasattr(self.lr_scheduler, "base_lrs"):
+                self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
+
+    def train(self, *args, **kwargs):
+        self._trained = {"sentences": 0, "tokens": 0}
+        return super().train(*args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """transformers' step, counting the sentences and target tokens trained on (for `log`'s throughput)."""
+        labels = inputs.get("labels")
+        if labels is not None:
+            self._trained["sentences"] += labels.shape[0]
+            self._trained["tokens"] = self._trained["tokens"] + (labels != -100).sum()  # no sync per step
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """transformers' log, where the end-of-training metrics count what was trained on: transformers'
+        `train_samples_per_second` assumes `--per_device_train_batch_size` sentences per micro-batch (8 for a
+        token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
+        target tokens, of every process."""
+        if "train_runtime" in logs and "train_samples_per_second" in logs:
+            counts = torch.tensor(
+                [float(self._trained["sentences"]), float(self._trained["tokens"])], device=self.args.device
+            )
+            if self.accelerator.num_processes > 1:
+                counts = self.accelerator.reduce(counts, reduction="sum")
+            sentences, tokens = counts.tolist()
+            runtime = max(float(logs["train_runtime"]), 1e-9)
+            logs["train_samples_per_second"] = round(sentences / runtime, 3)
+            logs["train_tokens_per_second"] = round(tokens / runtime, 3)
+            logs["train_samples"] = int(sentences)
+            logs["train_tokens"] = int(tokens)
+        super().log(logs, start_time)

@@ -1,0 +1,443 @@
+"""Batched translation with the paper's decoding (Vaswani et al., 2017, §6.1).
+
+§6.1: "We used beam search with a beam size of 4 and length penalty α = 0.6 [...]. We set the maximum output
+length during inference to input length + 50, but terminate early when possible."
+
+- Beam size 4 and length penalty 0.6 unless asked otherwise; the rest of the model's `generation_config` applies.
+- Maximum output length, per batch: the longest source of the batch (in tokens, `</s>` included) + 50 new tokens,
+  as `VaswaniTranslationPipeline` does; a fixed `max_new_tokens` overrides it.
+- Sentences are sorted by length (longest first, so that a batch that does not fit in memory fails at once) and
+  batched by sentence count and optionally by padded source tokens; translations come back in input order.
+- An empty (or all-whitespace) line translates to an empty line without running the model, so outputs stay
+  line-aligned with their inputs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..common.fileio import atomic_write
+from ..generation_vaswani import (
+    EXTRA_OUTPUT_TOKENS,
+    PAPER_LENGTH_PENALTY,
+    PAPER_LENGTH_PENALTY_FORM,
+    PAPER_NUM_BEAMS,
+)
+from ..kernels import use_cpu_kernels
+from .averaging import check_safetensors
+from .data import read_lines
+from .metrics import compute_bleu, reported_scores
+from .tokenization import load_tokenizers
+
+logger = logging.getLogger(__name__)
+
+NUM_BEAMS = PAPER_NUM_BEAMS  # §6.1
+LENGTH_PENALTY = PAPER_LENGTH_PENALTY  # §6.1, alpha
+
+
+def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None) -> str:
+    """The length penalty form a beam search of `model` uses: `requested`, else its generation config's, else the
+    paper's ("gnmt") for this package's models, which default to it, and transformers' |Y| ** alpha ("power") for
+    any other model."""
+    form = requested or getattr(model.generation_config, "length_penalty_form", None)
+    if form:
+        return form
+    return PAPER_LENGTH_PENALTY_FORM if getattr(model.config, "model_type", None) == "vaswani" else "power"
+
+
+def length_penalty_of(model: PreTrainedModel, requested: float | None = None) -> float:
+    """The length penalty alpha a beam search of `model` uses: `requested`, else its generation config's."""
+    if requested is not None:
+        return requested
+    value = getattr(model.generation_config, "length_penalty", None)
+    return 1.0 if value is None else float(value)  # transformers' default when the config has none
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_translation_model(
+    model_path: str | os.PathLike,
+    tokenizer_path: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    bf16: bool = False,
+    **model_kwargs,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerBase]:
+    """Load `(model, source_tokenizer, target_tokenizer)` for inference, the model in eval mode on `device`.
+
+    The tokenizer(s) come from `tokenizer_path`, else from the model folder: a joint vocabulary
+    (`tokenizer.json`) or separate ones (`source/` and `target/`), see `tokenization.load_tokenizers`.
+    `bf16` casts the weights to bfloat16. `model_kwargs` go to `from_pretrained`. On the CPU the model runs this
+    package's CPU kernels (`kernels.use_cpu_kernels`: its linear layers and, unless `attn_implementation` is given,
+    the "vaswani_sdpa" attention).
+
+    Raises `FileNotFoundError` / `ValueError` naming the folder or file: a local path that does not exist, a folder
+    without `config.json`, a weights file that is cut short or corrupt.
+    """
+    device = torch.device(device or default_device())
+    check_model_path(model_path)
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
+    except (OSError, ValueError) as error:
+        raise type(error)(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
+    model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
+    if device.type == "cpu":
+        use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
+    source_tokenizer, target_tokenizer = load_tokenizers(tokenizer_path or model_path)
+    logger.info(
+        "Loaded %s (%s) on %s; tokenizer(s) from %s",
+        model_path,
+        model.dtype,
+        device,
+        tokenizer_path or model_path,
+    )
+    return model, source_tokenizer, target_tokenizer
+
+
+def _looks_local(name: str) -> bool:
+    """Whether a model name can only be a local path (a Hub id is "name" or "owner/name")."""
+    return (
+        Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or name.endswith("/")
+    )
+
+
+def check_model_path(model_path: str | os.PathLike) -> None:
+    """Raise, naming the path, when `model_path` is not a usable model folder: a local path that does not exist, a
+    file, a folder without `config.json`, or safetensors weights that are cut short or corrupt. A name that can be a
+    Hub id is left to `from_pretrained`."""
+    path = Path(model_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a model folder: it has no config.json")
+        for weights in sorted(path.glob("*.safetensors")):
+            check_safetensors(weights)
+        return
+    if path.exists():
+        raise ValueError(f"{path} is a file: give the model's folder")
+    if _looks_local(str(model_path)):
+        raise FileNotFoundError(f"No model folder at {model_path}")
+
+
+def check_decoding(
+    num_beams: int, length_penalty: float, max_new_tokens: int | None = None, n_best: int = 1
+) -> None:
+    """Raise `ValueError` naming the setting that beam search cannot run with."""
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be at least 1, got {num_beams!r}")
+    if not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens!r}")
+    if n_best < 1 or n_best > num_beams:
+        raise ValueError(f"n_best must be between 1 and num_beams ({num_beams}), got {n_best!r}")
+
+
+def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Group the indices of `lengths`, longest first, into batches.
+
+    A batch holds at most `batch_size` sentences and, if `max_tokens` is given, at most `max_tokens` padded source
+    tokens (sentences x longest length); a sentence longer than `max_tokens` gets a batch of its own.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep input order
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Sorted longest first, so the batch's first sentence is its longest.
+        too_many_tokens = (
+            max_tokens is not None and current and (len(current) + 1) * lengths[current[0]] > max_tokens
+        )
+        if current and (len(current) == batch_size or too_many_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class Hypothesis:
+    """One translation and its score: for beam search the beam's score, the summed log-probability divided by the
+    length penalty lp(Y) (§6.1, `generation_vaswani.length_penalty_factor`); for greedy decoding the summed
+    log-probability."""
+
+    text: str
+    score: float
+
+
+@torch.inference_mode()
+def translate(
+    sentences: Iterable[str],
+    model: PreTrainedModel,
+    source_tokenizer: PreTrainedTokenizerBase,
+    target_tokenizer: PreTrainedTokenizerBase | None = None,
+    batch_size: int = 64,
+    max_tokens: int | None = None,
+    num_beams: int = NUM_BEAMS,
+    length_penalty: float | None = None,
+    length_penalty_form: str | None = None,
+    max_new_tokens: int | None = None,
+    extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
+    show_progress: bool = True,
+    **generate_kwargs,
+) -> list[str]:
+    """Translate `sentences`, returning one translation per sentence in the same order.
+
+    Args:
+        sentences: source sentences; empty or all-whitespace ones translate to "".
+        model: an encoder-decoder with `generate()`, in eval mode, on the device to translate on.
+        source_tokenizer: encodes the sources; `target_tokenizer` (default: the same) decodes the outputs.
+        batch_size: at most this many sentences per `generate` call.
+        max_tokens: if given, also at most this many padded source tokens per call.
+        num_beams: §6.1's beam size 4 by default.
+        length_penalty: alpha; `None` takes the model's generation config (§6.1's 0.6 for a model this package
+            trained, unless `vaswani-train --length_penalty` chose another on validation).
+        length_penalty_form: "gnmt" (((5 + |Y|) / 6) ** alpha, the form §6.1 cites) or "power" (|Y| ** alpha,
+            transformers'); `None` leaves the model's generation config to decide (the paper's for this package's
+            models). See `generation_vaswani.length_penalty_factor`.
+        max_new_tokens: a fixed output limit; `None` gives §6.1's input length + `extra_output_tokens`, where
+            the input length is the longest source of the batch.
+        show_progress: a tqdm bar over sentences.
+        generate_kwargs: further arguments of `model.generate` (e.g. `early_stopping`).
+    """
+    n_best = translate_n_best(
+        sentences,
+        model,
+        source_tokenizer,
+        target_tokenizer,
+        n_best=1,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        length_penalty_form=length_penalty_form,
+        max_new_tokens=max_new_tokens,
+        extra_output_tokens=extra_output_tokens,
+        show_progress=show_progress,
+        with_scores=False,
+        **generate_kwargs,
+    )
+    return [hypotheses[0].text for hypotheses in n_best]
+
+
+@torch.inference_mode()
+def translate_n_best(
+    sentences: Iterable[str],
+    model: PreTrainedModel,
+    source_tokenizer: PreTrainedTokenizerBase,
+    target_tokenizer: PreTrainedTokenizerBase | None = None,
+    n_best: int = 1,
+    batch_size: int = 64,
+    max_tokens: int | None = None,
+    num_beams: int = NUM_BEAMS,
+    length_penalty: float | None = None,
+    length_penalty_form: str | None = None,
+    max_new_tokens: int | None = None,
+    extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
+    show_progress: bool = True,
+    with_scores: bool = True,
+    max_source_length: int | None = None,
+    **generate_kwargs,
+) -> list[list[Hypothesis]]:
+    """The `n_best` best translations of each sentence, best first, with their scores (`Hypothesis`), as
+    fairseq-generate's H lines or OpenNMT's `-n_best`. `n_best` is at most `num_beams`. An empty sentence gives
+    `n_best` empty translations of score 0. `max_source_length` truncates longer sources (default: none is cut).
+    The other arguments are `translate`'s; with `with_scores=False` the scores are not computed (0.0)."""
+    length_penalty = length_penalty_of(model, length_penalty)
+    check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
+    device = model.device
+    if length_penalty_form is not None:
+        generate_kwargs["length_penalty_form"] = length_penalty_form
+    if with_scores:
+        generate_kwargs.update(output_scores=True, return_dict_in_generate=True)
+
+    def decode(sources: list[list[int]]) -> list[list[tuple[list[int], float]]]:
+        inputs = source_tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(device)
+        output = model.generate(
+            **inputs,
+            num_beams=num_beams,
+            num_return_sequences=n_best,
+            length_penalty=length_penalty,
+            max_new_tokens=max_new_tokens or inputs["input_ids"].shape[1] + extra_output_tokens,
+            **generate_kwargs,
+        )
+        sequences = output.sequences if with_scores else output
+        scores = _sequence_scores(model, output, num_beams) if with_scores else [0.0] * len(sequences)
+        rows = list(zip(sequences.tolist(), scores, strict=True))
+        return [rows[k * n_best : (k + 1) * n_best] for k in range(len(sources))]
+
+    return decode_in_batches(
+        sentences,
+        decode,
+        source_tokenizer,
+        target_tokenizer,
+        n_best,
+        batch_size,
+        max_tokens,
+        max_source_length,
+        show_progress,
+    )
+
+
+def decode_in_batches(
+    sentences: Iterable[str],
+    decode: Callable[[list[list[int]]], list[list[tuple[list[int], float]]]],
+    source_tokenizer: PreTrainedTokenizerBase,
+    target_tokenizer: PreTrainedTokenizerBase | None,
+    n_best: int,
+    batch_size: int,
+    max_tokens: int | None,
+    max_source_length: int | None,
+    show_progress: bool,
+) -> list[list[Hypothesis]]:
+    """What every decoder of `translate_n_best` (the PyTorch model, or an exported one in `vaswani.interop.engines`) shares:
+    encode, batch by length (`make_batches`), `decode` each batch's token ids into `n_best` (ids, score) rows per
+    source, detokenize, and return them in input order; empty sentences give `n_best` empty translations of score
+    0 without decoding."""
+    sentences = list(sentences)  # e.g. a `datasets` column
+    target_tokenizer = target_tokenizer or source_tokenizer
+    results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
+    encoded = source_tokenizer([sentences[i] for i in todo], **truncation)["input_ids"] if todo else []
+    with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
+        progress.update(len(sentences) - len(todo))  # the empty lines
+        for batch in make_batches([len(ids) for ids in encoded], batch_size, max_tokens):
+            for j, rows in zip(batch, decode([encoded[j] for j in batch]), strict=True):
+                texts = target_tokenizer.batch_decode([ids for ids, _ in rows], skip_special_tokens=True)
+                results[todo[j]] = [
+                    Hypothesis(text, float(score)) for text, (_, score) in zip(texts, rows, strict=True)
+                ]
+            progress.update(len(batch))
+    return results
+
+
+def _sequence_scores(model: PreTrainedModel, output, num_beams: int) -> list[float]:
+    """Beam search: the beams' own scores. Greedy: the summed log-probabilities of the tokens up to `</s>`."""
+    if num_beams > 1:
+        return output.sequences_scores.tolist()
+    steps = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)  # (B, T)
+    generated = output.sequences[:, -steps.shape[1] :]
+    eos = model.generation_config.eos_token_id
+    eos = eos if isinstance(eos, int) else (eos[0] if eos else None)
+    # a token counts up to and including the first </s>; after it, the rows are padding
+    ended_before = torch.zeros_like(generated, dtype=torch.bool)
+    if eos is not None:
+        is_eos = (generated == eos).long()
+        ended_before = (is_eos.cumsum(dim=1) - is_eos) > 0
+    return steps.masked_fill(ended_before, 0.0).sum(dim=1).tolist()
+
+
+def read_sentences(path: str | os.PathLike | None) -> list[str]:
+    """The lines of a UTF-8 file (`.gz` allowed), or of standard input for `None` or "-". A line that is not UTF-8
+    raises `ValueError` naming the file (or standard input) and the line."""
+    if path is None or str(path) == "-":
+        return list(stdin_lines())
+    return list(read_lines(path))
+
+
+def stdin_lines() -> Iterator[str]:
+    """The lines of standard input as they arrive (UTF-8, without line ends); `ValueError` names a bad line."""
+    for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
+        try:
+            yield raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"standard input, line {number}: not UTF-8 text ({error.reason} at byte {error.start} of the line)"
+            ) from None
+
+
+def _one_line(text: str) -> str:
+    """A translation as one output line: a line break the decoder produced would shift all later lines."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def write_sentences(sentences: Iterable[str], path: str | os.PathLike | None) -> None:
+    """Write one sentence a line to a UTF-8 file, or to standard output for `None` or "-".
+
+    A file appears whole when everything is written (`fileio.atomic_write`): a kill leaves the earlier file as it
+    was, and two processes writing one path leave one complete file, never a mix."""
+    write_lines((_one_line(sentence) for sentence in sentences), path)
+
+
+def write_lines(lines: Iterable[str], path: str | os.PathLike | None) -> None:
+    """Write lines (without their line end) to a UTF-8 file atomically, or to standard output for `None` or "-"."""
+    ended: Iterator[str] = (line + "\n" for line in lines)
+    if path is None or str(path) == "-":
+        stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n", write_through=True)
+        stdout.writelines(ended)
+        stdout.flush()
+        stdout.detach()  # leave sys.stdout's buffer open
+        return
+    with atomic_write(path) as f:
+        f.writelines(ended)
+
+
+def format_n_best(index: int, hypotheses: Sequence[Hypothesis]) -> list[str]:
+    """The output lines of one source's n-best list: `index<TAB>score<TAB>translation`, best first."""
+    return [f"{index}\t{h.score:.4f}\t{_one_line(h.text)}" for h in hypotheses]
+
+
+def score_translations(
+    translations: Sequence[str],
+    reference_paths: Sequence[str | os.PathLike],
+    moses_lang: str | None = None,
+    **bleu_kwargs,
+) -> dict:
+    """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`);
+    with `moses_lang`, the record a run reports instead (`metrics.reported_scores`: also BLEU on lowercased
+    Moses-tokenized text of that language, the published Multi30k convention; of `bleu_kwargs` it takes
+    `lowercase` only).
+
+    Raises `ValueError` naming the file whose line count differs.
+    """
+    if not translations:
+        raise ValueError("No translations to score: the input was empty")
+    references = [list(read_lines(path)) for path in reference_paths]
+    for path, stream in zip(reference_paths, references, strict=True):
+        if len(stream) != len(translations):
+            raise ValueError(f"{len(translations)} translations but {path} has {len(stream)} lines")
+    per_segment = [list(refs) for refs in zip(*references, strict=True)]
+    if moses_lang is not None:
+        lowercase = bleu_kwargs.pop("lowercase", False)
+        if bleu_kwargs:
+            raise ValueError(f"moses_lang reports the fixed record; drop {sorted(bleu_kwargs)}")
+        return reported_scores(translations, per_segment, moses_lang, lowercase=lowercase)
+    return compute_bleu(translations, per_segment, **bleu_kwargs)
+
+
+__all__ = [
+    "LENGTH_PENALTY",
+    "NUM_BEAMS",
+    "Hypothesis",
+    "check_decoding",
+    "check_model_path",
+    "default_device",
+    "format_n_best",
+    "length_penalty_of",
+    "load_translation_model",
+    "make_batches",
+    "read_sentences",
+    "score_translations",
+    "stdin_lines",
+    "translate",
+    "translate_n_best",
+    "write_lines",
+    "write_sentences",
+]
