@@ -21,3 +21,14 @@ def test_readme_commands_exist_in_makefile_and_ci():
     assert "make run" in readme and "make test" in readme
     assert re.search(r"^run:", makefile, flags=re.M) and re.search(r"^test:", makefile, flags=re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_is_a_front_page_whose_links_lead_somewhere():
+    """The README is a front page (about 8 KB) and every page it sends a reader to exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) < 9 * 1024
+    links = re.findall(r"\]\(((?:docs|recipes)/[^)#]+|[A-Z]+\.md)\)", text)
+    assert {"docs/model.md", "docs/recipe.md", "docs/interop.md", "docs/ARCHITECTURE.md"} <= set(links)
+    for link in links:
+        assert (ROOT / link).is_file(), link
+    assert len((ROOT / "BENCHMARKS.md").read_text().encode()) <= 16 * 1024
