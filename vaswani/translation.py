@@ -89,8 +89,9 @@ def load_translation_model(
     package's CPU kernels (`kernels.use_cpu_kernels`: its linear layers and, unless `attn_implementation` is given,
     the "vaswani_sdpa" attention).
 
-    Raises `FileNotFoundError` / `ValueError` naming the folder or file: a local path that does not exist, a folder
-    without `config.json`, a weights file that is cut short or corrupt.
+    Raises `FileNotFoundError` / `ValueError` naming the folder or file (`check_model_path`), before anything loads:
+    a name that is neither a local folder nor a reachable Hub model, a folder without `config.json`, a config that is
+    not JSON, a weights file that is cut short or corrupt.
     """
     device = torch.device(device or default_device())
     check_model_path(model_path)
