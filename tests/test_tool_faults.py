@@ -495,6 +495,15 @@ def test_a_missing_input_or_reference_is_named_before_the_model_loads(
         evaluate_command.main, ["--hypotheses", tmp_path / "nope.en", "--references", source], capsys
     )
     assert_one_line_error(code, err, "--hypotheses", "nope.en", "no such file")
+    from vaswani.commands import plot as plot_command
+
+    argv = ["--model_name_or_path", tmp_path / "nope", "--engine", "onnx", "--input", source]
+    code, _, err = invoke(translate_command.main, argv, capsys)
+    assert_one_line_error(code, err, "No export folder at", "nope")
+    code, _, err = invoke(
+        plot_command.main, ["curves", "--run_dir", "nope", "--output", tmp_path / "c.png"], capsys
+    )
+    assert_one_line_error(code, err, "No run folder at nope")
 
 
 def test_a_corrupt_config_is_named_by_every_tool_that_reads_it(model_dir, tmp_path, capsys):

@@ -129,6 +129,8 @@ def finish_export(
 def read_metadata(folder: str | os.PathLike) -> dict:
     """The `vaswani_export.json` of an exported folder; a `ValueError` naming the file when it is missing."""
     path = Path(folder) / METADATA_FILE
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"No export folder at {folder}: no such folder")
     if not path.is_file():
         raise ValueError(f"{path} not found: {folder} is not a complete folder written by vaswani-export")
     return read_json(path)
