@@ -587,19 +587,26 @@ def test_a_language_the_model_does_not_know_is_refused(record, flags, named, mod
 def test_languages_are_not_checked_where_nothing_records_them_and_it_is_said(model_dir, tmp_path, capsys):
     source = tmp_path / "src.txt"
     source.write_text("Ein Mann .\n")
-    argv = [
-        "--model_name_or_path",
-        model_dir,
-        "--input",
-        source,
-        "--output",
-        tmp_path / "hyp.txt",
-        "--no_progress",
-    ]
+    argv = ["--input", source, "--output", tmp_path / "hyp.txt", "--no_progress"]
     code, _, err = invoke(
-        translate_command.main, argv + ["--source_lang", "de", "--target_lang", "xx"], capsys
+        translate_command.main,
+        ["--model_name_or_path", model_dir, *argv, "--source_lang", "de", "--target_lang", "xx"],
+        capsys,
     )
     assert code == 0 and "records no languages" in err, err
+    # a group of languages (Marian's opus-mt-en-ROMANCE records "ROMANCE") is no language to check against
+    group = tmp_path / "group"
+    shutil.copytree(model_dir, group)
+    tokenizer_config = json.loads((group / "tokenizer_config.json").read_text())
+    tokenizer_config.update(source_lang="en", target_lang="ROMANCE")
+    (group / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    flags = ["--source_lang", "en", "--target_lang", "fr"]
+    code, _, err = invoke(translate_command.main, ["--model_name_or_path", group, *argv, *flags], capsys)
+    assert code == 0, err
+    code, _, err = invoke(
+        translate_command.main, ["--model_name_or_path", group, *argv, "--source_lang", "de"], capsys
+    )
+    assert_one_line_error(code, err, "--source_lang de: the model", "translates en into ROMANCE")
 
 
 def test_evaluate_errors_name_the_file_or_flag(tmp_path, capsys):

@@ -264,6 +264,13 @@ def model_languages(model_path: str | os.PathLike) -> ModelLanguages | None:
     return None
 
 
+def _is_one_language(code: str) -> bool:
+    """Whether a recorded code names one language (an ISO 639 code of 2 or 3 letters, with or without a region or
+    script), not a group such as Marian's "ROMANCE" or ISO's "mul" (multiple) and "und" (undetermined)."""
+    primary = code.replace("_", "-").split("-")[0]
+    return 2 <= len(primary) <= 3 and primary.isalpha() and primary.lower() not in ("mul", "und")
+
+
 def _same_language(given: str, recorded: str) -> bool:
     """Language codes compared without case, a region or script (`en-US` is `en`)."""
     primary = lambda code: code.lower().replace("_", "-").split("-")[0]  # noqa: E731
@@ -291,9 +298,9 @@ def check_model_languages(
         ("source_lang", source_lang, languages.source),
         ("target_lang", target_lang, languages.target),
     ):
-        if given is None:
-            continue
         allowed = [recorded] if recorded else list(languages.known)
+        if given is None or not all(_is_one_language(code) for code in allowed):
+            continue  # e.g. Marian's "ROMANCE" or "mul": a group of languages, which this check cannot judge
         if not any(_same_language(given, code) for code in allowed):
             raise UsageError(f"--{flag} {given}: the model {model_path} {languages.describe()}")
     return languages
