@@ -465,6 +465,39 @@ def test_a_model_name_that_is_no_folder_and_no_reachable_hub_model_is_named_at_o
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t5.de"]
 
 
+def test_a_hub_model_translates_with_its_own_tokenizer(model_dir, tmp_path):
+    """`vaswani-translate --model_name_or_path namespace/name` loaded the model from the Hub, then looked for its
+    tokenizer in a local folder named namespace/name. Here the Hub is a cache filled as a download fills it, offline."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub-cache" / "models--someone--tiny-de-en"
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    source = tmp_path / "src.de"
+    source.write_text(SENTENCES[0] + "\n")
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(tmp_path / "hub-cache"),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    argv = ["--input", source, "--output", tmp_path / "hyp.en", "--max_new_tokens", "6", "--no_progress"]
+    done = subprocess.run(
+        [BIN / "vaswani-translate", "--model_name_or_path", "someone/tiny-de-en", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    from vaswani.translation import load_translation_model, translate
+
+    model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
+    expected = translate(SENTENCES[:1], model, tokenizer, max_new_tokens=6, show_progress=False)
+    assert (tmp_path / "hyp.en").read_text().splitlines() == expected
+
+
 def test_a_missing_input_or_reference_is_named_before_the_model_loads(
     model_dir, tmp_path, capsys, monkeypatch
 ):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import torch
-from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+from huggingface_hub import get_hf_file_metadata, hf_hub_url, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
 from huggingface_hub.repocard import metadata_load
 from huggingface_hub.utils import validate_repo_id
@@ -102,6 +102,10 @@ def load_translation_model(
     model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
     if device.type == "cpu":
         use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
+    if (
+        tokenizer_path is None and not Path(model_path).is_dir()
+    ):  # a Hub model: its tokenizer files, from the cache
+        tokenizer_path = snapshot_download(str(model_path), allow_patterns=TOKENIZER_PATTERNS)
     source_tokenizer, target_tokenizer = load_tokenizers(tokenizer_path or model_path)
     logger.info(
         "Loaded %s (%s) on %s; tokenizer(s) from %s",
@@ -111,6 +115,10 @@ def load_translation_model(
         tokenizer_path or model_path,
     )
     return model, source_tokenizer, target_tokenizer
+
+
+# The files a Hub model's tokenizer may need (joint, source/ + target/, or a converted model's sentencepiece / vocab).
+TOKENIZER_PATTERNS = ["*.json", "*.spm", "*.model", "*.txt", "source/*", "target/*"]
 
 
 def _looks_local(name: str) -> bool:
