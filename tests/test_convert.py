@@ -603,9 +603,11 @@ def test_the_command_line_names_the_problem_on_one_line_and_keeps_an_existing_fo
         main(["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--debug"])
     with pytest.raises(SystemExit):
         main(["--model_name_or_path", str(tmp_path / "missing"), "--output_dir", str(tmp_path / "out")])
+    missing = tmp_path / "missing"
     assert (
         capsys.readouterr().err
-        == f"vaswani-convert: error: {tmp_path / 'missing'} is not a folder (nor a Hub model id)\n"
+        == f"vaswani-convert: error: No model folder at {missing}: no such path (and '{missing}' is not a Hub "
+        "model id 'namespace/name')\n"
     )
     assert not (tmp_path / "out").exists()
 

@@ -6,6 +6,7 @@ ONNX graphs give the PyTorch logits at every step, and this package's search ove
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -176,6 +177,72 @@ def test_ctranslate2_warns_that_it_has_no_paper_length_penalty(ct2_folder, token
             tokenizer(MORE[:1])["input_ids"], num_beams=4, max_new_tokens=4, length_penalty_form="gnmt"
         )
     assert "|Y|^alpha" in caplog.text
+
+
+def test_vaswani_translate_says_once_that_ctranslate2_decodes_without_the_models_length_penalty(
+    ct2_folder, saved, tmp_path, capsys
+):
+    """`vaswani-translate --engine ctranslate2` decoded with |Y|^alpha instead of the model's GNMT form and said
+    nothing a user noticed: said once, before the first sentence, naming both forms and the alpha; asked for the GNMT
+    form by flag, refused; the export says it too."""
+    from vaswani.commands.cli import setup_logging
+    from vaswani.commands.translate import main as translate_main
+
+    source = tmp_path / "src.txt"
+    source.write_text("\n".join(MORE[:3]) + "\n")
+    setup_logging()
+    main(
+        [
+            "--model_name_or_path",
+            str(saved[1]),
+            "--engine",
+            "ctranslate2",
+            "--output_dir",
+            str(tmp_path / "ct2"),
+        ]
+    )
+    exported = capsys.readouterr().err
+    assert "|Y|^0.6, not by the model's gnmt form ((5 + |Y|) / 6)^0.6" in exported
+    argv = ["--model_name_or_path", str(ct2_folder), "--engine", "ctranslate2", "--input", str(source)]
+    translate_main([*argv, "--output", str(tmp_path / "hyp.txt"), "--batch_size", "1"])
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "CTranslate2 has only the length penalty |Y|^alpha" in line]
+    assert len(said) == 1 and "|Y|^0.6, not by the model's gnmt form ((5 + |Y|) / 6)^0.6" in said[0], err
+    assert err.index(said[0]) < err.index("Translating"), "said before the first sentence"
+    translate_main([*argv, "--output", str(tmp_path / "hyp.txt"), "--length_penalty_form", "power"])
+    assert "CTranslate2 has only" not in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        translate_main([*argv, "--length_penalty_form", "gnmt"])
+    assert exit_info.value.code == 2
+    assert (
+        "--length_penalty_form gnmt: CTranslate2 divides beam scores by |Y|^alpha" in capsys.readouterr().err
+    )
+
+
+def test_an_export_records_the_models_languages_and_vaswani_translate_checks_them(saved, tmp_path, capsys):
+    from vaswani.commands.translate import main as translate_main
+
+    folder = tmp_path / "model"
+    shutil.copytree(saved[1], folder)
+    (folder / "training_summary.json").write_text(json.dumps({"source_lang": "de", "target_lang": "en"}))
+    out = export(folder, tmp_path / "ct2", "ctranslate2")
+    assert read_metadata(out)["languages"]["source_lang"] == "de"
+    source = tmp_path / "src.de"
+    source.write_text(MORE[0] + "\n")
+    with pytest.raises(SystemExit):
+        translate_main(
+            [
+                "--model_name_or_path",
+                str(out),
+                "--engine",
+                "onnx",
+                "--input",
+                str(source),
+                "--target_lang",
+                "fr",
+            ]
+        )
+    assert "--target_lang fr: the model" in capsys.readouterr().err
 
 
 def test_ctranslate2_refuses_what_it_cannot_run(tmp_path, tokenizer, ct2_folder):

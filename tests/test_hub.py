@@ -472,8 +472,11 @@ def test_bad_inputs_fail_before_any_upload(trained_dir, hub, tmp_path, monkeypat
     VaswaniForConditionalGeneration(tiny_config(vocab_size=20)).save_pretrained(small)
     with pytest.raises(PublishError, match="the model only 20"):
         publish(small, REPO_ID, tokenizer_dir=trained_dir)
-    with pytest.raises(PublishError, match="no config.json"):
+    with pytest.raises(PublishError, match="No model folder at .*nowhere.*: no such folder"):
         publish(tmp_path / "nowhere", REPO_ID)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PublishError, match="no config.json"):
+        publish(tmp_path / "empty", REPO_ID)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "old.txt").write_text("stale")
     with pytest.raises(PublishError, match="not empty"):

@@ -424,6 +424,226 @@ def test_debug_shows_the_traceback(model_dir, tmp_path):
         translate_command.main(["--model_name_or_path", str(tmp_path / "nowhere"), "--debug"])
 
 
+@pytest.mark.parametrize(
+    "name, offline, named",
+    [
+        ("runs/nope", True, ("No model folder at runs/nope", "not in the local cache", "HF_HUB_OFFLINE")),
+        ("runs/nope", False, ("No model folder at runs/nope", "the Hub could not be reached")),
+        ("runs/de-en/nope", False, ("No model folder at runs/de-en/nope", "not a Hub model id")),
+        ("./nope", False, ("No model folder at ./nope", "not a Hub model id")),
+        ("../nope", False, ("No model folder at ../nope", "not a Hub model id")),
+        ("nope model", False, ("No model folder at nope model", "not a Hub model id")),
+    ],
+)
+def test_a_model_name_that_is_no_folder_and_no_reachable_hub_model_is_named_at_once(
+    name, offline, named, tmp_path, capsys, monkeypatch
+):
+    """`vaswani-translate --model_name_or_path runs/nope` waited about a minute for the Hub (transformers' retries)
+    before saying it could not connect. A name that can only be a path, or a Hub model that is not in the cache when
+    offline, is named at once as both; an unreachable Hub (here: a closed local port) after one request."""
+    import huggingface_hub.constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    (tmp_path / "t5.de").write_text("Ein Mann .\n")
+    from vaswani.commands import convert as convert_command
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    runs = [  # vaswani-translate, and the other tools that take a model by name
+        (translate_command.main, ["--input", "t5.de", "--no_progress"]),
+        (export_command.main, ["--engine", "onnx", "--output_dir", "onnx"]),
+        (convert_command.main, ["--output_dir", "converted"]),
+        (plot_command.main, ["--source_text", "Ein Mann .", "--output_dir", "plots"]),
+    ]
+    for main, extra in runs:
+        argv = (["attention"] if main is plot_command.main else []) + ["--model_name_or_path", name, *extra]
+        started = time.monotonic()
+        code, _, err = invoke(main, argv, capsys)
+        assert_one_line_error(code, err, *named)
+        assert time.monotonic() - started < 10, "the error came after retries"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t5.de"]
+
+
+def test_a_hub_model_translates_with_its_own_tokenizer(model_dir, tmp_path):
+    """`vaswani-translate --model_name_or_path namespace/name` loaded the model from the Hub, then looked for its
+    tokenizer in a local folder named namespace/name. Here the Hub is a cache filled as a download fills it, offline."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub-cache" / "models--someone--tiny-de-en"
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    source = tmp_path / "src.de"
+    source.write_text(SENTENCES[0] + "\n")
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(tmp_path / "hub-cache"),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    argv = ["--input", source, "--output", tmp_path / "hyp.en", "--max_new_tokens", "6", "--no_progress"]
+    done = subprocess.run(
+        [BIN / "vaswani-translate", "--model_name_or_path", "someone/tiny-de-en", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
+    expected = translate(SENTENCES[:1], model, tokenizer, max_new_tokens=6, show_progress=False)
+    assert (tmp_path / "hyp.en").read_text().splitlines() == expected
+
+
+def test_a_missing_input_or_reference_is_named_before_the_model_loads(
+    model_dir, tmp_path, capsys, monkeypatch
+):
+    """`vaswani-translate --input nope.de` loaded the model, then printed a raw `[Errno 2]`; a missing --references
+    file came after the whole translation."""
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the files were checked")
+
+    monkeypatch.setattr(translate_command, "load_translation_model", no_loading)
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    model = ["--model_name_or_path", model_dir, "--no_progress"]
+    cases = [
+        (["--input", tmp_path / "nope.de"], ("--input", "nope.de", "no such file")),
+        (["--input", tmp_path], ("--input", "is a folder")),
+        (
+            ["--input", source, "--references", tmp_path / "nope.en"],
+            ("--references", "nope.en", "no such file"),
+        ),
+        (["--input", source, "--tokenizer_name", tmp_path / "nope"], ("--tokenizer_name", "no such folder")),
+        (["--input", source, "--output", tmp_path], ("--output", "is a folder")),
+    ]
+    for extra, named in cases:
+        code, _, err = invoke(translate_command.main, model + extra, capsys)
+        assert_one_line_error(code, err, *named)
+    code, _, err = invoke(
+        evaluate_command.main, ["--hypotheses", tmp_path / "nope.en", "--references", source], capsys
+    )
+    assert_one_line_error(code, err, "--hypotheses", "nope.en", "no such file")
+    from vaswani.commands import plot as plot_command
+
+    argv = ["--model_name_or_path", tmp_path / "nope", "--engine", "onnx", "--input", source]
+    code, _, err = invoke(translate_command.main, argv, capsys)
+    assert_one_line_error(code, err, "No export folder at", "nope")
+    code, _, err = invoke(
+        plot_command.main, ["curves", "--run_dir", "nope", "--output", tmp_path / "c.png"], capsys
+    )
+    assert_one_line_error(code, err, "No run folder at nope")
+
+
+def test_a_corrupt_config_is_named_by_every_tool_that_reads_it(model_dir, tmp_path, capsys):
+    """`vaswani-export` on a folder whose config.json is not JSON said only "Expecting property name enclosed in
+    double quotes: line 10 column 2", without the file."""
+    from vaswani.commands import convert as convert_command
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    config = broken / "config.json"
+    config.write_text(config.read_text().replace('"d_model"', "d_model", 1))
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    runs = [
+        (export_command.main, ["--engine", "onnx", "--output_dir", tmp_path / "onnx"]),
+        (translate_command.main, ["--input", source, "--output", tmp_path / "hyp.en"]),
+        (convert_command.main, ["--output_dir", tmp_path / "converted"]),
+        (push_command.main, ["--dry_run", "--output_dir", tmp_path / "hub"]),
+        (plot_command.main, ["--source_text", "Ein Mann .", "--output_dir", tmp_path / "plots"]),
+    ]
+    for main, extra in runs:
+        argv = (["attention"] if main is plot_command.main else []) + ["--model_name_or_path", broken, *extra]
+        code, _, err = invoke(main, argv, capsys)
+        assert_one_line_error(code, err, f"{config} is not valid JSON", "line ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "src.de"]
+
+
+@pytest.mark.parametrize(
+    "record, flags, named",
+    [
+        ("summary", ["--source_lang", "de", "--target_lang", "xx"], "--target_lang xx: the model"),
+        ("summary", ["--source_lang", "en", "--target_lang", "de"], "--source_lang en: the model"),
+        ("run", ["--target_lang", "fr"], "translates de into en"),
+        ("marian", ["--source_lang", "fr"], "translates de into en"),
+        ("fsmt", ["--target_lang", "fr"], "translates de into en"),
+        ("card", ["--source_lang", "de", "--target_lang", "xx"], "README.md"),
+        ("card", ["--source_lang", "en", "--target_lang", "de"], "translates de into en"),
+    ],
+)
+def test_a_language_the_model_does_not_know_is_refused(record, flags, named, model_dir, tmp_path, capsys):
+    """`vaswani-translate --source_lang de --target_lang xx` translated with exit 0. The languages a folder records
+    (its configs, tokenizer config, the run's training_summary.json, its model card) are checked before it loads."""
+    folder = tmp_path / "run" / "averaged" if record == "run" else tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    summary = json.dumps({"source_lang": "de", "target_lang": "en"})
+    if record == "summary":
+        (folder / "training_summary.json").write_text(summary)
+    elif record == "run":  # vaswani-train's layout: the summary in the run folder, the model in averaged/
+        (folder.parent / "training_summary.json").write_text(summary)
+    elif record in ("marian", "fsmt"):  # a converted model: its tokenizer's config says
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        if record == "marian":
+            tokenizer_config.update(source_lang="de", target_lang="en")
+        else:
+            tokenizer_config.update(langs=["de", "en"])
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    else:  # a published folder: this package's card lists [source, target]
+        (folder / "README.md").write_text("---\nlanguage:\n- de\n- en\ntags:\n- vaswani\n---\n# A model\n")
+    source = tmp_path / "src.txt"
+    source.write_text("Ein Mann .\n")
+    argv = [
+        "--model_name_or_path",
+        folder,
+        "--input",
+        source,
+        "--output",
+        tmp_path / "hyp.txt",
+        "--no_progress",
+    ]
+    code, _, err = invoke(translate_command.main, argv + flags, capsys)
+    assert_one_line_error(code, err, named)
+    assert not (tmp_path / "hyp.txt").exists()
+    code, _, err = invoke(
+        translate_command.main, argv + ["--source_lang", "de", "--target_lang", "en"], capsys
+    )
+    assert code == 0, err
+
+
+def test_languages_are_not_checked_where_nothing_records_them_and_it_is_said(model_dir, tmp_path, capsys):
+    source = tmp_path / "src.txt"
+    source.write_text("Ein Mann .\n")
+    argv = ["--input", source, "--output", tmp_path / "hyp.txt", "--no_progress"]
+    code, _, err = invoke(
+        translate_command.main,
+        ["--model_name_or_path", model_dir, *argv, "--source_lang", "de", "--target_lang", "xx"],
+        capsys,
+    )
+    assert code == 0 and "records no languages" in err, err
+    # a group of languages (Marian's opus-mt-en-ROMANCE records "ROMANCE") is no language to check against
+    group = tmp_path / "group"
+    shutil.copytree(model_dir, group)
+    tokenizer_config = json.loads((group / "tokenizer_config.json").read_text())
+    tokenizer_config.update(source_lang="en", target_lang="ROMANCE")
+    (group / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    flags = ["--source_lang", "en", "--target_lang", "fr"]
+    code, _, err = invoke(translate_command.main, ["--model_name_or_path", group, *argv, *flags], capsys)
+    assert code == 0, err
+    code, _, err = invoke(
+        translate_command.main, ["--model_name_or_path", group, *argv, "--source_lang", "de"], capsys
+    )
+    assert_one_line_error(code, err, "--source_lang de: the model", "translates en into ROMANCE")
+
+
 def test_evaluate_errors_name_the_file_or_flag(tmp_path, capsys):
     empty, reference = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     empty.write_text("")

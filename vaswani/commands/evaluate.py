@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..common.errors import UsageError, flag_errors
+from ..common.fileio import check_input_file
 from ..recipe.metrics import BLEU_TOKENIZERS, check_moses_lang, score_files, score_lines
 from .cli import command, parse_args
 
@@ -61,6 +62,9 @@ class EvaluationArguments:
 @command("vaswani-evaluate")
 def main(argv):
     (args,) = parse_args(EvaluationArguments, argv, description=DESCRIPTION, epilog=EPILOG)
+    check_input_file(args.hypotheses, "hypotheses")
+    for path in args.references:
+        check_input_file(path, "references")
     scores = score_files(
         args.hypotheses, args.references, args.tokenize, args.lowercase, args.chrf_word_order, args.moses_lang
     )

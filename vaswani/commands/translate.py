@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common.errors import UsageError, flag_errors
-from ..common.fileio import write_json
+from ..common.fileio import check_input_file, check_input_folder, write_json
 from ..generation_vaswani import LENGTH_PENALTY_FORMS
 from ..interop import engines
 from ..recipe.arguments import check_languages
@@ -25,6 +25,7 @@ from ..recipe.translation import (
     LENGTH_PENALTY,
     NUM_BEAMS,
     check_decoding,
+    check_model_languages,
     format_n_best,
     length_penalty_form_of,
     length_penalty_of,
@@ -122,14 +123,16 @@ class TranslationArguments:
     source_lang: str | None = field(
         default=None,
         metadata={
-            "help": "The source language code, a flag of every vaswani tool. The model knows its languages; here "
-            "it only checks that an --input named <name>.<lang>[.gz] is not in --target_lang."
+            "help": "The source language code, a flag of every vaswani tool. Checked against the languages the "
+            "model folder records (its configs, tokenizer config, the run's training_summary.json, its model card), "
+            "and that an --input named <name>.<lang>[.gz] is not in --target_lang."
         },
     )
     target_lang: str | None = field(
         default=None,
         metadata={
-            "help": "The target language code: the default of --moses_lang when scoring (--references)."
+            "help": "The target language code, checked against the model's as --source_lang is; the default of "
+            "--moses_lang when scoring (--references)."
         },
     )
     device: str | None = field(
@@ -174,6 +177,11 @@ class TranslationArguments:
             ):
                 if getattr(self, name):
                     raise UsageError(f"--{name} applies to --engine pytorch, not {self.engine}")
+        if self.engine == "ctranslate2" and self.length_penalty_form not in (None, "power"):
+            raise UsageError(
+                f"--length_penalty_form {self.length_penalty_form}: CTranslate2 divides beam scores by |Y|^alpha "
+                "only (power); --engine onnx or pytorch decodes with the other form"
+            )
         if self.threads < 0:
             raise UsageError(f"--threads must be 0 or more, got {self.threads}")
 
@@ -182,8 +190,8 @@ class TranslationArguments:
         suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2] if self.input != "-" else ""
         if self.source_lang and self.target_lang and suffix == self.target_lang:
             raise UsageError(
-                f"--input {self.input} is named as {self.target_lang} text, the target language: this model "
-                f"translates {self.source_lang} into {self.target_lang} (--source_lang, --target_lang)"
+                f"--input {self.input} is named as {self.target_lang} text, the target language "
+                f"(--target_lang {self.target_lang}): give a file of --source_lang {self.source_lang} text"
             )
 
 
@@ -231,7 +239,9 @@ def main(argv):
     )
     if args.interactive and scoring.references:
         raise UsageError("--interactive translates as lines arrive: --references needs a whole --input")
+    _check_files(args, scoring)
     setup_logging()
+    check_model_languages(args.model_name_or_path, args.source_lang, args.target_lang)
     if scoring.references and scoring.moses_lang is None and args.target_lang:
         try:
             check_moses_lang(args.target_lang)
@@ -289,6 +299,18 @@ def main(argv):
     if scoring.references:
         _score(translations, scoring, args, model, target_tokenizer)
     return translations
+
+
+def _check_files(args: TranslationArguments, scoring: ScoringArguments) -> None:
+    """What is read and written, checked before the model loads: a typo costs no minute of loading, and a missing
+    reference file is not found after the whole translation."""
+    check_input_file(args.input, "input")
+    for path in scoring.references or ():
+        check_input_file(path, "references")
+    check_input_folder(args.tokenizer_name, "tokenizer_name")
+    for flag, path in (("output", args.output), ("results_json", scoring.results_json)):
+        if path and path != "-" and Path(path).is_dir():
+            raise UsageError(f"--{flag} {path} is a folder: give a file")
 
 
 def _interactive(

@@ -10,6 +10,9 @@ the same way, beside its destination, and swapped in by two renames.
 - `atomic_folder(path)`: a context manager yielding a temporary folder that replaces `path` on success.
 - `replace_files(source_dir, destination_dir)`: move every file of a folder built beside `destination_dir` into it, one
   atomic rename per file (for folders that also hold other things, such as a run folder).
+
+And what a tool reads, checked before any work starts: `read_json(path)` names the file that is not valid JSON,
+`check_input_file(path, flag)` and `check_input_folder(path, flag)` name the flag of a path that is not there.
 """
 
 from __future__ import annotations
@@ -167,10 +170,53 @@ def replace_files(source_dir: str | os.PathLike, destination_dir: str | os.PathL
     return moved
 
 
+def read_json(path: str | os.PathLike):
+    """The JSON value in the file `path`; a file that is not UTF-8 JSON (cut short, edited by hand) raises `ValueError`
+    naming it and where the parser stopped."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): repair or replace the file") from None
+
+
+def check_input_file(path: str | os.PathLike | None, flag: str) -> None:
+    """Raise `UsageError` naming `--flag` unless `path` is a file that can be read ("-", standard input, and None
+    pass; so does a pipe such as bash's `<(zcat file.gz)`): checked before a model is loaded, so that a typo costs no
+    minute of loading."""
+    from .errors import UsageError  # here: this module also loads alone, without its package
+
+    if path is None or str(path) == "-":
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--{flag} {path} is a folder: give a file")
+    if not path.exists():
+        raise UsageError(f"--{flag} {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"--{flag} {path}: the file cannot be read (permission denied)")
+
+
+def check_input_folder(path: str | os.PathLike | None, flag: str) -> None:
+    """Raise `UsageError` naming `--flag` unless `path` (when given) is an existing folder."""
+    from .errors import UsageError
+
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_file():
+        raise UsageError(f"--{flag} {path} is a file: give a folder")
+    if not path.is_dir():
+        raise UsageError(f"--{flag} {path}: no such folder")
+
+
 __all__ = [
     "atomic_folder",
     "atomic_write",
+    "check_input_file",
+    "check_input_folder",
     "follow_umask",
+    "read_json",
     "replace_files",
     "temporary_sibling",
     "write_json",

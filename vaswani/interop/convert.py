@@ -55,12 +55,12 @@ import os
 from pathlib import Path
 
 import torch
-from huggingface_hub.utils import validate_repo_id
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig, PreTrainedModel
 
 from ..common.fileio import atomic_folder
 from ..configuration_vaswani import ACTIVATIONS, VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration, sinusoidal_positional_encoding
+from ..recipe.translation import check_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -306,8 +306,7 @@ def check_parity(source: PreTrainedModel, converted: VaswaniForConditionalGenera
 def load_source(model_name_or_path: str | os.PathLike) -> PreTrainedModel:
     """Load the source model in eval mode, refusing unsupported configurations before the weights are read and
     checkpoints whose weights transformers had to invent or throw away (a checkpoint of another shape does not load)."""
-    if not Path(model_name_or_path).is_dir() and not _is_repo_id(str(model_name_or_path)):
-        raise FileNotFoundError(f"{model_name_or_path} is not a folder (nor a Hub model id)")
+    check_model_path(model_name_or_path)  # a local folder, or a Hub model: named at once when it is neither
     check_source_config(AutoConfig.from_pretrained(model_name_or_path))
     model, info = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, output_loading_info=True)
     computed = {"final_logits_bias", *POSITION_TABLES}  # absent from checkpoints: zeros / the sinusoids
@@ -319,14 +318,6 @@ def load_source(model_name_or_path: str | os.PathLike) -> PreTrainedModel:
         if names:
             raise ValueError(f"{model_name_or_path}: {kind} weights in the checkpoint: {', '.join(names)}")
     return model.eval()
-
-
-def _is_repo_id(name: str) -> bool:
-    try:
-        validate_repo_id(name)
-    except ValueError:
-        return False
-    return True
 
 
 def load_source_tokenizer(model_name_or_path: str | os.PathLike):

@@ -27,7 +27,6 @@ an engine is loaded.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -37,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..common.fileio import read_json
 from ..generation_vaswani import EXTRA_OUTPUT_TOKENS, length_penalty_factor
 from ..recipe.tokenization import load_tokenizers
 from ..recipe.translation import (
@@ -96,15 +96,9 @@ class CTranslate2Engine:
         with_scores: bool = False,
     ) -> list[list[Output]]:
         """Decode a batch of sources (id lists, `</s>` included). `early_stopping` is CTranslate2's own (k finished
-        hypotheses) whatever is asked; `length_penalty_form` "gnmt" falls back to "power" with a warning."""
-        if num_beams > 1 and length_penalty and length_penalty_form != "power" and not self.warned:
-            self.warned = True
-            logger.warning(
-                "CTranslate2 divides beam scores by |Y|^alpha; length_penalty_form=%r is not available there, "
-                "so this decoding uses |Y|^%s (the 'power' form).",
-                length_penalty_form,
-                length_penalty,
-            )
+        hypotheses) whatever is asked; `length_penalty_form` "gnmt" falls back to "power" with a warning
+        (`note_length_penalty`)."""
+        self.note_length_penalty(num_beams, length_penalty, length_penalty_form)
         longest = max(len(ids) for ids in input_ids)
         if longest > self.max_positions or max_new_tokens > self.max_positions:
             raise ValueError(
@@ -133,17 +127,28 @@ class CTranslate2Engine:
             for result in results
         ]
 
+    def note_length_penalty(self, num_beams: int, length_penalty: float, length_penalty_form: str) -> None:
+        """Warn, once per engine, when a beam search asks for a length penalty CTranslate2 cannot apply: it divides
+        by |Y|^alpha only (`translate_batch` has no other form), not by the GNMT ((5 + |Y|) / 6)^alpha of §6.1."""
+        if num_beams == 1 or not length_penalty or length_penalty_form == "power" or self.warned:
+            return
+        self.warned = True
+        logger.warning(
+            "CTranslate2 has only the length penalty |Y|^alpha: this decoding divides beam scores by |Y|^%s, not by "
+            "the model's %s form ((5 + |Y|) / 6)^%s, so its translations can differ from --engine pytorch or onnx",
+            length_penalty,
+            length_penalty_form,
+            length_penalty,
+        )
+
 
 def _ctranslate2_vocabularies(folder: Path) -> tuple[list[str], list[str]]:
     """The source and target token lists CTranslate2 wrote (one shared file when they are equal)."""
     shared = folder / "shared_vocabulary.json"
     if shared.is_file():
-        tokens = json.loads(shared.read_text(encoding="utf-8"))
+        tokens = read_json(shared)
         return tokens, tokens
-    return tuple(
-        json.loads((folder / f"{side}_vocabulary.json").read_text(encoding="utf-8"))
-        for side in ("source", "target")
-    )
+    return tuple(read_json(folder / f"{side}_vocabulary.json") for side in ("source", "target"))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -417,6 +422,9 @@ def translate_n_best(
     if length_penalty is None:
         length_penalty = decoding.get("length_penalty", LENGTH_PENALTY)
     check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
+    length_penalty_form = length_penalty_form or decoding["length_penalty_form"]
+    if isinstance(engine, CTranslate2Engine):  # said once, before the first sentence
+        engine.note_length_penalty(num_beams, length_penalty, length_penalty_form)
 
     def decode(sources: list[list[int]]) -> list[list[tuple[list[int], float]]]:
         outputs = engine.generate(
@@ -424,7 +432,7 @@ def translate_n_best(
             num_beams=num_beams,
             max_new_tokens=max_new_tokens or max(len(ids) for ids in sources) + extra_output_tokens,
             length_penalty=length_penalty,
-            length_penalty_form=length_penalty_form or decoding["length_penalty_form"],
+            length_penalty_form=length_penalty_form,
             early_stopping=decoding["early_stopping"] if early_stopping is None else early_stopping,
             num_return_sequences=n_best,
             with_scores=with_scores,

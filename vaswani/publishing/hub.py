@@ -33,7 +33,7 @@ from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedTokenizerFast
 
 from ..common.errors import PublishError
-from ..common.fileio import atomic_folder
+from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
@@ -79,8 +79,13 @@ def check_model_dir(model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLi
     """Raise `PublishError` unless `model_dir` holds a config and weights and `tokenizer_dir` a fast tokenizer."""
     model_dir = Path(model_dir)
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
+    if not model_dir.is_dir():
+        raise PublishError(f"No model folder at {str(model_dir)!r}: no such folder.")
     if not (model_dir / "config.json").is_file():
         raise PublishError(f"{str(model_dir)!r} is not a model folder: it has no config.json.")
+    for name in ("config.json", "generation_config.json"):
+        if (model_dir / name).is_file():
+            read_json(model_dir / name)
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise PublishError(
             f"{str(model_dir)!r} has no weights (none of {', '.join(WEIGHT_FILES)}): pass the folder that "
@@ -115,7 +120,7 @@ def _check_tokenizer(tokenizer: PreTrainedTokenizerFast, model: VaswaniForCondit
 def _saved_generation(model_dir) -> dict:
     """The keys the folder's `generation_config.json` sets (empty without one)."""
     path = Path(model_dir, "generation_config.json")
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json(path) if path.exists() else {}
 
 
 def build_folder(

@@ -65,6 +65,8 @@ def find_trainer_state(path: str | os.PathLike) -> Path:
         for checkpoint in reversed(find_checkpoints(path)):
             if (checkpoint / TRAINER_STATE_FILE).is_file():
                 return checkpoint / TRAINER_STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"No run folder at {path} (no such path) to read {TRAINER_STATE_FILE} from")
     raise FileNotFoundError(f"No {TRAINER_STATE_FILE} in {path} or in its checkpoint-<step> folders")
 
 

@@ -29,10 +29,10 @@ import torch
 import transformers
 from transformers import GenerationConfig
 
-from ...common.fileio import atomic_folder
+from ...common.fileio import atomic_folder, read_json
 from ...generation_vaswani import PAPER_LENGTH_PENALTY_FORM
 from ...recipe.tokenization import load_tokenizers, save_tokenizers
-from ...recipe.translation import check_model_path
+from ...recipe.translation import check_model_path, model_languages
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def check_vaswani_model(model_path: str | os.PathLike) -> None:
     """Refuse, naming what the folder holds, a model of another kind (a Marian or FSMT folder: convert it first)."""
     path = Path(model_path) / "config.json"
     if path.is_file():
-        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+        model_type = read_json(path).get("model_type")
         if model_type != "vaswani":
             raise ValueError(
                 f"{model_path} holds a {model_type!r} model, not a vaswani one: convert it first "
@@ -101,6 +101,7 @@ def finish_export(
     """Write the tokenizer(s) and `vaswani_export.json` (special ids, default decoding, versions) into the export."""
     source, target = load_tokenizers(tokenizer_path or model_path)
     save_tokenizers(source, target, output_dir)
+    languages = model_languages(model_path)
     metadata = {
         "engine": engine,
         "source_model": str(model_path),
@@ -108,6 +109,15 @@ def finish_export(
         "eos_token_id": model_config.eos_token_id,
         "decoder_start_token_id": model_config.decoder_start_token_id,
         "decoding": decoding_settings(model_path),
+        # what the model records of its languages (`translation.model_languages`), for vaswani-translate to check
+        "languages": {
+            "source_lang": languages.source,
+            "target_lang": languages.target,
+            "known": list(languages.known),
+            "recorded_in": str(languages.recorded_in),
+        }
+        if languages
+        else None,
         **fields,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
@@ -119,10 +129,11 @@ def finish_export(
 def read_metadata(folder: str | os.PathLike) -> dict:
     """The `vaswani_export.json` of an exported folder; a `ValueError` naming the file when it is missing."""
     path = Path(folder) / METADATA_FILE
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"No export folder at {folder}: no such folder")
     if not path.is_file():
         raise ValueError(f"{path} not found: {folder} is not a complete folder written by vaswani-export")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json(path)
 
 
 def export(
@@ -144,6 +155,9 @@ def export(
     if engine == "onnx" and quantization not in (None, "float32"):
         raise ValueError(f"--quantization {quantization} applies to ctranslate2; ONNX graphs are float32")
     output_dir = check_output(output_dir, force)
+    load_tokenizers(
+        tokenizer_path or model_path
+    )  # a missing or broken tokenizer is named before the export runs
     with atomic_folder(output_dir) as building:
         if engine == "ctranslate2":
             from .to_ctranslate2 import export_ctranslate2
@@ -154,6 +168,15 @@ def export(
 
             export_onnx(model_path, building, tokenizer_path)
     logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
+    decoding = decoding_settings(model_path)
+    if engine == "ctranslate2" and decoding["length_penalty_form"] != "power" and decoding["length_penalty"]:
+        logger.warning(
+            "CTranslate2 has only the length penalty |Y|^alpha: a beam search of this export divides by |Y|^%s, not "
+            "by the model's %s form ((5 + |Y|) / 6)^%s (an --engine onnx export decodes with it)",
+            decoding["length_penalty"],
+            decoding["length_penalty_form"],
+            decoding["length_penalty"],
+        )
     return output_dir
 
 
