@@ -293,6 +293,10 @@ def apply_arguments_files(
     tokens: dict[str, list[str]] = {}
     for path in files:
         values = read_arguments_file(path)
+        if "lenpen" in values and "length_penalty" in values:
+            raise UsageError(
+                f"Arguments file {path}: lenpen is fairseq's name of length_penalty: give one of them"
+            )
         if "lenpen" in values and "length_penalty_form" in fields:
             form = values.get("length_penalty_form", "power")
             if form != "power":
@@ -301,6 +305,7 @@ def apply_arguments_files(
                     f"(length_penalty_form power), but length_penalty_form is {form!r}"
                 )
             values = {**values, "length_penalty": values.pop("lenpen"), "length_penalty_form": "power"}
+        given: dict[str, tuple[str, object]] = {}  # this file's flags: name -> (key, value)
         for key, value in values.items():
             name = key.replace("-", "_")
             name = aliases.get(name, name)
@@ -314,6 +319,13 @@ def apply_arguments_files(
                 )
             item, hint = fields[name]
             texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
+            typed = _typed(parser._option_string_actions[f"--{name}"], texts)
+            if name in given and given[name][1] != typed:
+                raise UsageError(
+                    f"Arguments file {path}: {given[name][0]} and {key} are two names of one flag with different "
+                    "values: give one of them"
+                )
+            given[name] = (key, typed)
             required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
             defaults.pop(name, None)
             tokens.pop(name, None)
@@ -395,6 +407,84 @@ def expand_lenpen(argv: Sequence[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Two names of one flag
+# ---------------------------------------------------------------------------------------------------------------------
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse reads `-1` after a flag
+
+
+def _typed(action: argparse.Action, texts: Sequence[str]):
+    """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
+    texts themselves when a value does not convert: argparse reports that later)."""
+    if not texts:
+        return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
+    convert = action.type if callable(action.type) else str
+    try:
+        values = [convert(text) for text in texts]
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        values = list(texts)
+    return values[0] if action.nargs in (None, "?") else tuple(values)
+
+
+def _spelling(parser: argparse.ArgumentParser, token: str, renamed: Mapping[str, str]):
+    """The parser's action that the flag `token` (`--name`, without its `=value`) sets, renamed flags included."""
+    actions = parser._option_string_actions
+    if token in actions:
+        return actions[token]
+    key = token[2:].replace("-", "_")
+    negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
+    old = key[3:] if negated else key
+    if old in renamed:
+        return actions.get(f"--{'no_' if negated else ''}{renamed[old]}")
+    return None
+
+
+def refuse_conflicting_names(
+    parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str] | None = None
+) -> None:
+    """Raise `UsageError` naming both flags when two names of one flag are given different values in `argv`:
+    fairseq's and transformers' names (`--lr` and `--learning_rate`), a renamed flag and its new name, `--flag-name`
+    and `--flag_name`, `--flag` and `--no_flag`. The same value under both names is accepted; the same name given
+    twice keeps argparse's rule (the last one wins)."""
+    renamed = renamed or {}
+    seen: dict[str, list[tuple[str, str, object]]] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token == "--":
+            break
+        if not token.startswith("--") or len(token) == 2:
+            continue
+        name, equals, value = token.partition("=")
+        action = _spelling(parser, name, renamed)
+        if action is None or action.nargs == argparse.SUPPRESS:
+            continue
+        if equals:
+            texts = [value]
+        else:
+            most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(action.nargs, action.nargs)
+            texts = []
+            while len(texts) < most and i < len(argv):
+                following = argv[i]
+                if following.startswith("-") and not _NEGATIVE_NUMBER.match(following):
+                    break
+                texts.append(following)
+                i += 1
+            if not texts and action.nargs not in (0, "?", "*"):
+                continue  # a flag without its value: argparse says so
+        shown = " ".join([name, *texts]) if not equals else token
+        seen.setdefault(action.dest, []).append((name, shown, _typed(action, texts)))
+    for occurrences in seen.values():
+        for index, (name, shown, value) in enumerate(occurrences):
+            for other_name, other_shown, other_value in occurrences[index + 1 :]:
+                if other_name != name and other_value != value:
+                    raise UsageError(
+                        f"{shown} and {other_shown} are two names of one flag with different values: give one of "
+                        "them"
+                    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Parsing
 # ---------------------------------------------------------------------------------------------------------------------
 class _Parser(HfArgumentParser):
@@ -471,8 +561,9 @@ def parse_args(
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     files, argv = split_arguments_files(argv)
-    argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
+    refuse_conflicting_names(parser, argv, renamed)
+    argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
     if {"length_penalty", "length_penalty_form"} <= _flag_fields(parser.dataclass_types).keys():
         argv = expand_lenpen(argv)
     argv = apply_arguments_files(parser, files, argv, renamed or {})
