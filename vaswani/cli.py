@@ -25,7 +25,9 @@ The conventions, the same in every tool:
   |Y| ** A). A renamed flag keeps working under its old name, with a warning naming the new one.
 - Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
   `{flag_name: value}`; flags given on the command line override it.
-- `--help` lists every flag, grouped by dataclass (`_argument_group_name`); `--help_all` is the same.
+- `--help` lists every flag, grouped by dataclass (`_argument_group_name`), in the order of the dataclasses, then the
+  flags common to every tool; a dataclass whose `_inherited_argument_group_name` is set lists the fields it inherits
+  (transformers' Trainer flags) under that title, last. `--help_all` is the same.
 - Logs: `setup_logging()` gives this package's INFO messages and everyone else's warnings on standard error, no
   `datasets` progress bars; `--verbose` gives transformers' and datasets' INFO logs and bars too.
 """
@@ -47,10 +49,8 @@ import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-import datasets
-import transformers
 import yaml
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
 from .errors import UsageError, describe_error
 
@@ -498,7 +498,28 @@ class _Parser(HfArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Each flag's default after its help; the description and the epilog (examples) as written."""
+    """Each flag's default after its help (but None, "not given"); the description and the epilog (examples) as
+    written; a flag's names once (`--learning_rate, --lr LEARNING_RATE`), without the `--flag-name` spelling that
+    every flag also accepts."""
+
+    def _get_help_string(self, action):
+        if action.default is None:  # "not given": the help says what that means
+            return action.help
+        return super()._get_help_string(action)
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        names = [
+            name
+            for name in action.option_strings
+            if "-" not in name[2:] or "--" + name[2:].replace("-", "_") not in action.option_strings
+        ]
+        if action.nargs == 0:
+            return ", ".join(names)
+        return (
+            f"{', '.join(names)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+        )
 
 
 def build_parser(
@@ -541,7 +562,24 @@ def build_parser(
             type=float,
             help="fairseq's length penalty: --length_penalty ALPHA --length_penalty_form power (|Y| ** ALPHA)",
         )
+    for dtype in types_:
+        _list_inherited_flags_last(parser, dtype)
     return parser
+
+
+def _list_inherited_flags_last(parser: argparse.ArgumentParser, dtype: type) -> None:
+    """Move the flags of the fields that `dtype` inherits (not declared in its own body) from its group of `--help` to
+    a group titled `dtype._inherited_argument_group_name`, after every other group; nothing without that title."""
+    title = getattr(dtype, "_inherited_argument_group_name", None)
+    if title is None:
+        return
+    own = set(vars(dtype).get("__annotations__", {}))
+    (group,) = [group for group in parser._action_groups if group.title == dtype._argument_group_name]
+    inherited = parser.add_argument_group(title)
+    for action in list(group._group_actions):
+        if action.dest not in own:
+            group._group_actions.remove(action)
+            inherited._group_actions.append(action)
 
 
 def parse_args(
@@ -599,6 +637,9 @@ def setup_logging(main_process: bool = True) -> None:
     """Quiet logs on standard error: this package's INFO messages, warnings from everyone else, no progress bars of
     transformers' loading and saving or of `datasets`; with `--verbose`, transformers' and datasets' INFO logs and bars as well. Processes other than
     the main one of a distributed run log warnings only."""
+    import datasets  # here: a tool's --help needs neither
+    import transformers
+
     level = logging.INFO if main_process else logging.WARNING
     root = logging.getLogger()
     if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..averaging import average_checkpoints, last_checkpoints
 from ..cli import command, parse_args, setup_logging
 from ..errors import UsageError
 
@@ -52,6 +51,8 @@ class AveragingArguments:
 def main(argv):
     (args,) = parse_args(AveragingArguments, argv, description=DESCRIPTION, epilog=EPILOG)
     setup_logging()
+    from ..averaging import average_checkpoints, last_checkpoints  # torch: only when the tool runs
+
     checkpoints = args.checkpoints or last_checkpoints(args.run_dir, args.num_checkpoints)
     return average_checkpoints(checkpoints, args.output_dir)
 

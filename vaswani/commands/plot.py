@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from ..cli import command, parse_args, setup_logging
 from ..errors import UsageError
-from ..plotting import attention_maps, load_attention_model, plot_attention_maps, plot_learning_curves
 
 DESCRIPTION = __doc__.replace("`vaswani-plot`: a", "A", 1)
 
@@ -75,6 +74,13 @@ def main(argv):
     name, rest = argv[0], argv[1:]
     (args,) = parse_args(COMMANDS[name], rest, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED[name])
     setup_logging()
+    from ..plotting import (  # torch and matplotlib: only when the tool runs
+        attention_maps,
+        load_attention_model,
+        plot_attention_maps,
+        plot_learning_curves,
+    )
+
     if name == "curves":
         return plot_learning_curves(args.run_dir, args.output, title=args.title)
     model, source_tokenizer, target_tokenizer = load_attention_model(

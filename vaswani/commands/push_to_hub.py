@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass, field
 
 from ..cli import command, parse_args, setup_logging
-from ..hub import publish
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +96,8 @@ class PushArguments:
 def main(argv):
     (args,) = parse_args(PushArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
+    from ..hub import publish  # torch and transformers: only when the tool runs
+
     published = publish(
         args.model_name_or_path,
         repo_id=args.hub_model_id,
