@@ -206,6 +206,41 @@ def test_train_help_lists_every_flag_by_group(capsys):
     assert exit.value.code == 0 and capsys.readouterr().out == text
 
 
+def test_train_help_lists_the_recipe_first_and_the_rest_of_the_trainer_last(capsys):
+    """Issue: `vaswani-train --help` was 781 lines where the recipe's flags hid among the Trainer's ~150, each named
+    twice (--flag_name, --flag-name). The groups come as in transformers' examples (model, data, the training
+    recipe), then what follows training and the common flags; the rest of Seq2SeqTrainingArguments comes last."""
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = capsys.readouterr().out
+    titles = [
+        "model:",
+        "model configuration (VaswaniConfig fields",
+        "data:",
+        "the paper's training recipe (§5",
+        "after training (§6.1):",
+        "common to every vaswani tool:",
+        "the rest of transformers' Seq2SeqTrainingArguments",
+        "examples:",
+    ]
+    starts = [text.index("\n" + title) for title in titles]
+    assert starts == sorted(starts), titles
+    recipe = text[starts[3] : starts[4]]
+    trainer = text[starts[6] : starts[7]]
+    for flag in (
+        "--warmup_steps",
+        "--max_tokens",
+        "--batch_tokens",
+        "--label_smoothing_factor",
+        "--save_minutes",
+    ):
+        assert f"\n  {flag} " in recipe, flag
+    for flag in ("--torch_compile_mode", "--fsdp", "--gradient_accumulation_steps", "--seed"):
+        assert f"\n  {flag} " in trainer and f"\n  {flag} " not in recipe, flag
+    assert "--learning_rate, --lr LEARNING_RATE" in recipe
+    assert "--warmup-steps" not in text and "(default: None)" not in text
+
+
 def test_pyproject_installs_a_console_command_per_tool():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert {name: scripts[name] for name in OUR_COMMANDS} == OUR_COMMANDS
