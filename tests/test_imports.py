@@ -190,3 +190,21 @@ def test_import_vaswani_registers_the_auto_classes_without_loading_torch_itself(
     code = _REGISTRATION.format(before=before, after=after, light=light)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "registered", run.stderr[-3000:]
+
+
+def test_the_flags_decoding_values_are_the_models():
+    """`vaswani.flag_choices` (light, for the tools' flags) repeats the values of the model's own modules."""
+    from vaswani import export, flag_choices, generation_vaswani, translation
+
+    for name in (
+        "PAPER_NUM_BEAMS",
+        "PAPER_LENGTH_PENALTY",
+        "PAPER_LENGTH_PENALTY_FORM",
+        "LENGTH_PENALTY_FORMS",
+    ):
+        assert getattr(flag_choices, name) == getattr(generation_vaswani, name), name
+    assert (translation.NUM_BEAMS, translation.LENGTH_PENALTY) == (
+        flag_choices.PAPER_NUM_BEAMS,
+        flag_choices.PAPER_LENGTH_PENALTY,
+    )
+    assert export.ENGINES is flag_choices.ENGINES
