@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench import common
-from vaswani import engines
+from vaswani.interop import engines
 from vaswani.interop.export import export
 from vaswani.recipe.tokenization import lowercases
 from vaswani.recipe.translation import load_translation_model, read_sentences, score_translations, translate

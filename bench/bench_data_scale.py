@@ -147,8 +147,8 @@ def _train_child(args) -> None:
     """`vaswani-train` in this process, its stages timed, ended right after the first update."""
     from transformers import TrainerCallback
 
-    from vaswani import data, run
     from vaswani.commands import train as command
+    from vaswani.recipe import data, run
     from vaswani.recipe.trainer import VaswaniTrainer
 
     clock, rank = StageClock(), int(os.environ.get("RANK", "0"))

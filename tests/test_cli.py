@@ -206,6 +206,41 @@ def test_train_help_lists_every_flag_by_group(capsys):
     assert exit.value.code == 0 and capsys.readouterr().out == text
 
 
+def test_train_help_lists_the_recipe_first_and_the_rest_of_the_trainer_last(capsys):
+    """Issue: `vaswani-train --help` was 781 lines where the recipe's flags hid among the Trainer's ~150, each named
+    twice (--flag_name, --flag-name). The groups come as in transformers' examples (model, data, the training
+    recipe), then what follows training and the common flags; the rest of Seq2SeqTrainingArguments comes last."""
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    text = capsys.readouterr().out
+    titles = [
+        "model:",
+        "model configuration (VaswaniConfig fields",
+        "data:",
+        "the paper's training recipe (§5",
+        "after training (§6.1):",
+        "common to every vaswani tool:",
+        "the rest of transformers' Seq2SeqTrainingArguments",
+        "examples:",
+    ]
+    starts = [text.index("\n" + title) for title in titles]
+    assert starts == sorted(starts), titles
+    recipe = text[starts[3] : starts[4]]
+    trainer = text[starts[6] : starts[7]]
+    for flag in (
+        "--warmup_steps",
+        "--max_tokens",
+        "--batch_tokens",
+        "--label_smoothing_factor",
+        "--save_minutes",
+    ):
+        assert f"\n  {flag} " in recipe, flag
+    for flag in ("--torch_compile_mode", "--fsdp", "--gradient_accumulation_steps", "--seed"):
+        assert f"\n  {flag} " in trainer and f"\n  {flag} " not in recipe, flag
+    assert "--learning_rate, --lr LEARNING_RATE" in recipe
+    assert "--warmup-steps" not in text and "(default: None)" not in text
+
+
 def test_pyproject_installs_a_console_command_per_tool():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert {name: scripts[name] for name in OUR_COMMANDS} == OUR_COMMANDS
@@ -383,3 +418,55 @@ def test_fairseq_and_run_translation_flag_names_mean_what_they_mean_there(tmp_pa
             parse_args(tools, ["--model_name_or_path", "m", *argv], description="")
     help_text = build_parser(tools, description="").format_help()
     assert "--lenpen" in help_text and "--beam" in help_text and "--nbest" in help_text
+
+
+def test_two_names_of_one_flag_with_different_values_are_refused(tmp_path, capsys):
+    """Issue: `vaswani-train --lr 1e-4 --learning_rate 2e-4` trained at 2e-4 and dropped --lr without a word. Two
+    names of one flag (fairseq's and transformers', a renamed flag and its new name, --flag and --no_flag) with
+    different values are refused by name, before any work; the same value under both names is accepted."""
+    run = tmp_path / "run"
+    for main, argv, shown in (
+        (train.main, ["--lr", "1e-4", "--learning_rate", "2e-4"], "--lr 1e-4 and --learning_rate 2e-4"),
+        (train.main, ["--beam", "4", "--num_beams=5"], "--beam 4 and --num_beams=5"),
+        (train.main, ["--data", "a", "--dataset_name", "b"], "--data a and --dataset_name b"),
+        (train.main, ["--plots", "--no_plots"], "--plots and --no_plots"),
+        (train.main, ["--max_tokens", "100", "--max-tokens", "200"], "--max_tokens 100 and --max-tokens 200"),
+        (
+            translate.main,
+            ["--model_name_or_path", "m", "--nbest", "2", "--n_best", "3"],
+            "--nbest 2 and --n_best 3",
+        ),
+        (
+            translate.main,
+            ["--model", "a", "--model_name_or_path", "b"],
+            "--model a and --model_name_or_path b",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit:
+            main([*argv, "--output_dir", str(run)] if main is train.main else argv)
+        assert exit.value.code == 2, argv
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"{shown} are two names of one flag" in error, error
+        assert not run.exists()
+    config = tmp_path / "run.yaml"
+    config.write_text("lr: 1e-4\nlearning_rate: 2e-4\n")
+    with pytest.raises(SystemExit) as exit:
+        train.main([str(config), "--output_dir", str(run)])
+    assert exit.value.code == 2 and "run.yaml: lr and learning_rate are two names" in capsys.readouterr().err
+    config.write_text("lenpen: 1.0\nlength_penalty: 0.6\n")
+    with pytest.raises(UsageError, match="lenpen is fairseq's name of length_penalty"):
+        parse_args([train.FinishArguments], [str(config)], description="")
+    assert not run.exists()
+    # the same value under two names, or the same name twice (argparse: the last wins), is accepted
+    config.write_text("lr: 1e-4\nlearning_rate: 0.0001\n")
+    (training,) = parse_args(
+        train.PaperTrainingArguments, [str(config), "--output_dir", str(run)], description=""
+    )
+    assert training.learning_rate == 1e-4
+    (training,) = parse_args(
+        train.PaperTrainingArguments,
+        ["--lr", "1e-4", "--learning_rate", "0.0001", "--warmup_steps", "5", "--warmup_steps", "6"]
+        + ["--output_dir", str(run)],
+        description="",
+    )
+    assert (training.learning_rate, training.warmup_steps) == (1e-4, 6)

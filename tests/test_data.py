@@ -403,8 +403,8 @@ def test_the_training_text_is_released_once_tokenized(tmp_path, monkeypatch):
 
     from test_tool_faults import run_args, write_corpus
 
-    from vaswani import run
     from vaswani.commands import train as train_command
+    from vaswani.recipe import run
 
     texts, alive_at_build = {}, {}
     load_split, build_model = run.load_split, run.build_model

@@ -17,8 +17,8 @@ import torch
 from conftest import SHAPES
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
-from vaswani import engines
 from vaswani.commands.export import main
+from vaswani.interop import engines
 from vaswani.interop.export import CTRANSLATE2_QUANTIZATIONS, export, read_metadata
 from vaswani.recipe.tokenization import save_tokenizers
 from vaswani.recipe.translation import translate, translate_n_best

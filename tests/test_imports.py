@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "vaswani"
 
 
@@ -111,3 +113,110 @@ def test_library_modules_never_import_the_command_line():
         if "vaswani.commands.cli" in _imports(name, path, modules) and not name.startswith("vaswani.commands")
     )
     assert not users, users
+
+
+# Runs each tool's --help (`main(["--help"])`) in this process, then names the heavy packages loaded.
+_HELP = """
+import sys
+from importlib import import_module
+
+for name in sys.argv[2:]:
+    try:
+        import_module(f"vaswani.commands.{name}").main(["--help"])
+    except SystemExit as exit:
+        assert exit.code in (0, None), (name, exit.code)
+heavy = [m for m in sys.argv[1].split(",") if m in sys.modules]
+print("loaded:", " ".join(heavy))
+"""
+
+
+def _help_loads(tools: list[str], heavy: list[str]) -> list[str]:
+    run = subprocess.run(
+        [sys.executable, "-c", _HELP, ",".join(heavy), *tools], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.splitlines()[-1].split()[1:]
+
+
+def test_a_tools_help_loads_neither_torch_nor_datasets():
+    """Issue: `vaswani-translate --help` took 6 s: every tool imported torch, transformers' models and datasets
+    before it read a flag. A tool imports its work when it runs; `--help` of the tools whose flags are not
+    transformers' TrainingArguments loads none of them."""
+    tools = ["translate", "evaluate", "export", "average_checkpoints", "convert", "plot", "push_to_hub"]
+    heavy = ["torch", "datasets", "transformers.modeling_utils", "transformers.training_args", "matplotlib"]
+    assert _help_loads(tools, heavy) == []
+
+
+def test_the_training_help_loads_no_training_code():
+    """vaswani-train's flags are transformers' Seq2SeqTrainingArguments (torch), but its --help loads neither the
+    data nor the training code."""
+    heavy = [
+        "datasets",
+        "vaswani.recipe.run",
+        "vaswani.recipe.trainer",
+        "vaswani.recipe.finish",
+        "matplotlib",
+        "torch",
+    ]
+    assert _help_loads(["train"], heavy) == ["torch"]
+
+
+# `import vaswani` (light), something else, then the Auto classes build a vaswani model.
+_REGISTRATION = """
+import sys
+{before}
+import vaswani
+assert {light} == (not {{"torch", "transformers"}} & set(sys.modules)), "import vaswani loaded torch"
+{after}
+from transformers import AttentionInterface, AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+sizes = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2)
+config = AutoConfig.for_model("vaswani", vocab_size=40, encoder_ffn_dim=32, decoder_ffn_dim=32, **sizes)
+assert type(config) is vaswani.VaswaniConfig
+assert type(AutoModelForSeq2SeqLM.from_config(config)) is vaswani.VaswaniForConditionalGeneration
+assert type(AutoModel.from_config(config)) is vaswani.VaswaniModel
+assert "vaswani_sdpa" in AttentionInterface._global_mapping and callable(vaswani.use_cpu_kernels)
+assert "VaswaniConfig" in dir(vaswani)
+print("registered")
+"""
+
+
+@pytest.mark.parametrize(
+    "before, after, light",
+    [
+        ("", "", True),  # README: import vaswani, then the Auto classes
+        (
+            "",
+            "from transformers import PreTrainedModel",
+            True,
+        ),  # the Auto classes load inside transformers' import
+        ("", "from vaswani.modeling_vaswani import VaswaniModel", True),  # ... inside this package's
+    ],
+)
+def test_import_vaswani_registers_the_auto_classes_without_loading_torch_itself(before, after, light):
+    """`import vaswani` loads neither torch nor transformers (the tools start quickly), and the classes are still
+    registered with the Auto classes however these are loaded afterwards. (With the Auto classes loaded before,
+    `import vaswani` registers at once: every test process of this suite does so.)"""
+    code = _REGISTRATION.format(before=before, after=after, light=light)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "registered", run.stderr[-3000:]
+
+
+def test_the_flags_decoding_values_are_the_models():
+    """`vaswani.common.flag_choices` (light, for the tools' flags) repeats the values of the model's own modules."""
+    from vaswani import generation_vaswani
+    from vaswani.common import flag_choices
+    from vaswani.interop import export
+    from vaswani.recipe import translation
+
+    for name in (
+        "PAPER_NUM_BEAMS",
+        "PAPER_LENGTH_PENALTY",
+        "PAPER_LENGTH_PENALTY_FORM",
+        "LENGTH_PENALTY_FORMS",
+    ):
+        assert getattr(flag_choices, name) == getattr(generation_vaswani, name), name
+    assert (translation.NUM_BEAMS, translation.LENGTH_PENALTY) == (
+        flag_choices.PAPER_NUM_BEAMS,
+        flag_choices.PAPER_LENGTH_PENALTY,
+    )
+    assert export.ENGINES is flag_choices.ENGINES

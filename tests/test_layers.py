@@ -60,8 +60,12 @@ def _all_imports(name: str, path: Path) -> set[str]:
 def test_the_tree_shows_the_layers():
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(LAYERS[1:])
     model_files = {p.name for p in PACKAGE.glob("*.py")} - {"__init__.py", "_moved.py"}
-    # The model's top holds the files a saved folder carries and the opt-in CPU kernels, nothing of the recipe.
-    assert model_files == {Path(name).name for name in CODE_FILES.values()} | {"kernels.py"}
+    # The model's top holds the files a saved folder carries, the opt-in CPU kernels and the Auto classes'
+    # registration, nothing of the recipe.
+    assert model_files == {Path(name).name for name in CODE_FILES.values()} | {
+        "kernels.py",
+        "auto_registration.py",
+    }
 
 
 def test_no_layer_imports_a_layer_above_it():

@@ -247,7 +247,7 @@ def test_bpe_trains_on_a_random_sample_of_the_pairs_and_says_so(monkeypatch, cap
     the number of sentences given to the trainer for its progress bar, and a log line saying how many."""
     from datasets import Dataset
 
-    from vaswani import run
+    from vaswani.recipe import run
     from vaswani.recipe.arguments import DataArguments
     from vaswani.recipe.data import sample_pairs
 

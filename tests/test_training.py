@@ -668,7 +668,7 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     """--average_last with several numbers: each average of the last N checkpoints translates the validation split
     with the test's beam search, the highest BLEU is kept (the fewest checkpoints among equals), and every
     candidate's scores are written down."""
-    from vaswani import finish
+    from vaswani.recipe import finish
     from vaswani.recipe.arguments import DataArguments, FinishArguments
     from vaswani.recipe.averaging import average_state_dicts
     from vaswani.recipe.tokenization import load_tokenizers

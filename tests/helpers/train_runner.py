@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from vaswani import data, trainer
 from vaswani.commands import train
+from vaswani.recipe import data, trainer
 
 
 class KillAfterSave(TrainerCallback):

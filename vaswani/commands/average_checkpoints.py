@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..common.errors import UsageError
-from ..recipe.averaging import average_checkpoints, last_checkpoints
 from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.replace("`vaswani-average-checkpoints`: a", "A", 1)
@@ -52,6 +51,8 @@ class AveragingArguments:
 def main(argv):
     (args,) = parse_args(AveragingArguments, argv, description=DESCRIPTION, epilog=EPILOG)
     setup_logging()
+    from ..averaging import average_checkpoints, last_checkpoints  # torch: only when the tool runs
+
     checkpoints = args.checkpoints or last_checkpoints(args.run_dir, args.num_checkpoints)
     return average_checkpoints(checkpoints, args.output_dir)
 

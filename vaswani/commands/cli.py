@@ -22,10 +22,14 @@ The conventions, the same in every tool:
 - Flags: `--name value` and `--name=value`, written out in full (a prefix of a flag is an error, never another flag);
   the flag names of transformers' `run_translation.py` where the meaning is the same, and fairseq's where it is the
   same too (`--lr`, `--beam`, `--nbest`; `--lenpen A` is `--length_penalty A --length_penalty_form power`, fairseq's
-  |Y| ** A). A renamed flag keeps working under its old name, with a warning naming the new one.
+  |Y| ** A). A renamed flag keeps working under its old name, with a warning naming the new one. Two names of one
+  flag given different values (`--lr 1e-4 --learning_rate 2e-4`, in one arguments file too) are refused by name
+  (`refuse_conflicting_names`); one name given twice keeps argparse's rule, the last wins.
 - Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
   `{flag_name: value}`; flags given on the command line override it.
-- `--help` lists every flag, grouped by dataclass (`_argument_group_name`); `--help_all` is the same.
+- `--help` lists every flag, grouped by dataclass (`_argument_group_name`), in the order of the dataclasses, then the
+  flags common to every tool; a dataclass whose `_inherited_argument_group_name` is set lists the fields it inherits
+  (transformers' Trainer flags) under that title, last. `--help_all` is the same.
 - Logs: `setup_logging()` gives this package's INFO messages and everyone else's warnings on standard error, no
   `datasets` progress bars; `--verbose` gives transformers' and datasets' INFO logs and bars too.
 """
@@ -47,10 +51,8 @@ import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-import datasets
-import transformers
 import yaml
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
 from ..common.errors import UsageError, describe_error
 
@@ -293,6 +295,10 @@ def apply_arguments_files(
     tokens: dict[str, list[str]] = {}
     for path in files:
         values = read_arguments_file(path)
+        if "lenpen" in values and "length_penalty" in values:
+            raise UsageError(
+                f"Arguments file {path}: lenpen is fairseq's name of length_penalty: give one of them"
+            )
         if "lenpen" in values and "length_penalty_form" in fields:
             form = values.get("length_penalty_form", "power")
             if form != "power":
@@ -301,6 +307,7 @@ def apply_arguments_files(
                     f"(length_penalty_form power), but length_penalty_form is {form!r}"
                 )
             values = {**values, "length_penalty": values.pop("lenpen"), "length_penalty_form": "power"}
+        given: dict[str, tuple[str, object]] = {}  # this file's flags: name -> (key, value)
         for key, value in values.items():
             name = key.replace("-", "_")
             name = aliases.get(name, name)
@@ -314,6 +321,13 @@ def apply_arguments_files(
                 )
             item, hint = fields[name]
             texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
+            typed = _typed(parser._option_string_actions[f"--{name}"], texts)
+            if name in given and given[name][1] != typed:
+                raise UsageError(
+                    f"Arguments file {path}: {given[name][0]} and {key} are two names of one flag with different "
+                    "values: give one of them"
+                )
+            given[name] = (key, typed)
             required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
             defaults.pop(name, None)
             tokens.pop(name, None)
@@ -395,6 +409,84 @@ def expand_lenpen(argv: Sequence[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Two names of one flag
+# ---------------------------------------------------------------------------------------------------------------------
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse reads `-1` after a flag
+
+
+def _typed(action: argparse.Action, texts: Sequence[str]):
+    """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
+    texts themselves when a value does not convert: argparse reports that later)."""
+    if not texts:
+        return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
+    convert = action.type if callable(action.type) else str
+    try:
+        values = [convert(text) for text in texts]
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        values = list(texts)
+    return values[0] if action.nargs in (None, "?") else tuple(values)
+
+
+def _spelling(parser: argparse.ArgumentParser, token: str, renamed: Mapping[str, str]):
+    """The parser's action that the flag `token` (`--name`, without its `=value`) sets, renamed flags included."""
+    actions = parser._option_string_actions
+    if token in actions:
+        return actions[token]
+    key = token[2:].replace("-", "_")
+    negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
+    old = key[3:] if negated else key
+    if old in renamed:
+        return actions.get(f"--{'no_' if negated else ''}{renamed[old]}")
+    return None
+
+
+def refuse_conflicting_names(
+    parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str] | None = None
+) -> None:
+    """Raise `UsageError` naming both flags when two names of one flag are given different values in `argv`:
+    fairseq's and transformers' names (`--lr` and `--learning_rate`), a renamed flag and its new name, `--flag-name`
+    and `--flag_name`, `--flag` and `--no_flag`. The same value under both names is accepted; the same name given
+    twice keeps argparse's rule (the last one wins)."""
+    renamed = renamed or {}
+    seen: dict[str, list[tuple[str, str, object]]] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token == "--":
+            break
+        if not token.startswith("--") or len(token) == 2:
+            continue
+        name, equals, value = token.partition("=")
+        action = _spelling(parser, name, renamed)
+        if action is None or action.nargs == argparse.SUPPRESS:
+            continue
+        if equals:
+            texts = [value]
+        else:
+            most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(action.nargs, action.nargs)
+            texts = []
+            while len(texts) < most and i < len(argv):
+                following = argv[i]
+                if following.startswith("-") and not _NEGATIVE_NUMBER.match(following):
+                    break
+                texts.append(following)
+                i += 1
+            if not texts and action.nargs not in (0, "?", "*"):
+                continue  # a flag without its value: argparse says so
+        shown = " ".join([name, *texts]) if not equals else token
+        seen.setdefault(action.dest, []).append((name, shown, _typed(action, texts)))
+    for occurrences in seen.values():
+        for index, (name, shown, value) in enumerate(occurrences):
+            for other_name, other_shown, other_value in occurrences[index + 1 :]:
+                if other_name != name and other_value != value:
+                    raise UsageError(
+                        f"{shown} and {other_shown} are two names of one flag with different values: give one of "
+                        "them"
+                    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Parsing
 # ---------------------------------------------------------------------------------------------------------------------
 class _Parser(HfArgumentParser):
@@ -408,7 +500,28 @@ class _Parser(HfArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Each flag's default after its help; the description and the epilog (examples) as written."""
+    """Each flag's default after its help (but None, "not given"); the description and the epilog (examples) as
+    written; a flag's names once (`--learning_rate, --lr LEARNING_RATE`), without the `--flag-name` spelling that
+    every flag also accepts."""
+
+    def _get_help_string(self, action):
+        if action.default is None:  # "not given": the help says what that means
+            return action.help
+        return super()._get_help_string(action)
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        names = [
+            name
+            for name in action.option_strings
+            if "-" not in name[2:] or "--" + name[2:].replace("-", "_") not in action.option_strings
+        ]
+        if action.nargs == 0:
+            return ", ".join(names)
+        return (
+            f"{', '.join(names)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+        )
 
 
 def build_parser(
@@ -451,7 +564,24 @@ def build_parser(
             type=float,
             help="fairseq's length penalty: --length_penalty ALPHA --length_penalty_form power (|Y| ** ALPHA)",
         )
+    for dtype in types_:
+        _list_inherited_flags_last(parser, dtype)
     return parser
+
+
+def _list_inherited_flags_last(parser: argparse.ArgumentParser, dtype: type) -> None:
+    """Move the flags of the fields that `dtype` inherits (not declared in its own body) from its group of `--help` to
+    a group titled `dtype._inherited_argument_group_name`, after every other group; nothing without that title."""
+    title = getattr(dtype, "_inherited_argument_group_name", None)
+    if title is None:
+        return
+    own = set(vars(dtype).get("__annotations__", {}))
+    (group,) = [group for group in parser._action_groups if group.title == dtype._argument_group_name]
+    inherited = parser.add_argument_group(title)
+    for action in list(group._group_actions):
+        if action.dest not in own:
+            group._group_actions.remove(action)
+            inherited._group_actions.append(action)
 
 
 def parse_args(
@@ -471,8 +601,9 @@ def parse_args(
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     files, argv = split_arguments_files(argv)
-    argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
+    refuse_conflicting_names(parser, argv, renamed)
+    argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
     if {"length_penalty", "length_penalty_form"} <= _flag_fields(parser.dataclass_types).keys():
         argv = expand_lenpen(argv)
     argv = apply_arguments_files(parser, files, argv, renamed or {})
@@ -508,6 +639,9 @@ def setup_logging(main_process: bool = True) -> None:
     """Quiet logs on standard error: this package's INFO messages, warnings from everyone else, no progress bars of
     transformers' loading and saving or of `datasets`; with `--verbose`, transformers' and datasets' INFO logs and bars as well. Processes other than
     the main one of a distributed run log warnings only."""
+    import datasets  # here: a tool's --help needs neither
+    import transformers
+
     level = logging.INFO if main_process else logging.WARNING
     root = logging.getLogger()
     if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
@@ -537,6 +671,7 @@ __all__ = [
     "expand_lenpen",
     "parse_args",
     "read_arguments_file",
+    "refuse_conflicting_names",
     "rename_flags",
     "setup_logging",
     "split_arguments_files",

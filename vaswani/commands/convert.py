@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..interop.convert import convert
 from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("`vaswani-convert`: i", "I", 1)
@@ -39,6 +38,8 @@ class ConvertArguments:
 def main(argv):
     (args,) = parse_args(ConvertArguments, argv, description=DESCRIPTION, epilog=EPILOG)
     setup_logging()
+    from ..convert import convert  # torch and transformers: only when the tool runs
+
     convert(args.model_name_or_path, args.output_dir, args.overwrite_output_dir)
 
 

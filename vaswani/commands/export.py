@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..interop.export import CTRANSLATE2_QUANTIZATIONS, ENGINES, export
+from ..common.flag_choices import CTRANSLATE2_QUANTIZATIONS, ENGINES
 from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("`vaswani-export`: e", "E", 1)
@@ -58,6 +58,8 @@ class ExportArguments:
 def main(argv) -> Path:
     (args,) = parse_args(ExportArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
+    from ..export import export  # torch and transformers: only when the tool runs
+
     return export(
         args.model_name_or_path,
         args.output_dir,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..common.errors import UsageError
-from ..recipe.plotting import attention_maps, load_attention_model, plot_attention_maps, plot_learning_curves
 from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.replace("`vaswani-plot`: a", "A", 1)
@@ -75,6 +74,13 @@ def main(argv):
     name, rest = argv[0], argv[1:]
     (args,) = parse_args(COMMANDS[name], rest, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED[name])
     setup_logging()
+    from ..plotting import (  # torch and matplotlib: only when the tool runs
+        attention_maps,
+        load_attention_model,
+        plot_attention_maps,
+        plot_learning_curves,
+    )
+
     if name == "curves":
         return plot_learning_curves(args.run_dir, args.output, title=args.title)
     model, source_tokenizer, target_tokenizer = load_attention_model(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..publishing.hub import publish
 from .cli import command, parse_args, setup_logging
 
 logger = logging.getLogger(__name__)
@@ -101,6 +100,8 @@ class PushArguments:
 def main(argv):
     (args,) = parse_args(PushArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
+    from ..hub import publish  # torch and transformers: only when the tool runs
+
     published = publish(
         args.model_name_or_path,
         repo_id=args.hub_model_id,

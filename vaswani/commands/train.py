@@ -1,14 +1,11 @@
 """`vaswani-train`: train the Transformer with the paper's recipe (§5), then average, translate the test split and
-score it (§6.1). `vaswani-train --help` lists every flag by group, Seq2SeqTrainingArguments' included, all of which
-work."""
+score it (§6.1). `vaswani-train --help` lists every flag by group: the recipe's first, then the rest of
+Seq2SeqTrainingArguments', all of which work."""
 
 from __future__ import annotations
 
 from ..recipe.arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from ..recipe.config_arguments import ModelConfigArguments, config_overrides
-from ..recipe.finish import empty_translations_warning, finish
-from ..recipe.run import train_main
-from ..recipe.run_folder import release_output_dir
 from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = """\
@@ -40,14 +37,21 @@ RENAMED = {
 
 @command("vaswani-train")
 def main(argv):
-    model_args, config_args, data_args, finish_args, training_args = parse_args(
-        [ModelArguments, ModelConfigArguments, DataArguments, FinishArguments, PaperTrainingArguments],
+    # --help lists the groups in this order: the model, the data, the recipe, what follows training; the common
+    # flags; then the rest of the Trainer's flags.
+    model_args, config_args, data_args, training_args, finish_args = parse_args(
+        [ModelArguments, ModelConfigArguments, DataArguments, PaperTrainingArguments, FinishArguments],
         argv,
         description=DESCRIPTION,
         epilog=EPILOG,
         renamed=RENAMED,
     )
     setup_logging(main_process=training_args.process_index == 0)
+    # the training code (datasets, the model, the Trainer): only when the tool runs, not for --help
+    from ..finish import empty_translations_warning, finish
+    from ..run import train_main
+    from ..run_folder import release_output_dir
+
     try:
         trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)
         scores = finish(trainer, data_args, finish_args)

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 
 from ..common.errors import UsageError
 from ..recipe.arguments import DataArguments
-from ..recipe.run import load_split, train_new_tokenizers
-from ..recipe.tokenization import save_tokenizers
 from .cli import command, parse_args, setup_logging
 
 logger = logging.getLogger(__name__)
@@ -70,6 +68,9 @@ def main(argv):
     if not data_args.dataset_name and not data_args.train_file:
         raise UsageError("No training text: give --dataset_name or --train_file")
     setup_logging()
+    from ..run import load_split, train_new_tokenizers  # datasets, tokenizers: only when the tool runs
+    from ..tokenization import save_tokenizers
+
     train = load_split(data_args, "train")
     if data_args.max_train_samples:
         train = train.select(range(min(data_args.max_train_samples, len(train))))

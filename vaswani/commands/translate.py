@@ -16,28 +16,12 @@ from pathlib import Path
 
 from ..common.errors import UsageError, flag_errors
 from ..common.fileio import check_input_file, check_input_folder, write_json
-from ..generation_vaswani import LENGTH_PENALTY_FORMS
-from ..interop import engines
-from ..recipe.arguments import check_languages
+from ..common.flag_choices import LENGTH_PENALTY_FORMS, PAPER_LENGTH_PENALTY, PAPER_NUM_BEAMS
 from ..recipe.metrics import check_moses_lang, score_lines
-from ..recipe.tokenization import lowercases
-from ..recipe.translation import (
-    LENGTH_PENALTY,
-    NUM_BEAMS,
-    check_decoding,
-    check_model_languages,
-    format_n_best,
-    length_penalty_form_of,
-    length_penalty_of,
-    load_translation_model,
-    read_sentences,
-    score_translations,
-    stdin_lines,
-    translate_n_best,
-    write_lines,
-    write_sentences,
-)
 from .cli import command, current_prog, parse_args, setup_logging
+
+# The model, the engines and the decoding (torch, transformers) are imported where they are used: `--help` loads
+# none of them.
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +64,8 @@ class TranslationArguments:
         default=None, metadata={"help": "Also at most this many padded source tokens per batch."}
     )
     num_beams: int = field(
-        default=NUM_BEAMS, metadata={"help": "Beam size (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]}
+        default=PAPER_NUM_BEAMS,
+        metadata={"help": "Beam size (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]},
     )
     length_penalty: float | None = field(
         default=None,
@@ -155,8 +140,10 @@ class TranslationArguments:
     threads: int = field(default=0, metadata={"help": "CPU threads of an exported engine (0: its default)."})
 
     def __post_init__(self):
+        from ..translation import check_decoding
+
         with flag_errors("num_beams"):
-            check_decoding(self.num_beams, LENGTH_PENALTY)
+            check_decoding(self.num_beams, PAPER_LENGTH_PENALTY)
         if self.length_penalty is not None:
             with flag_errors("length_penalty"):
                 check_decoding(self.num_beams, self.length_penalty)
@@ -186,6 +173,8 @@ class TranslationArguments:
             raise UsageError(f"--threads must be 0 or more, got {self.threads}")
 
     def _check_languages(self) -> None:
+        from ..arguments import check_languages
+
         check_languages(self.source_lang, self.target_lang)
         suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2] if self.input != "-" else ""
         if self.source_lang and self.target_lang and suffix == self.target_lang:
@@ -241,6 +230,17 @@ def main(argv):
         raise UsageError("--interactive translates as lines arrive: --references needs a whole --input")
     _check_files(args, scoring)
     setup_logging()
+    from ..interop import engines
+    from ..recipe.translation import (
+        check_model_languages,
+        format_n_best,
+        load_translation_model,
+        read_sentences,
+        translate_n_best,
+        write_lines,
+        write_sentences,
+    )
+
     check_model_languages(args.model_name_or_path, args.source_lang, args.target_lang)
     if scoring.references and scoring.moses_lang is None and args.target_lang:
         try:
@@ -318,6 +318,8 @@ def _interactive(
 ) -> None:
     """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
     one is read, so that another program can hold a conversation with this one through pipes."""
+    from ..translation import format_n_best, stdin_lines
+
     if sys.stdin.isatty():
         print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
     for index, line in enumerate(stdin_lines()):
@@ -337,6 +339,9 @@ def _score(
 ) -> None:
     # A model whose tokenizer lowercases writes lowercase only: its raw-text scores are case-insensitive
     # (signature case:lc), never a case-sensitive score it cannot earn.
+    from ..tokenization import lowercases
+    from ..translation import score_translations
+
     lowercase = lowercases(target_tokenizer)
     scores = score_translations(
         translations, scoring.references, moses_lang=scoring.moses_lang, lowercase=lowercase
@@ -364,7 +369,9 @@ def _length_penalty(model, args: TranslationArguments) -> float:
     if args.length_penalty is not None:
         return args.length_penalty
     if args.engine != "pytorch":
-        return model.metadata["decoding"].get("length_penalty", LENGTH_PENALTY)
+        return model.metadata["decoding"].get("length_penalty", PAPER_LENGTH_PENALTY)
+    from ..translation import length_penalty_of
+
     return length_penalty_of(model)
 
 
@@ -375,6 +382,8 @@ def _length_penalty_form(model, args: TranslationArguments) -> str:
         return "power"
     if args.engine == "onnx":
         return args.length_penalty_form or model.metadata["decoding"]["length_penalty_form"]
+    from ..translation import length_penalty_form_of
+
     return length_penalty_form_of(model, args.length_penalty_form)
 
 

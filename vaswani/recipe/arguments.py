@@ -260,7 +260,11 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe; every Trainer flag still works."""
 
     _argument_group_name = (
-        "the paper's training recipe (§5; Seq2SeqTrainingArguments with the paper's defaults)"
+        "the paper's training recipe (§5; Trainer flags whose defaults are the paper's, and its own)"
+    )
+    # The Trainer's other flags, listed after the recipe's in --help (`vaswani.commands.cli.build_parser`).
+    _inherited_argument_group_name = (
+        "the rest of transformers' Seq2SeqTrainingArguments (each works as in transformers' Trainer)"
     )
 
     output_dir: str | None = field(

@@ -30,26 +30,14 @@ import transformers
 from transformers import GenerationConfig
 
 from ...common.fileio import atomic_folder, read_json
+from ...common.flag_choices import CTRANSLATE2_QUANTIZATIONS, ENGINES  # noqa: F401 (this module's names too)
 from ...generation_vaswani import PAPER_LENGTH_PENALTY_FORM
 from ...recipe.tokenization import load_tokenizers, save_tokenizers
 from ...recipe.translation import check_model_path, model_languages
 
 logger = logging.getLogger(__name__)
 
-ENGINES = ("ctranslate2", "onnx")
 METADATA_FILE = "vaswani_export.json"
-# CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`, checked by the tests); the three
-# precisions offered are float32, int8 and bfloat16.
-CTRANSLATE2_QUANTIZATIONS = (
-    "float32",
-    "int8",
-    "bfloat16",
-    "float16",
-    "int8_float32",
-    "int8_float16",
-    "int8_bfloat16",
-    "int16",
-)
 
 
 def decoding_settings(model_path: str | os.PathLike) -> dict:

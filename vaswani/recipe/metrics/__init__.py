@@ -27,9 +27,6 @@ from pathlib import Path
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
-from ..data import read_lines
-from ..tokenization import lowercases
-
 logger = logging.getLogger(__name__)
 
 METRIC_PATH = Path(__file__).parent / "sacrebleu_chrf"
@@ -245,6 +242,8 @@ def score_files(
     check_bleu_tokenizer(tokenize)
     if moses_lang is not None:
         check_moses_lang(moses_lang)
+    from ..data import read_lines  # here: scoring text files needs neither datasets nor torch
+
     hypotheses = list(read_lines(hypotheses_path))
     if not hypotheses:
         raise ValueError(f"{hypotheses_path} is empty: nothing to score")
@@ -319,6 +318,8 @@ def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
     predictions against the raw reference text, case-insensitive if the tokenizer lowercases (its model writes
     lowercase only). Under DDP the gathered predictions can carry padded duplicates at the end; only the first
     `len(references)` rows, which are the dataset's rows in order, are scored."""
+    from ..tokenization import lowercases
+
     lowercase = lowercases(tokenizer)
 
     def compute(eval_prediction) -> dict:
