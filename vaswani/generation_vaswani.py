@@ -137,9 +137,10 @@ def drop_trainer_defaults(generation_config) -> None:
     """Take back the `max_length` of 20 that transformers' `Seq2SeqTrainer.prediction_step` writes into a model's
     generation config: after its first generated batch it fills every unset setting with transformers' defaults
     (`update(**GenerationConfig._get_default_generation_params(), defaults_only=True)`), so that each later
-    `generate(max_new_tokens=...)` warned that `max_length` (=20) was set too, and one without a length stopped at 20
-    tokens instead of the paper's input length + 50 (and the model's `save_pretrained` would save it). A config holding every one
-    of those defaults got them from there: its `max_length` of 20 is dropped, the rest are the defaults anyway."""
+    `generate(max_new_tokens=...)` warned that `max_length` (=20) was set too, one without a length stopped at 20
+    tokens instead of the paper's input length + 50, and `save_pretrained` saved it. A config holding every one of
+    those defaults got them from there: its `max_length` of 20 is dropped, the rest are the defaults anyway. Called
+    by the model's `generate` and `save_pretrained`."""
     if generation_config is None:
         return
     defaults = type(generation_config)._get_default_generation_params()

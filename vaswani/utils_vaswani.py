@@ -72,8 +72,7 @@ def check_config_unchanged(config, built_as: dict) -> None:
         raise ValueError(
             f"The config was changed after the model was built ({fields}): the model's modules and weights follow "
             "the config they were built from, so it would train, evaluate and save as another model. Build a new "
-            "model from the changed config (or load it with `from_pretrained(..., <field>=...)`), or change the "
-            "fields back."
+            "model from the changed config, or change the fields back."
         )
 
 
@@ -99,11 +98,12 @@ class FollowsConfig:
         check_config_unchanged(self.config, built)
         rates = {name: getattr(self.config, name) for name in DROPOUT_FIELDS}
         if any(built[name] != rate for name, rate in rates.items()):
-            for name, module in self.named_modules():
-                if isinstance(module, nn.Dropout):  # `attention_dropout` is read at each call
-                    module.p = rates[
-                        "activation_dropout" if name.endswith("activation_dropout") else "dropout"
-                    ]
+            for name, module in self.named_modules():  # `attention_dropout` is read at each call
+                field = name.rpartition(".")[
+                    2
+                ]  # the model's own: `dropout`, `activation_dropout` (not PEFT's)
+                if isinstance(module, nn.Dropout) and field in rates:
+                    module.p = rates[field]
             built.update(rates)
 
     def train(self, mode: bool = True):
