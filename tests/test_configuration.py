@@ -119,7 +119,7 @@ def test_a_boolean_field_refuses_anything_but_true_or_false(field, value):
 
 
 @pytest.mark.parametrize(
-    "field, value", [("activation_function", "gelu"), ("normalize_before", True), ("dropout", 0.3)]
+    "field, value", [("activation_function", "gelu"), ("normalize_before", True), ("layer_norm_eps", 1e-3)]
 )
 def test_a_config_changed_after_the_model_was_built_is_not_saved(tmp_path, field, value):
     """The modules follow the config they were built from: saved with the changed one, the folder would load as

@@ -288,11 +288,73 @@ def test_without_a_length_generate_stops_at_the_source_length_plus_50(model):
     assert model.generate(padded, attention_mask=mask, suppress_tokens=[2]).shape[1] == 9
 
 
-@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), "0.6"])
 def test_a_length_penalty_that_is_not_finite_is_refused_by_name(model, alpha):
     input_ids, attention_mask, _ = batch()
     with pytest.raises(ValueError, match="`length_penalty` must be a finite number"):
         model.generate(input_ids, attention_mask=attention_mask, num_beams=2, length_penalty=alpha)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"num_beams": 0},
+        {"num_beams": -2},
+        {"num_beams": -2, "length_penalty_form": "power"},
+        {"num_beams": 2.5},
+        {"num_return_sequences": 0, "num_beams": 4},
+        {"num_return_sequences": -1, "num_beams": 4},
+        {"num_return_sequences": -1, "num_beams": 4, "length_penalty_form": "power"},
+    ],
+)
+def test_a_beam_count_or_number_of_sequences_below_one_is_refused_by_name(model, setting):
+    """num_beams=0 ended in ZeroDivisionError, a negative one in "upper bound and lower bound inconsistent with step
+    sign"; num_return_sequences=-1 returned 3 sequences per source instead of an error."""
+    input_ids, attention_mask, _ = batch()
+    name = "num_return_sequences" if "num_return_sequences" in setting else "num_beams"
+    with pytest.raises(ValueError, match=rf"`{name}` must be a positive integer, got {setting[name]!r}"):
+        model.generate(input_ids, attention_mask=attention_mask, **setting)
+
+
+def test_evaluating_with_seq2seq_trainer_leaves_no_max_length_of_20_behind(model, tmp_path):
+    """transformers' Seq2SeqTrainer writes its default `max_length` of 20 into the model's generation config after
+    the first generated batch: each later batch of `evaluate(max_new_tokens=40)` warned "Both `max_new_tokens` (=40)
+    and `max_length`(=20) seem to have been set", and `generate()` without a length stopped at 20 tokens."""
+    import json
+
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    input_ids, attention_mask, labels = batch()
+    data = [
+        {"input_ids": i, "attention_mask": m, "labels": y}
+        for i, m, y in zip(input_ids, attention_mask, labels, strict=True)
+    ]
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        predict_with_generate=True,
+        per_device_eval_batch_size=1,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model, args=args, eval_dataset=data[:2], compute_metrics=lambda p: {"n": 1.0}
+    )
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        trainer.evaluate(max_new_tokens=25, num_beams=2)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    logged = "\n".join(record.getMessage() for record in records)
+    assert "seem to have been set" not in logged, logged
+    # a random model never ends a sentence: it runs to the paper's input length + 50, not to 20 tokens
+    out = model.generate(input_ids, attention_mask=attention_mask, suppress_tokens=[2])
+    assert out.shape[1] == 1 + 7 + EXTRA_OUTPUT_TOKENS
+    model.save_pretrained(tmp_path / "saved")
+    assert "max_length" not in json.loads((tmp_path / "saved" / "generation_config.json").read_text())
 
 
 def test_an_unknown_length_penalty_form_is_named_before_any_work(model):

@@ -516,9 +516,45 @@ def test_resuming_with_another_tokenizer_is_refused(finished, corpus, tmp_path, 
         code, _, err = invoke(
             train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", resume), capsys
         )
-        assert_one_line_error(code, err, "--resume_from_checkpoint")
-        assert "trained with another tokenizer than this run's" in err
+        # the error itself gives the reason, from "last" too, where every checkpoint is refused for it
+        assert_one_line_error(
+            code, err, "--resume_from_checkpoint", "trained with another tokenizer than this run's"
+        )
+    assert "(checkpoint-4, checkpoint-8), all for the same reason: " in err
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+
+
+@pytest.mark.parametrize(
+    "where, field",
+    [("TrainingClock", "seconds_elapsed"), ("TimedCheckpoints", "interval"), (None, "best_bleu")],
+)
+def test_a_training_state_with_an_unknown_field_is_refused_by_file_and_field(
+    finished, corpus, tmp_path, capsys, where, field
+):
+    """Issue: a trainer_state.json with a field the run cannot take (written by another version, or edited) ended
+    the resume in `TypeError: TrainingClock.__init__() got an unexpected keyword argument`."""
+    out = _copy(finished[0], tmp_path)
+    for checkpoint in ("checkpoint-4", "checkpoint-8"):
+        path = out / checkpoint / "trainer_state.json"
+        state = json.loads(path.read_text())
+        if where is None:
+            state[field] = 1.0
+        else:
+            state["stateful_callbacks"].setdefault(where, {"args": {}, "attributes": {}})["args"][field] = 1.0
+        path.write_text(json.dumps(state))
+    argv = ["--max_steps", "10", "--save_steps", "4"]
+    for resume in (out / "checkpoint-8", "last"):
+        code, _, err = invoke(
+            train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", resume), capsys
+        )
+        assert_one_line_error(
+            code,
+            err,
+            "--resume_from_checkpoint",
+            "checkpoint-8/trainer_state.json",
+            f"unknown field '{field}'",
+        )
+    assert json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8
 
 
 def test_a_finished_run_killed_before_its_tokenizer_was_written_gets_it_back(

@@ -1,5 +1,6 @@
 """The README's Python example runs as written, and its two commands are the Makefile's."""
 
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,34 @@ def test_readme_python_example_runs():
     namespace: dict = {}
     exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102
     assert namespace["beams"].shape[0] == 1
+
+
+def test_the_seq2seq_trainer_example_runs_offline(tmp_path, monkeypatch):
+    """The fine-tuning example of docs/recipe.md, on a tiny model folder in place of a trained run's: the metric loads without
+    the network (transformers' guide's `evaluate.load("sacrebleu")` does not), and evaluation gives BLEU and chrF."""
+    from tiny_translation_assets import tiny_model, tiny_tokenizer
+
+    text = (ROOT / "docs" / "recipe.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "Seq2SeqTrainer(" in b]
+    tokenizer = tiny_tokenizer()
+    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert '"runs/de-en/averaged"' in block and "max_steps=100" in block
+    block = block.replace('"runs/de-en/averaged"', repr(str(tmp_path / "model"))).replace(
+        "max_steps=100", "max_steps=2"
+    )
+    namespace: dict = {}
+    exec(compile(block, "docs/recipe.md", "exec"), namespace)  # noqa: S102
+    assert {"eval_bleu", "eval_chrf"} <= set(namespace["metrics"])
+    assert namespace["model"].config.dropout == 0.3
+    assert (
+        json.loads((tmp_path / "runs" / "de-en-tuned" / "checkpoint-2" / "config.json").read_text())[
+            "dropout"
+        ]
+        == 0.3
+    )
 
 
 def test_readme_commands_exist_in_makefile_and_ci():

@@ -388,3 +388,108 @@ def test_every_code_file_travels_as_a_relative_import_of_the_model_file():
     assert siblings <= imported, siblings - imported
     module, name = CUSTOM_PIPELINES["translation"]["impl"].split(".")
     assert getattr(pipeline_vaswani, name).__module__.endswith(module)
+
+
+def _seq2seq_trainer(model, out, **overrides):
+    """transformers' Seq2SeqTrainer on three tiny pairs, saving a checkpoint at every step."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    input_ids, attention_mask, labels = batch()
+    data = [
+        {"input_ids": i, "attention_mask": m, "labels": y}
+        for i, m, y in zip(input_ids, attention_mask, labels, strict=True)
+    ]
+    fields = dict(max_steps=2, save_steps=1, per_device_train_batch_size=3, report_to="none", use_cpu=True)
+    fields.update(overrides)
+    args = Seq2SeqTrainingArguments(output_dir=str(out), disable_tqdm=True, **fields)
+    return Seq2SeqTrainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+
+
+class _Warnings:
+    """The warnings transformers logs inside the block (its loggers do not propagate to pytest's)."""
+
+    def __enter__(self):
+        import logging
+
+        self.records = []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = self.records.append
+        logging.getLogger("transformers").addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.getLogger("transformers").removeHandler(self.handler)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(record.getMessage() for record in self.records)
+
+
+def test_resuming_a_seq2seq_trainer_checkpoint_reports_no_missing_tied_weights(saved, tmp_path):
+    """The tied embeddings and output projection are saved once; resuming, transformers' Trainer took the two
+    others for missing weights ("There were missing keys in the checkpoint model loaded") on every healthy resume."""
+    _, folder = saved
+    _seq2seq_trainer(VaswaniForConditionalGeneration.from_pretrained(folder), tmp_path / "run").train()
+    model = VaswaniForConditionalGeneration.from_pretrained(folder)
+    with _Warnings() as logged:
+        _seq2seq_trainer(model, tmp_path / "run").train(
+            resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1")
+        )
+    assert "missing keys" not in logged.text, logged.text
+    assert model.lm_head.weight is model.model.shared.weight is model.model.encoder.embed_tokens.weight
+    # what is tied is saved once; a weight untied by hand is saved as itself
+    assert model._keys_to_ignore_on_save == set(model.all_tied_weights_keys)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() + 1)
+    assert "lm_head.weight" not in model._keys_to_ignore_on_save
+
+
+def test_a_dropout_rate_changed_after_from_pretrained_trains_and_is_saved(saved, tmp_path):
+    """`model.config.dropout = 0.3` then `Seq2SeqTrainer.train()`: the model's save refused the changed config at
+    the first checkpoint, after the training so far. Dropout only regularises training: the model follows it."""
+    _, folder = saved
+    model = VaswaniForConditionalGeneration.from_pretrained(folder)
+    model.config.dropout, model.config.activation_dropout = 0.3, 0.2
+    _seq2seq_trainer(model, tmp_path / "run").train()
+    config = json.loads((tmp_path / "run" / "checkpoint-1" / "config.json").read_text())
+    assert (config["dropout"], config["activation_dropout"]) == (0.3, 0.2)
+    rates = {
+        name.rsplit(".", 1)[-1]: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)
+    }
+    assert rates == {"dropout": 0.3, "activation_dropout": 0.2}
+    assert (
+        VaswaniForConditionalGeneration.from_pretrained(tmp_path / "run" / "checkpoint-2").config.dropout
+        == 0.3
+    )
+
+
+@pytest.mark.parametrize("field, value", [("normalize_before", True), ("activation_function", "gelu")])
+def test_an_architecture_field_changed_after_from_pretrained_is_refused_before_training(
+    saved, tmp_path, field, value
+):
+    """A field the modules and weights follow cannot change on a built model: refused, naming it, before the first
+    step rather than at the first checkpoint."""
+    _, folder = saved
+    model = VaswaniForConditionalGeneration.from_pretrained(folder)
+    setattr(model.config, field, value)
+    trainer = _seq2seq_trainer(model, tmp_path / "run")
+    with pytest.raises(
+        ValueError, match=rf"changed after the model was built \(`{field}` from .* to {value!r}\)"
+    ):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_a_dropout_rate_changed_on_a_peft_model_leaves_lora_dropout_alone():
+    """The model follows its config's dropout rates on its own dropout modules only: LoRA's keeps its rate."""
+    model = peft.get_peft_model(
+        tiny_model(),
+        peft.LoraConfig(task_type="SEQ_2_SEQ_LM", target_modules=["q_proj", "v_proj"], lora_dropout=0.05),
+    )
+    model.config.dropout = 0.3
+    model.train()
+    rates = {name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert {p for name, p in rates.items() if "lora_dropout" in name} == {0.05}
+    assert {p for name, p in rates.items() if name.endswith(".dropout")} == {0.3}

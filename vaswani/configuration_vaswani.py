@@ -91,9 +91,10 @@ BOOLEAN_FIELDS = (
     "tie_word_embeddings",
     "use_cache",
 )
-# The fields a built model's modules follow: changed on the config after a model was built, its saved folder would
-# load as another model (`VaswaniPreTrainedModel.save_pretrained` refuses). Vocabulary sizes change with the
-# model's own resizing methods; token ids, the cache flag and the initialisation do not shape the modules.
+# The fields a built model's modules follow: changed on the config after a model was built, it would train, evaluate
+# and save as another model (`utils_vaswani.FollowsConfig` refuses). Vocabulary sizes change with the model's own
+# resizing methods; token ids, the cache flag and the initialisation do not shape the modules, and the dropout rates
+# (`DROPOUT_FIELDS`) only regularise training: the model follows those when they change.
 ARCHITECTURE_FIELDS = (
     "d_model",
     "encoder_layers",
@@ -103,9 +104,6 @@ ARCHITECTURE_FIELDS = (
     "encoder_ffn_dim",
     "decoder_ffn_dim",
     "activation_function",
-    "dropout",
-    "attention_dropout",
-    "activation_dropout",
     "attention_bias",
     "output_bias",
     "max_position_embeddings",
@@ -119,6 +117,7 @@ ARCHITECTURE_FIELDS = (
     "share_encoder_decoder_embeddings",
     "tie_word_embeddings",
 )
+DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 SINUSOID_FREQUENCIES = ("paper", "fairseq")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
@@ -380,4 +379,4 @@ def _check_positive_int(name: str, value) -> None:
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
 
-__all__ = ["ARCHITECTURE_FIELDS", "VaswaniConfig", "PRESETS"]
+__all__ = ["ARCHITECTURE_FIELDS", "DROPOUT_FIELDS", "VaswaniConfig", "PRESETS"]

@@ -25,6 +25,7 @@ here: one statement of the penalty.
 
 import copy
 import math
+import numbers
 import re
 
 import torch
@@ -84,15 +85,15 @@ def generate(*args, model, **kwargs):
     holds those keys once per source)."""
     if kwargs.get("custom_generate") is not None:  # the caller's own decoding
         return GenerationMixin.generate(model, *args, **kwargs)
+    drop_trainer_defaults(model.generation_config)
     config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
     config.update(**{k: v for k, v in kwargs.items() if hasattr(config, k) and k != "generation_config"})
     form = kwargs.pop("length_penalty_form", None) or getattr(config, "length_penalty_form", None)
     form = form or PAPER_LENGTH_PENALTY_FORM
     length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
     share = bool(kwargs.pop("share_encoder_outputs", None) or getattr(config, "share_encoder_outputs", False))
+    _check_settings(config)
     alpha = config.length_penalty if config.length_penalty is not None else 1.0
-    if not math.isfinite(alpha):
-        raise ValueError(f"`length_penalty` must be a finite number, got {alpha!r}.")
     if not any(kwargs.get(key) is not None for key in _LENGTH_SETTINGS) and all(
         getattr(config, key, None) is None for key in _LENGTH_SETTINGS
     ):
@@ -112,6 +113,43 @@ def generate(*args, model, **kwargs):
         )
     _check_beam_search_vocabulary(model.config, beam_search_mode or (config.num_beams or 1) > 1)
     return GenerationMixin.generate(model, *args, **kwargs)
+
+
+def _check_settings(config) -> None:
+    """Name a decoding setting that cannot work before any work. transformers checks the lengths itself; a beam count
+    below 1 failed deep in the decoding (`ZeroDivisionError`, "upper bound and lower bound inconsistent with step
+    sign"), a number of returned sequences below 1 returned another number of rows, and a length penalty that is
+    not a number failed inside `math`."""
+    for name in ("num_beams", "num_return_sequences"):
+        value = getattr(config, name, None)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+        ):
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    alpha = config.length_penalty
+    if alpha is not None and (
+        isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha)
+    ):
+        raise ValueError(f"`length_penalty` must be a finite number, got {alpha!r}.")
+
+
+def drop_trainer_defaults(generation_config) -> None:
+    """Take back the `max_length` of 20 that transformers' `Seq2SeqTrainer.prediction_step` writes into a model's
+    generation config: after its first generated batch it fills every unset setting with transformers' defaults
+    (`update(**GenerationConfig._get_default_generation_params(), defaults_only=True)`), so that each later
+    `generate(max_new_tokens=...)` warned that `max_length` (=20) was set too, one without a length stopped at 20
+    tokens instead of the paper's input length + 50, and `save_pretrained` saved it. A config holding every one of
+    those defaults got them from there: its `max_length` of 20 is dropped, the rest are the defaults anyway. Called
+    by the model's `generate` and `save_pretrained`."""
+    if generation_config is None:
+        return
+    defaults = type(generation_config)._get_default_generation_params()
+    if generation_config.max_length == defaults["max_length"] and all(
+        getattr(generation_config, key, None) is not None
+        for key, value in defaults.items()
+        if value is not None
+    ):
+        generation_config.max_length = None
 
 
 def _source_length(args, kwargs, model) -> int:
@@ -450,6 +488,7 @@ __all__ = [
     "PAPER_LENGTH_PENALTY_FORM",
     "PAPER_NUM_BEAMS",
     "beam_search",
+    "drop_trainer_defaults",
     "generate",
     "length_penalty_factor",
     "paper_decoding",

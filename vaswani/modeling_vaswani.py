@@ -41,16 +41,17 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_vaswani import VaswaniConfig
+from .generation_vaswani import drop_trainer_defaults
 from .generation_vaswani import generate as paper_generate
 from .pipeline_vaswani import VaswaniTranslationPipeline  # noqa: F401 (travels with this file: CODE_FILES)
 from .utils_vaswani import (
     AUTO_MAP,
     CACHE_NAME,
     CUSTOM_PIPELINES,
+    FollowsConfig,
     architecture,
     cache_argument,
     causal_mask,
-    check_config_unchanged,
     check_decoder_inputs,
     check_embedding_inputs,
     check_mask,
@@ -183,7 +184,6 @@ class VaswaniAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads  # d_k = d_v = d_model / h
         self.scaling = self.head_dim**-0.5  # 1 / sqrt(d_k)
-        self.dropout = config.attention_dropout  # not in the paper; 0 by default
         # read by transformers' SDPA integration: every attention module must set it
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
@@ -233,7 +233,7 @@ class VaswaniAttention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        dropout = self.dropout if self.training else 0.0
+        dropout = self.config.attention_dropout if self.training else 0.0  # not in the paper; 0 by default
         output, weights = attention(
             self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )
@@ -335,7 +335,7 @@ class VaswaniDecoderLayer(VaswaniLayer):
 # --------------------------------------------------------------------------------------------------------------------
 # Pretrained base: initialisation, loading, Auto-class plumbing
 # --------------------------------------------------------------------------------------------------------------------
-class VaswaniPreTrainedModel(PreTrainedModel):
+class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
     config: VaswaniConfig
     config_class = VaswaniConfig
     base_model_prefix = "model"
@@ -351,7 +351,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     def __init__(self, config: VaswaniConfig, *args, **kwargs):
         config.validate_fields()  # fields may have been changed since the config was built
         super().__init__(config, *args, **kwargs)
-        self._built_as = architecture(config)  # checked when saving
+        self._built_as = architecture(config)  # `follow_config`: in training, evaluation and saving
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """The `{target: source}` weights that transformers ties. It ties nothing when `tie_word_embeddings=False`;
@@ -381,13 +381,13 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         naming both model classes (transformers writes only the class being saved), the translation pipeline
         (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
         the paper's decoding as the folder's `custom_generate/generate.py`. A config that cannot work, or that was
-        changed after the model was built, is refused before anything is written."""
-        check_config_unchanged(self.config, self._built_as)
+        changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
+        the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
+        self.follow_config()
+        drop_trainer_defaults(getattr(self, "generation_config", None))
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        self.config.custom_pipelines = {
-            **(getattr(self.config, "custom_pipelines", None) or {}),
-            **CUSTOM_PIPELINES,
-        }
+        pipelines = getattr(self.config, "custom_pipelines", None) or {}
+        self.config.custom_pipelines = {**pipelines, **CUSTOM_PIPELINES}
         saved = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             write_model_code(save_directory)
@@ -793,8 +793,4 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch
     return total / num_items_in_batch
 
 
-__all__ = [
-    "VaswaniPreTrainedModel",
-    "VaswaniModel",
-    "VaswaniForConditionalGeneration",
-]
+__all__ = ["VaswaniPreTrainedModel", "VaswaniModel", "VaswaniForConditionalGeneration"]

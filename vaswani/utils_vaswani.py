@@ -16,7 +16,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import is_torchdynamo_compiling
 
-from .configuration_vaswani import ARCHITECTURE_FIELDS
+from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS
 
 # What every saved folder carries besides its weights, configs and tokenizer, stated once: the files that
 # `trust_remote_code=True` loads (folder name -> file of this package), the `auto_map` naming them for the Auto
@@ -54,23 +54,75 @@ def write_model_code(folder: str | Path) -> None:
 
 
 def architecture(config) -> dict:
-    """The config fields a built model's modules follow (`ARCHITECTURE_FIELDS`)."""
-    return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS}
+    """The config fields a built model's modules follow (`ARCHITECTURE_FIELDS`, `DROPOUT_FIELDS`)."""
+    return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS + DROPOUT_FIELDS}
 
 
 def check_config_unchanged(config, built_as: dict) -> None:
-    """Refuse, naming the fields, a config that cannot work or whose architecture was changed after the model was
-    built from it: saved, the folder would load as another model."""
+    """Refuse, naming the fields, a config that cannot work or whose architecture (`ARCHITECTURE_FIELDS`) was
+    changed after the model was built from it: the modules and weights follow the config they were built from."""
     config.validate_fields()
     changed = {
-        name: (old, getattr(config, name)) for name, old in built_as.items() if getattr(config, name) != old
+        name: (built_as[name], getattr(config, name))
+        for name in ARCHITECTURE_FIELDS
+        if name in built_as and getattr(config, name) != built_as[name]
     }
     if changed:
         fields = ", ".join(f"`{name}` from {old!r} to {new!r}" for name, (old, new) in changed.items())
         raise ValueError(
-            f"The config was changed after the model was built ({fields}): the saved folder would load as another "
-            "model. Build a new model from the changed config, or change the fields back."
+            f"The config was changed after the model was built ({fields}): the model's modules and weights follow "
+            "the config they were built from, so it would train, evaluate and save as another model. Build a new "
+            "model from the changed config, or change the fields back."
         )
+
+
+class FollowsConfig:
+    """What keeps a built model in agreement with its config and its saved folders with its weights (a base of
+    `VaswaniPreTrainedModel`).
+
+    `follow_config` runs whenever the model is switched to training or evaluation (`train`, `eval`; transformers'
+    Trainer does so before its first step) and before it is saved: a dropout rate changed on the config
+    (`DROPOUT_FIELDS`: regularisation in training only, the model computes the same without it) applies to the
+    model's dropout from there on and is saved with it; any other field the modules follow (`ARCHITECTURE_FIELDS`)
+    changed since the model was built is refused there, naming it, before a step is trained.
+
+    `_keys_to_ignore_on_save` is the set of tied weights (`all_tied_weights_keys` that are one tensor with the
+    weight they are tied to), which a saved folder holds once, under that weight. transformers' Trainer compares it
+    with the keys a resumed checkpoint lacks, to tell tied weights from missing ones.
+    """
+
+    def follow_config(self) -> None:
+        built = self.__dict__.get("_built_as")
+        if built is None:  # not built yet
+            return
+        check_config_unchanged(self.config, built)
+        rates = {name: getattr(self.config, name) for name in DROPOUT_FIELDS}
+        if any(built[name] != rate for name, rate in rates.items()):
+            for name, module in self.named_modules():  # `attention_dropout` is read at each call
+                field = name.rpartition(".")[
+                    2
+                ]  # the model's own: `dropout`, `activation_dropout` (not PEFT's)
+                if isinstance(module, nn.Dropout) and field in rates:
+                    module.p = rates[field]
+            built.update(rates)
+
+    def train(self, mode: bool = True):
+        self.follow_config()
+        return super().train(mode)
+
+    @property
+    def _keys_to_ignore_on_save(self) -> set[str]:
+        tied = self.__dict__.get("all_tied_weights_keys") or {}
+        weights = dict(self.named_parameters(remove_duplicate=False))
+        return {
+            target
+            for target, source in tied.items()
+            if target in weights and source in weights and weights[target] is weights[source]
+        }
+
+    @_keys_to_ignore_on_save.setter
+    def _keys_to_ignore_on_save(self, keys) -> None:
+        """transformers' `post_init` sets the class's default (none); the set is the tied weights at each call."""
 
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the

@@ -136,7 +136,12 @@ class TrainingClock(TrainerCallback, ExportableState):
                 checkpoint,
             )
             return cls()
-        return cls(**saved.get("args", {}))
+        try:
+            return cls(**saved.get("args", {}))
+        except (TypeError, ValueError) as error:  # checkpoints.check_trainer_state names the field
+            raise ValueError(
+                f"{checkpoint}/trainer_state.json holds a {cls.__name__} it cannot take: {error}"
+            ) from None
 
 
 class RunTokenizer(TrainerCallback, ExportableState):

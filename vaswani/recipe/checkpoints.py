@@ -2,16 +2,19 @@
 
 The Trainer writes `checkpoint-<step>` folders into the run's folder. `--resume_from_checkpoint last` continues the
 run from the newest one that verifies (`resolve_resume_checkpoint`; a checkpoint cut short by a kill, without the
-optimizer's, schedule's or random state, with weights that are not finite, or saved with another tokenizer than the
-run's is skipped with a warning that names the reason), a folder resumes from that checkpoint once it verifies (or is
-refused, with the reason), and `train_or_resume` trains from there: with the training
-clock the checkpoint saved, or, for a run that had already reached `--max_steps`, nothing more than restoring its
-state and final model (`restore_finished_run`).
+optimizer's, schedule's or random state, with weights that are not finite, with a `trainer_state.json` a resumed run
+cannot rebuild, or saved with another tokenizer than the run's is skipped with a warning that names the reason; when
+every checkpoint is refused for one reason, the error gives it), a folder resumes from that checkpoint once it
+verifies (or is refused, with the reason), and `train_or_resume` trains from there: with the training clock the
+checkpoint saved, or, for a run that had already reached `--max_steps`, nothing more than restoring its state and
+final model (`restore_finished_run`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -21,11 +24,11 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import Trainer, TrainerState
+from transformers import EarlyStoppingCallback, Trainer, TrainerControl, TrainerState
 
 from ..common.fileio import replace_files, temporary_sibling
 from .averaging import check_safetensors, find_checkpoints
-from .callbacks import TrainingClock
+from .callbacks import RunTokenizer, TimedCheckpoints, TrainingClock
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +63,12 @@ TRAINING_STATE = (
 )
 # The callback state (in trainer_state.json) that records the tokenizer a checkpoint was trained with.
 TOKENIZER_STATE = "RunTokenizer"
+# The callbacks whose state trainer_state.json keeps (`stateful_callbacks`) and that a resumed run rebuilds from it
+# (`TrainingClock.from_checkpoint`; transformers' `type(callback)(**args)` with --restore_callback_states_from_checkpoint).
+STATEFUL_CALLBACKS = {
+    cls.__name__: cls
+    for cls in (TrainingClock, TimedCheckpoints, RunTokenizer, TrainerControl, EarlyStoppingCallback)
+}
 
 
 def _check_torch_archive(path: Path) -> None:
@@ -95,9 +104,11 @@ def verify_checkpoint(
         path = folder / name
         if path.is_file():
             try:
-                json.loads(path.read_text(encoding="utf-8"))
+                parsed = json.loads(path.read_text(encoding="utf-8"))
             except (ValueError, UnicodeDecodeError) as error:
                 raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
+            if name == "trainer_state.json":
+                check_trainer_state(path, parsed)
     if tokenizer_digest is not None:
         _check_tokenizer(folder, tokenizer_digest)
     if training_state:
@@ -121,6 +132,39 @@ def verify_checkpoint(
     if training_state:
         for path in weights:
             _check_finite(path)
+
+
+def check_trainer_state(path: Path, state) -> None:
+    """Raise `ValueError` naming the file and the field when a `trainer_state.json` holds what a resumed run cannot
+    rebuild: a field transformers' `TrainerState` does not take, or a saved callback state (`STATEFUL_CALLBACKS`)
+    with a field or value its callback does not take. Resuming from it ended in a `TypeError` naming neither."""
+    if not isinstance(state, dict):
+        raise ValueError(f"Checkpoint file {path} is not a training state: it holds a {type(state).__name__}")
+    fields = {field.name for field in dataclasses.fields(TrainerState)}
+    unknown = sorted(set(state) - fields)
+    if unknown:
+        raise ValueError(
+            f"Checkpoint file {path} has an unknown field {unknown[0]!r}: transformers' TrainerState takes "
+            f"{', '.join(sorted(fields))}"
+        )
+    saved_callbacks = state.get("stateful_callbacks") or {}
+    for name, saved in saved_callbacks.items() if isinstance(saved_callbacks, dict) else ():
+        callback = STATEFUL_CALLBACKS.get(name)
+        for entry in (saved if isinstance(saved, list) else [saved]) if callback is not None else ():
+            args = entry.get("args", {}) if isinstance(entry, dict) else None
+            where = f"Checkpoint file {path} has in stateful_callbacks.{name}.args"
+            if not isinstance(args, dict):
+                raise ValueError(f"{where} a {type(args).__name__}, not the fields of {name}")
+            accepted = [p for p in inspect.signature(callback).parameters if p != "clock"]
+            unknown = sorted(set(args) - set(accepted))
+            if unknown:
+                raise ValueError(
+                    f"{where} an unknown field {unknown[0]!r}: {name} takes {', '.join(accepted) or 'none'}"
+                )
+            try:
+                callback(**args)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{where} a value {name} does not take: {error}") from None
 
 
 def _check_finite(path: Path) -> None:
@@ -198,18 +242,28 @@ def resolve_resume_checkpoint(
     check = {"training_state": training_state, "tokenizer_digest": tokenizer_digest}
     if resume in (True, "True", "true", "last", "yes"):
         candidates = checkpoints(output_dir)
+        reasons = {}  # each refused checkpoint's reason, its own path left out, so that equal reasons compare equal
         for candidate in reversed(candidates):
             try:
                 verify_checkpoint(candidate, **check)
             except ValueError as error:
                 logger.warning("Skipping checkpoint %s: %s", candidate, error)
+                reasons.setdefault(str(error).replace(str(candidate), ""), str(error))
                 continue
             return str(candidate)
         if candidates:
             # Starting afresh would write new checkpoints among the old ones, and a later resume would mix them.
+            names = ", ".join(c.name for c in candidates)
+            if len(reasons) == 1:  # the newest one's reason, which is every one's
+                (reason,) = reasons.values()
+                same = ", all for the same reason" if len(candidates) > 1 else ""
+                raise ValueError(
+                    f"no checkpoint in {output_dir} can be resumed from ({names}){same}: {reason}; "
+                    "--overwrite_output_dir starts the run afresh"
+                )
             raise ValueError(
-                f"no checkpoint in {output_dir} can be resumed from ({', '.join(c.name for c in candidates)}; the "
-                "warnings above give each reason): --overwrite_output_dir starts the run afresh"
+                f"no checkpoint in {output_dir} can be resumed from ({names}; the warnings above give each reason): "
+                "--overwrite_output_dir starts the run afresh"
             )
         logger.warning("No checkpoint in %s: starting from scratch.", output_dir)
         return None
