@@ -198,14 +198,15 @@ def _train_child(args) -> None:
 def _bpe_child(args) -> None:
     """`vaswani-train-tokenizer` in this process: the BPE's seconds and peak resident set."""
     from vaswani.commands import train_tokenizer as command
+    from vaswani.recipe import run  # the tool imports its steps from here when it runs
 
-    clock, originals = StageClock(), (command.load_split, command.train_new_tokenizers)
-    command.load_split = clock.wrap("text -> Arrow", command.load_split)
-    command.train_new_tokenizers = clock.wrap("BPE", command.train_new_tokenizers)
+    clock, originals = StageClock(), (run.load_split, run.train_new_tokenizers)
+    run.load_split = clock.wrap("text -> Arrow", run.load_split)
+    run.train_new_tokenizers = clock.wrap("BPE", run.train_new_tokenizers)
     try:
         command.main(args.rest)
     finally:  # as it was, when run in a test's process
-        command.load_split, command.train_new_tokenizers = originals
+        run.load_split, run.train_new_tokenizers = originals
         clock.stopped.set()
     Path(args.record, "rank0.json").write_text(json.dumps(clock.summary()))
 

@@ -51,7 +51,7 @@ class AveragingArguments:
 def main(argv):
     (args,) = parse_args(AveragingArguments, argv, description=DESCRIPTION, epilog=EPILOG)
     setup_logging()
-    from ..averaging import average_checkpoints, last_checkpoints  # torch: only when the tool runs
+    from ..recipe.averaging import average_checkpoints, last_checkpoints  # torch: only when the tool runs
 
     checkpoints = args.checkpoints or last_checkpoints(args.run_dir, args.num_checkpoints)
     return average_checkpoints(checkpoints, args.output_dir)

@@ -38,7 +38,7 @@ class ConvertArguments:
 def main(argv):
     (args,) = parse_args(ConvertArguments, argv, description=DESCRIPTION, epilog=EPILOG)
     setup_logging()
-    from ..convert import convert  # torch and transformers: only when the tool runs
+    from ..interop.convert import convert  # torch and transformers: only when the tool runs
 
     convert(args.model_name_or_path, args.output_dir, args.overwrite_output_dir)
 

@@ -58,7 +58,7 @@ class ExportArguments:
 def main(argv) -> Path:
     (args,) = parse_args(ExportArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
-    from ..export import export  # torch and transformers: only when the tool runs
+    from ..interop.export import export  # torch and transformers: only when the tool runs
 
     return export(
         args.model_name_or_path,

@@ -74,7 +74,7 @@ def main(argv):
     name, rest = argv[0], argv[1:]
     (args,) = parse_args(COMMANDS[name], rest, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED[name])
     setup_logging()
-    from ..plotting import (  # torch and matplotlib: only when the tool runs
+    from ..recipe.plotting import (  # torch and matplotlib: only when the tool runs
         attention_maps,
         load_attention_model,
         plot_attention_maps,

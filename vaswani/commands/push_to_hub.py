@@ -100,7 +100,7 @@ class PushArguments:
 def main(argv):
     (args,) = parse_args(PushArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
-    from ..hub import publish  # torch and transformers: only when the tool runs
+    from ..publishing.hub import publish  # torch and transformers: only when the tool runs
 
     published = publish(
         args.model_name_or_path,

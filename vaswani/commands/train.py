@@ -48,9 +48,9 @@ def main(argv):
     )
     setup_logging(main_process=training_args.process_index == 0)
     # the training code (datasets, the model, the Trainer): only when the tool runs, not for --help
-    from ..finish import empty_translations_warning, finish
-    from ..run import train_main
-    from ..run_folder import release_output_dir
+    from ..recipe.finish import empty_translations_warning, finish
+    from ..recipe.run import train_main
+    from ..recipe.run_folder import release_output_dir
 
     try:
         trainer = train_main(model_args, data_args, training_args, config_overrides(config_args), finish_args)

@@ -68,8 +68,8 @@ def main(argv):
     if not data_args.dataset_name and not data_args.train_file:
         raise UsageError("No training text: give --dataset_name or --train_file")
     setup_logging()
-    from ..run import load_split, train_new_tokenizers  # datasets, tokenizers: only when the tool runs
-    from ..tokenization import save_tokenizers
+    from ..recipe.run import load_split, train_new_tokenizers  # datasets, tokenizers: only when the tool runs
+    from ..recipe.tokenization import save_tokenizers
 
     train = load_split(data_args, "train")
     if data_args.max_train_samples:

@@ -140,7 +140,7 @@ class TranslationArguments:
     threads: int = field(default=0, metadata={"help": "CPU threads of an exported engine (0: its default)."})
 
     def __post_init__(self):
-        from ..translation import check_decoding
+        from ..recipe.translation import check_decoding
 
         with flag_errors("num_beams"):
             check_decoding(self.num_beams, PAPER_LENGTH_PENALTY)
@@ -173,7 +173,7 @@ class TranslationArguments:
             raise UsageError(f"--threads must be 0 or more, got {self.threads}")
 
     def _check_languages(self) -> None:
-        from ..arguments import check_languages
+        from ..recipe.arguments import check_languages
 
         check_languages(self.source_lang, self.target_lang)
         suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2] if self.input != "-" else ""
@@ -318,7 +318,7 @@ def _interactive(
 ) -> None:
     """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
     one is read, so that another program can hold a conversation with this one through pipes."""
-    from ..translation import format_n_best, stdin_lines
+    from ..recipe.translation import format_n_best, stdin_lines
 
     if sys.stdin.isatty():
         print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
@@ -339,8 +339,8 @@ def _score(
 ) -> None:
     # A model whose tokenizer lowercases writes lowercase only: its raw-text scores are case-insensitive
     # (signature case:lc), never a case-sensitive score it cannot earn.
-    from ..tokenization import lowercases
-    from ..translation import score_translations
+    from ..recipe.tokenization import lowercases
+    from ..recipe.translation import score_translations
 
     lowercase = lowercases(target_tokenizer)
     scores = score_translations(
@@ -370,7 +370,7 @@ def _length_penalty(model, args: TranslationArguments) -> float:
         return args.length_penalty
     if args.engine != "pytorch":
         return model.metadata["decoding"].get("length_penalty", PAPER_LENGTH_PENALTY)
-    from ..translation import length_penalty_of
+    from ..recipe.translation import length_penalty_of
 
     return length_penalty_of(model)
 
@@ -382,7 +382,7 @@ def _length_penalty_form(model, args: TranslationArguments) -> str:
         return "power"
     if args.engine == "onnx":
         return args.length_penalty_form or model.metadata["decoding"]["length_penalty_form"]
-    from ..translation import length_penalty_form_of
+    from ..recipe.translation import length_penalty_form_of
 
     return length_penalty_form_of(model, args.length_penalty_form)
 
