@@ -446,8 +446,11 @@ def test_two_accumulated_half_batches_give_the_gradient_of_the_whole_batch(tmp_p
     assert sorted(halves.target_tokens) == [sum(t for _, t in long), 12_500]  # two micro-batches, one update
     assert whole.target_tokens == [sum(halves.target_tokens)]  # one batch of both, ~21,500 target tokens
     assert len(halves.gradients) == len(whole.gradients) == 1
+    # Summed in another order, float32 gradients differ by up to ~3e-4 of a tensor's largest entry on some CPUs (seen
+    # on an Intel Xeon); a mean per micro-batch would be off by ~15% (12,500 against ~9,000 target tokens).
     for key, expected in whole.gradients[0].items():
-        torch.testing.assert_close(halves.gradients[0][key], expected, rtol=1e-4, atol=1e-7, msg=key)
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(halves.gradients[0][key], expected, rtol=1e-3, atol=2e-3 * scale, msg=key)
 
 
 def test_batch_tokens_counts_updates_not_micro_batches(tmp_path):
