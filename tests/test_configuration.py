@@ -91,7 +91,7 @@ def test_configs_that_cannot_work_name_the_field(overrides, field):
 
 def test_an_older_transformers_gets_a_clear_error():
     """Saved folders carry these files to the user's transformers: below the tested range, a named ImportError."""
-    code = "import transformers; transformers.__version__ = '5.3.0'; import vaswani"
+    code = "import transformers; transformers.__version__ = '5.3.0'; from vaswani import VaswaniConfig"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode != 0
     assert (
