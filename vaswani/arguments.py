@@ -126,6 +126,13 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Evaluate on the first N pairs only."}
     )
+    max_predict_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Translate and score the first N test pairs only (run_translation.py's flag); the scores then "
+            "name the split as test[:N], not the test set's figure."
+        },
+    )
     max_tokenizer_samples: int | None = field(
         default=None,
         metadata={
@@ -146,6 +153,7 @@ class DataArguments:
             "max_target_length",
             "max_train_samples",
             "max_eval_samples",
+            "max_predict_samples",
             "max_tokenizer_samples",
         ):
             value = getattr(self, name)
@@ -282,9 +290,12 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "steps it also runs every --eval_steps."
         },
     )
-    do_predict: bool = field(
-        default=False,
-        metadata={"help": "Translate and score the test data after training (--test_split, default 'test')."},
+    do_predict: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Translate and score the test data after training (--test_split, default 'test'). Not given: "
+            "when --test_split or --test_file is; false: never (the log says what it skips)."
+        },
     )
     learning_rate: float | None = field(
         default=None,

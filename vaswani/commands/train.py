@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from ..cli import command, parse_args, setup_logging
 from ..config_arguments import ModelConfigArguments, config_overrides
-from ..finish import empty_translations_warning, finish
+from ..finish import degenerate_translations_warning, finish
 from ..run import train_main
 from ..run_folder import release_output_dir
 
@@ -70,7 +70,7 @@ def main(argv):
             )
             print(f"  {scores['bleu_tokenized_signature']}")
         print(f"  translations: {scores['hypotheses']}")
-        if warning := empty_translations_warning(scores):
+        if warning := degenerate_translations_warning(scores):
             print(f"  warning: {warning}")
     return trainer
 
