@@ -383,6 +383,61 @@ def test_an_undertrained_run_says_its_translations_are_empty_and_where_they_are(
     assert json.loads((out / "test_results.json").read_text())["empty_translations"] == empty
 
 
+def test_a_barely_trained_run_says_up_front_what_follows_and_names_its_repeated_output(
+    corpus, tmp_path, capsys
+):
+    """Issue: `--max_train_minutes 1` trained 10 steps, then spent 7 minutes on validation and the beam-4 test
+    translation, where the model repeated one token to the length limit, and printed BLEU 0.00 without a word; the
+    estimate of that time came only after training. The plan is timed before training starts, the flags that cap or
+    skip the test pass are named, and the repeated output is warned about by name."""
+    out = tmp_path / "run"
+    argv = run_args(
+        corpus,
+        out,
+        "--max_steps",
+        "1",
+        "--save_steps",
+        "1",
+        "--test_split",
+        "val",
+        "--max_train_minutes",
+        "0.001",
+    )
+    code, printed, err = invoke(
+        train_command.main, argv + ["--eval_strategy", "steps", "--eval_steps", "1"], capsys
+    )
+    assert code == 0, err[-3000:]
+    (plan,) = [
+        line for line in err.splitlines() if "in all (decoder steps timed on the untrained model" in line
+    ]
+    assert (
+        "a final evaluation of 8 pairs, greedy" in plan and "the test translation of 8 pairs, beam 4" in plan
+    )
+    assert err.index(plan) < err.index("Evaluating: decoding")  # before training
+    assert "more than the 0.001-minute training budget" in err
+    assert "--max_predict_samples N translates the first N test pairs only, --do_predict false none" in err
+    results = json.loads((out / "test_results.json").read_text())
+    assert results["repeated_translations"] == 8 and results["empty_translations"] == 0
+    assert "warning: 8 of the 8 test translations repeat one token over and over (" in printed
+    assert "the model is undertrained (1 training step)" in printed
+
+    code, printed, err = invoke(
+        train_command.main, argv + ["--overwrite_output_dir", "--max_predict_samples", "3"], capsys
+    )
+    assert code == 0, err[-3000:]
+    results = json.loads((out / "test_results.json").read_text())
+    assert (results["split"], results["sentences"]) == ("val[:3]", 3)  # not the val split's figure
+    assert len((out / "val.hyp.en").read_text().splitlines()) == 3
+    assert "\nval[:3]: BLEU" in printed
+
+    code, printed, err = invoke(
+        train_command.main, argv + ["--overwrite_output_dir", "--do_predict", "false"], capsys
+    )
+    assert code == 0, err[-3000:]
+    assert "--do_predict false: --test_split val is not translated after training" in err
+    assert not (out / "test_results.json").exists() and "BLEU" not in printed
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # A run's folder: what --overwrite_output_dir deletes, one run at a time, resuming
 # ---------------------------------------------------------------------------------------------------------------------
@@ -475,7 +530,9 @@ def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, t
     """Issue: a rerun refused with "already holds a run" had already written its own process into the folder's lock
     file; a checkpoint that cannot be resumed from was refused after the folder was claimed (or created)."""
     out = _copy(finished[0], tmp_path)
-    (out / ".vaswani-run.lock").write_text('{"pid": 1, "host": "elsewhere", "since": "2020-01-01 00:00:00"}\n')
+    (out / ".vaswani-run.lock").write_text(
+        '{"pid": 1, "host": "elsewhere", "since": "2020-01-01 00:00:00"}\n'
+    )
     before = _contents(out)
     code, _, err = invoke(train_command.main, run_args(corpus, out, "--max_steps", "2"), capsys)
     assert_one_line_error(code, err, "already holds a run")

@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 
 def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> dict | None:
     """§6.1 after training, on the main process: average the last checkpoints, translate the test split with beam
-    search, score it (sacreBLEU, chrF, and BLEU comparable to published Multi30k figures), draw the pictures, and
-    publish if `--push_to_hub`. Returns the test scores (or None without a test split)."""
+    search, score it (sacreBLEU, chrF, BLEU lowercased and Moses-tokenized as published Multi30k figures are, and the
+    paper's tokenized BLEU), draw the pictures, and publish if `--push_to_hub`. Returns the test scores (or None
+    without a test split)."""
     args = trainer.args
     if not trainer.is_world_process_zero():
         return None
