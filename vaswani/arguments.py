@@ -294,7 +294,11 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         default=None,
         metadata={
             "help": "Translate and score the test data after training (--test_split, default 'test'). Not given: "
-            "when --test_split or --test_file is; false: never (the log says what it skips)."
+            "when --test_split or --test_file is; false: never (the log says what it skips).",
+            # --do_predict alone is true, as for transformers' boolean flags (HfArgumentParser sets this only for a
+            # default that is not None)
+            "nargs": "?",
+            "const": True,
         },
     )
     learning_rate: float | None = field(
@@ -425,7 +429,10 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     max_train_minutes: float | None = field(
         default=None,
         metadata={
-            "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care."
+            "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care. It bounds "
+            "training only (fairseq's --stop-time-hours): the log says before training how long the final "
+            "evaluation, averaging and test translation after it may take (--max_predict_samples and --do_predict "
+            "false shorten the test translation)."
         },
     )
 

@@ -7,8 +7,10 @@
   greedy or beam, batch size, output limit) and how long it should take, from the previous evaluation's measured
   rate; after it, how long it took.
 - `AfterTraining`: what runs once training ends (a final evaluation, the averaging, the choices on validation, the
-  test translation), logged up front by `vaswani-train` and, with `--max_train_minutes`, timed after each evaluation
-  from the measured rate, so that nobody is surprised by the time a run takes after its budget.
+  test translation), logged by `vaswani-train` before training with the most time each part may take (`bound`: the
+  decoder steps of outputs that all run to their length limit, as an untrained model's do, each step timed on the
+  model by `seconds_per_decoder_step`) and, with `--max_train_minutes`, timed again after each evaluation from the
+  measured rate, so that nobody is surprised by the time a run takes after its budget.
 """
 
 from __future__ import annotations
@@ -100,8 +102,10 @@ def seconds_per_decoder_step(
     device = next(model.parameters()).device
     training = model.training
     model.eval()
+    # Greedy and beam search draw no random numbers; the fork makes sure the run's random state is untouched.
+    devices = [device] if device.type == "cuda" else []
     try:
-        with torch.inference_mode():
+        with torch.random.fork_rng(devices=devices), torch.inference_mode():
             started = time.perf_counter()
             model.generate(
                 input_ids=input_ids.to(device),

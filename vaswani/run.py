@@ -2,9 +2,11 @@
 
 0. check every flag before any data is read (`checks.check_run`): the model configuration, the data sources, the
    output folder (a folder belongs to one run), the checkpoint to resume from;
-1. load the corpus through `datasets` (`vaswani.data`), 2. train or load the joint BPE tokenizer
+1. load the corpus through `datasets` (`vaswani.data`): every split the run reads, the test and validation splits
+first, so that a bad file is named before any work, 2. train or load the joint BPE tokenizer
 (`vaswani.tokenization`), 3. tokenize and filter, 4. build the model from a preset plus any config field given on the
-command line (or load one to fine-tune), 5. train with `VaswaniTrainer` (`vaswani.trainer`), resuming from the last
+command line (or load one to fine-tune), 5. log what runs after training and the most time it may take
+(`after_training_plan`), then train with `VaswaniTrainer` (`vaswani.trainer`), resuming from the last
 good checkpoint when asked (`vaswani.checkpoints`), and write the training summary (`vaswani.summary`). After
 training, `vaswani.finish` averages, translates the test split, scores, draws and publishes (§6.1).
 """

@@ -122,6 +122,7 @@ TRAINED_EVIDENCE = (
     "train_results.json",
     "runs",
 )
+UNTRAINED = "replacing a run that saved nothing of its training (no checkpoint, model or score)"
 T = TypeVar("T")
 
 _held: dict[str, int] = {}  # the output folders this process has locked: resolved path -> descriptor
@@ -275,10 +276,9 @@ def _decide_claim(path: Path, overwrite: bool, resuming: bool) -> str:
 
 
 def _carry_out_claim(path: Path, action: str) -> None:
-    if action == "replace untrained":
-        logger.info("%s holds a run that trained no step: replacing what it wrote", path)
     if action != "mark":
-        _remove_run(path, "--overwrite_output_dir" if action == "replace" else "a run that trained no step")
+        why = UNTRAINED if action == "replace untrained" else "--overwrite_output_dir"
+        _remove_run(path, why)
     if action != "mark" or not (path / MARKER).is_file():
         path.mkdir(parents=True, exist_ok=True)
         write_json(
@@ -336,7 +336,7 @@ def _refuse_users_files_in_replaced_folders(path: Path, overwrite: bool) -> None
         )
     ]
     if inside:
-        what = "--overwrite_output_dir" if overwrite else f"--output_dir {path} (a run that trained no step)"
+        what = "--overwrite_output_dir" if overwrite else f"--output_dir {path} ({UNTRAINED})"
         raise UsageError(
             f"{what}: {path} holds files that a run did not write inside folders a run replaces "
             f"whole ({_shown(inside)}); move them out of {path} first (nothing was removed)"
@@ -377,7 +377,12 @@ def _remove_run(path: Path, why: str = "--overwrite_output_dir") -> None:
             removed.append(name)
         else:
             kept.append(name)
-    logger.info("%s: removed the earlier run's %s from %s", why, ", ".join(removed) or "nothing", path)
+    logger.info(
+        "%s: removed the earlier run's %s from %s",
+        why[0].upper() + why[1:],
+        ", ".join(removed) or "nothing",
+        path,
+    )
     if kept:
         logger.warning(
             "Left in %s (not written by a vaswani run, so not removed by %s): %s",
