@@ -1,8 +1,9 @@
 """The checks of `vaswani-train` before any data is read (`check_run`): the model configuration the flags ask for,
-the data sources, the tokenizer folder (loaded), the Hub repo id to publish to, the run's folder (`run_folder.take_output_dir`:
-locked for the run, and refused when it holds another run or files of the user's) and the checkpoint to resume from
-(`checkpoints.resolve_resume_checkpoint`). A mistake is a `UsageError` that names the flag, seconds after the
-start, not after the data has been read and tokenized.
+the data sources, the tokenizer folder (loaded), the Hub repo id to publish to, the run's folder
+(`run_folder.take_output_dir`: locked for the run, and refused when it holds another run or files of the user's) and
+the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`, under the lock, before anything is written
+there). A mistake is a `UsageError` that names the flag, seconds after the start, not after the data has been read
+and tokenized.
 """
 
 from __future__ import annotations
