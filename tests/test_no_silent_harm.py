@@ -418,7 +418,7 @@ def test_a_barely_trained_run_says_up_front_what_follows_and_names_its_repeated_
     assert "--max_predict_samples N translates the first N test pairs only, --do_predict false none" in err
     results = json.loads((out / "test_results.json").read_text())
     assert results["repeated_translations"] == 8 and results["empty_translations"] == 0
-    assert "warning: 8 of the 8 test translations repeat one token over and over (" in printed
+    assert 'warning: 8 of the 8 test translations repeat one token over and over (the first: "' in printed
     assert "the model is undertrained (1 training step)" in printed
 
     code, printed, err = invoke(

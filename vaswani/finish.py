@@ -93,11 +93,18 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
 # A line that ends in one piece of text (a word, a subword, a letter) written over and over: "geworfen geworfen
 # geworfen ...", "unununun...": what a barely trained model writes until the length limit stops it.
 _REPEATED = re.compile(r"(\S.{0,24}?)(?:\s*\1){3,}\s*$", re.S)
+_BLANKS = re.compile(r"\s{4,}")
 
 
 def repeats_one_token(text: str) -> bool:
     """Whether `text` is mostly one token repeated: it ends in a run of at least four copies of one piece of text
-    (up to 25 characters), and that run is at least half of it."""
+    (up to 25 characters), or holds a run of four or more blanks (a space token repeated), and that run is at least
+    half of it. A line of blanks only is empty, not repeated."""
+    if not text.strip():
+        return False  # empty, counted as such
+    blanks = max((len(run) for run in _BLANKS.findall(text)), default=0)
+    if blanks and 2 * blanks >= len(text):
+        return True
     text = text.strip()
     match = _REPEATED.search(text)
     return match is not None and 2 * (match.end() - match.start()) >= len(text)
@@ -117,8 +124,8 @@ def degenerate_translations_warning(scores: dict) -> str | None:
         what = f"{repeated} of the {total} test translations repeat one token over and over"
     else:
         what = f"{empty} of the {total} test translations are empty and {repeated} repeat one token over and over"
-    if repeated and scores.get("repeated_example"):
-        what += f" ({scores['repeated_example']!r})"
+    if empty * 2 <= total and scores.get("repeated_example"):
+        what += f" (the first: {scores['repeated_example']})"
     steps = scores.get("steps")
     trained = f"{steps} training step{'s' if steps != 1 else ''}" if steps is not None else "its training"
     return (
@@ -128,10 +135,13 @@ def degenerate_translations_warning(scores: dict) -> str | None:
 
 
 def _example(text: str, words: int = 4, characters: int = 40) -> str:
-    """The start of a repeated line, for the warning: 'geworfen geworfen geworfen geworfen ...'."""
-    text = text.strip()
-    short = " ".join(text.split()[:words])[:characters]
-    return short + (" ..." if len(short) < len(text) else "")
+    """A repeated line as the warning shows it: '"geworfen geworfen geworfen geworfen ..."', or '"w" and 75
+    blanks' for a line of blanks."""
+    body = text.strip()
+    if 2 * len(body) < len(text):
+        return f'"{body[:characters]}" and {len(text) - len(body)} blanks'
+    short = " ".join(body.split()[:words])[:characters]
+    return f'"{short}{" ..." if len(short) < len(body) else ""}"'
 
 
 def choose_average_on_validation(
