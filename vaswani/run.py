@@ -393,8 +393,8 @@ def after_training_plan(
     if not trainer.is_world_process_zero():
         return plan
 
-    def lengths(sources) -> list[int]:
-        return [len(ids) for ids in source_tok([s for s in sources if s.strip()])["input_ids"]]
+    def encoded(sources) -> list[list[int]]:
+        return source_tok([s for s in sources if s.strip()])["input_ids"]  # empty ones are not decoded
 
     model, pad = trainer.model, source_tok.pad_token_id
     if final:
@@ -406,16 +406,15 @@ def after_training_plan(
         plan.greedy_step_seconds = seconds_per_decoder_step(model, longest, pad, beams)
     beam_sources = []
     if choices and choice_sources:
-        choice_lengths = lengths(choice_sources)
-        plan.choice_steps = decoder_steps(choice_lengths, finish_args.translate_batch_size)
-        beam_sources += choice_sources
+        choice_ids = encoded(choice_sources)
+        plan.choice_steps = decoder_steps([len(ids) for ids in choice_ids], finish_args.translate_batch_size)
+        beam_sources += choice_ids
     if test:
-        plan.test_steps = decoder_steps(lengths(test_sources), finish_args.translate_batch_size)
-        beam_sources += test_sources
-    if plan.choice_steps or plan.test_steps:
-        longest = sorted(
-            source_tok([s for s in beam_sources if s.strip()])["input_ids"], key=len, reverse=True
-        )[: finish_args.translate_batch_size]
+        test_ids = encoded(test_sources)
+        plan.test_steps = decoder_steps([len(ids) for ids in test_ids], finish_args.translate_batch_size)
+        beam_sources += test_ids
+    if beam_sources:
+        longest = sorted(beam_sources, key=len, reverse=True)[: finish_args.translate_batch_size]
         plan.beam_step_seconds = seconds_per_decoder_step(model, longest, pad, finish_args.num_beams)
     return plan
 
