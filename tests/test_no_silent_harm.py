@@ -383,6 +383,61 @@ def test_an_undertrained_run_says_its_translations_are_empty_and_where_they_are(
     assert json.loads((out / "test_results.json").read_text())["empty_translations"] == empty
 
 
+def test_a_barely_trained_run_says_up_front_what_follows_and_names_its_repeated_output(
+    corpus, tmp_path, capsys
+):
+    """Issue: `--max_train_minutes 1` trained 10 steps, then spent 7 minutes on validation and the beam-4 test
+    translation, where the model repeated one token to the length limit, and printed BLEU 0.00 without a word; the
+    estimate of that time came only after training. The plan is timed before training starts, the flags that cap or
+    skip the test pass are named, and the repeated output is warned about by name."""
+    out = tmp_path / "run"
+    argv = run_args(
+        corpus,
+        out,
+        "--max_steps",
+        "1",
+        "--save_steps",
+        "1",
+        "--test_split",
+        "val",
+        "--max_train_minutes",
+        "0.001",
+    )
+    code, printed, err = invoke(
+        train_command.main, argv + ["--eval_strategy", "steps", "--eval_steps", "1"], capsys
+    )
+    assert code == 0, err[-3000:]
+    (plan,) = [
+        line for line in err.splitlines() if "in all (decoder steps timed on the untrained model" in line
+    ]
+    assert (
+        "a final evaluation of 8 pairs, greedy" in plan and "the test translation of 8 pairs, beam 4" in plan
+    )
+    assert err.index(plan) < err.index("Evaluating: decoding")  # before training
+    assert "more than the 0.001-minute training budget" in err
+    assert "--max_predict_samples N translates the first N test pairs only, --do_predict false none" in err
+    results = json.loads((out / "test_results.json").read_text())
+    assert results["repeated_translations"] == 8 and results["empty_translations"] == 0
+    assert 'warning: 8 of the 8 test translations repeat one token over and over (the first: "' in printed
+    assert "the model is undertrained (1 training step)" in printed
+
+    code, printed, err = invoke(
+        train_command.main, argv + ["--overwrite_output_dir", "--max_predict_samples", "3"], capsys
+    )
+    assert code == 0, err[-3000:]
+    results = json.loads((out / "test_results.json").read_text())
+    assert (results["split"], results["sentences"]) == ("val[:3]", 3)  # not the val split's figure
+    assert len((out / "val.hyp.en").read_text().splitlines()) == 3
+    assert "\nval[:3]: BLEU" in printed
+
+    code, printed, err = invoke(
+        train_command.main, argv + ["--overwrite_output_dir", "--do_predict", "false"], capsys
+    )
+    assert code == 0, err[-3000:]
+    assert "--do_predict false: --test_split val is not translated after training" in err
+    assert not (out / "test_results.json").exists() and "BLEU" not in printed
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # A run's folder: what --overwrite_output_dir deletes, one run at a time, resuming
 # ---------------------------------------------------------------------------------------------------------------------
@@ -462,6 +517,89 @@ def test_a_second_run_into_a_folder_in_use_is_refused_at_once(corpus, tmp_path, 
         train_command.main, run_args(corpus, out, "--max_steps", "2", "--save_steps", "2"), capsys
     )
     assert code == 0, err[-3000:]
+
+
+def _contents(folder: Path) -> dict[str, bytes | None]:
+    """Every entry under `folder` (relative path: a file's bytes, None for a folder), hidden ones included."""
+    return {
+        p.relative_to(folder).as_posix(): None if p.is_dir() else p.read_bytes() for p in folder.rglob("*")
+    }
+
+
+def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, tmp_path, capsys):
+    """Issue: a rerun refused with "already holds a run" had already written its own process into the folder's lock
+    file; a checkpoint that cannot be resumed from was refused after the folder was claimed (or created)."""
+    out = _copy(finished[0], tmp_path)
+    (out / ".vaswani-run.lock").write_text(
+        '{"pid": 1, "host": "elsewhere", "since": "2020-01-01 00:00:00"}\n'
+    )
+    before = _contents(out)
+    code, _, err = invoke(train_command.main, run_args(corpus, out, "--max_steps", "2"), capsys)
+    assert_one_line_error(code, err, "already holds a run")
+    assert _contents(out) == before
+    for checkpoint in (out / "checkpoint-9", out / "checkpoint-4" / "trainer_state.json"):
+        code, _, err = invoke(
+            train_command.main,
+            run_args(corpus, out, "--max_steps", "12", "--resume_from_checkpoint", checkpoint),
+            capsys,
+        )
+        assert_one_line_error(code, err, "--resume_from_checkpoint")
+        assert _contents(out) == before
+    new = tmp_path / "new" / "run"
+    argv = run_args(corpus, new, "--max_steps", "2", "--resume_from_checkpoint", out / "checkpoint-9")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--resume_from_checkpoint")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_run_that_failed_before_training_does_not_block_its_rerun(corpus, tmp_path, capsys, monkeypatch):
+    """Issue: a corrupt test file was named only after the BPE was trained and the model built, and the same
+    command then refused to run again: "--output_dir ... already holds a run (tokenizer)". Every named input is read
+    before any work, and a run that trained no step is not a run to protect."""
+    from vaswani import run
+
+    data = tmp_path / "data"
+    shutil.copytree(corpus, data)
+    good = (data / "val.de").read_bytes()
+    lines = good.split(b"\n")
+    lines[2] = "Ein Mädchen läuft .".encode("latin-1")
+    (data / "val.de").write_bytes(b"\n".join(lines))
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "2", "--save_steps", "2", "--test_file", data / "val")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "val.de, line 3: not UTF-8")
+    assert "Training the BPE" not in err and not (out / "tokenizer").exists()
+    (data / "val.de").write_bytes(good)
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert code == 0, err[-3000:]
+    assert json.loads((out / "test_results.json").read_text())["sentences"] == 8
+
+    # Failed after the tokenizer was trained: every training pair dropped by a --max_source_length too small.
+    out = tmp_path / "run2"
+    argv = run_args(corpus, out, "--max_steps", "2", "--save_steps", "2")
+    code, _, err = invoke(train_command.main, argv + ["--max_source_length", "1"], capsys)
+    assert_one_line_error(code, err, "training pairs were dropped")
+    assert (out / "tokenizer").is_dir()
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert code == 0, err[-3000:]
+    assert (
+        "Replacing a run that saved nothing of its training" in err and "Training the BPE" in err
+    )  # the earlier attempt's tokenizer replaced
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+
+    # A torn --tokenizer_name is named before any data is read.
+    (tmp_path / "torn").mkdir()
+    shutil.copy(out / "tokenizer" / "tokenizer.json", tmp_path / "torn" / "tokenizer.json")
+    text = (tmp_path / "torn" / "tokenizer.json").read_bytes()
+    (tmp_path / "torn" / "tokenizer.json").write_bytes(text[: len(text) // 2])
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was read before the tokenizer was checked")
+
+    monkeypatch.setattr(run, "load_split", no_data)
+    argv = run_args(corpus, tmp_path / "run3", "--max_steps", "2", "--tokenizer_name", tmp_path / "torn")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--tokenizer_name", "corrupt or truncated")
 
 
 @pytest.mark.parametrize("damage", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "nan"])

@@ -223,7 +223,10 @@ def test_each_recipe_runs_end_to_end_at_tiny_sizes(name, corpora, tmp_path, capl
     assert len(hypotheses) == 20
     printed = capsys.readouterr().out
     assert "test: BLEU" in printed and "(sacreBLEU, detokenized)" in printed
-    assert "tokenized BLEU, compounds split (the paper's WMT figure" in printed
+    # Scores of a WMT-shaped synthetic corpus are compared with nothing published (Multi30k's, the paper's Table 2).
+    assert "Multi30k" not in printed and "newstest2014 figures" not in printed
+    assert f"tokenized BLEU, compounds split (the paper's measure, comparable only with the same measure on test of " \
+        f"{corpora[paper['target']]}; never with sacreBLEU)" in printed  # fmt: skip
     log = caplog.text
     assert "After training (step 3): a final evaluation of 20 pairs, greedy, 64 a batch (1 batch)" in log
     assert "the average of the last 2 checkpoints; the test translation of 20 pairs, beam 4" in log
@@ -231,6 +234,26 @@ def test_each_recipe_runs_end_to_end_at_tiny_sizes(name, corpora, tmp_path, capl
         "Evaluating: decoding 20 pairs, greedy, 64 a batch (1 batch), at most source length + 50 new" in log
     )
     assert "Evaluation of 20 pairs took" in log
+
+
+def test_the_summary_compares_each_figure_only_with_figures_of_its_own_data():
+    from vaswani.commands.train import comparable_to
+
+    moses, paper = comparable_to({"dataset": "../shared/data/multi30k", "split": "test_2016_flickr"})
+    assert moses == "the convention of published Multi30k figures, comparable with them on test_2016_flickr"
+    assert paper == (
+        "the paper's measure, comparable only with the same measure on test_2016_flickr of ../shared/data/multi30k; "
+        "never with sacreBLEU"
+    )
+    moses, paper = comparable_to({"dataset": "wmt14", "split": "test"})
+    assert moses == "comparable only with the same measure on test of wmt14"
+    assert paper == "the paper's measure, comparable with its newstest2014 figures; never with sacreBLEU"
+    # --max_predict_samples, or another split: not the published figure
+    for split in ("test[:100]", "validation"):
+        moses, paper = comparable_to({"dataset": "wmt14", "split": split})
+        assert "newstest2014" not in paper
+    moses, _ = comparable_to({"dataset": "bentrevett/multi30k", "split": "test[:100]"})
+    assert "Multi30k" not in moses
 
 
 # ---- WMT's metrics in the tools ------------------------------------------------------------------------------

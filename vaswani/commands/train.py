@@ -35,6 +35,28 @@ RENAMED = {
 }
 
 
+# The Hub's WMT 2014 datasets, whose test split is the paper's newstest2014.
+WMT14 = ("wmt14", "wmt/wmt14")
+
+
+def comparable_to(scores: dict) -> tuple[str, str]:
+    """What the lowercased Moses-tokenized BLEU and the paper's tokenized BLEU of a run's test scores can be compared
+    with, from the data they were computed on (`dataset`, `split` of `test_results.json`): published Multi30k figures
+    only on Multi30k, the paper's Table 2 only on WMT 2014's whole test split; otherwise the same measure of the same
+    test pairs."""
+    dataset, split = str(scores.get("dataset") or ""), str(scores.get("split") or "")
+    same = f"comparable only with the same measure on {split} of {dataset}"
+    multi30k = "multi30k" in dataset.lower() and "[" not in split
+    moses = (
+        f"the convention of published Multi30k figures, comparable with them on {split}" if multi30k else same
+    )
+    if dataset.lower() in WMT14 and split == "test":
+        paper = "the paper's measure, comparable with its newstest2014 figures; never with sacreBLEU"
+    else:
+        paper = f"the paper's measure, {same}; never with sacreBLEU"
+    return moses, paper
+
+
 @command("vaswani-train")
 def main(argv):
     # --help lists the groups in this order: the model, the data, the recipe, what follows training; the common
@@ -48,7 +70,7 @@ def main(argv):
     )
     setup_logging(main_process=training_args.process_index == 0)
     # the training code (datasets, the model, the Trainer): only when the tool runs, not for --help
-    from ..recipe.finish import empty_translations_warning, finish
+    from ..recipe.finish import degenerate_translations_warning, finish
     from ..recipe.run import train_main
     from ..recipe.run_folder import release_output_dir
 
@@ -62,19 +84,16 @@ def main(argv):
             f"\n{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  (sacreBLEU, detokenized)"
         )
         print(f"  {scores['bleu_signature']}")
+        moses, paper = comparable_to(scores)
         if "bleu_lowercase_moses_tokenized" in scores:
             print(
-                f"  lowercased Moses-tokenized BLEU (comparable to published Multi30k figures): "
-                f"{scores['bleu_lowercase_moses_tokenized']:.2f}"
+                f"  lowercased Moses-tokenized BLEU ({moses}): {scores['bleu_lowercase_moses_tokenized']:.2f}"
             )
         if "bleu_tokenized" in scores:
-            print(
-                f"  tokenized BLEU, compounds split (the paper's WMT figure, not comparable with sacreBLEU): "
-                f"{scores['bleu_tokenized']:.2f}"
-            )
+            print(f"  tokenized BLEU, compounds split ({paper}): {scores['bleu_tokenized']:.2f}")
             print(f"  {scores['bleu_tokenized_signature']}")
         print(f"  translations: {scores['hypotheses']}")
-        if warning := empty_translations_warning(scores):
+        if warning := degenerate_translations_warning(scores):
             print(f"  warning: {warning}")
     return trainer
 

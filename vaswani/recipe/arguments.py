@@ -126,6 +126,13 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Evaluate on the first N pairs only."}
     )
+    max_predict_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Translate and score the first N test pairs only (run_translation.py's flag); the scores then "
+            "name the split as test[:N], not the test set's figure."
+        },
+    )
     max_tokenizer_samples: int | None = field(
         default=None,
         metadata={
@@ -146,6 +153,7 @@ class DataArguments:
             "max_target_length",
             "max_train_samples",
             "max_eval_samples",
+            "max_predict_samples",
             "max_tokenizer_samples",
         ):
             value = getattr(self, name)
@@ -286,9 +294,16 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "steps it also runs every --eval_steps."
         },
     )
-    do_predict: bool = field(
-        default=False,
-        metadata={"help": "Translate and score the test data after training (--test_split, default 'test')."},
+    do_predict: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Translate and score the test data after training (--test_split, default 'test'). Not given: "
+            "when --test_split or --test_file is; false: never (the log says what it skips).",
+            # --do_predict alone is true, as for transformers' boolean flags (HfArgumentParser sets this only for a
+            # default that is not None)
+            "nargs": "?",
+            "const": True,
+        },
     )
     learning_rate: float | None = field(
         default=None,
@@ -418,7 +433,10 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     max_train_minutes: float | None = field(
         default=None,
         metadata={
-            "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care."
+            "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care. It bounds "
+            "training only (fairseq's --stop-time-hours): the log says before training how long the final "
+            "evaluation, averaging and test translation after it may take (--max_predict_samples and --do_predict "
+            "false shorten the test translation)."
         },
     )
 

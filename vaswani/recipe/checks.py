@@ -1,12 +1,14 @@
 """The checks of `vaswani-train` before any data is read (`check_run`): the model configuration the flags ask for,
-the data sources, the tokenizer folder, the Hub repo id to publish to, the run's folder (`run_folder.take_output_dir`:
-locked for the run, and refused when it holds another run or files of the user's) and the checkpoint to resume from
-(`checkpoints.resolve_resume_checkpoint`). A mistake is a `UsageError` that names the flag, seconds after the
-start, not after the data has been read and tokenized.
+the data sources, the tokenizer folder (loaded), the Hub repo id to publish to, the run's folder
+(`run_folder.take_output_dir`: locked for the run, and refused when it holds another run or files of the user's) and
+the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`, under the lock, before anything is written
+there). A mistake is a `UsageError` that names the flag, seconds after the start, not after the data has been read
+and tokenized.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from transformers import AutoConfig
@@ -18,9 +20,12 @@ from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrai
 from .checkpoints import asks_to_resume, resolve_resume_checkpoint
 from .data import parallel_file_paths
 from .run_folder import take_output_dir
+from .tokenization import load_tokenizers, lowercases
 from .translation import check_model_path
 
 SPLITS = ("train", "validation", "test")
+
+logger = logging.getLogger(__name__)
 
 
 def check_model_config(model_args: ModelArguments, data_args: DataArguments, overrides: dict) -> None:
@@ -52,6 +57,16 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
         raise UsageError(
             "No training data: give --dataset_name (a Hub dataset or a local folder) or --train_file"
         )
+    if training_args.do_predict and not (data_args.test_split or data_args.test_file):
+        data_args.test_split = "test"
+    if training_args.do_predict is False and (data_args.test_split or data_args.test_file):
+        logger.info(
+            "--do_predict false: %s is not translated after training",
+            f"--test_split {data_args.test_split}"
+            if data_args.test_split
+            else f"--test_file {data_args.test_file}",
+        )
+        data_args.test_split = data_args.test_file = None
     for split in SPLITS:
         path = getattr(data_args, f"{split}_file")
         if path:
@@ -73,8 +88,6 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
         raise UsageError(
             "Evaluation needs validation data: give --validation_file (or --dataset_name), or --eval_strategy no"
         )
-    if training_args.do_predict and not (data_args.test_split or data_args.test_file):
-        data_args.test_split = "test"
     if data_args.test_split and not data_args.dataset_name and not data_args.test_file:
         raise UsageError(f"--test_split {data_args.test_split} needs --dataset_name (or give --test_file)")
     has_validation = data_args.validation_file or data_args.dataset_name
@@ -87,6 +100,28 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
                 f"{flag} with several numbers chooses among them on validation data: give --validation_file "
                 "(or --dataset_name)"
             )
+
+
+def check_lowercase(data_args: DataArguments, source, target, path) -> None:
+    """Raise `ValueError` unless the tokenizers in `path` lowercase as `--lowercase` says."""
+    if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
+        raise ValueError(
+            f"--lowercase is {data_args.lowercase} but the tokenizer in {str(path)!r} "
+            f"{'keeps case' if data_args.lowercase else 'lowercases'}: train a new one, or match the flag."
+        )
+
+
+def check_tokenizer_folder(data_args: DataArguments) -> None:
+    """`--tokenizer_name` loads, and lowercases as `--lowercase` says: a torn or missing tokenizer is named before
+    any data is read."""
+    path = data_args.tokenizer_name
+    if not Path(path).exists():
+        raise UsageError(f"--tokenizer_name {path}: no such folder")
+    try:
+        source, target = load_tokenizers(path)
+        check_lowercase(data_args, source, target, path)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--tokenizer_name {path}: {error}") from None
 
 
 def check_run(
@@ -102,8 +137,8 @@ def check_run(
     sources or files, an output folder that holds another run, a checkpoint that cannot be resumed from."""
     check_model_config(model_args, data_args, overrides)
     _check_data_sources(data_args, training_args, finish_args)
-    if data_args.tokenizer_name and not Path(data_args.tokenizer_name).exists():
-        raise UsageError(f"--tokenizer_name {data_args.tokenizer_name}: no such folder")
+    if data_args.tokenizer_name:
+        check_tokenizer_folder(data_args)
     if training_args.push_to_hub:
         repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
         try:
@@ -115,18 +150,26 @@ def check_run(
                 else "--push_to_hub (without --hub_model_id, the --output_dir name)"
             )
             raise UsageError(f"{flag}: {error}") from None
-    if training_args.process_index == 0:
-        take_output_dir(
-            training_args.output_dir,
-            training_args.overwrite_output_dir,
-            asks_to_resume(training_args.resume_from_checkpoint),
-        )
-    try:
-        return resolve_resume_checkpoint(
-            training_args.resume_from_checkpoint, training_args.output_dir, has_training_state(training_args)
-        )
-    except (ValueError, FileNotFoundError) as error:
-        raise UsageError(f"--resume_from_checkpoint: {error}") from None
+
+    def resume_checkpoint() -> str | None:
+        try:
+            return resolve_resume_checkpoint(
+                training_args.resume_from_checkpoint,
+                training_args.output_dir,
+                has_training_state(training_args),
+            )
+        except (ValueError, FileNotFoundError) as error:
+            raise UsageError(f"--resume_from_checkpoint: {error}") from None
+
+    if training_args.process_index != 0:
+        return resume_checkpoint()
+    # Under the run's lock, before anything is written there: a refused checkpoint leaves the folder as it was.
+    return take_output_dir(
+        training_args.output_dir,
+        training_args.overwrite_output_dir,
+        asks_to_resume(training_args.resume_from_checkpoint),
+        check=resume_checkpoint,
+    )
 
 
 def has_training_state(training_args) -> bool:

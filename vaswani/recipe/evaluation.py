@@ -7,8 +7,10 @@
   greedy or beam, batch size, output limit) and how long it should take, from the previous evaluation's measured
   rate; after it, how long it took.
 - `AfterTraining`: what runs once training ends (a final evaluation, the averaging, the choices on validation, the
-  test translation), logged up front by `vaswani-train` and, with `--max_train_minutes`, timed after each evaluation
-  from the measured rate, so that nobody is surprised by the time a run takes after its budget.
+  test translation), logged by `vaswani-train` before training with the most time each part may take (`bound`: the
+  decoder steps of outputs that all run to their length limit, as an untrained model's do, each step timed on the
+  model by `seconds_per_decoder_step`) and, with `--max_train_minutes`, timed again after each evaluation from the
+  measured rate, so that nobody is surprised by the time a run takes after its budget.
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ import math
 import time
 from dataclasses import dataclass
 
+import torch
+
 from ..generation_vaswani import EXTRA_OUTPUT_TOKENS
 
 logger = logging.getLogger(__name__)
+
+# Decoder steps timed before training, for the bound on the work after it (`seconds_per_decoder_step`).
+PROBE_STEPS = 16
 
 # Beam search of 4 decodes about a third as many tokens per second as greedy decoding (BENCHMARKS.md: 335 / 851 on the
 # CPU, 3892 / 12193 on the H200, base preset): the factor that turns a measured greedy rate into a beam-4 estimate.
@@ -65,6 +72,54 @@ def describe_decoding(
         else f"at most source length + {EXTRA_OUTPUT_TOKENS} new tokens"
     )
     return f"{pairs} pairs, {decoding}, {per}, {limit}"
+
+
+def decoder_steps(
+    lengths: list[int], batch_size: int, max_new_tokens: int | None = None, processes: int = 1
+) -> int:
+    """The decoder steps of a decoding whose every output runs to its limit (an untrained model's, which repeats a
+    token rather than ending): over the batches of sources of similar length (`translation.make_batches`), the
+    longest source + `EXTRA_OUTPUT_TOKENS` each (or `max_new_tokens`), the batches shared among `processes`."""
+    from .translation import make_batches
+
+    batches = make_batches(lengths, batch_size) if lengths else []
+    limits = [max_new_tokens or max(lengths[i] for i in batch) + EXTRA_OUTPUT_TOKENS for batch in batches]
+    return math.ceil(sum(limits) / max(1, processes))
+
+
+def seconds_per_decoder_step(
+    model, source_ids: list[list[int]], pad_token_id: int, num_beams: int, steps: int = PROBE_STEPS
+) -> float:
+    """The seconds one decoder step of `generate()` takes on `model` for this batch of sources (`num_beams` beams
+    each), timed over `steps` steps that the model is made to write (`min_new_tokens`). The model is left in the
+    mode it was in."""
+    width = max(len(ids) for ids in source_ids)
+    input_ids = torch.full((len(source_ids), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(source_ids):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    device = next(model.parameters()).device
+    training = model.training
+    model.eval()
+    # Greedy and beam search draw no random numbers; the fork makes sure the run's random state is untouched.
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+            started = time.perf_counter()
+            model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                num_beams=num_beams,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                do_sample=False,
+                use_cache=True,
+            )
+            seconds = time.perf_counter() - started
+    finally:
+        model.train(training)
+    return seconds / steps
 
 
 class EvaluationClock:
@@ -130,9 +185,33 @@ class AfterTraining:
     choice_pairs: int | None  # pairs of those translations
     test_pairs: int | None
     test_decoding: str | None  # describe_decoding(...) of the test translation
+    # The bound before training (`bound`): decoder steps of each part if every output runs to its limit
+    # (`decoder_steps`), and the seconds of one step (`seconds_per_decoder_step`), greedy and with the test's beams.
+    eval_steps: int = 0
+    choice_steps: int = 0  # of one translation of the validation split
+    test_steps: int = 0
+    greedy_step_seconds: float | None = None
+    beam_step_seconds: float | None = None
+
+    def bound(self) -> dict[str, float] | None:
+        """About the most seconds each part after training should take, from the decoder steps timed before training: an
+        untrained model writes every output to its length limit, a trained one stops sooner. None before timing."""
+        if self.greedy_step_seconds is None and self.beam_step_seconds is None:
+            return None
+        greedy, beam = self.greedy_step_seconds or 0.0, self.beam_step_seconds or 0.0
+        parts = {}
+        if self.validation_pairs:
+            parts["evaluation"] = self.eval_steps * greedy
+        if self.validation_translations and self.choice_pairs:
+            parts["choices"] = self.validation_translations * self.choice_steps * beam
+        if self.test_pairs:
+            parts["test"] = self.test_steps * beam
+        return parts
 
     def describe(self, rate: float | None = None) -> str:
-        """One line; `rate`: the last evaluation's validation pairs per second (greedy, every process)."""
+        """One line; `rate`: the last evaluation's validation pairs per second (greedy, every process). Without it,
+        the bound timed before training (`bound`) when there is one."""
+        bound = None if rate else self.bound()
         per_pair = None if not rate else 1 / rate
         parts, total = [], 0.0
 
@@ -141,13 +220,17 @@ class AfterTraining:
             if seconds is None:
                 return text
             total += seconds
-            return f"{text} (~{describe_seconds(seconds)})"
+            return f"{text} ({'up to ' if bound else ''}~{describe_seconds(seconds)})"
 
         if self.validation_pairs:
             parts.append(
                 timed(
                     f"a final evaluation of {self.eval_decoding}",
-                    None if per_pair is None else self.validation_pairs * per_pair,
+                    bound["evaluation"]
+                    if bound
+                    else None
+                    if per_pair is None
+                    else self.validation_pairs * per_pair,
                 )
             )
         if max(self.average_last) > 0:
@@ -160,7 +243,9 @@ class AfterTraining:
                 timed(
                     f"{self.validation_translations} beam-search translations of the {self.choice_pairs} validation "
                     "pairs to choose among averages or length penalties",
-                    None
+                    bound["choices"]
+                    if bound
+                    else None
                     if beam_per_pair is None
                     else self.validation_translations * self.choice_pairs * beam_per_pair,
                 )
@@ -169,7 +254,11 @@ class AfterTraining:
             parts.append(
                 timed(
                     f"the test translation of {self.test_decoding}",
-                    None if beam_per_pair is None else self.test_pairs * beam_per_pair,
+                    bound["test"]
+                    if bound
+                    else None
+                    if beam_per_pair is None
+                    else self.test_pairs * beam_per_pair,
                 )
             )
         end = f"step {self.max_steps}" if self.max_steps > 0 else "the last epoch"
@@ -181,6 +270,11 @@ class AfterTraining:
         if not parts:
             return f"After {when}: nothing more than saving the final model"
         text = f"After {when}: " + "; ".join(parts)
+        if bound:
+            return text + (
+                f"; up to about {describe_seconds(total)} in all (decoder steps timed on the untrained model, "
+                "which writes every output to its length limit; a trained model stops sooner)"
+            )
         if per_pair is None:
             return text + ". How long these take is logged once an evaluation has measured the decoding rate"
         return (
@@ -195,7 +289,9 @@ __all__ = [
     "BEAM_SLOWDOWN",
     "EvaluationClock",
     "describe_decoding",
+    "decoder_steps",
     "describe_seconds",
     "generation_settings",
+    "seconds_per_decoder_step",
     "sort_by_source_length",
 ]

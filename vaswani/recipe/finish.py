@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -21,7 +22,7 @@ from .averaging import average_checkpoints
 from .checkpoints import checkpoints
 from .evaluation import describe_decoding, describe_seconds
 from .metrics import reported_scores
-from .run import load_split
+from .run import load_split, load_test_split, test_split_name
 from .tokenization import lowercases
 from .translation import load_translation_model, translate, write_sentences
 
@@ -30,8 +31,9 @@ logger = logging.getLogger(__name__)
 
 def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> dict | None:
     """§6.1 after training, on the main process: average the last checkpoints, translate the test split with beam
-    search, score it (sacreBLEU, chrF, and BLEU comparable to published Multi30k figures), draw the pictures, and
-    publish if `--push_to_hub`. Returns the test scores (or None without a test split)."""
+    search, score it (sacreBLEU, chrF, BLEU lowercased and Moses-tokenized as published Multi30k figures are, and the
+    paper's tokenized BLEU), draw the pictures, and publish if `--push_to_hub`. Returns the test scores (or None
+    without a test split)."""
     args = trainer.args
     if not trainer.is_world_process_zero():
         return None
@@ -70,7 +72,7 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
         if averaged is not None:
             scores["averaged_checkpoints"] = [c.name for c in averaged]
         scores["steps"] = trainer.state.global_step
-        if warning := empty_translations_warning(scores):
+        if warning := degenerate_translations_warning(scores):
             logger.warning("%s", warning)
         write_json(output_dir / "test_results.json", scores)
         logger.info("Test scores written to %s", output_dir / "test_results.json")
@@ -88,18 +90,58 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
     return scores
 
 
-def empty_translations_warning(scores: dict) -> str | None:
+# A line that ends in one piece of text (a word, a subword, a letter) written over and over: "geworfen geworfen
+# geworfen ...", "unununun...": what a barely trained model writes until the length limit stops it.
+_REPEATED = re.compile(r"(\S.{0,24}?)(?:\s*\1){3,}\s*$", re.S)
+_BLANKS = re.compile(r"\s{4,}")
+
+
+def repeats_one_token(text: str) -> bool:
+    """Whether `text` is mostly one token repeated: it ends in a run of at least four copies of one piece of text
+    (up to 25 characters), or holds a run of four or more blanks (a space token repeated), and that run is at least
+    half of it. A line of blanks only is empty, not repeated."""
+    if not text.strip():
+        return False  # empty, counted as such
+    blanks = max((len(run) for run in _BLANKS.findall(text)), default=0)
+    if blanks and 2 * blanks >= len(text):
+        return True
+    text = text.strip()
+    match = _REPEATED.search(text)
+    return match is not None and 2 * (match.end() - match.start()) >= len(text)
+
+
+def degenerate_translations_warning(scores: dict) -> str | None:
     """What to say when most test translations are empty (a model after a few steps writes the end of sentence
-    first): their BLEU of about 0 measures the training so far, not the recipe. None otherwise."""
+    first), repeat one token to the length limit (the model before that), or either: their BLEU of about 0 measures
+    the training so far, not the recipe. None otherwise."""
     empty, total = scores.get("empty_translations", 0), scores.get("sentences", 0)
-    if not total or empty * 2 <= total:
+    repeated = scores.get("repeated_translations", 0)
+    if not total or (empty + repeated) * 2 <= total:
         return None
+    if empty * 2 > total:
+        what = f"{empty} of the {total} test translations are empty"
+    elif repeated * 2 > total:
+        what = f"{repeated} of the {total} test translations repeat one token over and over"
+    else:
+        what = f"{empty} of the {total} test translations are empty and {repeated} repeat one token over and over"
+    if empty * 2 <= total and scores.get("repeated_example"):
+        what += f" (the first: {scores['repeated_example']})"
     steps = scores.get("steps")
-    trained = f"{steps} training steps" if steps is not None else "its training"
+    trained = f"{steps} training step{'s' if steps != 1 else ''}" if steps is not None else "its training"
     return (
-        f"{empty} of the {total} test translations are empty: the model is undertrained ({trained}), so its scores "
-        "say nothing yet about the recipe; train longer (--max_steps, --max_train_minutes)"
+        f"{what}: the model is undertrained ({trained}), so its scores say nothing yet about the recipe; train "
+        "longer (--max_steps, --max_train_minutes)"
     )
+
+
+def _example(text: str, words: int = 4, characters: int = 40) -> str:
+    """A repeated line as the warning shows it: '"geworfen geworfen geworfen geworfen ..."', or '"w" and 75
+    blanks' for a line of blanks."""
+    body = text.strip()
+    if 2 * len(body) < len(text):
+        return f'"{body[:characters]}" and {len(text) - len(body)} blanks'
+    short = " ".join(body.split()[:words])[:characters]
+    return f'"{short}{" ..." if len(short) < len(body) else ""}"'
 
 
 def choose_average_on_validation(
@@ -234,8 +276,8 @@ def evaluate_test_split(
     of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`. The length
     penalty is `length_penalty`, else the first of `--length_penalty`."""
     alpha = finish_args.length_penalty[0] if length_penalty is None else length_penalty
-    test = load_split(data_args, "test")
-    split = data_args.test_split or Path(data_args.test_file).name
+    test = load_test_split(data_args)
+    split = test_split_name(data_args, len(test))
     what = describe_decoding(len(test), finish_args.num_beams, finish_args.translate_batch_size)
     logger.info("Translating the test split %s: %s", split, what)
     started = time.monotonic()
@@ -243,7 +285,8 @@ def evaluate_test_split(
     hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
     logger.info("Translated %d test pairs in %s", len(test), describe_seconds(time.monotonic() - started))
     references = test[data_args.target_lang]
-    hypotheses_file = Path(model_dir, f"{split}.hyp.{data_args.target_lang}")
+    repeated = [h for h in hypotheses if repeats_one_token(h)]
+    hypotheses_file = Path(model_dir, f"{test_split_name(data_args)}.hyp.{data_args.target_lang}")
     write_sentences(hypotheses, hypotheses_file)
     logger.info("Test translations written to %s", hypotheses_file)
     if plot_attention:
@@ -266,4 +309,7 @@ def evaluate_test_split(
         "empty_translations": sum(
             1 for s, h in zip(sources, hypotheses, strict=True) if s.strip() and not h.strip()
         ),
+        # translations that repeat one token to the length limit: a barely trained model's
+        "repeated_translations": len(repeated),
+        **({"repeated_example": _example(repeated[0])} if repeated else {}),
     }

@@ -2,9 +2,11 @@
 
 0. check every flag before any data is read (`checks.check_run`): the model configuration, the data sources, the
    output folder (a folder belongs to one run), the checkpoint to resume from;
-1. load the corpus through `datasets` (`vaswani.recipe.data`), 2. train or load the joint BPE tokenizer
+1. load the corpus through `datasets` (`vaswani.recipe.data`): every split the run reads, the test and validation splits
+first, so that a bad file is named before any work, 2. train or load the joint BPE tokenizer
 (`vaswani.recipe.tokenization`), 3. tokenize and filter, 4. build the model from a preset plus any config field given on the
-command line (or load one to fine-tune), 5. train with `VaswaniTrainer` (`vaswani.recipe.trainer`), resuming from the last
+command line (or load one to fine-tune), 5. log what runs after training and the most time it may take
+(`after_training_plan`), then train with `VaswaniTrainer` (`vaswani.recipe.trainer`), resuming from the last
 good checkpoint when asked (`vaswani.recipe.checkpoints`), and write the training summary (`vaswani.recipe.summary`). After
 training, `vaswani.recipe.finish` averages, translates the test split, scores, draws and publishes (§6.1).
 """
@@ -29,9 +31,16 @@ from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrai
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
 from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, tokenizer_digest, train_or_resume
-from .checks import check_run, has_training_state
+from .checks import check_lowercase, check_run, has_training_state
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
-from .evaluation import AfterTraining, describe_decoding, sort_by_source_length
+from .evaluation import (
+    AfterTraining,
+    decoder_steps,
+    describe_decoding,
+    describe_seconds,
+    seconds_per_decoder_step,
+    sort_by_source_length,
+)
 from .flags import log_recipe
 from .metrics import bleu_metric_fn
 from .summary import training_summary
@@ -39,7 +48,6 @@ from .tokenization import (
     SOURCE_SUBDIR,
     TARGET_SUBDIR,
     load_tokenizers,
-    lowercases,
     save_tokenizers,
     train_bpe_tokenizer,
     train_separate_tokenizers,
@@ -68,6 +76,24 @@ def load_split(data_args: DataArguments, split: str):
         config_name=data_args.dataset_config_name,
         cache_dir=data_args.cache_dir,
     )[split]
+
+
+def load_test_split(data_args: DataArguments):
+    """The test pairs translated after training: `--test_file`, else `--test_split`; the first
+    `--max_predict_samples` of them when given (run_translation.py's flag)."""
+    test = load_split(data_args, "test")
+    if data_args.max_predict_samples and data_args.max_predict_samples < len(test):
+        test = test.select(range(data_args.max_predict_samples))
+    return test
+
+
+def test_split_name(data_args: DataArguments, pairs: int | None = None) -> str:
+    """The test split's name in the scores: `--test_split` or the `--test_file` name, as `test[:N]` (datasets' slice
+    notation) when `--max_predict_samples` cut it to its first N `pairs`."""
+    name = data_args.test_split or Path(data_args.test_file).name
+    if data_args.max_predict_samples and pairs is not None and pairs >= data_args.max_predict_samples:
+        return f"{name}[:{data_args.max_predict_samples}]"
+    return name
 
 
 def _tokenizer_source(
@@ -128,11 +154,7 @@ def prepare_tokenizers(
     if path is not None or not is_main_process:
         path = path or Path(output_dir) / "tokenizer"
         source, target = load_tokenizers(path)
-        if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
-            raise ValueError(
-                f"--lowercase is {data_args.lowercase} but the tokenizer in {str(path)!r} "
-                f"{'keeps case' if data_args.lowercase else 'lowercases'}: train a new one, or match the flag."
-            )
+        check_lowercase(data_args, source, target, path)
         return source, target
     source, target = train_new_tokenizers(data_args, raw["train"], show_progress=show_progress)
     with atomic_folder(Path(output_dir) / "tokenizer") as folder:
@@ -198,14 +220,25 @@ def train_main(
     with training_args.main_process_first(desc="checks"):
         resume = check_run(model_args, data_args, training_args, finish_args, overrides)
     wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
-    # The main process reads the text into datasets' Arrow cache first; the others then map that cache.
+    # The main process reads the text into datasets' Arrow cache first; the others then map that cache. Every split
+    # the run reads is read now, the small ones first, so that a bad test or validation file is named before the
+    # training text is read, the BPE trained or the model built.
     with training_args.main_process_first(desc="loading the corpus"):
+        test_sources = (
+            load_test_split(data_args)[data_args.source_lang]
+            if data_args.test_split or data_args.test_file
+            else None
+        )
+        chooses = finish_args.chooses_average or finish_args.chooses_length_penalty
+        validation = load_split(data_args, "validation") if wants_validation or chooses else None
         raw = {"train": load_split(data_args, "train")}
-        if wants_validation:
-            raw["validation"] = load_split(data_args, "validation")
+    if wants_validation:
+        raw["validation"] = validation
     if data_args.max_train_samples:
         raw["train"] = raw["train"].select(range(min(data_args.max_train_samples, len(raw["train"]))))
-    full_validation = len(raw["validation"]) if "validation" in raw else None
+    # The choices after training translate the whole validation split (for the plan's estimate).
+    choice_sources = validation[data_args.source_lang] if chooses else None
+    del validation
     if data_args.max_eval_samples and "validation" in raw:
         raw["validation"] = raw["validation"].select(
             range(min(data_args.max_eval_samples, len(raw["validation"])))
@@ -286,9 +319,10 @@ def train_main(
         if "validation" in raw
         else None,
     )
-    plan = after_training_plan(trainer, data_args, finish_args, full_validation)
+    plan = after_training_plan(trainer, data_args, finish_args, choice_sources, test_sources, source_tok)
     trainer.evaluation_clock.after_training = plan
     logger.info(plan.describe())
+    warn_of_a_long_finish(plan)
     trainer.add_callback(RunTokenizer(digest))  # recorded in every checkpoint, checked on resume
     log_recipe(training_args)
     result = train_or_resume(trainer, resume)
@@ -320,23 +354,29 @@ def after_training_plan(
     trainer: VaswaniTrainer,
     data_args: DataArguments,
     finish_args: FinishArguments,
-    full_validation: int | None,
+    choice_sources: list[str] | None,
+    test_sources: list[str] | None,
+    source_tok,
 ) -> AfterTraining:
     """What runs once training ends, for the log (`evaluation.AfterTraining`): the final evaluation (step-based
     evaluation evaluates the last step, at --max_steps or at the --max_train_minutes budget; --do_eval alone once at
-    the end), the averaging, the choices on the (whole) validation split and the test translation (its split is read
-    here to count it, so that a wrong --test_split is also reported now rather than after training)."""
+    the end), the averaging, the choices on the whole validation split (`choice_sources`) and the test translation
+    (`test_sources`), with the most time each should take: the decoder steps each would take if every output ran
+    to its limit, as the untrained model's do, timed now on this model (main process only; the others train on)."""
     args = trainer.args
-    validation = len(trainer.eval_dataset) if trainer.eval_dataset is not None else None
+    validation = trainer.eval_dataset
     final = (
-        validation if args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no") else None
+        len(validation)
+        if validation is not None
+        and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no"))
+        else None
     )
     beams = args.generation_num_beams or trainer.model.generation_config.num_beams or 1
     choices = (len(set(finish_args.average_last)) if finish_args.chooses_average else 0) + (
         len(set(finish_args.length_penalty)) if finish_args.chooses_length_penalty else 0
     )
-    test = len(load_split(data_args, "test")) if data_args.test_split or data_args.test_file else None
-    return AfterTraining(
+    test = len(test_sources) if test_sources is not None else None
+    plan = AfterTraining(
         budget_minutes=getattr(args, "max_train_minutes", None),
         max_steps=args.max_steps,
         validation_pairs=final,
@@ -346,9 +386,52 @@ def after_training_plan(
         processes=args.world_size,
         average_last=tuple(finish_args.average_last),
         validation_translations=choices,
-        choice_pairs=full_validation,
+        choice_pairs=len(choice_sources) if choice_sources is not None else None,
         test_pairs=test,
         test_decoding=describe_decoding(test or 0, finish_args.num_beams, finish_args.translate_batch_size),
+    )
+    if not trainer.is_world_process_zero():
+        return plan
+
+    def encoded(sources) -> list[list[int]]:
+        return source_tok([s for s in sources if s.strip()])["input_ids"]  # empty ones are not decoded
+
+    model, pad = trainer.model, source_tok.pad_token_id
+    if final:
+        eval_lengths = [len(ids) for ids in validation["input_ids"]]
+        plan.eval_steps = decoder_steps(
+            eval_lengths, args.per_device_eval_batch_size, args.generation_max_length, args.world_size
+        )
+        longest = sorted(validation["input_ids"], key=len, reverse=True)[: args.per_device_eval_batch_size]
+        plan.greedy_step_seconds = seconds_per_decoder_step(model, longest, pad, beams)
+    beam_sources = []
+    if choices and choice_sources:
+        choice_ids = encoded(choice_sources)
+        plan.choice_steps = decoder_steps([len(ids) for ids in choice_ids], finish_args.translate_batch_size)
+        beam_sources += choice_ids
+    if test:
+        test_ids = encoded(test_sources)
+        plan.test_steps = decoder_steps([len(ids) for ids in test_ids], finish_args.translate_batch_size)
+        beam_sources += test_ids
+    if beam_sources:
+        longest = sorted(beam_sources, key=len, reverse=True)[: finish_args.translate_batch_size]
+        plan.beam_step_seconds = seconds_per_decoder_step(model, longest, pad, finish_args.num_beams)
+    return plan
+
+
+def warn_of_a_long_finish(plan: AfterTraining) -> None:
+    """Warn when the work after training may take longer than the --max_train_minutes training itself, naming the
+    flags that shorten it."""
+    bound = plan.bound()
+    if not bound or not plan.budget_minutes or sum(bound.values()) <= plan.budget_minutes * 60:
+        return
+    logger.warning(
+        "The work after training may take up to %s, more than the %g-minute training budget "
+        "(--max_train_minutes bounds training only): --max_predict_samples N translates the first N test pairs "
+        "only, --do_predict false none%s",
+        describe_seconds(sum(bound.values())),
+        plan.budget_minutes,
+        ", --max_eval_samples N evaluates on fewer validation pairs" if bound.get("evaluation") else "",
     )
 
 

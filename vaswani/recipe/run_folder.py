@@ -4,11 +4,13 @@ did not write.
 - `take_output_dir` locks the folder for the run (`lock_output_dir`: an exclusive `flock` on `.vaswani-run.lock`
   inside it, held until `release_output_dir` or the process ends, a SIGKILL too), so that a second run into the same
   folder is refused at once instead of mixing its checkpoints with the first's; then it claims the folder
-  (`claim_output_dir`).
-- A run marks the folder it claims (`.vaswani-run.json`). A folder that holds anything is refused unless the run
-  continues its run (`--resume_from_checkpoint`) or replaces it (`--overwrite_output_dir`); a folder that holds no
-  run (no marker, no checkpoint or training state of a run from before the marker) is refused either way, naming a
-  few of its entries: it is the user's.
+  (`claim_output_dir`). A refused command changes nothing there: the lock file names the process that holds it only
+  once the folder is that run's.
+- A run marks the folder it claims (`.vaswani-run.json`). A folder that holds a run that trained (`trained`: a
+  checkpoint, the Trainer's state, a model, scores) is refused unless the run continues it (`--resume_from_checkpoint`)
+  or replaces it (`--overwrite_output_dir`); a run that stopped before its first step (a bad input found after the
+  tokenizer was trained) is replaced without asking. A folder that holds no run (no marker, no checkpoint or training
+  state of a run from before the marker) is refused either way, naming a few of its entries: it is the user's.
 - `--overwrite_output_dir` (transformers' flag, which never deletes anything there) removes only the files a run
   writes (`RUN_FILES`, checked one by one: a `config.json` of another model, a `source/` folder without a tokenizer,
   a file a user put into a checkpoint stay) and says what it kept.
@@ -23,7 +25,9 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ..common.errors import UsageError
 from ..common.fileio import write_json
@@ -106,6 +110,21 @@ TEMPORARIES = (".*.tmp*", ".*.old-*", ".average-*")
 # Kept for compatibility: every top-level name a run writes.
 RUN_ENTRIES = (*RUN_FOLDERS, *RUN_FILES, *TEMPORARIES)
 
+# What only a run that trained leaves (besides its checkpoint-* folders): a folder without any of it is not protected.
+TRAINED_EVIDENCE = (
+    "trainer_state.json",
+    "training_summary.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "averaged",
+    "test_results.json",
+    "eval_results.json",
+    "train_results.json",
+    "runs",
+)
+UNTRAINED = "replacing a run that saved nothing of its training (no checkpoint, model or score)"
+T = TypeVar("T")
+
 _held: dict[str, int] = {}  # the output folders this process has locked: resolved path -> descriptor
 
 
@@ -117,13 +136,25 @@ def lock_output_dir(output_dir: str | os.PathLike) -> None:
     and the process that holds it. The lock is the kernel's (`flock`): it ends with the process however it ends. A
     process that holds the lock already takes it again at no cost."""
     path = Path(output_dir)
+    _acquire(path)
+    _write_holder(path)
+
+
+def _acquire(path: Path) -> list[Path]:
+    """Take the lock on `path` and write nothing into it but what is missing (the folder, an empty lock file), which
+    is returned, newest first, so that a refusal can remove it again (`_let_go`); `_write_holder` then names this
+    process in the lock file."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"--output_dir {path} is a file, not a folder")
+    created = [parent for parent in (path, *path.parents) if not parent.exists()]
     path.mkdir(parents=True, exist_ok=True)
     key = str(path.resolve())
     if key in _held or fcntl is None:
-        return
-    descriptor = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        return created
+    lock = path / LOCK_FILE
+    if not lock.exists():
+        created.insert(0, lock)
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -133,10 +164,27 @@ def lock_output_dir(output_dir: str | os.PathLike) -> None:
             f"--output_dir {path} is in use by another run{holder}: two runs in one folder would mix their "
             "checkpoints; wait for it to end, or choose another --output_dir"
         ) from None
+    _held[key] = descriptor
+    return created
+
+
+def _write_holder(path: Path) -> None:
+    descriptor = _held.get(str(path.resolve()))
+    if descriptor is None:
+        return
     os.ftruncate(descriptor, 0)
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
-    _held[key] = descriptor
+
+
+def _let_go(path: Path, created: list[Path]) -> None:
+    """Undo `_acquire` after a refusal: release the lock and remove what it created (only if still empty)."""
+    release_output_dir(path)
+    for item in created:
+        try:
+            item.unlink() if item.name == LOCK_FILE else item.rmdir()
+        except OSError:
+            pass  # no longer empty: something else wrote there
 
 
 def _read_holder(descriptor: int) -> str:
@@ -168,33 +216,70 @@ def _shown(names: list[str]) -> str:
     return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
-def take_output_dir(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
-    """Lock `output_dir` for this run (`lock_output_dir`) and make it this run's folder (`claim_output_dir`)."""
+def trained(path: Path) -> bool:
+    """Whether the run in `path` trained: a checkpoint, the Trainer's state or logs, a final or averaged model, a
+    summary or scores. A run that stopped before its first step (a bad input found after the tokenizer was trained)
+    leaves nothing of that, and nothing to protect."""
+    return any((path / name).exists() for name in TRAINED_EVIDENCE) or any(path.glob("checkpoint-*"))
+
+
+def take_output_dir(
+    output_dir: str | os.PathLike, overwrite: bool, resuming: bool, check: Callable[[], T] | None = None
+) -> T | None:
+    """Lock `output_dir` for this run and make it this run's folder (`claim_output_dir`); `check` (e.g. choosing the
+    checkpoint to resume from) runs under the lock before anything is written, and its result is returned. A
+    refusal (`UsageError` from the claim, any error of `check`) changes nothing in the folder: the lock file is
+    written with this process's details only once the folder is this run's, and a folder or lock file that the lock
+    had to create is removed again."""
     if overwrite and resuming:
         raise UsageError(
             "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
         )
-    _refuse_a_folder_without_a_run(Path(output_dir), overwrite)  # before the lock file is written into it
-    lock_output_dir(output_dir)
-    claim_output_dir(output_dir, overwrite, resuming)
+    path = Path(output_dir)
+    _refuse_a_folder_without_a_run(path, overwrite)  # before the lock file is written into it
+    created = _acquire(path)
+    try:
+        action = _decide_claim(path, overwrite, resuming)
+        result = check() if check is not None else None
+    except BaseException:
+        _let_go(path, created)
+        raise
+    _write_holder(path)
+    _carry_out_claim(path, action)
+    return result
 
 
 def claim_output_dir(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
     """Make `output_dir` this run's folder and mark it (`MARKER`). A folder that holds anything is refused
     (`UsageError`) unless it holds a run that this one continues (`resuming`) or replaces (`overwrite`: what a run
     wrote there is deleted first, so no checkpoint, model or score of the earlier run survives next to the new ones,
-    and nothing else is touched). A folder that holds no run is refused either way. Called by `take_output_dir`,
-    which refuses `overwrite` with `resuming`, under the lock: the folder is looked at again."""
+    and nothing else is touched), or a run that never trained (`trained`), which is replaced the same way. A folder
+    that holds no run is refused either way. Called by `take_output_dir`, which refuses `overwrite` with `resuming`,
+    under the lock: the folder is looked at again."""
     path = Path(output_dir)
+    _carry_out_claim(path, _decide_claim(path, overwrite, resuming))
+
+
+def _decide_claim(path: Path, overwrite: bool, resuming: bool) -> str:
+    """What claiming `path` takes ("mark", "replace" or "replace untrained"), or the `UsageError` that refuses it;
+    nothing is written."""
     entries = _refuse_a_folder_without_a_run(path, overwrite)
-    if entries and not resuming:
-        if not overwrite:
-            raise UsageError(
-                f"--output_dir {path} already holds a run ({_shown(entries)}): continue it with "
-                "--resume_from_checkpoint last, replace it with --overwrite_output_dir, or choose another --output_dir"
-            )
-        _remove_run(path)
-    if not resuming or not (path / MARKER).is_file():
+    if not entries or resuming:
+        return "mark"
+    if overwrite or not trained(path):
+        _refuse_users_files_in_replaced_folders(path, overwrite)
+        return "replace" if overwrite else "replace untrained"
+    raise UsageError(
+        f"--output_dir {path} already holds a run ({_shown(entries)}): continue it with "
+        "--resume_from_checkpoint last, replace it with --overwrite_output_dir, or choose another --output_dir"
+    )
+
+
+def _carry_out_claim(path: Path, action: str) -> None:
+    if action != "mark":
+        why = UNTRAINED if action == "replace untrained" else "--overwrite_output_dir"
+        _remove_run(path, why)
+    if action != "mark" or not (path / MARKER).is_file():
         path.mkdir(parents=True, exist_ok=True)
         write_json(
             path / MARKER, {"written_by": "vaswani-train", "claimed": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -239,10 +324,9 @@ def _foreign_files(folder: Path, patterns) -> list[str]:
     ]
 
 
-def _remove_run(path: Path) -> None:
-    """--overwrite_output_dir: delete the files an earlier run wrote into `path`, and nothing else. A file of the
-    user's inside a folder that a run replaces whole (a checkpoint, which `--save_total_limit` deletes; the averaged
-    model; the tokenizer) would be lost later: the overwrite is refused before anything is deleted."""
+def _refuse_users_files_in_replaced_folders(path: Path, overwrite: bool) -> None:
+    """A file of the user's inside a folder that a run replaces whole (a checkpoint, which `--save_total_limit`
+    deletes; the averaged model; the tokenizer) would be lost later: replacing the run is refused, naming it."""
     inside = [
         f"{entry.name}/{relative}"
         for entry in sorted(path.iterdir())
@@ -252,10 +336,17 @@ def _remove_run(path: Path) -> None:
         )
     ]
     if inside:
+        what = "--overwrite_output_dir" if overwrite else f"--output_dir {path} ({UNTRAINED})"
         raise UsageError(
-            f"--overwrite_output_dir: {path} holds files that a run did not write inside folders a run replaces "
+            f"{what}: {path} holds files that a run did not write inside folders a run replaces "
             f"whole ({_shown(inside)}); move them out of {path} first (nothing was removed)"
         )
+
+
+def _remove_run(path: Path, why: str = "--overwrite_output_dir") -> None:
+    """Delete the files an earlier run wrote into `path`, and nothing else (`_refuse_users_files_in_replaced_folders`
+    has refused a folder where that would lose a file of the user's later). `why`: the reason, for the log."""
+    _refuse_users_files_in_replaced_folders(path, why == "--overwrite_output_dir")
     removed, kept = [], []
     for entry in sorted(path.iterdir(), key=lambda p: p.name):
         name = entry.name
@@ -287,12 +378,16 @@ def _remove_run(path: Path) -> None:
         else:
             kept.append(name)
     logger.info(
-        "--overwrite_output_dir: removed the earlier run's %s from %s", ", ".join(removed) or "nothing", path
+        "%s: removed the earlier run's %s from %s",
+        why[0].upper() + why[1:],
+        ", ".join(removed) or "nothing",
+        path,
     )
     if kept:
         logger.warning(
-            "Left in %s (not written by a vaswani run, so not removed by --overwrite_output_dir): %s",
+            "Left in %s (not written by a vaswani run, so not removed by %s): %s",
             path,
+            why,
             ", ".join(kept[:10]) + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""),
         )
 
