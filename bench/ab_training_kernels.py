@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import common
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels, losses
+from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels
+from vaswani.recipe import losses
 
 REFERENCE = "F.dropout + F.cross_entropy"
 FUSED = "both kernels, fused projection"

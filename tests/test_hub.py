@@ -651,11 +651,12 @@ def test_card_usage_example_runs_against_the_folder(published, tmp_path):
 def test_training_with_push_to_hub_publishes_once_with_the_run_results(hub, monkeypatch, tmp_path):
     """`scripts/train.py --push_to_hub --hub_model_id ...`: the Trainer itself pushes nothing; after training, the
     averaged model goes up in one commit whose card carries the test scores and the recipe actually used."""
+    import importlib
     import random
-    import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import train as train_script
+    # scripts/ on the path for this test only: its evaluate.py would shadow the evaluate package in later tests
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    train_script = importlib.import_module("train")
 
     monkeypatch.setenv("HF_TOKEN", "hf_from_env")
     rng = random.Random(0)

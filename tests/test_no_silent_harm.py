@@ -556,7 +556,7 @@ def test_a_run_that_failed_before_training_does_not_block_its_rerun(corpus, tmp_
     """Issue: a corrupt test file was named only after the BPE was trained and the model built, and the same
     command then refused to run again: "--output_dir ... already holds a run (tokenizer)". Every named input is read
     before any work, and a run that trained no step is not a run to protect."""
-    from vaswani import run
+    from vaswani.recipe import run
 
     data = tmp_path / "data"
     shutil.copytree(corpus, data)

@@ -22,6 +22,7 @@ from vaswani.commands import evaluate as evaluate_command
 from vaswani.commands import push_to_hub as push_command
 from vaswani.commands import train as train_command
 from vaswani.commands import translate as translate_command
+from vaswani.recipe import translation
 from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +195,7 @@ def test_written_files_are_whole_or_absent(tmp_path):
     writer = tmp_path / "writer.py"
     writer.write_text(
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('fileio', {str(ROOT / 'vaswani' / 'fileio.py')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('fileio', {str(ROOT / 'vaswani' / 'common' / 'fileio.py')!r})\n"
         "fileio = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(fileio)\n"
         "with fileio.atomic_write(sys.argv[2]) as f:\n"
@@ -509,7 +510,7 @@ def test_a_missing_input_or_reference_is_named_before_the_model_loads(
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the files were checked")
 
-    monkeypatch.setattr(translate_command, "load_translation_model", no_loading)
+    monkeypatch.setattr(translation, "load_translation_model", no_loading)  # imported from here when it runs
     source = tmp_path / "src.de"
     source.write_text("Ein Mann .\n")
     model = ["--model_name_or_path", model_dir, "--no_progress"]
@@ -898,9 +899,9 @@ def test_fsdp_on_two_cpu_processes_trains_the_model_as_one_process_does(corpus, 
 
 
 def test_the_readme_pipeline_works_on_every_folder_the_tools_write(finished_run, tmp_path):
-    """The README's `pipeline("translation", ...)` example, run as written in an interpreter where `vaswani` cannot
+    """The `pipeline("translation", ...)` example of docs/recipe.md, run as written in an interpreter where `vaswani` cannot
     be imported, on a checkpoint, the final model and the averaged model of a run."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "recipe.md").read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "pipeline(" in b]
     assert 'model="runs/de-en/averaged"' in block
     folders = [finished_run / "checkpoint-8", finished_run, finished_run / "averaged"]

@@ -614,8 +614,9 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
     computes the output projection and the label-smoothed loss in one kernel under that autocast (the default), or,
     with `--fused_output_loss False`, hands the loss the logits in bf16 (not Accelerate's float32 copy of them).
     Generation in evaluation runs under the same autocast, and the run trains and saves as in float32."""
-    from vaswani import kernels, losses
+    from vaswani import kernels
     from vaswani.commands import train as train_command
+    from vaswani.recipe import losses
 
     seen = {"fused": [], "logits": []}
     projection_and_loss = kernels.linear_label_smoothed_cross_entropy

@@ -298,6 +298,7 @@ def test_translate_with_references_reports_both_bleus(tmp_path, capsys, monkeypa
     from conftest import tiny_model
 
     from vaswani.commands import translate as translate_command
+    from vaswani.recipe import translation
     from vaswani.recipe.translation import Hypothesis
 
     folder = tmp_path / "model"
@@ -305,7 +306,7 @@ def test_translate_with_references_reports_both_bleus(tmp_path, capsys, monkeypa
     tiny_model(vocab_size=len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     monkeypatch.setattr(
-        translate_command,
+        translation,  # vaswani-translate imports it from here when it runs
         "translate_n_best",
         lambda sentences, *args, **kwargs: [[Hypothesis(HYPOTHESIS, 0.0)] for _ in sentences],
     )

@@ -17,7 +17,7 @@ import torch
 from transformers import TrainerCallback
 
 from vaswani.commands import train
-from vaswani.recipe import data, trainer
+from vaswani.recipe import data, run, trainer
 
 
 class KillAfterSave(TrainerCallback):
@@ -72,7 +72,7 @@ def counting_encode_pairs(*args, **kwargs):
 
 
 data._encode_pairs = counting_encode_pairs  # what tokenize_dataset maps (in this process: no --num_proc)
-original_train_main = train.train_main
+original_train_main = run.train_main  # the tool imports it from here when it runs
 
 
 def train_main_and_dump(*args, **kwargs):
@@ -92,7 +92,7 @@ def train_main_and_dump(*args, **kwargs):
     return trainer
 
 
-train.train_main = train_main_and_dump
+run.train_main = train_main_and_dump
 
 if __name__ == "__main__":
     train.main()
