@@ -654,7 +654,9 @@ def test_training_with_push_to_hub_publishes_once_with_the_run_results(hub, monk
     import importlib
     import random
 
-    # scripts/ on the path for this test only: its evaluate.py would shadow the evaluate package in later tests
+    # scripts/ on the path for this test only, with the evaluate package loaded first: scripts/evaluate.py would
+    # shadow it, here and in every later test
+    importlib.import_module("evaluate")
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
     train_script = importlib.import_module("train")
 
