@@ -8,6 +8,7 @@ Each entry below names its reference, and `tests/test_kernels.py` checks it agai
 | here | reference | where it is faster (figures: BENCHMARKS.md) |
 |---|---|---|
 | `Linear` | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD): oneDNN's GEMM |
+| `Int8Linear`, `int8_linear` | torchao's `F.linear` on its int8 weights (`TorchAoConfig`) | CPU: torch's int8 GEMM without torchao's per-call Python |
 | `Dropout`, `dropout` | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
@@ -60,13 +61,19 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 _ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def _is_plain(weight: torch.Tensor) -> bool:
+    """A tensor of torch's own, not a subclass such as torchao's quantized weights."""
+    return type(weight) in (torch.Tensor, nn.Parameter)
+
+
 def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear` takes oneDNN for this call: float32 on the CPU, outside `torch.compile` and CPU autocast (whose
-    bfloat16 product already goes to oneDNN), with oneDNN enabled (`torch.backends.mkldnn.flags(enabled=False)`
-    turns it off)."""
+    """Whether `Linear` takes oneDNN for this call: a plain float32 weight (not a quantized tensor subclass) on the CPU,
+    outside `torch.compile` and CPU autocast (whose bfloat16 product already goes to oneDNN), with oneDNN enabled
+    (`torch.backends.mkldnn.flags(enabled=False)` turns it off)."""
     return (
         not is_torchdynamo_compiling()  # first: dynamo cannot trace the flag queries below
         and x.device.type == "cpu"
+        and _is_plain(weight)
         and x.dtype == weight.dtype == torch.float32
         and _ONEDNN_AVAILABLE
         and torch.backends.mkldnn.enabled
@@ -85,6 +92,74 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if onednn_linear_applies(x, self.weight):
             return _OneDNNLinearFunction.apply(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Int8Linear: torchao's int8 weights (transformers' `TorchAoConfig`) through torch's int8 GEMM
+# --------------------------------------------------------------------------------------------------------------------
+def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
+    """Whether `weight` is what `from_pretrained(..., quantization_config=TorchAoConfig(
+    Int8DynamicActivationInt8WeightConfig()))` puts in a linear layer: torchao's `Int8Tensor` of a float32 matrix, one
+    symmetric scale per output row, activations quantized on the fly per row and symmetric (torchao's defaults), with
+    no static activation scale or pre-scale. Read from the tensor's attributes, without importing torchao."""
+    if type(weight).__name__ != "Int8Tensor" or not type(weight).__module__.startswith("torchao."):
+        return False
+    act = getattr(weight, "act_quant_kwargs", None)
+    qdata, scale, zero_point = weight.qdata, weight.scale, getattr(weight, "zero_point", None)
+    return (
+        act is not None
+        and type(act.granularity).__name__ == "PerRow"
+        and getattr(act.mapping_type, "name", None) == "SYMMETRIC"
+        and weight.act_quant_scale is None
+        and weight.act_pre_scale is None
+        and weight.dtype == torch.float32
+        and qdata.dim() == 2
+        and list(weight.block_size) == [1, qdata.shape[1]]
+        and scale.numel() == qdata.shape[0]
+        and scale.dtype == torch.float32
+        and (zero_point is None or not zero_point.any())
+    )
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for a `torchao_int8_dynamic` weight, in torchao's arithmetic op for op: each row of
+    x quantized to int8 with scale max|x_row| / 127.5 (at least float32's eps), `round(x * (1 / scale))` clamped to
+    [-128, 127] ([-64, 63] with `reduce_range`), the int32 product by `torch._int_mm` (exact), then scaled by the row's
+    scale and the weight's. torchao computes the same product and scales; its cost on the CPU is the Python of its
+    tensor subclass and of its general quantization primitives, per call, which for one decoding step's small matrices
+    is several times the product itself."""
+    act = weight.act_quant_kwargs
+    qmin, qmax = (-64, 63) if act.reduce_range else (-128, 127)
+    rows = x.reshape(-1, x.shape[-1])
+    scale = (
+        rows.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
+    )
+    quantized = torch.round(rows * (1.0 / scale)).clamp_(qmin, qmax).to(torch.int8)
+    y = (
+        torch._int_mm(quantized, weight.qdata.t())
+        .to(torch.float32)
+        .mul_(scale)
+        .mul_(weight.scale.reshape(-1))
+    )
+    if bias is not None:
+        y += bias
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`."""
+    return not is_torchdynamo_compiling() and x.device.type == "cpu" and x.dtype == torch.float32
+
+
+class Int8Linear(nn.Linear):
+    """`nn.Linear` holding torchao's int8 weight (`torchao_int8_dynamic`), whose float32 CPU calls go through
+    `int8_linear`: the same int8 arithmetic as torchao's `F.linear`, in a few torch operators and `torch._int_mm`.
+    Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if int8_linear_applies(x, self.weight):
+            return int8_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -451,10 +526,16 @@ _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
 def use_cpu_kernels(model: nn.Module, attention: bool = True) -> nn.Module:
     """Turn this module's kernels on in `model`, in place, and return it: every `nn.Linear` becomes a `Linear` and
     every `nn.Dropout` a `Dropout` (their class is changed, so parameters, ties, hooks and device stay as they are),
-    and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. On a GPU, and under
-    `torch.compile`, the swapped modules compute exactly what the plain ones do."""
+    and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. A linear layer holding
+    torchao's int8 weights of `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())` becomes an `Int8Linear`; one
+    holding other quantized weights stays as it is. On a GPU, and under `torch.compile`, the swapped modules compute
+    exactly what the plain ones do."""
     for module in model.modules():
         fast = _FAST_MODULES.get(type(module))
+        if fast is Linear and not _is_plain(module.weight):
+            fast = (
+                Int8Linear if torchao_int8_dynamic(module.weight) else None
+            )  # other quantized weights: as they are
         if fast is not None:
             module.__class__ = fast
     config = getattr(model, "config", None)
@@ -466,7 +547,7 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True) -> nn.Module:
 def use_plain_modules(model: nn.Module) -> nn.Module:
     """Undo `use_cpu_kernels`: the modules become `nn.Linear` and `nn.Dropout` again and `"vaswani_sdpa"` attention
     becomes "sdpa"."""
-    plain = {fast: plain for plain, fast in _FAST_MODULES.items()}
+    plain = {fast: plain for plain, fast in _FAST_MODULES.items()} | {Int8Linear: nn.Linear}
     for module in model.modules():
         if type(module) in plain:
             module.__class__ = plain[type(module)]
@@ -478,8 +559,10 @@ def use_plain_modules(model: nn.Module) -> nn.Module:
 __all__ = [
     "FAST_ATTENTION",
     "Dropout",
+    "Int8Linear",
     "Linear",
     "dropout",
+    "int8_linear",
     "label_smoothed_cross_entropy",
     "linear_label_smoothed_cross_entropy",
     "quantized_dropout_probability",

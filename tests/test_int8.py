@@ -1,0 +1,110 @@
+"""int8 on the CPU through transformers' own door: `from_pretrained(folder, quantization_config=TorchAoConfig(...))`
+loads, generates, saves and reloads the model, and `vaswani.use_cpu_kernels` runs its torchao int8 layers through
+`vaswani.kernels.int8_linear` (torch's int8 GEMM) with the same arithmetic as torchao's own."""
+
+import pytest
+import torch
+from conftest import batch, tiny_model
+from torch import nn
+from transformers import AutoModelForSeq2SeqLM, TorchAoConfig
+
+from vaswani import kernels, use_cpu_kernels
+from vaswani.kernels import Int8Linear, int8_linear, use_plain_modules
+
+torchao_quantization = pytest.importorskip("torchao.quantization")
+Int8DynamicActivationInt8WeightConfig = torchao_quantization.Int8DynamicActivationInt8WeightConfig
+Int8WeightOnlyConfig = torchao_quantization.Int8WeightOnlyConfig
+
+
+def load_int8(folder, config=None) -> nn.Module:
+    quantization = TorchAoConfig(config or Int8DynamicActivationInt8WeightConfig())
+    return AutoModelForSeq2SeqLM.from_pretrained(
+        folder, quantization_config=quantization, device_map="cpu"
+    ).eval()
+
+
+def greedy(model, num_beams=1, **kwargs):
+    input_ids, attention_mask, _ = batch()
+    return model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, num_beams=num_beams, **kwargs
+    )
+
+
+@pytest.fixture
+def folder(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "fp32")
+    return tmp_path / "fp32"
+
+
+def test_int8_linear_is_torchaos_linear_to_the_bit():
+    """`int8_linear` against torchao's `F.linear` on its `Int8Tensor`: the same activation quantization and scales,
+    and an exact int32 product, give the same floats, for 2-D and 3-D inputs, with and without a bias."""
+    torch.manual_seed(0)
+    for bias, shape in ((True, (4, 9, 37)), (False, (5, 37)), (True, (1, 1, 37))):
+        layer = nn.Sequential(nn.Linear(37, 23, bias=bias))
+        torchao_quantization.quantize_(layer, Int8DynamicActivationInt8WeightConfig())
+        weight = layer[0].weight
+        assert kernels.torchao_int8_dynamic(weight)
+        x = torch.randn(shape) * 3
+        x[0, ..., 0] = 0.0  # a zero and a large value in the rows
+        x.view(-1, 37)[-1, 5] = 40.0
+        assert torch.equal(int8_linear(x, weight, layer[0].bias), layer(x))
+
+
+def test_a_model_quantized_on_loading_generates_saves_and_reloads(folder, tmp_path):
+    """`TorchAoConfig` through `from_pretrained`: the linear layers hold torchao's int8 weights (transformers keeps the
+    tied output projection in float32); the model generates, saves to safetensors with torchao's metadata and loads
+    back quantized without a `quantization_config`, decoding the same tokens."""
+    model = load_int8(folder)
+    fc1 = model.model.encoder.layers[0].fc1
+    assert kernels.torchao_int8_dynamic(fc1.weight)
+    assert type(model.lm_head.weight) is nn.Parameter and model.lm_head.weight is model.model.shared.weight
+    tokens = greedy(model)
+    model.save_pretrained(tmp_path / "int8")
+    assert (tmp_path / "int8" / "model.safetensors").is_file()
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "int8", device_map="cpu").eval()
+    assert kernels.torchao_int8_dynamic(reloaded.model.encoder.layers[0].fc1.weight)
+    assert torch.equal(reloaded.model.encoder.layers[0].fc1.weight.qdata, fc1.weight.qdata)
+    assert torch.equal(greedy(reloaded), tokens)
+
+
+def test_use_cpu_kernels_runs_the_int8_layers_through_the_int8_gemm(folder, tmp_path):
+    """`use_cpu_kernels` on a model loaded with `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())` makes its
+    int8 layers `Int8Linear` (before, it made them oneDNN float32 `Linear`s, which failed on torchao's weights) and
+    decodes the tokens the quantized model decodes without it, in greedy and beam search. With the attention left as
+    it is, every logit is equal to torchao's to float32 rounding: the int8 layers compute the same floats, and the
+    float32 output projection goes through oneDNN instead of MKL (`Linear`)."""
+    quantized = load_int8(folder)
+    reference = greedy(quantized, output_scores=True, return_dict_in_generate=True)
+    reference_beams = greedy(quantized, num_beams=3)
+    fast = use_cpu_kernels(load_int8(folder), attention=False)
+    layers = [m for m in fast.modules() if isinstance(m, nn.Linear)]
+    assert {type(m) for m in layers} == {Int8Linear, kernels.Linear}
+    assert type(fast.lm_head) is kernels.Linear and kernels.torchao_int8_dynamic(
+        fast.model.decoder.layers[0].fc2.weight
+    )
+    out = greedy(fast, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference.sequences)
+    for ours, theirs in zip(out.scores, reference.scores, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    use_cpu_kernels(fast)  # and with the model's attention kernel too
+    assert torch.equal(greedy(fast), reference.sequences)
+    assert torch.equal(greedy(fast, num_beams=3), reference_beams)
+    fast.save_pretrained(tmp_path / "int8")  # the swapped classes save as the model's own
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "int8", device_map="cpu").eval()
+    assert torch.equal(greedy(reloaded), reference.sequences)
+    use_plain_modules(fast)
+    assert {type(m) for m in fast.modules() if isinstance(m, nn.Linear)} == {nn.Linear}
+
+
+def test_use_cpu_kernels_leaves_other_quantized_weights_to_their_own_linear(folder):
+    """Weights quantized otherwise (torchao's weight-only int8, whose activations stay float32) keep torchao's own
+    `F.linear`: the kernels neither take them for float32 matrices nor for `Int8Linear`'s layout."""
+    quantized = load_int8(folder, Int8WeightOnlyConfig())
+    weight = quantized.model.encoder.layers[0].fc1.weight
+    assert type(weight).__name__ == "Int8Tensor" and not kernels.torchao_int8_dynamic(weight)
+    tokens = greedy(quantized)
+    use_cpu_kernels(quantized)
+    assert type(quantized.model.encoder.layers[0].fc1) is nn.Linear
+    assert not kernels.onednn_linear_applies(torch.randn(2, 15), weight)
+    assert torch.equal(greedy(quantized), tokens)
