@@ -49,6 +49,9 @@ def test_int8_linear_is_torchaos_linear_to_the_bit():
         x[0, ..., 0] = 0.0  # a zero and a large value in the rows
         x.view(-1, 37)[-1, 5] = 40.0
         assert torch.equal(int8_linear(x, weight, layer[0].bias), layer(x))
+        if kernels._ONEDNN_INT8_AVAILABLE:  # oneDNN's int8 linear on the packed weight: the same floats
+            packed = torch.ops.onednn.qlinear_prepack(weight.qdata, None)
+            assert torch.equal(int8_linear(x, weight, layer[0].bias, packed), layer(x))
 
 
 def test_a_model_quantized_on_loading_generates_saves_and_reloads(folder, tmp_path):
@@ -69,32 +72,51 @@ def test_a_model_quantized_on_loading_generates_saves_and_reloads(folder, tmp_pa
 
 
 def test_use_cpu_kernels_runs_the_int8_layers_through_the_int8_gemm(folder, tmp_path):
-    """`use_cpu_kernels` on a model loaded with `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())` makes its
-    int8 layers `Int8Linear` (before, it made them oneDNN float32 `Linear`s, which failed on torchao's weights) and
-    decodes the tokens the quantized model decodes without it, in greedy and beam search. With the attention left as
-    it is, every logit is equal to torchao's to float32 rounding: the int8 layers compute the same floats, and the
-    float32 output projection goes through oneDNN instead of MKL (`Linear`)."""
+    """`use_cpu_kernels(model, int8_output=False)` on a model loaded with `TorchAoConfig(
+    Int8DynamicActivationInt8WeightConfig())` makes its int8 layers `Int8Linear` (before, it made them oneDNN float32
+    `Linear`s, which failed on torchao's weights) and decodes the tokens the quantized model decodes without it, in
+    greedy and beam search. With the attention left as it is, every logit is equal to torchao's to float32 rounding:
+    the int8 layers compute the same floats, and the float32 output projection goes through oneDNN instead of MKL."""
     quantized = load_int8(folder)
     reference = greedy(quantized, output_scores=True, return_dict_in_generate=True)
     reference_beams = greedy(quantized, num_beams=3)
-    fast = use_cpu_kernels(load_int8(folder), attention=False)
-    layers = [m for m in fast.modules() if isinstance(m, nn.Linear)]
-    assert {type(m) for m in layers} == {Int8Linear, kernels.Linear}
-    assert type(fast.lm_head) is kernels.Linear and kernels.torchao_int8_dynamic(
-        fast.model.decoder.layers[0].fc2.weight
-    )
+    fast = use_cpu_kernels(load_int8(folder), attention=False, int8_output=False)
+    assert {type(m) for m in fast.modules() if isinstance(m, nn.Linear)} == {Int8Linear, kernels.Linear}
+    assert type(fast.lm_head) is kernels.Linear
     out = greedy(fast, output_scores=True, return_dict_in_generate=True)
     assert torch.equal(out.sequences, reference.sequences)
     for ours, theirs in zip(out.scores, reference.scores, strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
-    use_cpu_kernels(fast)  # and with the model's attention kernel too
+    use_cpu_kernels(fast, int8_output=False)  # and with the model's attention kernel too
     assert torch.equal(greedy(fast), reference.sequences)
     assert torch.equal(greedy(fast, num_beams=3), reference_beams)
-    fast.save_pretrained(tmp_path / "int8")  # the swapped classes save as the model's own
-    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "int8", device_map="cpu").eval()
-    assert torch.equal(greedy(reloaded), reference.sequences)
     use_plain_modules(fast)
     assert {type(m) for m in fast.modules() if isinstance(m, nn.Linear)} == {nn.Linear}
+
+
+def test_use_cpu_kernels_quantizes_the_tied_output_projection_as_torchao_would(folder, tmp_path):
+    """By default `use_cpu_kernels` also computes the float32 output projection (tied to the embeddings, so
+    transformers leaves it unquantized) in int8, quantized as torchao quantizes the other layers: the same logits, to
+    float32 rounding, as the quantized model whose projection torchao's `quantize_` turned int8 itself. The float32
+    weight stays tied and what `save_pretrained` writes is the quantized model's own."""
+    reference_model = load_int8(folder)
+    reference_model.lm_head.weight = nn.Parameter(reference_model.lm_head.weight.detach().clone())  # untied
+    torchao_quantization.quantize_(reference_model.lm_head, Int8DynamicActivationInt8WeightConfig())
+    assert kernels.torchao_int8_dynamic(reference_model.lm_head.weight)
+    reference = greedy(reference_model, output_scores=True, return_dict_in_generate=True)
+    fast = use_cpu_kernels(load_int8(folder), attention=False)
+    assert type(fast.lm_head) is kernels.Int8OutputLinear
+    assert fast.lm_head.weight is fast.model.shared.weight and type(fast.lm_head.weight) is nn.Parameter
+    out = greedy(fast, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference.sequences)
+    for ours, theirs in zip(out.scores, reference.scores, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    fast.save_pretrained(tmp_path / "int8")  # the swapped classes save as the model's own
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "int8", device_map="cpu").eval()
+    assert type(reloaded.lm_head) is nn.Linear and reloaded.lm_head.weight is reloaded.model.shared.weight
+    assert torch.equal(greedy(use_cpu_kernels(reloaded)), out.sequences)
+    use_plain_modules(fast)
+    assert type(fast.lm_head) is nn.Linear and "_vaswani_int8_weight" not in fast.lm_head.__dict__
 
 
 def test_use_cpu_kernels_leaves_other_quantized_weights_to_their_own_linear(folder):

@@ -8,7 +8,7 @@ Each entry below names its reference, and `tests/test_kernels.py` checks it agai
 | here | reference | where it is faster (figures: BENCHMARKS.md) |
 |---|---|---|
 | `Linear` | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD): oneDNN's GEMM |
-| `Int8Linear`, `int8_linear` | torchao's `F.linear` on its int8 weights (`TorchAoConfig`) | CPU: torch's int8 GEMM without torchao's per-call Python |
+| `Int8Linear`, `int8_linear` | torchao's `F.linear` on its int8 weights (`TorchAoConfig`) | CPU: int8 GEMMs (oneDNN's on weights packed once) without torchao's per-call Python |
 | `Dropout`, `dropout` | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
@@ -18,6 +18,8 @@ Every fast path steps aside (to the reference) under `torch.compile`, which pick
 Some use torch's private oneDNN and softmax operators, guarded: this module is never copied into saved model folders,
 which hold the plain model only.
 """
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -122,26 +124,56 @@ def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
     )
 
 
-def int8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _quantize_rows(x: torch.Tensor, qmin: int = -128, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's symmetric per-row int8 quantization of a 2-D float32 tensor, op for op: scale = max|row| /
+    ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax]."""
+    scale = x.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
+    return torch.round(x * (1.0 / scale)).clamp_(qmin, qmax).to(torch.int8), scale
+
+
+# oneDNN's int8 linear on a weight packed once beats `torch._int_mm`, which repacks its weight at every call, from
+# about a million weights on (the feed-forward layers and the output projection); below, `_int_mm` is faster.
+PACKED_INT8_MIN_WEIGHTS = 1 << 20
+_ONEDNN_INT8_AVAILABLE = (
+    _ONEDNN_AVAILABLE
+    and hasattr(torch.ops.onednn, "qlinear_prepack")
+    and hasattr(torch.ops.onednn, "qlinear_pointwise")
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_scales(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row weight scales of 1 and zero points of 0 for oneDNN's int8 linear (never written)."""
+    return torch.ones(rows), torch.zeros(rows, dtype=torch.long)
+
+
+def _int8_product(quantized: torch.Tensor, qdata: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """quantized @ qdata^T in int32, exactly, returned as float32 (`.to(torch.float32)` of the int32 product): by
+    `torch._int_mm`, or by oneDNN's int8 linear on `packed` (`torch.ops.onednn.qlinear_prepack(qdata)`) with unit
+    scales, whose float32 output is the same conversion of the same integers."""
+    if packed is None:
+        return torch._int_mm(quantized, qdata.t()).to(torch.float32)
+    ones, zeros = _unit_scales(qdata.shape[0])
+    return torch.ops.onednn.qlinear_pointwise(
+        quantized, 1.0, 0, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+
+
+def int8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None
+) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for a `torchao_int8_dynamic` weight, in torchao's arithmetic op for op: each row of
-    x quantized to int8 with scale max|x_row| / 127.5 (at least float32's eps), `round(x * (1 / scale))` clamped to
-    [-128, 127] ([-64, 63] with `reduce_range`), the int32 product by `torch._int_mm` (exact), then scaled by the row's
-    scale and the weight's. torchao computes the same product and scales; its cost on the CPU is the Python of its
-    tensor subclass and of its general quantization primitives, per call, which for one decoding step's small matrices
-    is several times the product itself."""
-    act = weight.act_quant_kwargs
-    qmin, qmax = (-64, 63) if act.reduce_range else (-128, 127)
+    x quantized to int8 (`_quantize_rows`; [-64, 63] with `reduce_range`), the int32 product (exact: `_int8_product`),
+    then scaled by the row's scale and the weight's, and the bias added. torchao computes the same product and scales;
+    its cost on the CPU is the Python of its tensor subclass and general quantization primitives at every call, which
+    for one decoding step's small matrices is several times the product itself."""
+    return _int8_linear(x, weight.qdata, weight.scale, bias, weight.act_quant_kwargs.reduce_range, packed)
+
+
+def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
-    scale = (
-        rows.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
-    )
-    quantized = torch.round(rows * (1.0 / scale)).clamp_(qmin, qmax).to(torch.int8)
-    y = (
-        torch._int_mm(quantized, weight.qdata.t())
-        .to(torch.float32)
-        .mul_(scale)
-        .mul_(weight.scale.reshape(-1))
-    )
+    quantized, scale = _quantize_rows(rows, *((-64, 63) if reduce_range else (-128, 127)))
+    y = _int8_product(quantized, qdata, packed).mul_(scale).mul_(weight_scale.reshape(-1))
     if bias is not None:
         y += bias
     return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -152,15 +184,46 @@ def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return not is_torchdynamo_compiling() and x.device.type == "cpu" and x.dtype == torch.float32
 
 
+def _packed(module: nn.Module, qdata: torch.Tensor) -> torch.Tensor | None:
+    """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), where
+    that is faster (`PACKED_INT8_MIN_WEIGHTS`); else None."""
+    if not _ONEDNN_INT8_AVAILABLE or qdata.numel() < PACKED_INT8_MIN_WEIGHTS:
+        return None
+    key = (qdata.data_ptr(), qdata._version)
+    cached = module.__dict__.get("_vaswani_packed_int8")
+    if cached is None or cached[0] != key:
+        cached = (key, torch.ops.onednn.qlinear_prepack(qdata, None))
+        module.__dict__["_vaswani_packed_int8"] = cached
+    return cached[1]
+
+
 class Int8Linear(nn.Linear):
     """`nn.Linear` holding torchao's int8 weight (`torchao_int8_dynamic`), whose float32 CPU calls go through
-    `int8_linear`: the same int8 arithmetic as torchao's `F.linear`, in a few torch operators and `torch._int_mm`.
+    `int8_linear`: the same int8 arithmetic as torchao's `F.linear`, in a few torch operators and an int8 GEMM.
     Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if int8_linear_applies(x, self.weight):
-            return int8_linear(x, self.weight, self.bias)
+            return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata))
         return F.linear(x, self.weight, self.bias)
+
+
+class Int8OutputLinear(Linear):
+    """The float32 output projection of a model whose other linear layers are torchao int8 (`Int8Linear`): its
+    float32 CPU calls quantize an int8 copy of the weight as torchao quantizes the others (`_quantize_rows`, once per
+    weight) and go through the same arithmetic. transformers leaves a projection tied to the embeddings in float32;
+    the float32 weight, its tie and what `save_pretrained` writes stay as they are. Elsewhere, `Linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (int8_linear_applies(x, self.weight) and _is_plain(self.weight)):
+            return super().forward(x)
+        key = (self.weight.data_ptr(), self.weight._version)
+        cached = self.__dict__.get("_vaswani_int8_weight")
+        if cached is None or cached[0] != key:
+            cached = (key, *_quantize_rows(self.weight.detach()))
+            self.__dict__["_vaswani_int8_weight"] = cached
+        _, qdata, weight_scale = cached
+        return _int8_linear(x, qdata, weight_scale, self.bias, False, _packed(self, qdata))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -523,21 +586,30 @@ AttentionMaskInterface.register(FAST_ATTENTION, sdpa_mask)
 _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
 
 
-def use_cpu_kernels(model: nn.Module, attention: bool = True) -> nn.Module:
+def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool = True) -> nn.Module:
     """Turn this module's kernels on in `model`, in place, and return it: every `nn.Linear` becomes a `Linear` and
     every `nn.Dropout` a `Dropout` (their class is changed, so parameters, ties, hooks and device stay as they are),
-    and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. A linear layer holding
-    torchao's int8 weights of `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())` becomes an `Int8Linear`; one
-    holding other quantized weights stays as it is. On a GPU, and under `torch.compile`, the swapped modules compute
-    exactly what the plain ones do."""
+    and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. On a GPU, and under
+    `torch.compile`, the swapped modules compute exactly what the plain ones do.
+
+    A model loaded with `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())`: its int8 linear layers become
+    `Int8Linear` (torchao's arithmetic, faster), and with `int8_output` its output projection, which transformers
+    keeps in float32 when it is tied to the embeddings, becomes an `Int8OutputLinear`, quantized as the other layers
+    are (as CTranslate2's int8 does; `int8_output=False` keeps it float32). Layers holding other quantized weights
+    stay as they are."""
+    int8 = False
     for module in model.modules():
         fast = _FAST_MODULES.get(type(module))
         if fast is Linear and not _is_plain(module.weight):
             fast = (
                 Int8Linear if torchao_int8_dynamic(module.weight) else None
             )  # other quantized weights: as they are
+            int8 = int8 or fast is Int8Linear
         if fast is not None:
             module.__class__ = fast
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
+        output.__class__ = Int8OutputLinear
     config = getattr(model, "config", None)
     if attention and getattr(config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(FAST_ATTENTION)
@@ -547,10 +619,15 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True) -> nn.Module:
 def use_plain_modules(model: nn.Module) -> nn.Module:
     """Undo `use_cpu_kernels`: the modules become `nn.Linear` and `nn.Dropout` again and `"vaswani_sdpa"` attention
     becomes "sdpa"."""
-    plain = {fast: plain for plain, fast in _FAST_MODULES.items()} | {Int8Linear: nn.Linear}
+    plain = {fast: plain for plain, fast in _FAST_MODULES.items()} | {
+        Int8Linear: nn.Linear,
+        Int8OutputLinear: nn.Linear,
+    }
     for module in model.modules():
         if type(module) in plain:
             module.__class__ = plain[type(module)]
+            module.__dict__.pop("_vaswani_packed_int8", None)
+            module.__dict__.pop("_vaswani_int8_weight", None)
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == FAST_ATTENTION:
         model.set_attn_implementation("sdpa")
     return model
@@ -560,6 +637,7 @@ __all__ = [
     "FAST_ATTENTION",
     "Dropout",
     "Int8Linear",
+    "Int8OutputLinear",
     "Linear",
     "dropout",
     "int8_linear",
