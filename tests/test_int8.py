@@ -119,6 +119,25 @@ def test_use_cpu_kernels_quantizes_the_tied_output_projection_as_torchao_would(f
     assert type(fast.lm_head) is nn.Linear and "_vaswani_int8_weight" not in fast.lm_head.__dict__
 
 
+def test_packed_int8_weights_decode_the_same_tokens_in_inference_mode(folder, monkeypatch):
+    """The large layers' path (oneDNN's int8 linear on weights packed once), taken here by every layer, under
+    `torch.inference_mode` as in serving: the same tokens and logits as torchao's layers."""
+    if not kernels._ONEDNN_INT8_AVAILABLE:
+        pytest.skip("torch was built without oneDNN's int8 linear")
+    monkeypatch.setattr(kernels, "PACKED_INT8_MIN_WEIGHTS", 0)
+    with torch.inference_mode():
+        quantized = load_int8(folder)
+        reference = greedy(quantized, output_scores=True, return_dict_in_generate=True)
+        fast = use_cpu_kernels(load_int8(folder), attention=False, int8_output=False)
+        out = greedy(fast, output_scores=True, return_dict_in_generate=True)
+        assert "_vaswani_packed_int8" in fast.model.encoder.layers[0].fc1.__dict__
+        assert torch.equal(out.sequences, reference.sequences)
+        for ours, theirs in zip(out.scores, reference.scores, strict=True):
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+        use_cpu_kernels(fast)  # the output projection's int8 copy, made and packed in inference mode
+        assert greedy(fast).shape == reference.sequences.shape
+
+
 def test_use_cpu_kernels_leaves_other_quantized_weights_to_their_own_linear(folder):
     """Weights quantized otherwise (torchao's weight-only int8, whose activations stay float32) keep torchao's own
     `F.linear`: the kernels neither take them for float32 matrices nor for `Int8Linear`'s layout."""

@@ -184,12 +184,18 @@ def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return not is_torchdynamo_compiling() and x.device.type == "cpu" and x.dtype == torch.float32
 
 
+def _identity(tensor: torch.Tensor) -> tuple[int, int]:
+    """Where `tensor`'s data lives and how often it was written in place (inference tensors keep no count), to tell
+    when a copy made from it is stale."""
+    return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
+
+
 def _packed(module: nn.Module, qdata: torch.Tensor) -> torch.Tensor | None:
     """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), where
     that is faster (`PACKED_INT8_MIN_WEIGHTS`); else None."""
     if not _ONEDNN_INT8_AVAILABLE or qdata.numel() < PACKED_INT8_MIN_WEIGHTS:
         return None
-    key = (qdata.data_ptr(), qdata._version)
+    key = _identity(qdata)
     cached = module.__dict__.get("_vaswani_packed_int8")
     if cached is None or cached[0] != key:
         cached = (key, torch.ops.onednn.qlinear_prepack(qdata, None))
@@ -217,7 +223,7 @@ class Int8OutputLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (int8_linear_applies(x, self.weight) and _is_plain(self.weight)):
             return super().forward(x)
-        key = (self.weight.data_ptr(), self.weight._version)
+        key = _identity(self.weight)
         cached = self.__dict__.get("_vaswani_int8_weight")
         if cached is None or cached[0] != key:
             cached = (key, *_quantize_rows(self.weight.detach()))
