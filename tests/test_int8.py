@@ -149,3 +149,18 @@ def test_use_cpu_kernels_leaves_other_quantized_weights_to_their_own_linear(fold
     assert type(quantized.model.encoder.layers[0].fc1) is nn.Linear
     assert not kernels.onednn_linear_applies(torch.randn(2, 15), weight)
     assert torch.equal(greedy(quantized), tokens)
+
+
+def test_readme_int8_example_runs(folder):
+    """The README's int8 example, as written, on a saved folder: the model it leaves decodes."""
+    import re
+    from pathlib import Path
+
+    import vaswani
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "TorchAoConfig" in b]
+    namespace = {"folder": folder, "vaswani": vaswani, "AutoModelForSeq2SeqLM": AutoModelForSeq2SeqLM}
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
+    model = namespace["model"]
+    assert type(model.lm_head) is kernels.Int8OutputLinear and greedy(model.eval()).shape[1] == 7
