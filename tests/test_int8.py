@@ -164,3 +164,22 @@ def test_readme_int8_example_runs(folder):
     exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
     model = namespace["model"]
     assert type(model.lm_head) is kernels.Int8OutputLinear and greedy(model.eval()).shape[1] == 7
+
+
+def test_vaswani_translate_runs_a_folder_saved_in_int8(tmp_path):
+    """`vaswani-translate` on a folder saved after loading with `TorchAoConfig` (its config records the
+    quantization): the command turns the CPU kernels on, as for any folder, and translates with the int8 layers
+    (before, its `use_cpu_kernels` call made them oneDNN float32 layers, which failed on torchao's weights)."""
+    from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+
+    from vaswani.commands.translate import main as translate_main
+    from vaswani.recipe.tokenization import save_tokenizers
+
+    tokenizer = tiny_tokenizer()
+    translation_model(len(tokenizer)).save_pretrained(tmp_path / "fp32")
+    load_int8(tmp_path / "fp32").save_pretrained(tmp_path / "int8")
+    save_tokenizers(tokenizer, tokenizer, tmp_path / "int8")
+    (tmp_path / "src.txt").write_text("\n".join(SENTENCES[:3]) + "\n", encoding="utf-8")
+    argv = ["--model_name_or_path", str(tmp_path / "int8"), "--input", str(tmp_path / "src.txt")]
+    out = translate_main([*argv, "--output", str(tmp_path / "hyp.txt"), "--num_beams", "2", "--no_progress"])
+    assert len(out) == 3 and (tmp_path / "hyp.txt").read_text(encoding="utf-8").count("\n") == 3
