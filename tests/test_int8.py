@@ -115,6 +115,10 @@ def test_use_cpu_kernels_quantizes_the_tied_output_projection_as_torchao_would(f
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "int8", device_map="cpu").eval()
     assert type(reloaded.lm_head) is nn.Linear and reloaded.lm_head.weight is reloaded.model.shared.weight
     assert torch.equal(greedy(use_cpu_kernels(reloaded)), out.sequences)
+    use_cpu_kernels(fast, int8_output=False)  # declined on a second call: the float32 projection again
+    assert type(fast.lm_head) is kernels.Linear and "_vaswani_int8_weight" not in fast.lm_head.__dict__
+    use_cpu_kernels(fast)
+    assert type(fast.lm_head) is kernels.Int8OutputLinear
     use_plain_modules(fast)
     assert type(fast.lm_head) is nn.Linear and "_vaswani_int8_weight" not in fast.lm_head.__dict__
 

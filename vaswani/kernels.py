@@ -3,7 +3,8 @@ caller. A model is plain torch (`modeling_vaswani.py`); `use_cpu_kernels(model)`
 `nn.Dropout` modules for the two classes below, in place, and chooses the `"vaswani_sdpa"` attention. The recipe's
 tools make that call on the CPU, and `VaswaniTrainer` computes its label-smoothed loss with the two loss kernels.
 
-Each entry below names its reference, and `tests/test_kernels.py` checks it against that reference by name:
+Each entry below names its reference, and `tests/test_kernels.py` (`tests/test_int8.py` for int8) checks it against
+that reference by name:
 
 | here | reference | where it is faster (figures: BENCHMARKS.md) |
 |---|---|---|
@@ -13,6 +14,10 @@ Each entry below names its reference, and `tests/test_kernels.py` checks it agai
 | `label_smoothed_cross_entropy` | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
 | `attn_implementation="vaswani_sdpa"` | `"sdpa"` | CPU decoding steps and short half-precision training: matmuls |
+
+One choice changes the arithmetic, and `use_cpu_kernels(model, int8_output=False)` declines it: in a model whose
+linear layers are torchao int8, `Int8OutputLinear` computes the output projection that transformers keeps in float32
+(tied to the embeddings) from an int8 copy, quantized as torchao quantizes the others.
 
 Every fast path steps aside (to the reference) under `torch.compile`, which picks its own kernels, and off the CPU.
 Some use torch's private oneDNN and softmax operators, guarded: this module is never copied into saved model folders,
@@ -221,7 +226,8 @@ class Int8OutputLinear(Linear):
     the float32 weight, its tie and what `save_pretrained` writes stay as they are. Elsewhere, `Linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (int8_linear_applies(x, self.weight) and _is_plain(self.weight)):
+        weight = self.weight
+        if not (int8_linear_applies(x, weight) and _is_plain(weight) and weight.dtype == torch.float32):
             return super().forward(x)
         key = _identity(self.weight)
         cached = self.__dict__.get("_vaswani_int8_weight")
@@ -607,15 +613,18 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
     for module in model.modules():
         fast = _FAST_MODULES.get(type(module))
         if fast is Linear and not _is_plain(module.weight):
-            fast = (
-                Int8Linear if torchao_int8_dynamic(module.weight) else None
-            )  # other quantized weights: as they are
-            int8 = int8 or fast is Int8Linear
+            # torchao's dynamic int8 weights take Int8Linear; other quantized weights stay as they are
+            fast = Int8Linear if torchao_int8_dynamic(module.weight) else None
         if fast is not None:
             module.__class__ = fast
+        int8 = int8 or type(module) is Int8Linear
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
         output.__class__ = Int8OutputLinear
+    elif not int8_output and type(output) is Int8OutputLinear:
+        output.__class__ = Linear
+        output.__dict__.pop("_vaswani_int8_weight", None)
+        output.__dict__.pop("_vaswani_packed_int8", None)
     config = getattr(model, "config", None)
     if attention and getattr(config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(FAST_ATTENTION)
