@@ -1,4 +1,5 @@
-"""Smoke tests of the export benchmarks: `bench.bench_engines` (speed and memory) and `bench.ab_engines_quality`."""
+"""Smoke tests of the export benchmarks: `bench.bench_engines` (speed and memory), `bench.ab_engines_quality`, and
+`bench.bench_int8` (int8 in PyTorch against CTranslate2)."""
 
 from test_bench import run_script
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
@@ -54,3 +55,14 @@ def test_quality_a_b_scores_each_export_against_pytorch(tmp_path):
     assert (
         rows["ctranslate2-float32"]["bleu_change"] == 0.0 and "bleu_lowercase_moses_tokenized" in rows["onnx"]
     )
+
+
+def test_bench_int8_times_torchao_int8_against_float32_and_ctranslate2(tmp_path):
+    stdout, result = run_script(
+        "bench.bench_int8", tmp_path, "--impl", "fp32", "int8-kernels", "ct2-int8", "--beams", "1"
+    )
+    assert "x ct2-int8" in stdout
+    rows = {row["impl"]: row for row in result["results"]}
+    assert set(rows) == {"fp32", "int8-kernels", "ct2-int8"} and rows["fp32"]["vs_fp32"] == 1.0
+    assert rows["int8-kernels"]["vs_ct2_int8"] > 0 and 0 <= rows["ct2-int8"]["same_sentences_as_fp32"] <= 1
+    assert result["versions"]["torchao"]

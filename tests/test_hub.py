@@ -537,8 +537,7 @@ def test_pipeline_outputs_batching_and_generation_settings(trained_dir):
 # --------------------------------------------------------------------------------------------------------------------
 # The published folder in a fresh interpreter, where `vaswani` cannot be imported
 # --------------------------------------------------------------------------------------------------------------------
-CHILD_PRELUDE = """\
-import json, socket, sys
+NO_PACKAGE = """\
 sys.modules["vaswani"] = None  # as on a machine without this package
 try:
     import vaswani
@@ -546,22 +545,27 @@ except ImportError:
     pass
 else:
     raise SystemExit("vaswani is importable")
+"""
+NO_NETWORK = """\
 def _refuse(*args, **kwargs):
     raise OSError("network access in a test")
 socket.socket.connect = _refuse
 socket.create_connection = _refuse
 """
+CHILD_PRELUDE = "import json, socket, sys\n" + NO_PACKAGE + NO_NETWORK
 
 
-def run_child(code: str, tmp_path: Path) -> str:
+def run_child(code: str, tmp_path: Path, package: bool = False) -> str:
+    """`code` in a fresh interpreter, offline, where this package cannot be imported (with `package`, where it can)."""
     script = tmp_path / "child.py"
-    script.write_text(CHILD_PRELUDE + textwrap.dedent(code))
+    prelude = CHILD_PRELUDE.replace(NO_PACKAGE, "") if package else CHILD_PRELUDE
+    script.write_text(prelude + textwrap.dedent(code))
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "HF_HOME": str(tmp_path / "hf_home"),
         "HF_MODULES_CACHE": str(tmp_path / "modules"),
-        "PYTHONPATH": "",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]) if package else "",
         "TOKENIZERS_PARALLELISM": "false",
     }
     done = subprocess.run(
@@ -633,10 +637,16 @@ def test_fresh_interpreter_loads_published_folder(published, trained_dir, tmp_pa
 @pytest.mark.slow
 def test_card_usage_example_runs_against_the_folder(published, tmp_path):
     """The card rendered from hub_card.md, its Python blocks run as written, with the repo id pointing at the folder:
-    the pipeline, `generate()`, and LoRA through PEFT on the loaded model."""
+    the pipeline, `generate()`, and LoRA through PEFT on the loaded model, where this package is not installed; and
+    int8 on the CPU, which takes the package's `use_cpu_kernels`, where it is."""
     card = (published / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", card, flags=re.DOTALL)
-    assert len(blocks) == 3 and all(json.dumps(REPO_ID) in block for block in blocks[:2])
+    assert len(blocks) == 4 and all(json.dumps(REPO_ID) in block for block in blocks[:3])
+    int8 = blocks.pop(2)
+    assert "import vaswani" in int8 and not any("import vaswani" in block for block in blocks)
+    code = "\n".join(blocks[1:2] + [int8]).replace(json.dumps(REPO_ID), repr(str(published)))
+    translated = run_child(code, tmp_path, package=True).strip().splitlines()
+    assert len(translated) == 2 and translated[1].startswith("['")  # generate() in float32, then in int8
     code = "\n".join(blocks).replace(json.dumps(REPO_ID), repr(str(published)))
     code += "\nprint(sorted({n.split('.')[-3] for n, p in lora.named_parameters() if p.requires_grad}))"
     out = run_child(code, tmp_path)

@@ -1,0 +1,189 @@
+"""int8 on the CPU through transformers' own door: `from_pretrained(folder, quantization_config=TorchAoConfig(...))`
+loads, generates, saves and reloads the model, and `vaswani.use_cpu_kernels` runs its torchao int8 layers through
+`vaswani.kernels.int8_linear` (torch's int8 GEMM) with the same arithmetic as torchao's own."""
+
+import pytest
+import torch
+from conftest import batch, tiny_model
+from torch import nn
+from transformers import AutoModelForSeq2SeqLM, TorchAoConfig
+
+from vaswani import kernels, use_cpu_kernels
+from vaswani.kernels import Int8Linear, int8_linear, use_plain_modules
+
+torchao_quantization = pytest.importorskip("torchao.quantization")
+Int8DynamicActivationInt8WeightConfig = torchao_quantization.Int8DynamicActivationInt8WeightConfig
+Int8WeightOnlyConfig = torchao_quantization.Int8WeightOnlyConfig
+
+
+def load_int8(folder, config=None) -> nn.Module:
+    quantization = TorchAoConfig(config or Int8DynamicActivationInt8WeightConfig())
+    return AutoModelForSeq2SeqLM.from_pretrained(
+        folder, quantization_config=quantization, device_map="cpu"
+    ).eval()
+
+
+def greedy(model, num_beams=1, **kwargs):
+    input_ids, attention_mask, _ = batch()
+    return model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, num_beams=num_beams, **kwargs
+    )
+
+
+@pytest.fixture
+def folder(tmp_path):
+    tiny_model().save_pretrained(tmp_path / "fp32")
+    return tmp_path / "fp32"
+
+
+def test_int8_linear_is_torchaos_linear_to_the_bit():
+    """`int8_linear` against torchao's `F.linear` on its `Int8Tensor`: the same activation quantization and scales,
+    and an exact int32 product, give the same floats, for 2-D and 3-D inputs, with and without a bias."""
+    torch.manual_seed(0)
+    for bias, shape in ((True, (4, 9, 37)), (False, (5, 37)), (True, (1, 1, 37))):
+        layer = nn.Sequential(nn.Linear(37, 23, bias=bias))
+        torchao_quantization.quantize_(layer, Int8DynamicActivationInt8WeightConfig())
+        weight = layer[0].weight
+        assert kernels.torchao_int8_dynamic(weight)
+        x = torch.randn(shape) * 3
+        x[0, ..., 0] = 0.0  # a zero and a large value in the rows
+        x.view(-1, 37)[-1, 5] = 40.0
+        assert torch.equal(int8_linear(x, weight, layer[0].bias), layer(x))
+        if kernels._ONEDNN_INT8_AVAILABLE:  # oneDNN's int8 linear on the packed weight: the same floats
+            packed = torch.ops.onednn.qlinear_prepack(weight.qdata, None)
+            assert torch.equal(int8_linear(x, weight, layer[0].bias, packed), layer(x))
+
+
+def test_a_model_quantized_on_loading_generates_saves_and_reloads(folder, tmp_path):
+    """`TorchAoConfig` through `from_pretrained`: the linear layers hold torchao's int8 weights (transformers keeps the
+    tied output projection in float32); the model generates, saves to safetensors with torchao's metadata and loads
+    back quantized without a `quantization_config`, decoding the same tokens."""
+    model = load_int8(folder)
+    fc1 = model.model.encoder.layers[0].fc1
+    assert kernels.torchao_int8_dynamic(fc1.weight)
+    assert type(model.lm_head.weight) is nn.Parameter and model.lm_head.weight is model.model.shared.weight
+    tokens = greedy(model)
+    model.save_pretrained(tmp_path / "int8")
+    assert (tmp_path / "int8" / "model.safetensors").is_file()
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "int8", device_map="cpu").eval()
+    assert kernels.torchao_int8_dynamic(reloaded.model.encoder.layers[0].fc1.weight)
+    assert torch.equal(reloaded.model.encoder.layers[0].fc1.weight.qdata, fc1.weight.qdata)
+    assert torch.equal(greedy(reloaded), tokens)
+
+
+def test_use_cpu_kernels_runs_the_int8_layers_through_the_int8_gemm(folder, tmp_path):
+    """`use_cpu_kernels(model, int8_output=False)` on a model loaded with `TorchAoConfig(
+    Int8DynamicActivationInt8WeightConfig())` makes its int8 layers `Int8Linear` (before, it made them oneDNN float32
+    `Linear`s, which failed on torchao's weights) and decodes the tokens the quantized model decodes without it, in
+    greedy and beam search. With the attention left as it is, every logit is equal to torchao's to float32 rounding:
+    the int8 layers compute the same floats, and the float32 output projection goes through oneDNN instead of MKL."""
+    quantized = load_int8(folder)
+    reference = greedy(quantized, output_scores=True, return_dict_in_generate=True)
+    reference_beams = greedy(quantized, num_beams=3)
+    fast = use_cpu_kernels(load_int8(folder), attention=False, int8_output=False)
+    assert {type(m) for m in fast.modules() if isinstance(m, nn.Linear)} == {Int8Linear, kernels.Linear}
+    assert type(fast.lm_head) is kernels.Linear
+    out = greedy(fast, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference.sequences)
+    for ours, theirs in zip(out.scores, reference.scores, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    use_cpu_kernels(fast, int8_output=False)  # and with the model's attention kernel too
+    assert torch.equal(greedy(fast), reference.sequences)
+    assert torch.equal(greedy(fast, num_beams=3), reference_beams)
+    use_plain_modules(fast)
+    assert {type(m) for m in fast.modules() if isinstance(m, nn.Linear)} == {nn.Linear}
+
+
+def test_use_cpu_kernels_quantizes_the_tied_output_projection_as_torchao_would(folder, tmp_path):
+    """By default `use_cpu_kernels` also computes the float32 output projection (tied to the embeddings, so
+    transformers leaves it unquantized) in int8, quantized as torchao quantizes the other layers: the same logits, to
+    float32 rounding, as the quantized model whose projection torchao's `quantize_` turned int8 itself. The float32
+    weight stays tied and what `save_pretrained` writes is the quantized model's own."""
+    reference_model = load_int8(folder)
+    reference_model.lm_head.weight = nn.Parameter(reference_model.lm_head.weight.detach().clone())  # untied
+    torchao_quantization.quantize_(reference_model.lm_head, Int8DynamicActivationInt8WeightConfig())
+    assert kernels.torchao_int8_dynamic(reference_model.lm_head.weight)
+    reference = greedy(reference_model, output_scores=True, return_dict_in_generate=True)
+    fast = use_cpu_kernels(load_int8(folder), attention=False)
+    assert type(fast.lm_head) is kernels.Int8OutputLinear
+    assert fast.lm_head.weight is fast.model.shared.weight and type(fast.lm_head.weight) is nn.Parameter
+    out = greedy(fast, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference.sequences)
+    for ours, theirs in zip(out.scores, reference.scores, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    fast.save_pretrained(tmp_path / "int8")  # the swapped classes save as the model's own
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "int8", device_map="cpu").eval()
+    assert type(reloaded.lm_head) is nn.Linear and reloaded.lm_head.weight is reloaded.model.shared.weight
+    assert torch.equal(greedy(use_cpu_kernels(reloaded)), out.sequences)
+    use_cpu_kernels(fast, int8_output=False)  # declined on a second call: the float32 projection again
+    assert type(fast.lm_head) is kernels.Linear and "_vaswani_int8_weight" not in fast.lm_head.__dict__
+    use_cpu_kernels(fast)
+    assert type(fast.lm_head) is kernels.Int8OutputLinear
+    use_plain_modules(fast)
+    assert type(fast.lm_head) is nn.Linear and "_vaswani_int8_weight" not in fast.lm_head.__dict__
+
+
+def test_packed_int8_weights_decode_the_same_tokens_in_inference_mode(folder, monkeypatch):
+    """The large layers' path (oneDNN's int8 linear on weights packed once), taken here by every layer, under
+    `torch.inference_mode` as in serving: the same tokens and logits as torchao's layers."""
+    if not kernels._ONEDNN_INT8_AVAILABLE:
+        pytest.skip("torch was built without oneDNN's int8 linear")
+    monkeypatch.setattr(kernels, "PACKED_INT8_MIN_WEIGHTS", 0)
+    with torch.inference_mode():
+        quantized = load_int8(folder)
+        reference = greedy(quantized, output_scores=True, return_dict_in_generate=True)
+        fast = use_cpu_kernels(load_int8(folder), attention=False, int8_output=False)
+        out = greedy(fast, output_scores=True, return_dict_in_generate=True)
+        assert "_vaswani_packed_int8" in fast.model.encoder.layers[0].fc1.__dict__
+        assert torch.equal(out.sequences, reference.sequences)
+        for ours, theirs in zip(out.scores, reference.scores, strict=True):
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+        use_cpu_kernels(fast)  # the output projection's int8 copy, made and packed in inference mode
+        assert greedy(fast).shape == reference.sequences.shape
+
+
+def test_use_cpu_kernels_leaves_other_quantized_weights_to_their_own_linear(folder):
+    """Weights quantized otherwise (torchao's weight-only int8, whose activations stay float32) keep torchao's own
+    `F.linear`: the kernels neither take them for float32 matrices nor for `Int8Linear`'s layout."""
+    quantized = load_int8(folder, Int8WeightOnlyConfig())
+    weight = quantized.model.encoder.layers[0].fc1.weight
+    assert type(weight).__name__ == "Int8Tensor" and not kernels.torchao_int8_dynamic(weight)
+    tokens = greedy(quantized)
+    use_cpu_kernels(quantized)
+    assert type(quantized.model.encoder.layers[0].fc1) is nn.Linear
+    assert not kernels.onednn_linear_applies(torch.randn(2, 15), weight)
+    assert torch.equal(greedy(quantized), tokens)
+
+
+def test_readme_int8_example_runs(folder):
+    """The README's int8 example, as written, on a saved folder: the model it leaves decodes."""
+    import re
+    from pathlib import Path
+
+    import vaswani
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "TorchAoConfig" in b]
+    namespace = {"folder": folder, "vaswani": vaswani, "AutoModelForSeq2SeqLM": AutoModelForSeq2SeqLM}
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
+    model = namespace["model"]
+    assert type(model.lm_head) is kernels.Int8OutputLinear and greedy(model.eval()).shape[1] == 7
+
+
+def test_vaswani_translate_runs_a_folder_saved_in_int8(tmp_path):
+    """`vaswani-translate` on a folder saved after loading with `TorchAoConfig` (its config records the
+    quantization): the command turns the CPU kernels on, as for any folder, and translates with the int8 layers
+    (before, its `use_cpu_kernels` call made them oneDNN float32 layers, which failed on torchao's weights)."""
+    from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+
+    from vaswani.commands.translate import main as translate_main
+    from vaswani.recipe.tokenization import save_tokenizers
+
+    tokenizer = tiny_tokenizer()
+    translation_model(len(tokenizer)).save_pretrained(tmp_path / "fp32")
+    load_int8(tmp_path / "fp32").save_pretrained(tmp_path / "int8")
+    save_tokenizers(tokenizer, tokenizer, tmp_path / "int8")
+    (tmp_path / "src.txt").write_text("\n".join(SENTENCES[:3]) + "\n", encoding="utf-8")
+    argv = ["--model_name_or_path", str(tmp_path / "int8"), "--input", str(tmp_path / "src.txt")]
+    out = translate_main([*argv, "--output", str(tmp_path / "hyp.txt"), "--num_beams", "2", "--no_progress"])
+    assert len(out) == 3 and (tmp_path / "hyp.txt").read_text(encoding="utf-8").count("\n") == 3
