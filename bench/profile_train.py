@@ -217,6 +217,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=5, help="untimed optimizer steps first")
     parser.add_argument("--steps", type=int, default=10, help="profiled optimizer steps")
     parser.add_argument("--max_tokens", type=int, default=8192)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch's intra-op threads (default: torch's choice); 1 keeps a busy machine's scheduling out of the "
+        "operators' times, where each parallel operator waits for its slowest thread",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("extra", nargs="*", help="more vaswani-train flags, after --")
     args = parser.parse_args(argv)
@@ -231,6 +237,8 @@ def main(argv=None) -> dict:
     from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
     from vaswani.recipe.run_folder import release_output_dir
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     profiler = StepProfiler(args.warmup, args.steps)
 
     class ProfiledTrainer(run.VaswaniTrainer):
