@@ -10,7 +10,8 @@ The two kernels of `vaswani.kernels` that a CPU training step spends its time in
 
 Four jobs switch them on in every combination. A fifth, under autocast only (as the trainer does), adds the output
 projection fused into the loss (`kernels.linear_label_smoothed_cross_entropy`, through
-`losses.fused_output_loss`), which never holds the logits: what the recipe trains with. By default the shape of
+`losses.fused_output_loss`), which never holds the logits: what the recipe trains with; a sixth runs that step
+with the for-loop AdamW (transformers' `adamw_torch` on the CPU) instead of the fused one (`adamw_torch_fused`). By default the shape of
 the en->de run of RESULTS.md (the `tiny` preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an
 8000-token vocabulary) on a batch of 480 pairs of 17 + 17 tokens (8160 tokens a side, one of its 8192-token
 batches), bf16 autocast as it trains. A step is the forward pass, the label-smoothed loss (mean over target tokens),
@@ -33,6 +34,7 @@ from vaswani.recipe import losses
 
 REFERENCE = "F.dropout + F.cross_entropy"
 FUSED = "both kernels, fused projection"
+LOOP_ADAM = "the same, for-loop AdamW"
 
 
 def use_dropout(model: nn.Module, kind: type) -> None:
@@ -91,17 +93,22 @@ def main(argv=None) -> dict:
     batch = common.random_batch(args.batch_size, args.length, args.length, args.vocab)
     fast = {"dropout": kernels.Dropout, "loss": kernels.label_smoothed_cross_entropy}
 
-    def step(dropout, loss, fused_output: bool = False) -> None:
+    # transformers' `adamw_torch` on CPU tensors: a Python loop over the parameters, one operator per update term.
+    loop_optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, foreach=False
+    )
+
+    def step(dropout, loss, fused_output: bool = False, adam=optimizer) -> None:
         # The model's dropout modules, and what `losses.label_smoothed_loss` calls.
         use_dropout(model, dropout)
         losses.label_smoothed_cross_entropy = loss
         try:
-            optimizer.zero_grad(set_to_none=True)
+            adam.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not args.fp32):
                 # What `losses.label_smoothed_loss` computes (or, fused, `losses.fused_output_loss`).
                 loss_value = common.training_loss("vaswani", model, batch, 0.1, fused_output=fused_output)
             loss_value.backward()
-            optimizer.step()
+            adam.step()
         finally:
             use_dropout(model, fast["dropout"])
             losses.label_smoothed_cross_entropy = fast["loss"]
@@ -114,6 +121,7 @@ def main(argv=None) -> dict:
     }
     if not args.fp32:  # the trainer fuses the output projection into the loss under autocast only
         jobs[FUSED] = lambda: step(fast["dropout"], fast["loss"], fused_output=True)
+        jobs[LOOP_ADAM] = lambda: step(fast["dropout"], fast["loss"], fused_output=True, adam=loop_optimizer)
     times = common.interleaved_times(jobs, args.repeats, warmup=2)
     medians = {name: common.median(seconds) for name, seconds in times.items()}
     speedups = {name: medians[REFERENCE] / median for name, median in medians.items()}

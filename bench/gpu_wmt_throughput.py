@@ -7,7 +7,8 @@ A step is the forward pass, the label-smoothed loss (ε_ls 0.1), the backward pa
 of `--batch_tokens` target tokens (pairs of `--length` tokens a side, WMT's average); each job runs for
 `--seconds` after `--warmup` untimed steps, jobs interleaved in rounds so that they meet the machine alike. MFU is
 6 x parameters x target tokens per second over the bf16 matmul peak measured in the same run (attention scores
-left out; at 25 tokens they add about 2%).
+left out; at 25 tokens they add about 2%). The compiled jobs compile as `vaswani-train --torch_compile` does: the
+batch's sentences and tokens dynamic (`recipe.batching.mark_batch_dynamic`), one graph for every batch shape.
 
     python -m bench.gpu_wmt_throughput --json bench/results/gpu_wmt_h200.json          # one GPU, ~6 minutes
     python -m bench.gpu_wmt_throughput --device cpu --preset tiny --batch_tokens 512 --seconds 1 --vocab 1000
@@ -23,6 +24,7 @@ import time
 import torch
 
 from bench import common
+from vaswani.recipe.batching import mark_batch_dynamic
 
 PAPER_UPDATES = {"base": 100_000, "big": 300_000}  # §5.2: 100k steps (12 h on 8 P100) and 300k (3.5 days)
 IMPLEMENTATIONS = ("vaswani", "marian")
@@ -55,6 +57,8 @@ def build_job(name: str, preset: str, compiled: bool, args, device: str):
     forward = torch.compile(model) if compiled else model
     pairs = max(1, args.batch_tokens // args.length)
     batch = common.random_batch(pairs, args.length, args.length, args.vocab, device=device)
+    if compiled:  # the graph `vaswani-train --torch_compile` compiles: one for every batch shape
+        mark_batch_dynamic(batch)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

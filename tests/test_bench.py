@@ -50,10 +50,40 @@ def test_ab_training_kernels(tmp_path):
         "kernel loss",
         "both kernels",
         "both kernels, fused projection",
+        "the same, for-loop AdamW",
     }
     assert set(result["median_s"]) == jobs == set(result["speedup_over_torch"])
     assert all(s > 0 for s in result["median_s"].values())
     assert result["speedup_over_torch"]["F.dropout + F.cross_entropy"] == 1.0
+
+
+def test_ab_compiled_training_counts_graphs_and_times_both(tmp_path):
+    """The compiled step against the eager one: one graph serves batches of two shapes (dynamic dimensions)."""
+    stdout, result = run_script("bench.ab_compiled_training", tmp_path, "--backend", "aot_eager")
+    assert "eager / compiled" in stdout
+    assert result["graphs_compiled"] == 1 and [r["graphs"] for r in result["first_compiled_steps"]] == [1, 1]
+    assert set(result["median_s_per_step"]) == {"eager", "compiled"} and result["compiled_speedup"] > 0
+
+
+def test_profile_train_shares_the_step_among_its_parts(tmp_path):
+    """The profile of the recipe's training steps, on a tiny corpus and model: every part of the table, shares that
+    add up to the step."""
+    from bench import profile_train
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    words = "ein mann eine frau ein hund läuft spielt im park".split()
+    (folder / "train.en").write_text("\n".join(" ".join(words[i % 7 : i % 7 + 3]) for i in range(60)) + "\n")
+    (folder / "train.de").write_text("\n".join(" ".join(words[i % 5 : i % 5 + 4]) for i in range(60)) + "\n")
+    result = profile_train.main(
+        ["--data", str(folder), "--warmup", "1", "--steps", "2", "--max_tokens", "64", "--json", str(tmp_path / "p.json"),
+         "--", "--vocab_size", "300", "--d_model", "16", "--encoder_ffn_dim", "24", "--decoder_ffn_dim", "24",
+         "--encoder_layers", "1", "--decoder_layers", "1"]
+    )  # fmt: skip
+    assert set(result["share"]) == set(profile_train.PARTS)
+    assert sum(result["share"].values()) == pytest.approx(1.0, abs=0.02)
+    assert result["ms_per_step"]["attention"] > 0 and result["ms_per_step"]["optimizer"] > 0
+    assert result["ms_per_step"]["output projection and loss"] > 0 and result["ms_per_step"]["data"] > 0
 
 
 @pytest.mark.parametrize("memory", [False, True], ids=["timing", "memory"])

@@ -667,6 +667,115 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
     assert final_weights(out)["model.shared.weight"].dtype == torch.float32
 
 
+def _batch_shapes(monkeypatch) -> list:
+    """The (input_ids, labels) shapes of every training step of the trainer, recorded as they are trained on."""
+    from vaswani.recipe.trainer import VaswaniTrainer
+
+    shapes = []
+    step = VaswaniTrainer.training_step
+
+    def spy(self, model, inputs, num_items_in_batch=None):
+        shapes.append((tuple(inputs["input_ids"].shape), tuple(inputs["labels"].shape)))
+        return step(self, model, inputs, num_items_in_batch)
+
+    monkeypatch.setattr(VaswaniTrainer, "training_step", spy)
+    return shapes
+
+
+def test_pad_to_multiple_of_pads_batches_to_a_few_lengths_within_the_budget(
+    corpus, tokenizer_dir, tmp_path, monkeypatch
+):
+    """`--pad_to_multiple_of 8`: every training batch's source and target are padded to a multiple of 8 tokens, and
+    the token budget counts the padded lengths, so that no batch holds more than `--max_tokens` padded tokens."""
+    from vaswani.commands import train as train_command
+
+    shapes = _batch_shapes(monkeypatch)
+    extra = ["--pad_to_multiple_of", "8", "--save_strategy", "no"]
+    train_command.main(_with_tokenizer(tokenizer_dir)(corpus, tmp_path / "run", max_steps=8, extra=extra))
+    assert len(shapes) == 8
+    for (sentences, source), (same, target) in shapes:
+        assert sentences == same and source % 8 == 0 and target % 8 == 0
+        assert sentences * max(source, target) <= 96  # --max_tokens of tiny_run_args
+
+
+def test_pad_to_multiple_of_is_checked(tmp_path):
+    from vaswani.common.errors import UsageError
+
+    with pytest.raises(UsageError, match="--pad_to_multiple_of must be a positive number of tokens, got 0"):
+        PaperTrainingArguments(output_dir=str(tmp_path), pad_to_multiple_of=0)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-output-loss", "logits-then-loss"])
+def test_the_training_forward_and_loss_compile_as_one_graph(fused):
+    """`torch.compile` captures a training step's forward pass and label-smoothed loss whole, as the recipe runs them
+    on the CPU (the model's CPU kernels swapped in, bf16 autocast, padded source and target): no graph break, which
+    would leave part of the step in eager mode and split it at every break (`torch._dynamo.explain`)."""
+    from conftest import batch as padded_batch
+
+    from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels
+    from vaswani.recipe import losses
+
+    config = VaswaniConfig.from_preset(
+        "tiny",
+        vocab_size=60,
+        d_model=16,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=24,
+        attn_implementation="vaswani_sdpa",
+    )
+    model = kernels.use_cpu_kernels(VaswaniForConditionalGeneration(config), attention=False).train()
+    input_ids, attention_mask, labels = padded_batch(60)
+    labels[1:, -2:] = -100  # padded targets
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+    def step():
+        if fused:
+            return losses.fused_output_loss(model, dict(batch), 0.1)
+        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        return losses.label_smoothed_loss(
+            model(**inputs, decoder_input_ids=decoder_input_ids), batch["labels"]
+        )
+
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(step)()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_compiled_training_compiles_once_for_every_batch_shape_and_matches_eager(
+    corpus, tokenizer_dir, tmp_path, monkeypatch, caplog
+):
+    """`--torch_compile true` on token-budget batches of varying shapes: the first compilation serves every shape
+    (the batch's sentences and tokens are dynamic dimensions), the log counts the graphs compiled, and the losses
+    are those of the same run in eager mode, to rounding (no dropout, so both draw nothing at random). The
+    `aot_eager` backend traces and differentiates as inductor does without generating code, which takes minutes
+    on a small CPU."""
+    import logging
+
+    from vaswani.commands import train as train_command
+
+    shapes = _batch_shapes(monkeypatch)
+    extra = ["--dropout", "0", "--save_strategy", "no", "--logging_steps", "1"]
+    runs = {}
+    for name, flags in (
+        ("eager", []),
+        ("compiled", ["--torch_compile", "true", "--torch_compile_backend", "aot_eager"]),
+    ):
+        caplog.clear()
+        shapes.clear()
+        with caplog.at_level(logging.INFO, logger="vaswani"):
+            trainer = train_command.main(
+                _with_tokenizer(tokenizer_dir)(corpus, tmp_path / name, max_steps=6, extra=extra + flags)
+            )
+        runs[name] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        assert len({shape for pair in shapes for shape in pair}) > 2  # batches of several shapes
+    counted = [r.getMessage() for r in caplog.records if "graphs compiled in 6 steps" in r.getMessage()]
+    assert counted and 1 <= int(counted[-1].split()[1]) <= 2, counted
+    assert len(runs["eager"]) == 6
+    assert runs["compiled"] == pytest.approx(runs["eager"], rel=1e-4)
+
+
 @pytest.mark.slow
 def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypatch, caplog):
     """--average_last with several numbers: each average of the last N checkpoints translates the validation split

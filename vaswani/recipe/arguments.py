@@ -384,6 +384,15 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             f"{PAPER_MAX_TOKENS}, unless --per_device_train_batch_size is given alone."
         },
     )
+    pad_to_multiple_of: int | None = field(
+        default=None,
+        metadata={
+            "help": "Pad each training and evaluation batch's source and target to a multiple of N tokens "
+            "(DataCollatorForSeq2Seq's pad_to_multiple_of); token-budget batches count the padded lengths. The "
+            "batches then take a few shapes only, so that a --torch_compile run compiles a bounded number of "
+            "times. Default: none, the paper's padding to each batch's longest sentence."
+        },
+    )
     batch_tokens: int | None = field(
         default=None,
         metadata={
@@ -474,6 +483,10 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             )
         if self.save_minutes is not None and not (self.save_minutes > 0 and math.isfinite(self.save_minutes)):
             raise UsageError(f"--save_minutes must be a positive number of minutes, got {self.save_minutes}")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise UsageError(
+                f"--pad_to_multiple_of must be a positive number of tokens, got {self.pad_to_multiple_of}"
+            )
         if self.batch_tokens is not None:
             if self.max_tokens is None:
                 raise ValueError(

@@ -56,6 +56,27 @@ def example_lengths(dataset) -> np.ndarray:
     return lengths
 
 
+def padded_lengths(lengths: np.ndarray, multiple: int | None) -> np.ndarray:
+    """The lengths a batch pads to under `DataCollatorForSeq2Seq(pad_to_multiple_of=multiple)`: each rounded up to
+    a multiple of `multiple` (unchanged for None), so that a token budget counts the tokens its batches will hold."""
+    if not multiple or multiple == 1:
+        return lengths
+    return -(-lengths.astype(np.int64) // multiple) * multiple
+
+
+def mark_batch_dynamic(batch: dict) -> None:
+    """Mark the sentences and tokens dimensions of a batch's token tensors dynamic for `torch.compile`, so that its
+    first compilation serves every shape of the token-budget batches instead of compiling once for the first shape
+    and again when the next differs (`torch._dynamo.maybe_mark_dynamic`; where the graph needs a fixed size it keeps
+    one and compiles again, never failing)."""
+    import torch
+
+    for value in batch.values():
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            torch._dynamo.maybe_mark_dynamic(value, 0)
+            torch._dynamo.maybe_mark_dynamic(value, 1)
+
+
 def _batch_offsets(counts: np.ndarray, max_tokens: int, max_sentences: int | None) -> np.ndarray:
     """Where each batch begins in the pairs sorted by length, and the end: `[0, b1, b2, ..., n]`.
 

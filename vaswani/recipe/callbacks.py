@@ -28,6 +28,41 @@ class AutocastInTheTrainer(TrainerCallback):
         self.trainer.take_over_autocast()
 
 
+def compiled_graphs() -> int:
+    """The graphs `torch.compile` has compiled in this process so far, recompilations included."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompileCounter(TrainerCallback):
+    """Under `--torch_compile`, logs each step at which `torch.compile` compiled (a first compilation or a
+    recompilation for new shapes) and the total at the end of training, so that a run shows how often it compiled
+    and whether that stopped."""
+
+    def __init__(self):
+        self.seen = compiled_graphs()
+        self.at_start = self.seen
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = compiled_graphs()
+        if now != self.seen:
+            logger.info(
+                "torch.compile: %d graphs compiled by step %d (%d in this run)",
+                now,
+                state.global_step,
+                now - self.at_start,
+            )
+            self.seen = now
+
+    def on_train_end(self, args, state, control, **kwargs):
+        logger.info(
+            "torch.compile: %d graphs compiled in %d steps",
+            compiled_graphs() - self.at_start,
+            state.global_step,
+        )
+
+
 class TimeBudget(TrainerCallback):
     """Ends training after `minutes` of wall time (counted from the start of this process's training), saving a
     checkpoint at the step that crosses the line. The §5.3 schedule does not depend on the number of steps, so a

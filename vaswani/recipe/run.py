@@ -304,7 +304,12 @@ def train_main(
 
     # The Trainer would push every checkpoint with a default card; `finish` publishes the final model once.
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
-    collator = DataCollatorForSeq2Seq(source_tok, model=model, label_pad_token_id=-100)
+    collator = DataCollatorForSeq2Seq(
+        source_tok,
+        model=model,
+        label_pad_token_id=-100,
+        pad_to_multiple_of=getattr(training_args, "pad_to_multiple_of", None),
+    )
     trainer = VaswaniTrainer(
         model=model,
         args=training_args,

@@ -22,8 +22,21 @@ from transformers.trainer_callback import ProgressCallback
 from ..common.fileio import replace_files, temporary_sibling
 from ..generation_vaswani import EXTRA_OUTPUT_TOKENS
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from .batching import EpochSetter, TokenBudgetBatchSampler, example_lengths
-from .callbacks import AutocastInTheTrainer, RunProgress, TimeBudget, TimedCheckpoints, TrainingClock
+from .batching import (
+    EpochSetter,
+    TokenBudgetBatchSampler,
+    example_lengths,
+    mark_batch_dynamic,
+    padded_lengths,
+)
+from .callbacks import (
+    AutocastInTheTrainer,
+    CompileCounter,
+    RunProgress,
+    TimeBudget,
+    TimedCheckpoints,
+    TrainingClock,
+)
 from .distributed import enable_fsdp_on_cpu, shard_with_fsdp2
 from .evaluation import EvaluationClock, describe_decoding, generation_settings
 from .flags import resolve_peak_learning_rate
@@ -58,6 +71,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.add_callback(TimeBudget(minutes))
         if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
             self.add_callback(TimedCheckpoints(self.args.save_minutes))
+        if self.args.torch_compile:
+            self.add_callback(CompileCounter())
         self.evaluation_clock = EvaluationClock()
         if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RunProgress(minutes))
@@ -165,8 +180,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
         """The §5.1 batches of the training set, built once: the lengths are read from Arrow (`example_lengths`), so
         no token list becomes a Python object, in any process."""
         if self._train_sampler is None:
+            # With --pad_to_multiple_of the collator pads to the bucket's length: the budget counts it.
+            lengths = padded_lengths(example_lengths(self.train_dataset), self._pad_multiple())
             self._train_sampler = TokenBudgetBatchSampler(
-                example_lengths(self.train_dataset),
+                lengths,
                 self.args.max_tokens,
                 seed=self.args.seed,
                 max_sentences=getattr(self.args, "max_sentences", None),
@@ -178,6 +195,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 self.args.max_tokens,
             )
         return self._train_sampler
+
+    def _pad_multiple(self) -> int | None:
+        """The collator's `pad_to_multiple_of` (`--pad_to_multiple_of`), None when it pads to the longest."""
+        return getattr(self.data_collator, "pad_to_multiple_of", None)
 
     def get_train_dataloader(self) -> DataLoader:
         if getattr(self.args, "max_tokens", None) is None:
@@ -256,8 +277,11 @@ class VaswaniTrainer(Seq2SeqTrainer):
         return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """transformers' step, counting the sentences and target tokens trained on (for `log`'s throughput)."""
+        """transformers' step, counting the sentences and target tokens trained on (for `log`'s throughput); under
+        `--torch_compile` the batch's sentences and tokens are dynamic dimensions (`mark_batch_dynamic`)."""
         labels = inputs.get("labels")
+        if self.args.torch_compile:
+            mark_batch_dynamic(inputs)
         if labels is not None:
             self._trained["sentences"] += labels.shape[0]
             self._trained["tokens"] = self._trained["tokens"] + (labels != -100).sum()  # no sync per step

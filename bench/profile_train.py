@@ -1,0 +1,292 @@
+"""Where the time of the en->de recipe's training steps goes (`torch.profiler`), by part of the step.
+
+Runs `vaswani-train`'s training (`recipe.run.train_main`) with the en->de recipe of RESULTS.md (the Makefile's
+FULL_RECIPE: the `tiny` preset, vocabulary 8000, bf16 autocast on the CPU, 8192-token batches) on Multi30k, and
+profiles `--steps` whole optimizer steps after `--warmup` untimed ones: fetching and collating the batch, forward,
+loss, backward, Adam, the trainer's own work. Each operator's self time goes to the part of the model that ran it,
+marked by `record_function` ranges around the model's pieces; a backward operator goes to the part whose forward
+operator made its autograd node (the two share a `sequence_nr`). Parts:
+
+- attention: the `VaswaniAttention` modules (Q/K/V/O projections, scores, softmax, attention dropout);
+- feed-forward: `feed_forward` of every layer (W1, ReLU, W2, its residual, dropout and LayerNorm);
+- residuals and norms: the rest of each layer (the attention sublayers' residual, dropout and LayerNorm);
+- embeddings: token embeddings x sqrt(d_model) + sinusoids, dropout;
+- output projection and loss: `losses.fused_output_loss`'s kernel (or the model's logits and the loss);
+- autocast casts: every `aten::_to_copy` (and its backward), whichever part ran it;
+- optimizer: `Optimizer.step` and `zero_grad`, whole (operators and Python);
+- data: the DataLoader's `__next__`, whole (sampler, Arrow reads, `DataCollatorForSeq2Seq`'s padding);
+- other operators: operators outside those parts (the trainer's token count, the schedule, ...);
+- Python and framework: the steps' wall time less all the above (the Python of the model and the trainer,
+  autograd's engine between operators, Accelerate).
+
+    python -m bench.profile_train --json bench/results/profile_train_tiny_cpu.json
+
+Prints the table and the costliest operators; `--json` writes both. Profiling adds its own overhead to the operators
+(about a microsecond each), so the step is slower under it than in `vaswani-train`; the shares are what it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
+from transformers import TrainerCallback
+
+from bench import common
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+PARTS = (
+    "attention",
+    "feed-forward",
+    "residuals and norms",
+    "embeddings",
+    "output projection and loss",
+    "autocast casts",
+    "optimizer",
+    "data",
+    "other operators",
+    "Python and framework",
+)
+_MARK = "part: "  # the prefix of the ranges this script opens
+_CASTS = ("aten::_to_copy", "aten::to")
+
+
+def recipe_argv(data: str, output_dir: str, steps: int, max_tokens: int, extra: list[str]) -> list[str]:
+    """The Makefile's FULL_RECIPE for en->de, without evaluation or checkpoints, for `steps` optimizer steps."""
+    return [
+        "--dataset_name", data, "--source_lang", "en", "--target_lang", "de",
+        "--preset", "tiny", "--vocab_size", "8000", "--bf16", "--use_cpu", "--max_tokens", str(max_tokens),
+        "--warmup_steps", "2000", "--learning_rate_constant", "2.53",
+        "--max_steps", str(steps), "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1000",
+        "--report_to", "none", "--disable_tqdm", "true", "--output_dir", output_dir, "--seed", "1",
+        *extra,
+    ]  # fmt: skip
+
+
+def _wrap(function, name: str):
+    @functools.wraps(function)
+    def marked(*args, **kwargs):
+        with record_function(_MARK + name):
+            return function(*args, **kwargs)
+
+    return marked
+
+
+def mark_parts(model: torch.nn.Module) -> None:
+    """`record_function` ranges around the model's parts, on this model instance only."""
+    from vaswani.modeling_vaswani import VaswaniAttention, VaswaniLayer, VaswaniStack
+
+    for module in model.modules():
+        if isinstance(module, VaswaniAttention):
+            module.forward = _wrap(module.forward, "attention")
+        elif isinstance(module, VaswaniLayer):
+            module.forward = _wrap(module.forward, "residuals and norms")
+            module.feed_forward = _wrap(module.feed_forward, "feed-forward")
+        elif isinstance(module, VaswaniStack):
+            module.embed = _wrap(module.embed, "embeddings")
+
+
+@contextlib.contextmanager
+def marked_loss():
+    """The recipe's loss kernels inside a range, as `recipe.losses` calls them."""
+    from vaswani.recipe import losses
+
+    saved = losses.linear_label_smoothed_cross_entropy, losses.label_smoothed_cross_entropy
+    losses.linear_label_smoothed_cross_entropy = _wrap(saved[0], "output projection and loss")
+    losses.label_smoothed_cross_entropy = _wrap(saved[1], "output projection and loss")
+    try:
+        yield
+    finally:
+        losses.linear_label_smoothed_cross_entropy, losses.label_smoothed_cross_entropy = saved
+
+
+class StepProfiler(TrainerCallback):
+    """Profiles optimizer steps `warmup + 1` to `warmup + steps`, from one step's end to another's, so that each
+    profiled step holds its batch's fetch and collation."""
+
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.steps = warmup, steps
+        self.profiler = None
+        self.wall = None
+        self.losses = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        mark_parts(model)
+        if self.warmup == 0:
+            self._start()
+
+    def _start(self):
+        self.profiler = profile(activities=[ProfilerActivity.CPU])
+        self.profiler.__enter__()
+        self.wall = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.warmup:
+            self._start()
+        elif state.global_step == self.warmup + self.steps and self.profiler is not None:
+            self.wall = time.perf_counter() - self.wall
+            self.profiler.__exit__(None, None, None)
+
+
+def _category(event, backward_parts: dict) -> str:
+    """The part an operator's self time belongs to."""
+    parent = event
+    while parent is not None:
+        pname = parent.name
+        if pname in _CASTS or "ToCopyBackward" in pname:
+            return "autocast casts"
+        if pname.startswith(_MARK):
+            return pname[len(_MARK) :]
+        if pname.startswith("Optimizer."):
+            return "optimizer"
+        if pname.startswith("enumerate(DataLoader)"):
+            return "data"
+        if pname.startswith("autograd::engine::evaluate_function"):
+            return backward_parts.get(parent.id, "other operators")
+        parent = parent.cpu_parent
+    return "other operators"
+
+
+def _inside(event, prefix: str) -> bool:
+    while event is not None:
+        if event.name.startswith(prefix):
+            return True
+        event = event.cpu_parent
+    return False
+
+
+def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+    """Seconds per part (operators' self time; the optimizer's and the DataLoader's ranges whole) and the costliest
+    (operator, part, seconds)."""
+    # The part that made each autograd node: the innermost range around the forward operator with that sequence_nr.
+    labels_by_sequence = {}
+    for event in events:
+        if event.sequence_nr is None or event.sequence_nr < 0 or event.name.startswith("autograd::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith(_MARK):
+            parent = parent.cpu_parent
+        key = (event.thread, event.sequence_nr)
+        if parent is not None and key not in labels_by_sequence:
+            labels_by_sequence[key] = parent.name[len(_MARK) :]
+    backward_parts = {}
+    for event in events:
+        if event.name.startswith("autograd::engine::evaluate_function"):
+            part = labels_by_sequence.get((event.fwd_thread, event.sequence_nr))
+            if part is None and "LabelSmoothedCrossEntropy" in event.name:
+                part = "output projection and loss"
+            if part is not None:
+                backward_parts[event.id] = part
+    seconds = collections.Counter()
+    operators = collections.Counter()
+    for event in events:
+        # The optimizer's and the DataLoader's ranges count whole: their Python (a for-loop Adam's loop over the
+        # parameters, the collator's padding) is theirs.
+        for prefix, part in (("Optimizer.", "optimizer"), ("enumerate(DataLoader)", "data")):
+            if event.name.startswith(prefix) and not _inside(event.cpu_parent, prefix):
+                seconds[part] += event.cpu_time_total / 1e6
+    for event in events:
+        if event.name.startswith(_MARK) or event.is_user_annotation:
+            continue  # ranges, not operators: their self time is Python
+        if event.name.startswith(
+            ("autograd::engine::evaluate_function", "Optimizer.", "enumerate(DataLoader)")
+        ):
+            continue
+        part = _category(event, backward_parts)
+        if part not in ("optimizer", "data"):  # counted whole above
+            seconds[part] += event.self_cpu_time_total / 1e6
+        operators[(event.name, part)] += event.self_cpu_time_total / 1e6
+    top = [(name, part, s) for (name, part), s in operators.most_common(15)]
+    return dict(seconds), top
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", default=str(DATA), help="the Multi30k folder (train.en.gz, train.de.gz)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed optimizer steps first")
+    parser.add_argument("--steps", type=int, default=10, help="profiled optimizer steps")
+    parser.add_argument("--max_tokens", type=int, default=8192)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch's intra-op threads (default: torch's choice); 1 keeps a busy machine's scheduling out of the "
+        "operators' times, where each parallel operator waits for its slowest thread",
+    )
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("extra", nargs="*", help="more vaswani-train flags, after --")
+    args = parser.parse_args(argv)
+    from vaswani.commands.cli import parse_args as parse_train_args
+    from vaswani.recipe import run
+    from vaswani.recipe.arguments import (
+        DataArguments,
+        FinishArguments,
+        ModelArguments,
+        PaperTrainingArguments,
+    )
+    from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
+    from vaswani.recipe.run_folder import release_output_dir
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    profiler = StepProfiler(args.warmup, args.steps)
+
+    class ProfiledTrainer(run.VaswaniTrainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.add_callback(profiler)
+
+    with tempfile.TemporaryDirectory() as output_dir:
+        argv_train = recipe_argv(args.data, output_dir, args.warmup + args.steps, args.max_tokens, args.extra)
+        model_args, config_args, data_args, _, training_args = parse_train_args(
+            [ModelArguments, ModelConfigArguments, DataArguments, FinishArguments, PaperTrainingArguments],
+            argv_train,
+            description="vaswani-train, profiled",
+        )
+        saved, run.VaswaniTrainer = run.VaswaniTrainer, ProfiledTrainer
+        try:
+            with marked_loss():
+                trainer = run.train_main(model_args, data_args, training_args, config_overrides(config_args))
+        finally:
+            run.VaswaniTrainer = saved
+            release_output_dir(output_dir)
+    events = profiler.profiler.events()
+    seconds, top = attribute(events)
+    seconds["Python and framework"] = max(profiler.wall - sum(seconds.values()), 0.0)
+    per_step = {part: seconds.get(part, 0.0) / args.steps for part in PARTS}
+    step = profiler.wall / args.steps
+    print(f"{args.steps} profiled steps, {step:.3f} s a step under the profiler")
+    print(f"{'part':<28} {'ms/step':>8} {'share':>6}")
+    for part in PARTS:
+        print(f"{part:<28} {1000 * per_step[part]:>8.1f} {100 * per_step[part] / step:>5.1f}%")
+    print("\ncostliest operators (self time, ms/step):")
+    for name, part, s in top:
+        print(f"  {name:<50} {part:<28} {1000 * s / args.steps:>8.1f}")
+    result = {
+        "machine": common.machine(),
+        "settings": vars(args),
+        "recipe_flags": recipe_argv("DATA", "OUT", args.warmup + args.steps, args.max_tokens, args.extra),
+        "step_s_under_profiler": step,
+        "ms_per_step": {part: 1000 * per_step[part] for part in PARTS},
+        "share": {part: per_step[part] / step for part in PARTS},
+        "top_operators_ms_per_step": [
+            {"operator": name, "part": part, "ms": 1000 * s / args.steps} for name, part, s in top
+        ],
+        "final_train_loss": trainer.state.log_history[-1].get("train_loss"),
+    }
+    common.write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
