@@ -88,11 +88,16 @@ def decoder_steps(
 
 
 def seconds_per_decoder_step(
-    model, source_ids: list[list[int]], pad_token_id: int, num_beams: int, steps: int = PROBE_STEPS
+    model,
+    source_ids: list[list[int]],
+    pad_token_id: int,
+    num_beams: int,
+    steps: int = PROBE_STEPS,
+    bf16_autocast: bool = False,
 ) -> float:
     """The seconds one decoder step of `generate()` takes on `model` for this batch of sources (`num_beams` beams
-    each), timed over `steps` steps that the model is made to write (`min_new_tokens`). The model is left in the
-    mode it was in."""
+    each), timed over `steps` steps that the model is made to write (`min_new_tokens`), under bf16 autocast when the
+    decoding it stands for runs under it (evaluation in a `--bf16` run). The model is left in the mode it was in."""
     width = max(len(ids) for ids in source_ids)
     input_ids = torch.full((len(source_ids), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -105,7 +110,11 @@ def seconds_per_decoder_step(
     # Greedy and beam search draw no random numbers; the fork makes sure the run's random state is untouched.
     devices = [device] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=devices), torch.inference_mode():
+        with (
+            torch.random.fork_rng(devices=devices),
+            torch.inference_mode(),
+            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast),
+        ):
             started = time.perf_counter()
             model.generate(
                 input_ids=input_ids.to(device),

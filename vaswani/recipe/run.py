@@ -408,7 +408,9 @@ def after_training_plan(
             eval_lengths, args.per_device_eval_batch_size, args.generation_max_length, args.world_size
         )
         longest = sorted(validation["input_ids"], key=len, reverse=True)[: args.per_device_eval_batch_size]
-        plan.greedy_step_seconds = seconds_per_decoder_step(model, longest, pad, beams)
+        plan.greedy_step_seconds = seconds_per_decoder_step(
+            model, longest, pad, beams, bf16_autocast=args.bf16
+        )
     beam_sources = []
     if choices and choice_sources:
         choice_ids = encoded(choice_sources)
