@@ -183,3 +183,48 @@ def test_every_import_of_the_package_names_a_module_that_exists():
                 if target not in modules and not any(n in modules for n in names):
                     missing.append(f"{name}: from {'.' * node.level}{node.module or ''}")
     assert not missing, "\n".join(missing)
+
+
+OLD_FOLDER = ROOT / "tests" / "fixtures" / "folder_saved_before_the_layers"
+
+
+# What the release that wrote the folder computed on it (no import of this package: it also runs where it is missing).
+CHECK_AGAINST_THE_OLD_RELEASE = """
+import json
+import torch
+expected = json.loads(open(EXPECTED).read())
+source = torch.tensor(expected["source"])
+with torch.no_grad():
+    logits = model(input_ids=source, labels=torch.tensor(expected["labels"])).logits[0]
+torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=0, atol=2e-5)
+assert model.generate(source, max_new_tokens=8, num_beams=1, do_sample=False).tolist() == expected["greedy"]
+assert model.generate(source, max_new_tokens=8, num_beams=3, do_sample=False).tolist() == expected["beam3"]
+"""
+EXPECTED = str(OLD_FOLDER.with_name(OLD_FOLDER.name + ".expected.json"))
+
+
+def test_a_folder_saved_before_the_layers_loads_after_import_vaswani():
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(OLD_FOLDER).eval()
+    assert type(model) is VaswaniForConditionalGeneration
+    exec(CHECK_AGAINST_THE_OLD_RELEASE, {"model": model, "EXPECTED": EXPECTED})  # noqa: S102
+
+
+def test_a_folder_saved_before_the_layers_loads_with_its_own_code_where_vaswani_is_missing(tmp_path):
+    """The folder's own code files (the flat layout's), through `trust_remote_code=True`, in an interpreter where the
+    package cannot be imported."""
+    code = f"""
+import json, sys
+sys.modules["vaswani"] = None  # not installed
+from transformers import AutoModelForSeq2SeqLM
+model = AutoModelForSeq2SeqLM.from_pretrained({str(OLD_FOLDER)!r}, trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+EXPECTED = {EXPECTED!r}
+{CHECK_AGAINST_THE_OLD_RELEASE}
+print("ok")
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
