@@ -493,3 +493,18 @@ def test_a_dropout_rate_changed_on_a_peft_model_leaves_lora_dropout_alone():
     rates = {name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
     assert {p for name, p in rates.items() if "lora_dropout" in name} == {0.05}
     assert {p for name, p in rates.items() if name.endswith(".dropout")} == {0.3}
+
+
+@pytest.mark.parametrize("tie_word_embeddings", [True, False])
+def test_the_weights_a_folder_leaves_out_are_the_tied_ones(tmp_path, tie_word_embeddings):
+    """What transformers' Trainer and common tests read: the keys a saved folder lacks are exactly
+    `_keys_to_ignore_on_save` together with `_tied_weights_keys`; an output projection of its own (Marian's layout,
+    `tie_word_embeddings=False`) is saved and is no tied weight."""
+    from safetensors.torch import load_file
+
+    model = VaswaniForConditionalGeneration(tiny_config(tie_word_embeddings=tie_word_embeddings))
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    missing = set(model.load_state_dict(saved, strict=False).missing_keys)
+    assert missing == set(model._keys_to_ignore_on_save) | set(model._tied_weights_keys)
+    assert ("lm_head.weight" in saved) is (not tie_word_embeddings)
