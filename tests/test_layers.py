@@ -104,6 +104,7 @@ def test_a_saved_folder_code_imports_only_torch_and_transformers(tmp_path):
 
 def test_the_public_names_and_commands():
     assert vaswani.VaswaniConfig is VaswaniConfig and callable(vaswani.use_cpu_kernels)
+    assert callable(vaswani.use_plain_modules)  # docs/model.md names it beside use_cpu_kernels
     assert set(vaswani.__all__) <= set(dir(vaswani))
     table = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
     scripts = dict(re.findall(r'^(vaswani-[a-z-]+) = "([^"]+)"', table, flags=re.M))

@@ -40,6 +40,7 @@ _LAZY = {
     "VaswaniForConditionalGeneration": "modeling_vaswani",
     "shift_tokens_right": "modeling_vaswani",
     "use_cpu_kernels": "kernels",  # its module registers attn_implementation="vaswani_sdpa"
+    "use_plain_modules": "kernels",
 }
 
 
@@ -67,4 +68,5 @@ __all__ = [
     "VaswaniForConditionalGeneration",
     "shift_tokens_right",
     "use_cpu_kernels",
+    "use_plain_modules",
 ]
