@@ -684,9 +684,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
             }
         else:
             self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
-        if (
-            not config.tie_word_embeddings
-        ):  # an output projection of its own is no tied weight (Marian's layout)
+        if not config.tie_word_embeddings:  # a projection of its own is no tied weight (Marian's layout)
             self._tied_weights_keys.pop("lm_head.weight")
         self.post_init()
 
