@@ -77,7 +77,7 @@ test-transformers:
 	.venv-transformers-$(TRANSFORMERS)/bin/pip install --quiet torch==2.13.0
 	.venv-transformers-$(TRANSFORMERS)/bin/pip install --quiet ".[test]" "transformers==$(TRANSFORMERS)"
 	.venv-transformers-$(TRANSFORMERS)/bin/python -m pytest -q tests/test_modeling.py tests/test_generation.py \
-		tests/test_kernels.py tests/test_save_load.py tests/test_configuration.py
+		tests/test_kernels.py tests/test_save_load.py tests/test_configuration.py tests/test_layers.py tests/test_int8.py
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check vaswani scripts tests bench
