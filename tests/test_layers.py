@@ -153,21 +153,6 @@ def test_an_old_module_name_is_the_module_at_its_new_place(old, new, name):
         warnings.simplefilter("ignore", FutureWarning)
         exec(f"from {old} import {name}")  # the form a script uses
 
-    """Imports inside functions too: a name left from the flat layout (`from ..fileio import ...` in a subpackage)
-    would fail only when that function runs."""
-    modules = _modules()
-    missing = []
-    for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-                names = [f"{target}.{alias.name}" for alias in node.names]
-                if target not in modules and not any(n in modules for n in names):
-                    missing.append(f"{name}: from {'.' * node.level}{node.module or ''}")
-    assert not missing, "\n".join(missing)
-
 
 def test_every_import_of_the_package_names_a_module_that_exists():
     """Imports inside functions too: a name left from the flat layout (`from ..fileio import ...` in a subpackage)
