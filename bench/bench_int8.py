@@ -32,28 +32,10 @@ IMPLEMENTATIONS = ("fp32", "fp32-kernels", "int8", "int8-kernels", "ct2-int8")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--preset", default="base", help="VaswaniConfig preset")
-    parser.add_argument("--impl", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
-    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--src-len", type=int, default=20)
-    parser.add_argument("--new-tokens", type=int, default=30)
-    parser.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB, help="shared vocabulary size")
-    parser.add_argument(
-        "--threads", type=int, default=torch.get_num_threads(), help="threads of every engine"
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="timed runs per configuration (median reported)"
-    )
-    parser.add_argument("--warmup", type=int, default=1)
+    parser = common.decoding_parser(__doc__, IMPLEMENTATIONS, batch_size=16)
     parser.add_argument(
         "--workdir", help="where the model is saved and exported (default: a temporary folder)"
     )
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
     args = parser.parse_args(argv)
     if args.quick:
         args.preset, args.batch_size, args.src_len, args.new_tokens = "small", 2, 5, 4

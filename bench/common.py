@@ -20,6 +20,7 @@ Timing helpers interleave the implementations inside one run and take medians, b
 shared. Peak memory is measured in a fresh subprocess per configuration (see `peak_rss_during`).
 """
 
+import argparse
 import json
 import math
 import os
@@ -47,6 +48,28 @@ DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 t
 # --------------------------------------------------------------------------------------------------------------------
 # Models at equal sizes
 # --------------------------------------------------------------------------------------------------------------------
+def decoding_parser(doc: str, implementations: tuple[str, ...], batch_size: int) -> argparse.ArgumentParser:
+    """The flags every decoding benchmark of exported engines shares: the model's size, the batch, the repeats."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="base", help="VaswaniConfig preset")
+    parser.add_argument("--impl", nargs="+", default=list(implementations), choices=implementations)
+    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--src-len", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=30)
+    parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")
+    parser.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="threads of every engine"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed runs per configuration (median reported)"
+    )
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
+    return parser
+
+
 def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:
     """The model as a CPU user should run it: attention through `attn_implementation="vaswani_sdpa"`
     (`vaswani.kernels`; the same as "sdpa" on a GPU)."""
