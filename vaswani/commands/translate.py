@@ -231,8 +231,8 @@ def main(argv):
     _check_files(args, scoring)
     setup_logging()
     from ..interop import engines
+    from ..recipe.model_folders import check_model_languages
     from ..recipe.translation import (
-        check_model_languages,
         format_n_best,
         load_translation_model,
         read_sentences,

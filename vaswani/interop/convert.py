@@ -60,7 +60,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTr
 from ..common.fileio import atomic_folder
 from ..configuration_vaswani import ACTIVATIONS, VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration, sinusoidal_positional_encoding
-from ..recipe.translation import check_model_path
+from ..recipe.model_folders import check_model_path
 
 logger = logging.getLogger(__name__)
 

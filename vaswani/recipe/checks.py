@@ -19,9 +19,9 @@ from ..publishing.hub import check_repo_id
 from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from .checkpoints import asks_to_resume, resolve_resume_checkpoint
 from .data import parallel_file_paths
+from .model_folders import check_model_path
 from .run_folder import take_output_dir
 from .tokenization import load_tokenizers, lowercases
-from .translation import check_model_path
 
 SPLITS = ("train", "validation", "test")
 

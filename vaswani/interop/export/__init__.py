@@ -32,8 +32,8 @@ from transformers import GenerationConfig
 from ...common.fileio import atomic_folder, read_json
 from ...common.flag_choices import CTRANSLATE2_QUANTIZATIONS, ENGINES  # noqa: F401 (this module's names too)
 from ...generation_vaswani import PAPER_LENGTH_PENALTY_FORM
+from ...recipe.model_folders import check_model_path, model_languages
 from ...recipe.tokenization import load_tokenizers, save_tokenizers
-from ...recipe.translation import check_model_path, model_languages
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def finish_export(
         "eos_token_id": model_config.eos_token_id,
         "decoder_start_token_id": model_config.decoder_start_token_id,
         "decoding": decoding_settings(model_path),
-        # what the model records of its languages (`translation.model_languages`), for vaswani-translate to check
+        # what the model records of its languages (`model_folders.model_languages`), for vaswani-translate to check
         "languages": {
             "source_lang": languages.source,
             "target_lang": languages.target,

@@ -1,0 +1,215 @@
+"""Model folders a tool is pointed at, checked before anything loads: a local folder or a Hub model, named at once
+when it is neither (`check_model_path`), and the languages a folder records of itself, against which
+`--source_lang`/`--target_lang` are checked (`model_languages`, `check_model_languages`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import huggingface_hub.constants
+from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+from huggingface_hub.repocard import metadata_load
+from huggingface_hub.utils import validate_repo_id
+
+from ..common.errors import UsageError
+from ..common.fileio import read_json
+from .averaging import check_safetensors
+
+logger = logging.getLogger(__name__)
+
+
+def _looks_local(name: str) -> bool:
+    """Whether a model name can only be a local path: it starts with "/", "./", "../" or "~", holds more than one
+    separator, ends with one, or is no valid Hub repo id ("name" or "namespace/name")."""
+    if Path(name).is_absolute() or name.startswith((".", "~")) or name.endswith(("/", os.sep)):
+        return True
+    if name.count("/") > 1 or (os.sep != "/" and os.sep in name):
+        return True
+    try:
+        validate_repo_id(name)
+    except ValueError:
+        return True
+    return False
+
+
+def check_model_path(model_path: str | os.PathLike) -> None:
+    """Raise, naming the path, when `model_path` is not a usable model folder: a file, a folder without `config.json`,
+    a `config.json` or `generation_config.json` that is not valid JSON, safetensors weights that are cut short or
+    corrupt; or a name that is neither a local folder nor a model on the Hub (`check_hub_model`)."""
+    path = Path(model_path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a model folder: it has no config.json")
+        for name in ("config.json", "generation_config.json"):
+            if (path / name).is_file():
+                read_json(path / name)
+        for weights in sorted(path.glob("*.safetensors")):
+            check_safetensors(weights)
+        return
+    if path.exists():
+        raise ValueError(f"{path} is a file: give the model's folder")
+    check_hub_model(str(model_path))
+
+
+def check_hub_model(name: str) -> None:
+    """Return when `name`, which is no local folder, can be a model on the Hub: one in the local cache, or one the
+    Hub holds. Otherwise raise `FileNotFoundError` naming both places at once: a name that can only be a path (see
+    `_looks_local`), a name not in the cache while offline (`HF_HUB_OFFLINE=1`), a repository the Hub does not have,
+    or a Hub that cannot be reached (one request, no retries: transformers' loading retries for about a minute).
+    A gated repository is left to `from_pretrained`, which says how to ask for access."""
+    missing = f"No model folder at {name}"
+    if _looks_local(name):
+        raise FileNotFoundError(
+            f"{missing}: no such path (and {name!r} is not a Hub model id 'namespace/name')"
+        )
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return  # downloaded before: from_pretrained finds it, online or not
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise FileNotFoundError(
+            f"{missing}: no such path, and the Hub model {name} is not in the local cache "
+            "(offline: HF_HUB_OFFLINE is set)"
+        )
+    try:
+        get_hf_file_metadata(hf_hub_url(name, "config.json"))  # one HEAD request, no retries
+    except GatedRepoError:
+        return
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(
+            f"{missing}: no such path, and the Hub has no model {name} (nor one this login may read)"
+        ) from None
+    except EntryNotFoundError:
+        raise FileNotFoundError(
+            f"{missing}: no such path, and the Hub repository {name} has no config.json (not a model)"
+        ) from None
+    except Exception as error:  # the HTTP client's connection errors and timeouts, a server error
+        raise FileNotFoundError(
+            f"{missing}: no such path, and the Hub could not be reached to look for a model of that name "
+            f"({' '.join(str(error).split()) or type(error).__name__})"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ModelLanguages:
+    """The languages a model folder records: its direction (`source` into `target`) when the record says which is
+    which, else only the languages it knows (`known`, as a model card's `language` list gives them); `recorded_in`
+    names the file."""
+
+    known: tuple[str, ...]
+    recorded_in: Path
+    source: str | None = None
+    target: str | None = None
+
+    def describe(self) -> str:
+        if self.source and self.target:
+            return f"translates {self.source} into {self.target} (as {self.recorded_in} records)"
+        return f"knows {', '.join(self.known)} (as {self.recorded_in} records)"
+
+
+# The keys under which configs and tokenizer configs record a direction: transformers' Marian tokenizer
+# (`source_lang`, `target_lang`), NLLB / M2M-style tokenizers (`src_lang`, `tgt_lang`), FSMT's `langs` pair.
+_DIRECTION_KEYS = (("source_lang", "target_lang"), ("src_lang", "tgt_lang"))
+_RECORDING_FILES = (
+    "vaswani_export.json",  # an export, from the model it was exported from
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "source/tokenizer_config.json",
+    "training_summary.json",  # a run folder: vaswani-train's summary
+)
+
+
+def _direction(record: dict) -> tuple[str, str] | None:
+    if isinstance(record.get("languages"), dict):  # vaswani_export.json
+        record = record["languages"]
+    for source_key, target_key in _DIRECTION_KEYS:
+        source, target = record.get(source_key), record.get(target_key)
+        if isinstance(source, str) and isinstance(target, str) and source and target:
+            return source, target
+    langs = record.get("langs")
+    if isinstance(langs, list) and len(langs) == 2 and all(isinstance(code, str) and code for code in langs):
+        return langs[0], langs[1]
+    return None
+
+
+def model_languages(model_path: str | os.PathLike) -> ModelLanguages | None:
+    """The languages a local model folder (or an export) records, or None when it records none. Read, in order: an
+    export's `vaswani_export.json`, `config.json`, `generation_config.json`, the tokenizer's config (Marian, FSMT,
+    NLLB-style keys), `training_summary.json` of the folder or, for a run's `averaged/` or `checkpoint-<step>/`
+    folder, of the run folder around it; last the model card's `language` list (`README.md`), which says the
+    languages but not the direction."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return None
+    candidates = [folder / name for name in _RECORDING_FILES]
+    if folder.name == "averaged" or folder.name.startswith("checkpoint-"):
+        candidates.append(folder.parent / "training_summary.json")
+    for path in candidates:
+        if not path.is_file():
+            continue
+        record = read_json(path)
+        direction = _direction(record) if isinstance(record, dict) else None
+        if direction:
+            return ModelLanguages(direction, path, *direction)
+        known = (record.get("languages") or {}).get("known") if path.name == "vaswani_export.json" else None
+        if known:  # an export of a model whose card named its languages without a direction
+            return ModelLanguages(tuple(known), path)
+    card = folder / "README.md"
+    if card.is_file():
+        try:
+            metadata = metadata_load(card) or {}
+        except Exception:  # a card whose metadata is not YAML says nothing about languages
+            metadata = {}
+        languages = metadata.get("language")
+        languages = [languages] if isinstance(languages, str) else languages
+        if isinstance(languages, list) and languages and all(isinstance(code, str) for code in languages):
+            tags = metadata.get("tags") or []
+            if len(languages) == 2 and "vaswani" in tags:  # this package's cards list [source, target]
+                return ModelLanguages(tuple(languages), card, *languages)
+            return ModelLanguages(tuple(languages), card)
+    return None
+
+
+def _is_one_language(code: str) -> bool:
+    """Whether a recorded code names one language (an ISO 639 code of 2 or 3 letters, with or without a region or
+    script), not a group such as Marian's "ROMANCE" or ISO's "mul" (multiple) and "und" (undetermined)."""
+    primary = code.replace("_", "-").split("-")[0]
+    return 2 <= len(primary) <= 3 and primary.isalpha() and primary.lower() not in ("mul", "und")
+
+
+def _same_language(given: str, recorded: str) -> bool:
+    """Language codes compared without case, a region or script (`en-US` is `en`)."""
+    primary = lambda code: code.lower().replace("_", "-").split("-")[0]  # noqa: E731
+    return given.lower() == recorded.lower() or primary(given) == primary(recorded)
+
+
+def check_model_languages(
+    model_path: str | os.PathLike, source_lang: str | None, target_lang: str | None
+) -> ModelLanguages | None:
+    """Raise `UsageError` naming the flag when `source_lang` or `target_lang` (None: not given) is not a language the
+    folder `model_path` records (`model_languages`), saying which it knows. Returns what it records (None: nothing;
+    then the flags are not checked, and a warning says so when a flag was given)."""
+    if source_lang is None and target_lang is None:
+        return None
+    languages = model_languages(model_path)
+    if languages is None:
+        if Path(model_path).is_dir():
+            logger.warning(
+                "%s records no languages (no source_lang/target_lang in its configs, no training_summary.json, "
+                "no model card): --source_lang and --target_lang are not checked against the model",
+                model_path,
+            )
+        return None
+    for flag, given, recorded in (
+        ("source_lang", source_lang, languages.source),
+        ("target_lang", target_lang, languages.target),
+    ):
+        allowed = [recorded] if recorded else list(languages.known)
+        if given is None or not all(_is_one_language(code) for code in allowed):
+            continue  # e.g. Marian's "ROMANCE" or "mul": a group of languages, which this check cannot judge
+        if not any(_same_language(given, code) for code in allowed):
+            raise UsageError(f"--{flag} {given}: the model {model_path} {languages.describe()}")
+    return languages
