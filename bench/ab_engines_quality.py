@@ -1,10 +1,13 @@
-"""Translation quality of the exported models against the PyTorch model on a test set: the BLEU change of
-CTranslate2's int8 weights, and how many sentences each export translates exactly as PyTorch does.
+"""Translation quality of the exported models and of int8 PyTorch against the PyTorch model on a test set: the BLEU
+change of int8 weights (CTranslate2's, and transformers' torchao quantization run by `vaswani.use_cpu_kernels`, as
+`vaswani-translate --quantization int8` loads it), and how many sentences each translates exactly as PyTorch does.
 
 Every system decodes with beam 4 and length penalty 0.6 as CTranslate2 can (|Y|^alpha, a sentence stops at 4 finished
 hypotheses: `length_penalty_form="power"`, `early_stopping=True` on the PyTorch side); `pytorch` is the model itself
-with those settings, the reference of the "same as pytorch" column; `pytorch-paper` is its own decoding (§6.1's
-((5 + |Y|) / 6)^alpha and transformers' heuristic stop), for scale. Exports are written to `--workdir` (default: a
+with those settings, the reference of the "same as pytorch" column; `pytorch-int8` the same folder loaded in int8
+(`load_translation_model(folder, int8=True)`; skipped without torchao or with --no_pytorch_int8); `pytorch-paper` is
+its own decoding (§6.1's ((5 + |Y|) / 6)^alpha and transformers' heuristic stop), for scale. Every system runs on
+the CPU with torch's or the engine's default threads. Exports are written to `--workdir` (default: a
 temporary folder).
 
     python -m bench.ab_engines_quality --model runs/multi30k-de-en/averaged \
@@ -14,6 +17,7 @@ temporary folder).
 """
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 import time
@@ -46,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=EXPORTS,
         help="CTranslate2 weight types, or onnx",
     )
+    parser.add_argument(
+        "--no_pytorch_int8", action="store_true", help="leave out the PyTorch model loaded in int8 (torchao)"
+    )
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
     parser.add_argument(
@@ -68,6 +75,11 @@ def main(argv=None) -> dict:
             sources, model, source_tokenizer, target_tokenizer, args.batch_size
         ),
     }
+    if not args.no_pytorch_int8 and importlib.util.find_spec("torchao") is not None:
+        int8_model = load_translation_model(args.model, device="cpu", int8=True)[0]
+        systems["pytorch-int8"] = lambda: translate(
+            sources, int8_model, source_tokenizer, target_tokenizer, args.batch_size, **CTRANSLATE2_SEARCH
+        )
     with tempfile.TemporaryDirectory() as temporary:
         workdir = Path(args.workdir or temporary)
         for name in args.exports:

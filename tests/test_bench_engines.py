@@ -50,7 +50,15 @@ def test_quality_a_b_scores_each_export_against_pytorch(tmp_path):
         "en",
     ]
     rows = {row["system"]: row for row in ab_engines_quality.main(argv)["results"]}
-    assert set(rows) == {"pytorch", "pytorch-paper", "ctranslate2-float32", "ctranslate2-int8", "onnx"}
+    assert set(rows) == {
+        "pytorch",
+        "pytorch-paper",
+        "pytorch-int8",
+        "ctranslate2-float32",
+        "ctranslate2-int8",
+        "onnx",
+    }
+    assert 0 <= rows["pytorch-int8"]["same_as_pytorch"] <= 1 and "bleu_change" in rows["pytorch-int8"]
     assert rows["ctranslate2-float32"]["same_as_pytorch"] == rows["onnx"]["same_as_pytorch"] == 1.0
     assert (
         rows["ctranslate2-float32"]["bleu_change"] == 0.0 and "bleu_lowercase_moses_tokenized" in rows["onnx"]

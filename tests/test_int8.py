@@ -187,3 +187,38 @@ def test_vaswani_translate_runs_a_folder_saved_in_int8(tmp_path):
     argv = ["--model_name_or_path", str(tmp_path / "int8"), "--input", str(tmp_path / "src.txt")]
     out = translate_main([*argv, "--output", str(tmp_path / "hyp.txt"), "--num_beams", "2", "--no_progress"])
     assert len(out) == 3 and (tmp_path / "hyp.txt").read_text(encoding="utf-8").count("\n") == 3
+
+
+def test_vaswani_translate_quantization_int8_loads_a_float32_folder_in_int8(tmp_path, capsys):
+    """`vaswani-translate --quantization int8` on a float32 folder: the same layers and translations as the folder
+    saved after loading with `TorchAoConfig`; refused with --bf16, a GPU or an exported engine, before loading."""
+    from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+
+    from vaswani.commands.translate import main as translate_main
+    from vaswani.recipe.tokenization import save_tokenizers
+    from vaswani.recipe.translation import load_translation_model
+
+    tokenizer = tiny_tokenizer()
+    translation_model(len(tokenizer)).save_pretrained(tmp_path / "fp32")
+    load_int8(tmp_path / "fp32").save_pretrained(tmp_path / "int8")
+    for name in ("fp32", "int8"):
+        save_tokenizers(tokenizer, tokenizer, tmp_path / name)
+    model, _, _ = load_translation_model(tmp_path / "fp32", int8=True)
+    assert type(model.lm_head) is kernels.Int8OutputLinear
+    assert type(model.model.encoder.layers[0].fc1) is Int8Linear
+    (tmp_path / "src.txt").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    outputs = {}
+    for name, flags in (("int8", []), ("fp32", ["--quantization", "int8"]), ("plain", [])):
+        folder = tmp_path / ("fp32" if name == "plain" else name)
+        argv = ["--model_name_or_path", str(folder), "--input", str(tmp_path / "src.txt"), "--no_progress"]
+        outputs[name] = translate_main([*argv, "--num_beams", "2", *flags])
+    assert outputs["fp32"] == outputs["int8"] and len(outputs["fp32"]) == len(SENTENCES)
+    base = ["--model_name_or_path", str(tmp_path / "fp32"), "--input", str(tmp_path / "src.txt"), "--quantization"]
+    for extra, message in (
+        (["--bf16"], "drop --bf16"),
+        (["--device", "cuda"], "runs on the CPU"),
+        (["--engine", "ctranslate2"], "--quantization applies to --engine pytorch"),
+    ):
+        with pytest.raises(SystemExit):
+            translate_main([*base, "int8", *extra])
+        assert message in capsys.readouterr().err

@@ -33,6 +33,7 @@ examples:
   echo "Ein Hund läuft." | vaswani-translate --model_name_or_path runs/de-en/averaged
   vaswani-translate --model_name_or_path runs/de-en/averaged --input test.de --n_best 4   (index, score, text)
   vaswani-translate --model_name_or_path runs/de-en/averaged --interactive                (a line in, a line out)
+  vaswani-translate --model_name_or_path runs/de-en/averaged --quantization int8 --input test.de  (CPU, int8)
   vaswani-translate --model_name_or_path runs/de-en/ct2-int8 --engine ctranslate2 --input test.de   (an export)
   vaswani-translate --model_name_or_path runs/en-de/averaged --input test_2016_flickr.en.gz --output hyp.de \\
       --references test_2016_flickr.de.gz --moses_lang de --results_json runs/en-de/test_results.json \\
@@ -124,6 +125,15 @@ class TranslationArguments:
         default=None, metadata={"help": "cuda, cpu, cuda:1...; default: cuda if available."}
     )
     bf16: bool = field(default=False, metadata={"help": "Run the model in bfloat16."})
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "int8: load the linear layers in int8 through transformers' torchao quantization and decode "
+            "with int8 GEMMs on the CPU (pip install vaswani-transformer[int8]); an exported folder keeps "
+            "the quantization vaswani-export gave it.",
+            "choices": ["int8"],
+        },
+    )
     attn_implementation: str | None = field(
         default=None,
         metadata={"help": "Attention kernel (default: vaswani_sdpa on the CPU, sdpa elsewhere)."},
@@ -159,11 +169,15 @@ class TranslationArguments:
         if self.interactive and self.input != "-":
             raise UsageError("--interactive reads standard input: drop --input")
         if self.engine != "pytorch":
-            for name in ("bf16", "attn_implementation", "tokenizer_name") + (
+            for name in ("bf16", "quantization", "attn_implementation", "tokenizer_name") + (
                 ("device",) if self.engine == "onnx" else ()
             ):
                 if getattr(self, name):
                     raise UsageError(f"--{name} applies to --engine pytorch, not {self.engine}")
+        if self.quantization and self.bf16:
+            raise UsageError("--quantization int8 decodes in float32 around its int8 products: drop --bf16")
+        if self.quantization and self.device not in (None, "cpu"):
+            raise UsageError(f"--quantization int8 runs on the CPU, not --device {self.device}")
         if self.engine == "ctranslate2" and self.length_penalty_form not in (None, "power"):
             raise UsageError(
                 f"--length_penalty_form {self.length_penalty_form}: CTranslate2 divides beam scores by |Y|^alpha "
@@ -253,7 +267,12 @@ def main(argv):
     if args.engine == "pytorch":
         model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
         model, source_tokenizer, target_tokenizer = load_translation_model(
-            args.model_name_or_path, args.tokenizer_name, device=args.device, bf16=args.bf16, **model_kwargs
+            args.model_name_or_path,
+            args.tokenizer_name,
+            device="cpu" if args.quantization else args.device,
+            bf16=args.bf16,
+            int8=args.quantization == "int8",
+            **model_kwargs,
         )
         decode = translate_n_best
     else:  # an exported model: the same decoding, by CTranslate2 or ONNX Runtime (vaswani.interop.engines)

@@ -69,27 +69,50 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def int8_quantization_config():
+    """transformers' CPU int8 quantization as `vaswani-translate --quantization int8` loads it:
+    `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())` (torchao; `pip install vaswani-transformer[int8]`), int8
+    weights with one scale per output row, the input quantized per row at each call."""
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+    except ImportError as error:
+        raise ImportError(
+            "int8 decoding loads the model through transformers' torchao quantization: "
+            "pip install vaswani-transformer[int8] (or pip install torchao)"
+        ) from error
+    from transformers import TorchAoConfig
+
+    return TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+
+
 def load_translation_model(
     model_path: str | os.PathLike,
     tokenizer_path: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
     bf16: bool = False,
+    int8: bool = False,
     **model_kwargs,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerBase]:
     """Load `(model, source_tokenizer, target_tokenizer)` for inference, the model in eval mode on `device`.
 
     The tokenizer(s) come from `tokenizer_path`, else from the model folder: a joint vocabulary
     (`tokenizer.json`) or separate ones (`source/` and `target/`), see `tokenization.load_tokenizers`.
-    `bf16` casts the weights to bfloat16. `model_kwargs` go to `from_pretrained`. On the CPU the model runs this
-    package's CPU kernels (`kernels.use_cpu_kernels`: its linear layers and, unless `attn_implementation` is given,
-    the "vaswani_sdpa" attention).
+    `bf16` casts the weights to bfloat16. `int8` (CPU only) loads the linear layers in int8 through transformers'
+    torchao quantization (`int8_quantization_config`); a folder saved quantized loads in int8 without it.
+    `model_kwargs` go to `from_pretrained`. On the CPU the model runs this package's CPU kernels
+    (`kernels.use_cpu_kernels`: its linear layers, int8 ones through an int8 GEMM with the tied output projection
+    in int8 too, and, unless `attn_implementation` is given, the "vaswani_sdpa" attention).
 
     Raises `FileNotFoundError` / `ValueError` naming the folder or file (`check_model_path`), before anything loads:
     a name that is neither a local folder nor a reachable Hub model, a folder without `config.json`, a config that is
     not JSON, a weights file that is cut short or corrupt.
     """
     device = torch.device(device or default_device())
+    if int8 and (bf16 or device.type != "cpu"):
+        raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
     check_model_path(model_path)
+    if int8:
+        model_kwargs.update(quantization_config=int8_quantization_config(), device_map="cpu")
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
     except (OSError, ValueError) as error:
