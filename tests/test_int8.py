@@ -213,7 +213,13 @@ def test_vaswani_translate_quantization_int8_loads_a_float32_folder_in_int8(tmp_
         argv = ["--model_name_or_path", str(folder), "--input", str(tmp_path / "src.txt"), "--no_progress"]
         outputs[name] = translate_main([*argv, "--num_beams", "2", *flags])
     assert outputs["fp32"] == outputs["int8"] and len(outputs["fp32"]) == len(SENTENCES)
-    base = ["--model_name_or_path", str(tmp_path / "fp32"), "--input", str(tmp_path / "src.txt"), "--quantization"]
+    base = [
+        "--model_name_or_path",
+        str(tmp_path / "fp32"),
+        "--input",
+        str(tmp_path / "src.txt"),
+        "--quantization",
+    ]
     for extra, message in (
         (["--bf16"], "drop --bf16"),
         (["--device", "cuda"], "runs on the CPU"),
