@@ -126,9 +126,10 @@ def load_translation_model(
         tokenizer_path = snapshot_download(str(model_path), allow_patterns=TOKENIZER_PATTERNS)
     source_tokenizer, target_tokenizer = load_tokenizers(tokenizer_path or model_path)
     logger.info(
-        "Loaded %s (%s) on %s; tokenizer(s) from %s",
+        "Loaded %s (%s%s) on %s; tokenizer(s) from %s",
         model_path,
         model.dtype,
+        ", int8 linear layers" if int8 else "",
         device,
         tokenizer_path or model_path,
     )
