@@ -664,6 +664,8 @@ def test_bf16_training_runs_the_loss_under_autocast_and_evaluates_under_it(
     assert any("eval_bleu" in entry for entry in state["log_history"])
     losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
     assert losses and all(math.isfinite(loss) for loss in losses)
+    step_times = [entry.get("seconds_per_step") for entry in state["log_history"] if "loss" in entry]
+    assert all(isinstance(t, float) and 0 < t < 60 for t in step_times)  # every training log: the step time
     assert final_weights(out)["model.shared.weight"].dtype == torch.float32
 
 

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import logging
 import shutil
+import time
 from functools import partial
 
 import torch
@@ -274,12 +275,15 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def train(self, *args, **kwargs):
         self._trained = {"sentences": 0, "tokens": 0}
+        self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
         return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """transformers' step, counting the sentences and target tokens trained on (for `log`'s throughput); under
         `--torch_compile` the batch's sentences and tokens are dynamic dimensions (`mark_batch_dynamic`)."""
         labels = inputs.get("labels")
+        if getattr(self, "_step_clock", False) is None:
+            self._step_clock = (time.monotonic(), self.state.global_step)
         if self.args.torch_compile:
             mark_batch_dynamic(inputs)
         if labels is not None:
@@ -291,7 +295,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
         """transformers' log, where the end-of-training metrics count what was trained on: transformers'
         `train_samples_per_second` assumes `--per_device_train_batch_size` sentences per micro-batch (8 for a
         token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
-        target tokens, of every process."""
+        target tokens, of every process. Each training log (`loss`) also gives `seconds_per_step`: the wall time per
+        optimizer step since the previous one (since the first step for the first), evaluations included."""
+        clock = getattr(self, "_step_clock", None)
+        if "loss" in logs and clock is not None and self.state.global_step > clock[1]:
+            now = time.monotonic()
+            logs["seconds_per_step"] = round((now - clock[0]) / (self.state.global_step - clock[1]), 4)
+            self._step_clock = (now, self.state.global_step)
         if "train_runtime" in logs and "train_samples_per_second" in logs:
             counts = torch.tensor(
                 [float(self._trained["sentences"]), float(self._trained["tokens"])], device=self.args.device
