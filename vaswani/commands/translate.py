@@ -269,7 +269,7 @@ def main(argv):
         model, source_tokenizer, target_tokenizer = load_translation_model(
             args.model_name_or_path,
             args.tokenizer_name,
-            device="cpu" if args.quantization else args.device,
+            device=args.device,
             bf16=args.bf16,
             int8=args.quantization == "int8",
             **model_kwargs,

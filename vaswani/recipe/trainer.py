@@ -80,6 +80,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if hasattr(self.args, "learning_rate_constant"):  # PaperTrainingArguments: the peak needs d_model
             resolve_peak_learning_rate(self.args, self.model.config.d_model)
         self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
+        self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
         self._owns_loss = False
         if self.args.label_smoothing_factor and self.compute_loss_func is None:
             self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
@@ -275,14 +276,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def train(self, *args, **kwargs):
         self._trained = {"sentences": 0, "tokens": 0}
-        self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
+        self._step_clock = None
         return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """transformers' step, counting the sentences and target tokens trained on (for `log`'s throughput); under
         `--torch_compile` the batch's sentences and tokens are dynamic dimensions (`mark_batch_dynamic`)."""
         labels = inputs.get("labels")
-        if getattr(self, "_step_clock", False) is None:
+        if self._step_clock is None:
             self._step_clock = (time.monotonic(), self.state.global_step)
         if self.args.torch_compile:
             mark_batch_dynamic(inputs)
@@ -297,7 +298,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
         target tokens, of every process. Each training log (`loss`) also gives `seconds_per_step`: the wall time per
         optimizer step since the previous one (since the first step for the first), evaluations included."""
-        clock = getattr(self, "_step_clock", None)
+        clock = self._step_clock
         if "loss" in logs and clock is not None and self.state.global_step > clock[1]:
             now = time.monotonic()
             logs["seconds_per_step"] = round((now - clock[0]) / (self.state.global_step - clock[1]), 4)

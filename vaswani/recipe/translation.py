@@ -97,7 +97,7 @@ def load_translation_model(
 
     The tokenizer(s) come from `tokenizer_path`, else from the model folder: a joint vocabulary
     (`tokenizer.json`) or separate ones (`source/` and `target/`), see `tokenization.load_tokenizers`.
-    `bf16` casts the weights to bfloat16. `int8` (CPU only) loads the linear layers in int8 through transformers'
+    `bf16` casts the weights to bfloat16. `int8` (the CPU, the default device then) loads the linear layers in int8 through transformers'
     torchao quantization (`int8_quantization_config`); a folder saved quantized loads in int8 without it.
     `model_kwargs` go to `from_pretrained`. On the CPU the model runs this package's CPU kernels
     (`kernels.use_cpu_kernels`: its linear layers, int8 ones through an int8 GEMM with the tied output projection
@@ -107,7 +107,7 @@ def load_translation_model(
     a name that is neither a local folder nor a reachable Hub model, a folder without `config.json`, a config that is
     not JSON, a weights file that is cut short or corrupt.
     """
-    device = torch.device(device or default_device())
+    device = torch.device(device or ("cpu" if int8 else default_device()))
     if int8 and (bf16 or device.type != "cpu"):
         raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
     check_model_path(model_path)
