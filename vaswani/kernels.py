@@ -229,10 +229,10 @@ class Int8OutputLinear(Linear):
         weight = self.weight
         if not (int8_linear_applies(x, weight) and _is_plain(weight) and weight.dtype == torch.float32):
             return super().forward(x)
-        key = _identity(self.weight)
+        key = _identity(weight)
         cached = self.__dict__.get("_vaswani_int8_weight")
         if cached is None or cached[0] != key:
-            cached = (key, *_quantize_rows(self.weight.detach()))
+            cached = (key, *_quantize_rows(weight.detach()))
             self.__dict__["_vaswani_int8_weight"] = cached
         _, qdata, weight_scale = cached
         return _int8_linear(x, qdata, weight_scale, self.bias, False, _packed(self, qdata))

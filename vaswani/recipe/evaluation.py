@@ -217,59 +217,52 @@ class AfterTraining:
             parts["test"] = self.test_steps * beam
         return parts
 
+    def _from_rate(self, rate: float) -> dict[str, float]:
+        """The seconds of each part from `rate`, the last evaluation's validation pairs per second (greedy, every
+        process). The work after training runs on the main process alone: one process's share of that rate, with
+        beam search at `BEAM_SLOWDOWN` times greedy's time per pair."""
+        per_pair = 1 / rate
+        beam_per_pair = per_pair * self.processes * BEAM_SLOWDOWN
+        seconds = {}
+        if self.validation_pairs:
+            seconds["evaluation"] = self.validation_pairs * per_pair
+        if self.validation_translations and self.choice_pairs:
+            seconds["choices"] = self.validation_translations * self.choice_pairs * beam_per_pair
+        if self.test_pairs:
+            seconds["test"] = self.test_pairs * beam_per_pair
+        return seconds
+
     def describe(self, rate: float | None = None) -> str:
         """One line; `rate`: the last evaluation's validation pairs per second (greedy, every process). Without it,
         the bound timed before training (`bound`) when there is one."""
         bound = None if rate else self.bound()
-        per_pair = None if not rate else 1 / rate
+        # Seconds of each part: the bound, else from the measured rate, else unknown (no entry).
+        estimates = bound if bound else self._from_rate(rate) if rate else {}
         parts, total = [], 0.0
 
-        def timed(text: str, seconds: float | None) -> str:
+        def timed(text: str, part: str) -> str:
             nonlocal total
+            seconds = estimates.get(part)
             if seconds is None:
                 return text
             total += seconds
             return f"{text} ({'up to ' if bound else ''}~{describe_seconds(seconds)})"
 
         if self.validation_pairs:
-            parts.append(
-                timed(
-                    f"a final evaluation of {self.eval_decoding}",
-                    bound["evaluation"]
-                    if bound
-                    else None
-                    if per_pair is None
-                    else self.validation_pairs * per_pair,
-                )
-            )
+            parts.append(timed(f"a final evaluation of {self.eval_decoding}", "evaluation"))
         if max(self.average_last) > 0:
             sizes = "/".join(str(n) for n in self.average_last)
             parts.append(f"the average of the last {sizes} checkpoints")
-        # The work after training runs on the main process alone: one process's share of the measured rate.
-        beam_per_pair = None if per_pair is None else per_pair * self.processes * BEAM_SLOWDOWN
         if self.validation_translations and self.choice_pairs:
             parts.append(
                 timed(
                     f"{self.validation_translations} beam-search translations of the {self.choice_pairs} validation "
                     "pairs to choose among averages or length penalties",
-                    bound["choices"]
-                    if bound
-                    else None
-                    if beam_per_pair is None
-                    else self.validation_translations * self.choice_pairs * beam_per_pair,
+                    "choices",
                 )
             )
         if self.test_pairs:
-            parts.append(
-                timed(
-                    f"the test translation of {self.test_decoding}",
-                    bound["test"]
-                    if bound
-                    else None
-                    if beam_per_pair is None
-                    else self.test_pairs * beam_per_pair,
-                )
-            )
+            parts.append(timed(f"the test translation of {self.test_decoding}", "test"))
         end = f"step {self.max_steps}" if self.max_steps > 0 else "the last epoch"
         when = (
             f"the {self.budget_minutes:g}-minute budget (or {end}, if sooner)"
@@ -284,7 +277,7 @@ class AfterTraining:
                 f"; up to about {describe_seconds(total)} in all (decoder steps timed on the untrained model, "
                 "which writes every output to its length limit; a trained model stops sooner)"
             )
-        if per_pair is None:
+        if not rate:
             return text + ". How long these take is logged once an evaluation has measured the decoding rate"
         return (
             text
