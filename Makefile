@@ -18,7 +18,9 @@ MINUTES ?= 10
 # `make full-run SRC=en TGT=de AVERAGE="5 10 20" EXTRA="--length_penalty 0.6 1.0 1.5"` (SEED=2 for another seed).
 # VOCAB=4096 changes the tokenizer's size; MAX_TOKENS=6144 SAVE_STEPS=80 the batch's token budget and the steps between
 # checkpoints (one epoch: 60 steps at 8192 tokens, 80 at 6144); AVERAGE="10 20 40" keeps whichever average of the last
-# N checkpoints scores best on val; EXTRA="--lr_cooldown_fraction 0.2" adds any other vaswani-train flags.
+# N checkpoints scores best on val; EXTRA="--lr_cooldown_fraction 0.2" adds any other vaswani-train flags. STEPS=8000
+# trains by updates instead of minutes (the anchor's --max-update 8000, the same on any machine at any load) into
+# runs/multi30k-$SRC-$TGT-tiny-8000-updates; a SEED other than 1 adds -seed2 to the folder.
 SRC ?= de
 TGT ?= en
 SEED ?= 1
@@ -26,6 +28,9 @@ VOCAB ?= 8000
 MAX_TOKENS ?= 8192
 SAVE_STEPS ?= 60
 AVERAGE ?= 10
+STEPS ?=
+FULL_BOUND := $(if $(STEPS),--max_steps $(STEPS),--max_steps 100000 --max_train_minutes 90)
+FULL_OUT := runs/multi30k-$(SRC)-$(TGT)-tiny$(if $(STEPS),-$(STEPS)-updates)$(if $(filter-out 1,$(SEED)),-seed$(SEED))
 KEEP := $(shell echo $$(( $$(echo $(AVERAGE) | tr ' ' '\n' | sort -n | tail -1) + 1 )))
 FULL_RECIPE := --preset tiny --vocab_size $(VOCAB) --bf16 --use_cpu --max_tokens $(MAX_TOKENS) --warmup_steps 2000 \
 	--learning_rate_constant 2.53 --save_steps $(SAVE_STEPS) --save_total_limit $(KEEP) --eval_steps 1000 --logging_steps 50 \
@@ -56,7 +61,7 @@ run: $(BIN)/.installed
 
 full-run: $(BIN)/.installed
 	$(BIN)/vaswani-train --dataset_name $(DATA) $(SPLITS) --source_lang $(SRC) --target_lang $(TGT) $(FULL_RECIPE) \
-		--max_steps 100000 --max_train_minutes 90 --output_dir runs/multi30k-$(SRC)-$(TGT)-tiny --seed $(SEED)
+		$(FULL_BOUND) --output_dir $(FULL_OUT) --seed $(SEED)
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
