@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark scripts: each runs with `--quick` in a subprocess, prints a table, writes JSON."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,18 @@ def test_ab_compiled_training_counts_graphs_and_times_both(tmp_path):
     assert "eager / compiled" in stdout
     assert result["graphs_compiled"] == 1 and [r["graphs"] for r in result["first_compiled_steps"]] == [1, 1]
     assert set(result["median_s_per_step"]) == {"eager", "compiled"} and result["compiled_speedup"] > 0
+
+
+def test_ab_processes_trains_one_process_and_two_on_the_same_tokens_per_update(tmp_path):
+    """`vaswani-train` alone against `torchrun` with 2 one-thread processes: each job trains, its seconds per update
+    come from the trainer's own log, and the 2 processes split the update's token budget."""
+    stdout, result = run_script("bench.ab_processes", tmp_path, "--processes", "2")
+    assert "s / update" in stdout and "----" in stdout
+    one, two = result["results"]
+    assert (one["processes"], one["max_tokens_each"]) == (1, 512)
+    assert (two["processes"], two["threads_each"], two["max_tokens_each"]) == (2, 1, 256)
+    assert one["seconds_per_step"] > 0 and two["seconds_per_step"] > 0 and one["speedup"] == 1.0
+    assert all(math.isfinite(row["last_loss"]) for row in (one, two))
 
 
 def test_profile_train_shares_the_step_among_its_parts(tmp_path):
