@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -93,7 +94,6 @@ def run_job(args, processes: int, data: Path, work: Path, tokenizer: Path | None
         "max_tokens_each": max_tokens,
         "seconds_per_step": statistics.fmean(float(r["seconds_per_step"]) for r in records[1:]),
         "last_loss": float(records[-1]["loss"]),
-        "tokenizer": output_dir / "tokenizer" if tokenizer is None else tokenizer,
     }
 
 
@@ -133,7 +133,8 @@ def main(argv=None) -> dict:
         for _ in range(args.repeats):
             for processes in runs:
                 result = run_job(args, processes, data, work, tokenizer)
-                tokenizer = result.pop("tokenizer")
+                if tokenizer is None:  # the first job's, kept apart: a job's --overwrite_output_dir removes its own
+                    tokenizer = shutil.copytree(work / f"p{processes}" / "tokenizer", work / "tokenizer")
                 runs[processes].append(result)
                 print(f"{processes} process(es): {result['seconds_per_step']:.3f} s a step", file=sys.stderr)
     rows = [
