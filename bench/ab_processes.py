@@ -133,7 +133,8 @@ def main(argv=None) -> dict:
         for _ in range(args.repeats):
             for processes in runs:
                 result = run_job(args, processes, data, work, tokenizer)
-                if tokenizer is None:  # the first job's, kept apart: a job's --overwrite_output_dir removes its own
+                # The first job's tokenizer, kept apart: a job's --overwrite_output_dir removes its own.
+                if tokenizer is None:
                     tokenizer = shutil.copytree(work / f"p{processes}" / "tokenizer", work / "tokenizer")
                 runs[processes].append(result)
                 print(f"{processes} process(es): {result['seconds_per_step']:.3f} s a step", file=sys.stderr)
