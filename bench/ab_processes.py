@@ -6,13 +6,13 @@ recipe's update, the same tokens per update, through `vaswani-train` itself.
   (OMP_NUM_THREADS=1), gradients all-reduced over gloo (DistributedDataParallel through Accelerate), as fairseq's
   anchor run trained on 2 GPUs at `--max-tokens 4096` each.
 
-The small matrices of the `tiny` preset keep two threads of one process from doubling its speed; two processes each
-multiply their own half of the batch on one core. Each job trains `--steps` updates of the recipe (the `tiny`
+The question: the small matrices of the `tiny` preset keep two threads of one process from doubling its speed;
+would two processes, each multiplying its own half of the batch on one core, be faster? Each job trains `--steps` updates of the recipe (the `tiny`
 preset, vocabulary 8000, warm-up 2000, bf16 autocast where the CPU computes in bf16) from the same tokenizer, jobs
 alternating for `--repeats` rounds. The seconds per update are the trainer's own `seconds_per_step` log records
 (wall time per update between records, `trainer_state.json`), the first record (the first step's set-up) left out.
 
-    python -m bench.ab_processes --steps 120 --repeats 2 --json bench/results/processes_tiny_cpu.json
+    python -m bench.ab_processes --steps 80 --log_every 20 --repeats 2 --json bench/results/processes_tiny_cpu.json
 """
 
 import argparse
@@ -117,9 +117,16 @@ def main(argv=None) -> dict:
         "--quick", action="store_true", help="a small synthetic corpus, a few steps: a smoke test"
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.vocab, args.max_tokens, args.steps, args.log_every, args.repeats = 300, 512, 4, 2, 1
     if args.processes < 2:
         raise SystemExit(
             f"--processes must be at least 2 (the job set against one process), got {args.processes}"
+        )
+    if args.max_tokens % args.processes:
+        raise SystemExit(
+            f"--max_tokens {args.max_tokens} does not split evenly over {args.processes} processes: the two jobs "
+            "would train on different tokens per update"
         )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -128,7 +135,6 @@ def main(argv=None) -> dict:
             from bench.synthetic_corpus import write_corpus
 
             data = write_corpus(work / "corpus", pairs=400, validation=20, test=20, vocab=300)
-            args.vocab, args.max_tokens, args.steps, args.log_every, args.repeats = 300, 512, 4, 2, 1
         tokenizer, runs = None, {1: [], args.processes: []}
         for _ in range(args.repeats):
             for processes in runs:
