@@ -49,7 +49,7 @@ def test_int8_linear_is_torchaos_linear_to_the_bit():
         x[0, ..., 0] = 0.0  # a zero and a large value in the rows
         x.view(-1, 37)[-1, 5] = 40.0
         assert torch.equal(int8_linear(x, weight, layer[0].bias), layer(x))
-        if kernels._ONEDNN_INT8_AVAILABLE:  # oneDNN's int8 linear on the packed weight: the same floats
+        if kernels.int8._ONEDNN_INT8_AVAILABLE:  # oneDNN's int8 linear on the packed weight: the same floats
             packed = torch.ops.onednn.qlinear_prepack(weight.qdata, None)
             assert torch.equal(int8_linear(x, weight, layer[0].bias, packed), layer(x))
 
@@ -126,9 +126,9 @@ def test_use_cpu_kernels_quantizes_the_tied_output_projection_as_torchao_would(f
 def test_packed_int8_weights_decode_the_same_tokens_in_inference_mode(folder, monkeypatch):
     """The large layers' path (oneDNN's int8 linear on weights packed once), taken here by every layer, under
     `torch.inference_mode` as in serving: the same tokens and logits as torchao's layers."""
-    if not kernels._ONEDNN_INT8_AVAILABLE:
+    if not kernels.int8._ONEDNN_INT8_AVAILABLE:
         pytest.skip("torch was built without oneDNN's int8 linear")
-    monkeypatch.setattr(kernels, "PACKED_INT8_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(kernels.int8, "PACKED_INT8_MIN_WEIGHTS", 0)
     with torch.inference_mode():
         quantized = load_int8(folder)
         reference = greedy(quantized, output_scores=True, return_dict_in_generate=True)

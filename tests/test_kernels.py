@@ -31,7 +31,7 @@ def test_linear_equals_f_linear_in_value_and_gradient(bias):
     reference = nn.Linear(37, 23, bias=bias)
     reference.load_state_dict(ours.state_dict())
     x = torch.randn(4, 9, 37)
-    assert kernels.onednn_linear_applies(x, ours.weight) == kernels._ONEDNN_AVAILABLE
+    assert kernels.onednn_linear_applies(x, ours.weight) == kernels.onednn_linear._ONEDNN_AVAILABLE
     x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_ours, y_ref = ours(x_ours), reference(x_ref)
     torch.testing.assert_close(y_ours, y_ref, atol=1e-5, rtol=1e-5)
@@ -307,7 +307,7 @@ def test_fused_projection_and_loss_refuse_bad_labels_and_a_second_backward():
 def _count_matmul_calls(monkeypatch):
     """Record the (is_cross_attention, query shape) of every call that `vaswani_sdpa` computes with matmuls."""
     calls = []
-    original = kernels.prefers_matmul_attention
+    original = kernels.attention.prefers_matmul_attention
 
     def spy(module, query, key, attention_mask):
         chosen = original(module, query, key, attention_mask)
@@ -315,7 +315,7 @@ def _count_matmul_calls(monkeypatch):
             calls.append((module.is_cross_attention, tuple(query.shape)))
         return chosen
 
-    monkeypatch.setattr(kernels, "prefers_matmul_attention", spy)
+    monkeypatch.setattr(kernels.attention, "prefers_matmul_attention", spy)
     return calls
 
 

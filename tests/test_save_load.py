@@ -214,7 +214,7 @@ def test_a_model_is_plain_torch_until_the_cpu_kernels_are_turned_on(tmp_path):
     built.save_pretrained(tmp_path)
     for model in (built, AutoModelForSeq2SeqLM.from_pretrained(tmp_path)):
         modules = list(model.modules())
-        assert not [m for m in modules if type(m).__module__ == "vaswani.kernels"]
+        assert not [m for m in modules if type(m).__module__.startswith("vaswani.kernels")]
         linears = [m for m in modules if isinstance(m, nn.Linear)]
         assert linears and all(type(m) is nn.Linear for m in linears)
         dropouts = [m for m in modules if isinstance(m, nn.Dropout)]

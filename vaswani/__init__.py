@@ -8,8 +8,8 @@ The package's folders are its layers (docs/ARCHITECTURE.md):
 
 - `vaswani/` itself: the model, the files every saved model folder carries (`configuration_vaswani.py`,
   `modeling_vaswani.py`, `generation_vaswani.py`, `pipeline_vaswani.py`, `utils_vaswani.py`: torch and transformers
-  only), `kernels.py`, the opt-in CPU kernels (`use_cpu_kernels`), which no folder carries, and
-  `auto_registration.py`;
+  only) and `auto_registration.py`;
+- `vaswani.kernels`: the opt-in CPU kernels (`use_cpu_kernels`), which no folder carries;
 - `vaswani.recipe`: the paper's training recipe (data, BPE, batches, trainer, schedule, loss, checkpoints, averaging,
   decoding and BLEU, and the run of `vaswani-train`);
 - `vaswani.interop`: the model in other engines and from other models (CTranslate2 and ONNX exports, Marian and

@@ -1,0 +1,106 @@
+"""Faster CPU kernels for the model: the same arithmetic as the plain-torch lines they stand in for, turned on by the
+caller. A model is plain torch (`modeling_vaswani.py`); `use_cpu_kernels(model)` swaps its `nn.Linear` and
+`nn.Dropout` modules for the classes below, in place, and chooses the `"vaswani_sdpa"` attention. The recipe's
+tools make that call on the CPU, and `VaswaniTrainer` computes its label-smoothed loss with the two loss kernels.
+
+Each entry below names its reference, and `tests/test_kernels.py` (`tests/test_int8.py` for int8) checks it against
+that reference by name:
+
+| here (file) | reference | where it is faster (figures: BENCHMARKS.md) |
+|---|---|---|
+| `Linear` (`onednn_linear.py`) | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD): oneDNN's GEMM |
+| `Int8Linear`, `int8_linear` (`int8.py`) | torchao's `F.linear` on its int8 weights (`TorchAoConfig`) | CPU: int8 GEMMs (oneDNN's on weights packed once) without torchao's per-call Python |
+| `Dropout`, `dropout` (`bit_dropout.py`) | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
+| `label_smoothed_cross_entropy` (`loss.py`) | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
+| `linear_label_smoothed_cross_entropy` (`loss.py`) | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
+| `attn_implementation="vaswani_sdpa"` (`attention.py`) | `"sdpa"` | CPU decoding steps and short half-precision training: matmuls |
+
+One choice changes the arithmetic, and `use_cpu_kernels(model, int8_output=False)` declines it: in a model whose
+linear layers are torchao int8, `Int8OutputLinear` computes the output projection that transformers keeps in float32
+(tied to the embeddings) from an int8 copy, quantized as torchao quantizes the others.
+
+Every fast path steps aside (to the reference) under `torch.compile`, which picks its own kernels, and off the CPU.
+Some use torch's private oneDNN and softmax operators, guarded: this package is never copied into saved model folders,
+which hold the plain model only.
+"""
+
+import torch
+from torch import nn
+
+from .attention import FAST_ATTENTION, prefers_matmul_attention, vaswani_sdpa_attention
+from .bit_dropout import Dropout, dropout, quantized_dropout_probability
+from .int8 import Int8Linear, Int8OutputLinear, int8_linear, torchao_int8_dynamic
+from .loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
+from .onednn_linear import Linear, _is_plain, onednn_linear_applies
+
+_FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
+
+
+def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool = True) -> nn.Module:
+    """Turn this module's kernels on in `model`, in place, and return it: every `nn.Linear` becomes a `Linear` and
+    every `nn.Dropout` a `Dropout` (their class is changed, so parameters, ties, hooks and device stay as they are),
+    and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. On a GPU, and under
+    `torch.compile`, the swapped modules compute exactly what the plain ones do.
+
+    A model loaded with `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())`: its int8 linear layers become
+    `Int8Linear` (torchao's arithmetic, faster), and with `int8_output` its output projection, which transformers
+    keeps in float32 when it is tied to the embeddings, becomes an `Int8OutputLinear`, quantized as the other layers
+    are (as CTranslate2's int8 does; `int8_output=False` keeps it float32). Layers holding other quantized weights
+    stay as they are."""
+    int8 = False
+    for module in model.modules():
+        fast = _FAST_MODULES.get(type(module))
+        if fast is Linear and not _is_plain(module.weight):
+            # torchao's dynamic int8 weights take Int8Linear; other quantized weights stay as they are
+            fast = Int8Linear if torchao_int8_dynamic(module.weight) else None
+        if fast is not None:
+            module.__class__ = fast
+        int8 = int8 or type(module) is Int8Linear
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
+        output.__class__ = Int8OutputLinear
+    elif not int8_output and type(output) is Int8OutputLinear:
+        output.__class__ = Linear
+        output.__dict__.pop("_vaswani_int8_weight", None)
+        output.__dict__.pop("_vaswani_packed_int8", None)
+    config = getattr(model, "config", None)
+    if attention and getattr(config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(FAST_ATTENTION)
+    return model
+
+
+def use_plain_modules(model: nn.Module) -> nn.Module:
+    """Undo `use_cpu_kernels`: the modules become `nn.Linear` and `nn.Dropout` again and `"vaswani_sdpa"` attention
+    becomes "sdpa"."""
+    plain = {fast: plain for plain, fast in _FAST_MODULES.items()} | {
+        Int8Linear: nn.Linear,
+        Int8OutputLinear: nn.Linear,
+    }
+    for module in model.modules():
+        if type(module) in plain:
+            module.__class__ = plain[type(module)]
+            module.__dict__.pop("_vaswani_packed_int8", None)
+            module.__dict__.pop("_vaswani_int8_weight", None)
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == FAST_ATTENTION:
+        model.set_attn_implementation("sdpa")
+    return model
+
+
+__all__ = [
+    "FAST_ATTENTION",
+    "Dropout",
+    "Int8Linear",
+    "Int8OutputLinear",
+    "Linear",
+    "dropout",
+    "int8_linear",
+    "label_smoothed_cross_entropy",
+    "linear_label_smoothed_cross_entropy",
+    "onednn_linear_applies",
+    "prefers_matmul_attention",
+    "quantized_dropout_probability",
+    "torchao_int8_dynamic",
+    "use_cpu_kernels",
+    "use_plain_modules",
+    "vaswani_sdpa_attention",
+]

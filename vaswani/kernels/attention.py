@@ -1,0 +1,57 @@
+"""`attn_implementation="vaswani_sdpa"`: transformers' "sdpa" attention, with the calls where batched matmuls beat
+torch's CPU flash-attention kernel computed by the model's own `eager_attention_forward`. Registered with
+transformers' `AttentionInterface` when `vaswani.kernels` is imported. Reference: "sdpa" and "eager"
+(`tests/test_kernels.py`)."""
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import is_torchdynamo_compiling
+
+from ..modeling_vaswani import eager_attention_forward
+
+FAST_ATTENTION = "vaswani_sdpa"
+
+# Beyond this many keys, torch's CPU SDPA kernel beats batched matmuls in half-precision training.
+MATMUL_ATTENTION_MAX_KEYS = 128
+
+
+def prefers_matmul_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask
+) -> bool:
+    """Where batched matmuls beat torch's CPU SDPA kernel (a flash-attention kernel), measured by
+    `bench.bench_kernels`: one query per row (each step of incremental decoding: about 2x at 20-60 keys, equal at
+    1024), and forward + backward in bfloat16/float16 with at most `MATMUL_ATTENTION_MAX_KEYS` keys (4-5x at 32 keys).
+    A causal call without a mask must have one query or as many queries as keys, so that its mask can be drawn."""
+    if query.device.type != "cpu" or is_torchdynamo_compiling():
+        return False
+    if attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2]):
+        return False
+    if query.shape[-2] == 1:
+        return True
+    return (
+        query.dtype in (torch.bfloat16, torch.float16)
+        and torch.is_grad_enabled()
+        and (query.requires_grad or key.requires_grad)
+        and key.shape[-2] <= MATMUL_ATTENTION_MAX_KEYS
+    )
+
+
+def vaswani_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' "sdpa" attention, with the calls that `prefers_matmul_attention` picks computed by the model's
+    own `eager_attention_forward` (Eq. 1 in batched matmuls, float32 softmax): same arithmetic, another kernel. SDPA's
+    masks leave causal attention to the kernel's `is_causal` (mask None); those calls get their lower-triangular mask
+    here."""
+    if not prefers_matmul_attention(module, query, key, attention_mask):
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is None and module.is_causal and query.shape[-2] > 1:
+        attention_mask = torch.ones(
+            query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
+        ).tril()
+    return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(FAST_ATTENTION, vaswani_sdpa_attention)
+AttentionMaskInterface.register(FAST_ATTENTION, sdpa_mask)

@@ -1,0 +1,68 @@
+"""`Dropout` and `dropout`: the keep mask drawn from 15 random bits per element, four elements per 64-bit draw of
+torch's generator, in place of `bernoulli_`. Reference: `nn.Dropout` / `F.dropout` (`tests/test_kernels.py`)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import is_torchdynamo_compiling
+
+# The keep mask is drawn from random bits, 15 per element: four elements from each 64-bit draw of torch's generator
+# (`random_()` on int64 fills 63 bits; the low 15 of each 16-bit lane are uniform). An element is kept when its 15
+# bits, read as an integer in [0, 2**15), are at least round(p * 2**15).
+_MASK_BITS = 15
+
+
+def quantized_dropout_probability(p: float) -> float:
+    """The drop probability that `dropout` applies on its fast path: p rounded to a multiple of 2**-15 (within
+    1.6e-5 of p). Kept elements are scaled by 1 / (1 - this), so that the output's expectation is x exactly."""
+    return round(p * (1 << _MASK_BITS)) / (1 << _MASK_BITS)
+
+
+class _BitMaskDropoutFunction(torch.autograd.Function):
+    """Dropout whose keep mask is drawn from 15 random bits per element: Bernoulli(1 - p') per element with p' =
+    `quantized_dropout_probability(p)`, kept elements scaled by 1 / (1 - p')."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        threshold = round(p * (1 << _MASK_BITS))
+        n = x.numel()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
+        bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_((1 << _MASK_BITS) - 1)
+        # 0 where dropped, 1 / (1 - p') in x's dtype where kept: torch's dropout scales by the same rounded factor.
+        mask = bits.ge_(threshold).to(x.dtype).mul_((1 << _MASK_BITS) / ((1 << _MASK_BITS) - threshold))
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """`F.dropout(x, p, training)`, with the mask drawn faster on the CPU.
+
+    torch's CPU dropout draws its mask with `bernoulli_`, which took a quarter of a training step of a small model on
+    two cores, and a float32 uniform per element costs one draw of the generator each. Here four elements share one
+    64-bit draw, 15 bits each: every element is kept with probability 1 - p' and kept elements are scaled by
+    1 / (1 - p'), where p' is p rounded to a multiple of 2**-15 (`quantized_dropout_probability`; 0.3 becomes
+    0.29999, and the expectation stays x). Only the random stream differs from torch's; a seed still fixes the
+    masks. GPUs (one fused kernel), `torch.compile`, and p within 2**-16 of 0 or 1 (p = 0 and p = 1 included) take
+    `F.dropout`.
+    """
+    if (
+        training
+        and 0 < round(p * (1 << _MASK_BITS)) < (1 << _MASK_BITS)
+        and not is_torchdynamo_compiling()
+        and x.device.type == "cpu"
+        and x.is_floating_point()
+    ):
+        return _BitMaskDropoutFunction.apply(x, p)
+    return F.dropout(x, p=p, training=training)
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout` whose CPU training masks come from `dropout`'s 15 random bits per element."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)

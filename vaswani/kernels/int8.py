@@ -1,0 +1,145 @@
+"""`Int8Linear` and `Int8OutputLinear`: torchao's int8 weights (transformers' `TorchAoConfig(
+Int8DynamicActivationInt8WeightConfig())`) through torch's int8 GEMMs, in torchao's arithmetic op for op, without its
+per-call Python. Reference: torchao's `F.linear` on the same weights (`tests/test_int8.py`)."""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import is_torchdynamo_compiling
+
+from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain
+
+
+def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
+    """Whether `weight` is what `from_pretrained(..., quantization_config=TorchAoConfig(
+    Int8DynamicActivationInt8WeightConfig()))` puts in a linear layer: torchao's `Int8Tensor` of a float32 matrix, one
+    symmetric scale per output row, activations quantized on the fly per row and symmetric (torchao's defaults), with
+    no static activation scale or pre-scale. Read from the tensor's attributes, without importing torchao."""
+    if type(weight).__name__ != "Int8Tensor" or not type(weight).__module__.startswith("torchao."):
+        return False
+    act = getattr(weight, "act_quant_kwargs", None)
+    qdata, scale, zero_point = weight.qdata, weight.scale, getattr(weight, "zero_point", None)
+    return (
+        act is not None
+        and type(act.granularity).__name__ == "PerRow"
+        and getattr(act.mapping_type, "name", None) == "SYMMETRIC"
+        and weight.act_quant_scale is None
+        and weight.act_pre_scale is None
+        and weight.dtype == torch.float32
+        and qdata.dim() == 2
+        and list(weight.block_size) == [1, qdata.shape[1]]
+        and scale.numel() == qdata.shape[0]
+        and scale.dtype == torch.float32
+        and (zero_point is None or not zero_point.any())
+    )
+
+
+def _quantize_rows(x: torch.Tensor, qmin: int = -128, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's symmetric per-row int8 quantization of a 2-D float32 tensor, op for op: scale = max|row| /
+    ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax]."""
+    scale = x.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
+    return torch.round(x * (1.0 / scale)).clamp_(qmin, qmax).to(torch.int8), scale
+
+
+# oneDNN's int8 linear on a weight packed once beats `torch._int_mm`, which repacks its weight at every call, from
+# about a million weights on (the feed-forward layers and the output projection); below, `_int_mm` is faster.
+PACKED_INT8_MIN_WEIGHTS = 1 << 20
+_ONEDNN_INT8_AVAILABLE = (
+    _ONEDNN_AVAILABLE
+    and hasattr(torch.ops.onednn, "qlinear_prepack")
+    and hasattr(torch.ops.onednn, "qlinear_pointwise")
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_scales(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row weight scales of 1 and zero points of 0 for oneDNN's int8 linear (never written)."""
+    return torch.ones(rows), torch.zeros(rows, dtype=torch.long)
+
+
+def _int8_product(quantized: torch.Tensor, qdata: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """quantized @ qdata^T in int32, exactly, returned as float32 (`.to(torch.float32)` of the int32 product): by
+    `torch._int_mm`, or by oneDNN's int8 linear on `packed` (`torch.ops.onednn.qlinear_prepack(qdata)`) with unit
+    scales, whose float32 output is the same conversion of the same integers."""
+    if packed is None:
+        return torch._int_mm(quantized, qdata.t()).to(torch.float32)
+    ones, zeros = _unit_scales(qdata.shape[0])
+    return torch.ops.onednn.qlinear_pointwise(
+        quantized, 1.0, 0, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+
+
+def int8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for a `torchao_int8_dynamic` weight, in torchao's arithmetic op for op: each row of
+    x quantized to int8 (`_quantize_rows`; [-64, 63] with `reduce_range`), the int32 product (exact: `_int8_product`),
+    then scaled by the row's scale and the weight's, and the bias added. torchao computes the same product and scales;
+    its cost on the CPU is the Python of its tensor subclass and general quantization primitives at every call, which
+    for one decoding step's small matrices is several times the product itself."""
+    return _int8_linear(x, weight.qdata, weight.scale, bias, weight.act_quant_kwargs.reduce_range, packed)
+
+
+def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    quantized, scale = _quantize_rows(rows, *((-64, 63) if reduce_range else (-128, 127)))
+    y = _int8_product(quantized, qdata, packed).mul_(scale).mul_(weight_scale.reshape(-1))
+    if bias is not None:
+        y += bias
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`."""
+    return not is_torchdynamo_compiling() and x.device.type == "cpu" and x.dtype == torch.float32
+
+
+def _identity(tensor: torch.Tensor) -> tuple[int, int]:
+    """Where `tensor`'s data lives and how often it was written in place (inference tensors keep no count), to tell
+    when a copy made from it is stale."""
+    return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
+
+
+def _packed(module: nn.Module, qdata: torch.Tensor) -> torch.Tensor | None:
+    """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), where
+    that is faster (`PACKED_INT8_MIN_WEIGHTS`); else None."""
+    if not _ONEDNN_INT8_AVAILABLE or qdata.numel() < PACKED_INT8_MIN_WEIGHTS:
+        return None
+    key = _identity(qdata)
+    cached = module.__dict__.get("_vaswani_packed_int8")
+    if cached is None or cached[0] != key:
+        cached = (key, torch.ops.onednn.qlinear_prepack(qdata, None))
+        module.__dict__["_vaswani_packed_int8"] = cached
+    return cached[1]
+
+
+class Int8Linear(nn.Linear):
+    """`nn.Linear` holding torchao's int8 weight (`torchao_int8_dynamic`), whose float32 CPU calls go through
+    `int8_linear`: the same int8 arithmetic as torchao's `F.linear`, in a few torch operators and an int8 GEMM.
+    Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if int8_linear_applies(x, self.weight):
+            return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata))
+        return F.linear(x, self.weight, self.bias)
+
+
+class Int8OutputLinear(Linear):
+    """The float32 output projection of a model whose other linear layers are torchao int8 (`Int8Linear`): its
+    float32 CPU calls quantize an int8 copy of the weight as torchao quantizes the others (`_quantize_rows`, once per
+    weight) and go through the same arithmetic. transformers leaves a projection tied to the embeddings in float32;
+    the float32 weight, its tie and what `save_pretrained` writes stay as they are. Elsewhere, `Linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if not (int8_linear_applies(x, weight) and _is_plain(weight) and weight.dtype == torch.float32):
+            return super().forward(x)
+        key = _identity(weight)
+        cached = self.__dict__.get("_vaswani_int8_weight")
+        if cached is None or cached[0] != key:
+            cached = (key, *_quantize_rows(weight.detach()))
+            self.__dict__["_vaswani_int8_weight"] = cached
+        _, qdata, weight_scale = cached
+        return _int8_linear(x, qdata, weight_scale, self.bias, False, _packed(self, qdata))

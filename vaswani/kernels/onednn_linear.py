@@ -1,0 +1,70 @@
+"""`Linear`: `nn.Linear` whose float32 CPU products (forward and input gradient) go through oneDNN's GEMM, faster than
+MKL's on CPUs where MKL runs without its AVX-512 kernels (AMD). Reference: `nn.Linear` / `F.linear`
+(`tests/test_kernels.py`). oneDNN's linear is a private torch operator, guarded by `_ONEDNN_AVAILABLE`."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import is_torchdynamo_compiling
+
+
+class _OneDNNLinearFunction(torch.autograd.Function):
+    """y = x W^T + b in float32, the forward product and the input gradient in oneDNN's GEMM."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        grad_2d = grad.reshape(-1, grad.shape[-1])  # (N, out)
+        if ctx.needs_input_grad[0]:  # dL/dx = dL/dy W: a "linear" with weight W^T of shape (in, out)
+            grad_x = torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [], "")
+        if ctx.needs_input_grad[1]:  # dL/dW = (dL/dy)^T x: (out, N) @ (N, in)
+            # torch's `mm` reads both operands transposed in place; oneDNN's linear would first copy them to be
+            # contiguous, which costs more than its faster GEMM saves here.
+            grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_2d.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+_ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _is_plain(weight: torch.Tensor) -> bool:
+    """A tensor of torch's own, not a subclass such as torchao's quantized weights."""
+    return type(weight) in (torch.Tensor, nn.Parameter)
+
+
+def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `Linear` takes oneDNN for this call: a plain float32 weight (not a quantized tensor subclass) on the CPU,
+    outside `torch.compile` and CPU autocast (whose bfloat16 product already goes to oneDNN), with oneDNN enabled
+    (`torch.backends.mkldnn.flags(enabled=False)` turns it off)."""
+    return (
+        not is_torchdynamo_compiling()  # first: dynamo cannot trace the flag queries below
+        and x.device.type == "cpu"
+        and _is_plain(weight)
+        and x.dtype == weight.dtype == torch.float32
+        and _ONEDNN_AVAILABLE
+        and torch.backends.mkldnn.enabled
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` whose float32 CPU products go through oneDNN (forward and input gradient).
+
+    torch's float32 CPU GEMM is MKL's, which runs without its AVX-512 kernels on non-Intel CPUs: on an AMD EPYC
+    oneDNN's is about twice as fast. Same parameters, same arithmetic to rounding; `isinstance(m, nn.Linear)`, PEFT's
+    LoRA wrapping and checkpoints see an `nn.Linear` (`type(m) is nn.Linear` does not: `use_plain_modules` undoes it).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if onednn_linear_applies(x, self.weight):
+            return _OneDNNLinearFunction.apply(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
