@@ -26,7 +26,7 @@ The conventions, the same in every tool:
   flag given different values (`--lr 1e-4 --learning_rate 2e-4`, in one arguments file too) are refused by name
   (`refuse_conflicting_names`); one name given twice keeps argparse's rule, the last wins.
 - Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
-  `{flag_name: value}`; flags given on the command line override it.
+  `{flag_name: value}`; flags given on the command line override it (`arguments_files.py`).
 - `--help` lists every flag, grouped by dataclass (`_argument_group_name`), in the order of the dataclasses, then the
   flags common to every tool; a dataclass whose `_inherited_argument_group_name` is set lists the fields it inherits
   (transformers' Trainer flags) under that title, last. `--help_all` is the same.
@@ -38,28 +38,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import functools
-import json
 import logging
-import math
 import os
 import re
 import sys
-import types
-import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-import yaml
 from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
 from ..common.errors import UsageError, describe_error
+from .arguments_files import (
+    ARGS_FILE_FLAG,
+    apply_arguments_files,
+    flag_fields,
+    read_arguments_file,
+    split_arguments_files,
+    typed_value,
+)
 
 logger = logging.getLogger(__name__)
 
-ARGS_FILE_FLAG = "--args_file"
-ARGS_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 DEBUG_FLAG = "--debug"
 VERBOSE_FLAG = "--verbose"
 HELP_ALL_FLAG = "--help_all"
@@ -143,211 +143,6 @@ def command(prog: str) -> Callable:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Arguments files
-# ---------------------------------------------------------------------------------------------------------------------
-def read_arguments_file(path: str | os.PathLike) -> dict[str, object]:
-    """The mapping `{flag_name: value}` of a JSON or YAML file, without the entries whose value is `null`.
-
-    A value is a scalar, a list of scalars (a flag that takes several values) or a mapping (given to the flag as its
-    JSON text, for flags such as `--fsdp_config`). Raises `UsageError` naming the file.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"Arguments file {path} does not exist.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise UsageError(
-            f"Arguments file {path} is not UTF-8 text: {error.reason} at byte {error.start}"
-        ) from None
-    if path.suffix == ".json":
-        try:
-            values = json.loads(text)
-        except ValueError as error:
-            raise UsageError(f"Arguments file {path} is not valid JSON: {error}") from None
-    else:
-        try:
-            values = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise UsageError(
-                f"Arguments file {path} is not valid YAML: {' '.join(str(error).split())}"
-            ) from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise UsageError(f"Arguments file {path} must hold a mapping of flag names to values.")
-    mapping = {}
-    for key, value in values.items():
-        if not isinstance(key, str) or not key.strip("-"):
-            raise UsageError(f"Arguments file {path}: {key!r} is not a flag name.")
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
-            if not value:
-                raise UsageError(f"Arguments file {path}: {key} is an empty list.")
-            for item in value:
-                _check_scalar(path, key, item)
-        elif not isinstance(value, dict):
-            _check_scalar(path, key, value)
-        mapping[key.lstrip("-")] = value
-    return mapping
-
-
-def _check_scalar(path: Path, key: str, value) -> None:
-    if isinstance(value, (dict, list)):
-        raise UsageError(f"Arguments file {path}: {key} holds a nested {type(value).__name__}.")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"Arguments file {path}: {key} is {value}.")
-
-
-def _as_text(value) -> str:
-    """A file's value as it would be written on the command line."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, dict) else str(value)
-
-
-def split_arguments_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The arguments files of `argv` (a first argument ending in .json/.yaml/.yml, and every `--args_file FILE`),
-    and the rest of `argv`."""
-    argv = list(argv)
-    files = []
-    if argv and not argv[0].startswith("-") and argv[0].endswith(ARGS_FILE_SUFFIXES):
-        files.append(argv.pop(0))
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token == ARGS_FILE_FLAG or token.startswith(ARGS_FILE_FLAG + "="):
-            if "=" in token:
-                files.append(token.split("=", 1)[1])
-                i += 1
-            elif i + 1 < len(argv):
-                files.append(argv[i + 1])
-                i += 2
-            else:
-                raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
-            continue
-        rest.append(token)
-        i += 1
-    return files, rest
-
-
-def _flag_fields(dataclass_types: Sequence[type]) -> dict[str, tuple[dataclasses.Field, object]]:
-    """Every flag of the dataclasses: its field and its resolved annotation."""
-    found = {}
-    for dtype in dataclass_types:
-        hints = typing.get_type_hints(dtype)
-        for item in dataclasses.fields(dtype):
-            if item.init:
-                found[item.name] = (item, hints[item.name])
-    return found
-
-
-def _aliases(fields: Mapping[str, tuple[dataclasses.Field, object]]) -> dict[str, str]:
-    """Each flag's other names (a field's `aliases` metadata, e.g. fairseq's `--lr`): alias -> field name."""
-    found = {}
-    for name, (item, _) in fields.items():
-        aliases = item.metadata.get("aliases", ())
-        for alias in [aliases] if isinstance(aliases, str) else aliases:
-            found[alias.lstrip("-").replace("-", "_")] = name
-    return found
-
-
-def _members(hint) -> tuple:
-    """The types of an annotation, `X | Y | None` taken apart."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return typing.get_args(hint)
-    return (hint,)
-
-
-def _takes_a_list(hint) -> bool:
-    return any(typing.get_origin(member) is list for member in _members(hint))
-
-
-def _choices(item: dataclasses.Field, hint) -> list[str] | None:
-    """The values a flag accepts, as `HfArgumentParser` restricts them: its `choices`, or an Enum's values."""
-    if "choices" in item.metadata:
-        return [str(choice) for choice in item.metadata["choices"]]
-    for member in _members(hint):
-        if isinstance(member, type) and issubclass(member, enum.Enum):
-            return [str(choice.value) for choice in member]
-        if typing.get_origin(member) is typing.Literal:
-            return [str(choice) for choice in typing.get_args(member)]
-    return None
-
-
-def apply_arguments_files(
-    parser: HfArgumentParser, files: Sequence[str], argv: Sequence[str], renamed: Mapping[str, str]
-) -> list[str]:
-    """Give the flags of the arguments `files` (later files first) to `parser`, so that `argv`'s flags override
-    them; returns the command line to parse.
-
-    `HfArgumentParser.parse_yaml_file`/`parse_json_file` fill the dataclasses without argparse: no type conversion
-    (YAML reads `1e-3` as a string) and no command line over the file. Here the values become the parser's defaults
-    (`set_defaults`): argparse converts a string default with the flag's type, as it converts a command-line value,
-    and any flag on the command line wins. A flag the parser requires, or one that takes several values, is put in
-    front of the command line instead (argparse reads those only there), where a later flag still wins.
-    """
-    fields = _flag_fields(parser.dataclass_types)
-    aliases = _aliases(fields)
-    defaults: dict[str, str] = {}
-    tokens: dict[str, list[str]] = {}
-    for path in files:
-        values = read_arguments_file(path)
-        if "lenpen" in values and "length_penalty" in values:
-            raise UsageError(
-                f"Arguments file {path}: lenpen is fairseq's name of length_penalty: give one of them"
-            )
-        if "lenpen" in values and "length_penalty_form" in fields:
-            form = values.get("length_penalty_form", "power")
-            if form != "power":
-                raise UsageError(
-                    f"Arguments file {path}: lenpen is fairseq's length penalty |Y| ** alpha "
-                    f"(length_penalty_form power), but length_penalty_form is {form!r}"
-                )
-            values = {**values, "length_penalty": values.pop("lenpen"), "length_penalty_form": "power"}
-        given: dict[str, tuple[str, object]] = {}  # this file's flags: name -> (key, value)
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            name = aliases.get(name, name)
-            if name in renamed:
-                logger.warning("%s: %s is deprecated; use %s", path, name, renamed[name])
-                name = renamed[name]
-            if name not in fields:
-                raise UsageError(
-                    f"Arguments file {path}: {key} is not a flag of {current_prog()} "
-                    f"({current_prog()} --help lists the flags)"
-                )
-            item, hint = fields[name]
-            texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
-            typed = _typed(parser._option_string_actions[f"--{name}"], texts)
-            if name in given and given[name][1] != typed:
-                raise UsageError(
-                    f"Arguments file {path}: {given[name][0]} and {key} are two names of one flag with different "
-                    "values: give one of them"
-                )
-            given[name] = (key, typed)
-            required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
-            defaults.pop(name, None)
-            tokens.pop(name, None)
-            if required or _takes_a_list(hint):
-                tokens[name] = [f"--{name}", *texts]
-                continue
-            if len(texts) > 1:
-                parser.error(f"argument --{name}: expected one argument, got {len(texts)} ({path})")
-            choices = _choices(item, hint)
-            if choices is not None and texts[0] not in choices:
-                parser.error(
-                    f"argument --{name}: invalid choice: {texts[0]!r} (choose from "
-                    f"{', '.join(map(repr, choices))})"
-                )
-            defaults[name] = texts[0]
-    parser.set_defaults(**defaults)
-    return [token for flag in tokens.values() for token in flag] + list(argv)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # Renamed flags
 # ---------------------------------------------------------------------------------------------------------------------
 def rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
@@ -414,19 +209,6 @@ def expand_lenpen(argv: Sequence[str]) -> list[str]:
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse reads `-1` after a flag
 
 
-def _typed(action: argparse.Action, texts: Sequence[str]):
-    """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
-    texts themselves when a value does not convert: argparse reports that later)."""
-    if not texts:
-        return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
-    convert = action.type if callable(action.type) else str
-    try:
-        values = [convert(text) for text in texts]
-    except (TypeError, ValueError, argparse.ArgumentTypeError):
-        values = list(texts)
-    return values[0] if action.nargs in (None, "?") else tuple(values)
-
-
 def _spelling(parser: argparse.ArgumentParser, token: str, renamed: Mapping[str, str]):
     """The parser's action that the flag `token` (`--name`, without its `=value`) sets, renamed flags included."""
     actions = parser._option_string_actions
@@ -475,7 +257,7 @@ def refuse_conflicting_names(
             if not texts and action.nargs not in (0, "?", "*"):
                 continue  # a flag without its value: argparse says so
         shown = " ".join([name, *texts]) if not equals else token
-        seen.setdefault(action.dest, []).append((name, shown, _typed(action, texts)))
+        seen.setdefault(action.dest, []).append((name, shown, typed_value(action, texts)))
     for occurrences in seen.values():
         for index, (name, shown, value) in enumerate(occurrences):
             for other_name, other_shown, other_value in occurrences[index + 1 :]:
@@ -539,7 +321,7 @@ def build_parser(
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
         allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
     )
-    trainer_debug = "debug" in _flag_fields(
+    trainer_debug = "debug" in flag_fields(
         types_
     )  # transformers' --debug takes a value; a bare --debug is ours
     common = parser.add_argument_group(
@@ -556,7 +338,7 @@ def build_parser(
     if not trainer_debug:
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
-    if {"length_penalty", "length_penalty_form"} <= _flag_fields(types_).keys():
+    if {"length_penalty", "length_penalty_form"} <= flag_fields(types_).keys():
         common.add_argument(  # expanded before parsing (`expand_lenpen`); listed here for --help
             LENPEN_FLAG,
             metavar="ALPHA",
@@ -604,7 +386,7 @@ def parse_args(
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
     refuse_conflicting_names(parser, argv, renamed)
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
-    if {"length_penalty", "length_penalty_form"} <= _flag_fields(parser.dataclass_types).keys():
+    if {"length_penalty", "length_penalty_form"} <= flag_fields(parser.dataclass_types).keys():
         argv = expand_lenpen(argv)
     argv = apply_arguments_files(parser, files, argv, renamed or {})
     # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
