@@ -16,6 +16,7 @@ from vaswani.recipe.metrics import (
     compute_bleu,
     compute_moses_bleu,
     moses_lowercase_tokenize,
+    reported_scores,
     score_files,
 )
 
@@ -137,6 +138,19 @@ def test_moses_bleu_is_sacrebleu_on_lowercased_tokenized_text():
     assert (
         "|case:lc|" in scores["bleu_signature"] and "|tok:none|" in scores["bleu_signature"]
     )  # lowercased: said so
+
+
+def test_a_lowercase_model_is_scored_case_insensitively_by_every_metric():
+    """A model that writes lowercase (`--lowercase`) gets the scores of its words, not of their case, from every
+    metric `test_results.json` and the model card report: the same as the cased output's, each signature `case:lc`.
+    Scored case-sensitively, the paper's tokenized BLEU of a lowercase en->de model fell from about 40 to 8."""
+    lowered = [p.lower() for p in PREDICTIONS]
+    scores = reported_scores(lowered, REFERENCES, "de", lowercase=True)
+    cased = reported_scores(PREDICTIONS, REFERENCES, "de", lowercase=True)
+    for key in ("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"):
+        assert scores[key] == pytest.approx(cased[key]) and scores[key] > 20, key
+        assert "|case:lc|" in scores[f"{key}_signature"], key
+    assert reported_scores(lowered, REFERENCES, "de")["bleu_tokenized"] < scores["bleu_tokenized"] / 2
 
 
 def _write(path: Path, lines: list[str]) -> Path:

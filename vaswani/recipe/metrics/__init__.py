@@ -195,6 +195,7 @@ def compute_tokenized_bleu(
     predictions: Sequence[str],
     references: Sequence[str] | Sequence[Sequence[str]],
     lang: str,
+    lowercase: bool = False,
 ) -> dict:
     """The BLEU the paper reports on WMT 2014 (27.3 base, 28.4 big on en-de): `multi-bleu.perl` on Moses-tokenized
     text with hyphenated compounds split, which tensor2tensor's `get_ende_bleu.sh` computes from detokenized output
@@ -204,6 +205,7 @@ def compute_tokenized_bleu(
     result case-sensitively with `tokenize="none"` and no smoothing, as `multi-bleu.perl` does (0 when an n-gram
     order has no match). The signature says so (`tok:none|smooth:none`, plus `TOKENIZED_BLEU_NOTE`). It runs higher
     than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
+    `lowercase` scores it case-insensitively (`case:lc`), for a model that writes lowercase only.
     """
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
@@ -211,7 +213,7 @@ def compute_tokenized_bleu(
         raise ValueError("No predictions to score")
     check_moses_lang(lang)
     streams = [moses_compound_tokenize(stream, lang) for stream in _reference_streams(references)]
-    bleu = BLEU(tokenize="none", smooth_method="none", force=True)
+    bleu = BLEU(tokenize="none", smooth_method="none", force=True, lowercase=lowercase)
     score = bleu.corpus_score(moses_compound_tokenize(predictions, lang), streams)
     return {
         "bleu": score.score,
@@ -255,7 +257,7 @@ def score_files(
     scores = {"sacrebleu": compute_bleu(hypotheses, per_segment, tokenize, lowercase, chrf_word_order)}
     if moses_lang is not None:
         scores["moses"] = compute_moses_bleu(hypotheses, per_segment, moses_lang)
-        scores["tokenized"] = compute_tokenized_bleu(hypotheses, per_segment, moses_lang)
+        scores["tokenized"] = compute_tokenized_bleu(hypotheses, per_segment, moses_lang, lowercase)
     return scores
 
 
@@ -268,7 +270,8 @@ def reported_scores(
     """BLEU and chrF on the raw text, BLEU on lowercased Moses-tokenized `lang` text (published Multi30k figures) and
     the paper's tokenized BLEU with compounds split (WMT), with their signatures, under the keys a run's
     `test_results.json` uses and `vaswani.publishing.model_card.EvalResults` reads. `lowercase` makes the
-    raw-text BLEU and chrF case-insensitive (signature `case:lc`), for a model that writes lowercase only.
+    raw-text BLEU, chrF and the tokenized BLEU case-insensitive (signature `case:lc`), for a model that writes
+    lowercase only: scored case-sensitively, its output loses every capitalised word.
 
     For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
     raw = compute_bleu(predictions, references, lowercase=lowercase)
@@ -284,7 +287,7 @@ def reported_scores(
     comparable = compute_moses_bleu(predictions, references, lang)
     record["bleu_lowercase_moses_tokenized"] = comparable["bleu"]
     record["bleu_lowercase_moses_tokenized_signature"] = comparable["bleu_signature"]
-    papers = compute_tokenized_bleu(predictions, references, lang)
+    papers = compute_tokenized_bleu(predictions, references, lang, lowercase)
     record["bleu_tokenized"] = papers["bleu"]
     record["bleu_tokenized_signature"] = papers["bleu_signature"]
     return record
