@@ -20,7 +20,7 @@ MINUTES ?= 10
 # checkpoints (one epoch: 60 steps at 8192 tokens, 80 at 6144); AVERAGE="10 20 40" keeps whichever average of the last
 # N checkpoints scores best on val; EXTRA="--lr_cooldown_fraction 0.2" adds any other vaswani-train flags. STEPS=8000
 # trains by updates instead of minutes (the anchor's --max-update 8000, the same on any machine at any load) into
-# runs/multi30k-$SRC-$TGT-tiny-8000-updates; a SEED other than 1 adds -seed<SEED> to the folder.
+# runs/multi30k-$SRC-$TGT-tiny-8000-updates; a SEED other than 1 adds -seed<SEED> to the folder; FULL_OUT=DIR names it.
 SRC ?= de
 TGT ?= en
 SEED ?= 1
