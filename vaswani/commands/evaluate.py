@@ -1,7 +1,7 @@
 """`vaswani-evaluate`: score a translation file against reference file(s): sacreBLEU BLEU and chrF with their
 signatures; with --moses_lang, also BLEU on lowercased Moses-tokenized text (published Multi30k figures) and the
-paper's WMT BLEU (Moses-tokenized, compounds split as ##AT##-##AT##, case kept: tensor2tensor's get_ende_bleu.sh),
-each on its own line with its signature.
+paper's WMT BLEU (Moses-tokenized, compounds split as ##AT##-##AT##, case kept unless --lowercase: tensor2tensor's
+get_ende_bleu.sh), each on its own line with its signature.
 
 Files hold one segment a line (`.gz` allowed) and must have the same number of lines. The numbers come from
 `vaswani.recipe.metrics.score_files`; see `compute_moses_bleu` and `compute_tokenized_bleu` for what `--moses_lang` adds.
@@ -39,7 +39,10 @@ class EvaluationArguments:
         default="13a",
         metadata={"help": "sacreBLEU tokenizer for BLEU.", "choices": list(BLEU_TOKENIZERS)},
     )
-    lowercase: bool = field(default=False, metadata={"help": "Case-insensitive BLEU and chrF."})
+    lowercase: bool = field(
+        default=False,
+        metadata={"help": "Case-insensitive BLEU and chrF, and the tokenized BLEU of --moses_lang."},
+    )
     chrf_word_order: int = field(default=0, metadata={"help": "0 for chrF, 2 for chrF++."})
     moses_lang: str | None = field(
         default=None,

@@ -238,8 +238,8 @@ def score_files(
     """Score a hypothesis file against one or more reference files (one segment a line, `.gz` allowed).
 
     Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` and
-    `"tokenized": compute_tokenized_bleu(..., lang=moses_lang)` when `moses_lang` is given. Raises `ValueError`
-    naming the files if their line counts differ.
+    `"tokenized": compute_tokenized_bleu(..., lang=moses_lang)` when `moses_lang` is given, `lowercase` applying to
+    both BLEU and chrF and the tokenized BLEU. Raises `ValueError` naming the files if their line counts differ.
     """
     check_bleu_tokenizer(tokenize)
     if moses_lang is not None:
