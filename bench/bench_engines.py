@@ -120,7 +120,7 @@ def load(name: str, args, workdir: Path):
     """A decoding function of one implementation: source id lists -> per sentence, the generated ids."""
     if name in ("vaswani", "marian"):
         model = common.build_model(name, common.vaswani_config(args.preset, args.vocab)).eval()
-        return lambda sources, beams: generate_pytorch(model, sources, beams, args.new_tokens)
+        return lambda sources, beams: generate_pytorch(model, sources, beams, args)
     if name == "vaswani-onnx":
         from vaswani.interop.engines import load_engine
 
@@ -153,9 +153,11 @@ def load(name: str, args, workdir: Path):
 
 
 @torch.inference_mode()
-def generate_pytorch(model, sources: list[list[int]], beams: int, new_tokens: int) -> list[list[int]]:
+def generate_pytorch(model, sources: list[list[int]], beams: int, args) -> list[list[int]]:
+    """`model.generate()` of exactly `args.new_tokens` tokens a sentence, held there as `args.fixed_length` says."""
     input_ids = torch.tensor(sources)
-    config = common.fixed_length_generation_config(beams, new_tokens, suppress_eos=True)
+    suppress_eos = args.fixed_length == "min-new-tokens"
+    config = common.fixed_length_generation_config(beams, args.new_tokens, suppress_eos)
     out = model.generate(
         input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
     )
@@ -223,7 +225,7 @@ def main(argv=None) -> dict:
                 child = ["--memory-child", f"{name},{beams},{workdir}", "--preset", args.preset]
                 child += ["--batch-size", str(args.batch_size), "--src-len", str(args.src_len)]
                 child += ["--new-tokens", str(args.new_tokens), "--vocab", str(args.vocab)]
-                child += ["--threads", str(args.threads)]
+                child += ["--threads", str(args.threads), "--fixed-length", args.fixed_length]
                 memory = common.run_child("bench.bench_engines", child)
                 row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
             rows.append(row)

@@ -38,14 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--repeats", type=int, default=5, help="timed runs per configuration (median reported)"
     )
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument(
-        "--fixed-length",
-        choices=["min-new-tokens", "no-eos"],
-        default="min-new-tokens",
-        help="how every sentence is made exactly --new-tokens long: `min-new-tokens` keeps the EOS id and adds "
-        "generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the benchmark, not of "
-        "the model); `no-eos` decodes without an EOS id, so there is nothing to suppress",
-    )
+    common.add_fixed_length_argument(parser)
     parser.add_argument(
         "--share-encoder-outputs",
         action="store_true",

@@ -9,8 +9,9 @@ One saved model folder (`VaswaniConfig` preset, random weights, seed 0; `common.
 - `int8-kernels`: the same after `vaswani.use_cpu_kernels(model)` (`vaswani.kernels.Int8Linear`);
 - `ct2-int8`: the folder exported by `vaswani-export --engine ctranslate2 --quantization int8`, `translate_batch`.
 
-Each decodes `--batch-size` random sources of `--src-len` tokens into exactly `--new-tokens` tokens (the end token held
-back until then), greedy and beam 4, length penalty 1, `--threads` threads for every engine; the jobs are interleaved
+Each decodes `--batch-size` random sources of `--src-len` tokens into exactly `--new-tokens` tokens (PyTorch: the end
+token held back until then, or with `--fixed-length no-eos` no end token at all; CTranslate2 holds it back), greedy
+and beam 4, length penalty 1, `--threads` threads for every engine; the jobs are interleaved
 round-robin, medians of `--repeats`. Ratios are against `fp32` and against `ct2-int8` (same weights, same run). The
 agreement columns compare each implementation's greedy output with `fp32`'s: the share of sentences identical, and of
 tokens identical before a sentence's first difference.
@@ -66,7 +67,7 @@ def load(name: str, args, workdir: Path):
     model = AutoModelForSeq2SeqLM.from_pretrained(workdir / "vaswani", **kwargs).eval()
     if name.endswith("-kernels"):
         vaswani.use_cpu_kernels(model)
-    return lambda sources, beams: bench_engines.generate_pytorch(model, sources, beams, args.new_tokens)
+    return lambda sources, beams: bench_engines.generate_pytorch(model, sources, beams, args)
 
 
 def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:

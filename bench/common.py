@@ -65,9 +65,25 @@ def decoding_parser(doc: str, implementations: tuple[str, ...], batch_size: int)
         "--repeats", type=int, default=5, help="timed runs per configuration (median reported)"
     )
     parser.add_argument("--warmup", type=int, default=1)
+    add_fixed_length_argument(
+        parser,
+        "; the exported engines hold their end token back with their own minimum length either way",
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
     return parser
+
+
+def add_fixed_length_argument(parser: argparse.ArgumentParser, engines_note: str = "") -> None:
+    """`--fixed-length`: how a PyTorch `generate()` is held to exactly `--new-tokens` tokens a sentence."""
+    parser.add_argument(
+        "--fixed-length",
+        choices=["min-new-tokens", "no-eos"],
+        default="min-new-tokens",
+        help="how every sentence is made exactly --new-tokens long: `min-new-tokens` keeps the EOS id and adds "
+        "generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the benchmark, not of "
+        "the model); `no-eos` decodes without an EOS id, so there is nothing to suppress" + engines_note,
+    )
 
 
 def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:

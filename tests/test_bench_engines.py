@@ -67,9 +67,11 @@ def test_quality_a_b_scores_each_export_against_pytorch(tmp_path):
 
 def test_bench_int8_times_torchao_int8_against_float32_and_ctranslate2(tmp_path):
     stdout, result = run_script(
-        "bench.bench_int8", tmp_path, "--impl", "fp32", "int8-kernels", "ct2-int8", "--beams", "1"
+        "bench.bench_int8",
+        tmp_path,
+        *("--impl", "fp32", "int8-kernels", "ct2-int8", "--beams", "1", "--fixed-length", "no-eos"),
     )
-    assert "x ct2-int8" in stdout
+    assert "x ct2-int8" in stdout and result["settings"]["fixed_length"] == "no-eos"
     rows = {row["impl"]: row for row in result["results"]}
     assert set(rows) == {"fp32", "int8-kernels", "ct2-int8"} and rows["fp32"]["vs_fp32"] == 1.0
     assert rows["int8-kernels"]["vs_ct2_int8"] > 0 and 0 <= rows["ct2-int8"]["same_sentences_as_fp32"] <= 1
