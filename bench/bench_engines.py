@@ -9,11 +9,13 @@ Implementations, all built from one `VaswaniConfig` preset with random weights (
 - `marian-ct2-<q>`: CTranslate2's own converter applied to the `MarianMTModel`, same quantization.
 
 Each decodes `--batch-size` random sources of `--src-len` tokens into exactly `--new-tokens` tokens (the end token held
-back until then: `min_new_tokens`, CTranslate2's `min_decoding_length`), greedy and beam 4, with length penalty 1.
-Both CTranslate2 models run through the same `Translator.translate_batch` call. Every implementation gets `--threads`
-threads; the jobs are interleaved round-robin (medians of `--repeats`; "best" ratios compare the fastest runs, the
-least disturbed on a shared machine), so machine load hits them alike. Memory: peak
-resident size of a fresh process that loads the model and decodes one batch, and its rise during the decode.
+back until then: `min_new_tokens`, CTranslate2's `min_decoding_length`; `--fixed-length no-eos`: PyTorch without one),
+greedy and beam 4, with length penalty 1. Both CTranslate2 models run through the same `Translator.translate_batch`
+call. Every implementation gets `--threads` threads; medians of `--repeats` rounds ("best" ratios compare the fastest
+runs, the least disturbed on a shared machine). A round times the PyTorch jobs once each in this process, interleaved
+so that machine load hits them alike, then each exported engine once in a fresh child process after a warm-up
+(`in_child`: where CTranslate2 has translated, torch's GEMMs run about 1.8x slower). Memory: peak resident size of a
+fresh process that loads the model and decodes one batch, and its rise during the decode.
 
     python -m bench.bench_engines --preset base --json bench/results/engines_base_cpu.json
 """
@@ -22,6 +24,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -48,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--memory-child", help=argparse.SUPPRESS
     )  # internal: one configuration in a subprocess
+    parser.add_argument(
+        "--engine-child", help=argparse.SUPPRESS
+    )  # internal: one engine timed in a subprocess
     args = parser.parse_args(argv)
     if args.quick:
         args.preset, args.batch_size, args.src_len, args.new_tokens = "small", 2, 5, 4
@@ -181,6 +187,70 @@ def make_job(decode, beams: int, args):
     return job
 
 
+def in_child(name: str) -> bool:
+    """Whether an implementation is timed in child processes: the exported engines. Once CTranslate2 has translated in
+    a process, that process's torch GEMMs run at about half their speed (a 16x512x2048 float32 matmul: 260 us against
+    145 us, Intel Xeon), which would put the PyTorch rows, not the engines, on trial."""
+    return "ct2" in name or "onnx" in name
+
+
+def child_times(module: str, name: str, args, workdir: Path) -> dict[int, dict]:
+    """One timed decode of implementation `name` per beam setting, after `--warmup` untimed ones, in a fresh process
+    running `module`'s `--engine-child`: {beams: {"seconds", "outputs"}}."""
+    child = [
+        "--engine-child",
+        name,
+        "--workdir",
+        str(workdir),
+        "--preset",
+        args.preset,
+        "--vocab",
+        str(args.vocab),
+    ]
+    child += ["--batch-size", str(args.batch_size), "--src-len", str(args.src_len)]
+    child += [
+        "--new-tokens",
+        str(args.new_tokens),
+        "--threads",
+        str(args.threads),
+        "--warmup",
+        str(args.warmup),
+    ]
+    child += ["--beams", *map(str, args.beams), "--fixed-length", args.fixed_length]
+    return {int(beams): timed for beams, timed in common.run_child(module, child).items()}
+
+
+def timing_child(args, decode) -> None:
+    """The child of `child_times`: its result as a JSON line."""
+    result = {}
+    for beams in args.beams:
+        job = make_job(decode, beams, args)
+        for _ in range(args.warmup):
+            job()
+        start = time.perf_counter()
+        outputs = job()
+        result[beams] = {"seconds": time.perf_counter() - start, "outputs": outputs}
+    print(json.dumps(result))
+
+
+def rounds_of_times(module: str, args, workdir: Path, decoders: dict) -> tuple[dict, dict]:
+    """Seconds per decode of each (implementation, beams), `--repeats` rounds, and the tokens each decoded. A round
+    times the in-process implementations once each, interleaved, then each exported engine once in a fresh child."""
+    names = list(decoders)
+    jobs = {(name, beams): make_job(decoders[name], beams, args) for name in names for beams in args.beams}
+    outputs = {key: job() for key, job in jobs.items()}  # the tokens each decodes (and a warm-up)
+    children = [name for name in args.impl if in_child(name)]
+    times = {key: [] for key in jobs} | {(name, beams): [] for name in children for beams in args.beams}
+    for round_ in range(args.repeats):
+        for key, seconds in common.interleaved_times(jobs, 1, args.warmup if round_ == 0 else 0).items():
+            times[key] += seconds
+        for name in children:
+            for beams, timed in child_times(module, name, args, workdir).items():
+                times[name, beams].append(timed["seconds"])
+                outputs[name, beams] = timed["outputs"]
+    return times, outputs
+
+
 def memory_child(args) -> None:
     """Subprocess: peak resident memory of loading one implementation and decoding one batch, as a JSON line."""
     name, beams, workdir = args.memory_child.split(",", 2)
@@ -199,15 +269,15 @@ def main(argv=None) -> dict:
         memory_child(args)
         return {}
     torch.set_num_threads(args.threads)
+    if args.engine_child:
+        timing_child(args, load(args.engine_child, args, Path(args.workdir)))
+        return {}
     with tempfile.TemporaryDirectory() as temporary:
         workdir = Path(args.workdir or temporary)
         workdir.mkdir(parents=True, exist_ok=True)
         prepare(args, workdir)
-        decoders = {name: load(name, args, workdir) for name in args.impl}
-        jobs = {
-            (name, beams): make_job(decoders[name], beams, args) for name in args.impl for beams in args.beams
-        }
-        times = common.interleaved_times(jobs, args.repeats, args.warmup)
+        decoders = {name: load(name, args, workdir) for name in args.impl if not in_child(name)}
+        times, _ = rounds_of_times("bench.bench_engines", args, workdir, decoders)
         rows = []
         for (name, beams), seconds in times.items():
             row = {
@@ -250,7 +320,11 @@ def main(argv=None) -> dict:
     result = {
         "machine": common.machine(),
         "versions": versions(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "memory_child", "workdir")},
+        "settings": {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("json", "memory_child", "engine_child", "workdir")
+        },
         "memory_measure": "VmHWM of a fresh process that loads the model and decodes one batch; rise = during the decode",
         "results": rows,
     }

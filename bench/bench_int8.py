@@ -24,7 +24,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -39,7 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--workdir", help="where the model is saved and exported (default: a temporary folder)"
     )
-    parser.add_argument("--engine-child", action="store_true", help=argparse.SUPPRESS)  # internal: CT2 timing
+    parser.add_argument(
+        "--engine-child", help=argparse.SUPPRESS
+    )  # internal: one engine timed in a subprocess
     args = parser.parse_args(argv)
     if args.quick:
         args.preset, args.batch_size, args.src_len, args.new_tokens = "small", 2, 5, 4
@@ -83,38 +84,6 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[flo
     return same_sentences, prefix / sum(len(b) for b in reference)
 
 
-def engine_child_times(args, workdir: Path) -> dict[int, dict]:
-    """One timed decode of the CTranslate2 int8 export per beam setting, after `--warmup` untimed ones, in a fresh
-    process: {beams: {"seconds", "outputs"}}."""
-    child = ["--engine-child", "--workdir", str(workdir), "--preset", args.preset, "--vocab", str(args.vocab)]
-    child += ["--batch-size", str(args.batch_size), "--src-len", str(args.src_len)]
-    child += [
-        "--new-tokens",
-        str(args.new_tokens),
-        "--threads",
-        str(args.threads),
-        "--warmup",
-        str(args.warmup),
-    ]
-    child += ["--beams", *map(str, args.beams)]
-    return {int(beams): timed for beams, timed in common.run_child("bench.bench_int8", child).items()}
-
-
-def engine_child(args) -> None:
-    """Subprocess of `engine_child_times`: its result as a JSON line."""
-    torch.set_num_threads(args.threads)
-    decode = load("ct2-int8", args, Path(args.workdir))
-    result = {}
-    for beams in args.beams:
-        job = bench_engines.make_job(decode, beams, args)
-        for _ in range(args.warmup):
-            job()
-        start = time.perf_counter()
-        outputs = job()
-        result[beams] = {"seconds": time.perf_counter() - start, "outputs": outputs}
-    print(json.dumps(result))
-
-
 def main(argv=None) -> dict:
     from transformers.utils import logging as transformers_logging
 
@@ -122,34 +91,15 @@ def main(argv=None) -> dict:
     transformers_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     if args.engine_child:
-        engine_child(args)
+        bench_engines.timing_child(args, load(args.engine_child, args, Path(args.workdir)))
         return {}
     with tempfile.TemporaryDirectory() as temporary:
         workdir = Path(args.workdir or temporary)
         workdir.mkdir(parents=True, exist_ok=True)
         exports = ["vaswani-ct2-int8"] if "ct2-int8" in args.impl else []
         bench_engines.prepare(argparse.Namespace(preset=args.preset, vocab=args.vocab, impl=exports), workdir)
-        # CTranslate2 decodes in a child process of its own: once it has translated in a process, that process's
-        # torch GEMMs run at about half their speed (a 16x512x2048 float32 matmul: 260 us against 145 us), which
-        # would put the PyTorch rows, not the engines, on trial.
-        in_process = [name for name in args.impl if name != "ct2-int8"]
-        decoders = {name: load(name, args, workdir) for name in in_process}
-        jobs = {
-            (name, beams): bench_engines.make_job(decoders[name], beams, args)
-            for name in in_process
-            for beams in args.beams
-        }
-        outputs = {key: job() for key, job in jobs.items()}  # the tokens each decodes (and a warm-up)
-        times = {key: [] for key in jobs} | {
-            ("ct2-int8", beams): [] for beams in args.beams if in_process != args.impl
-        }
-        for round_ in range(args.repeats):  # one round: every job once, CTranslate2 in a fresh child
-            for key, seconds in common.interleaved_times(jobs, 1, args.warmup if round_ == 0 else 0).items():
-                times[key] += seconds
-            if in_process != args.impl:
-                for beams, timed in engine_child_times(args, workdir).items():
-                    times["ct2-int8", beams] += [timed["seconds"]]
-                    outputs["ct2-int8", beams] = timed["outputs"]
+        decoders = {name: load(name, args, workdir) for name in args.impl if not bench_engines.in_child(name)}
+        times, outputs = bench_engines.rounds_of_times("bench.bench_int8", args, workdir, decoders)
     rows = []
     for (name, beams), seconds in times.items():
         row = {
