@@ -139,7 +139,7 @@ def main(argv=None) -> dict:
     result = {
         "machine": common.machine(),
         "versions": {**bench_engines.versions(), "torchao": _version("torchao")},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "workdir")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "workdir", "engine_child")},
         "results": rows,
     }
     common.write_json(args.json, result)
