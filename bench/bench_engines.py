@@ -197,26 +197,20 @@ def in_child(name: str) -> bool:
 def child_times(module: str, name: str, args, workdir: Path) -> dict[int, dict]:
     """One timed decode of implementation `name` per beam setting, after `--warmup` untimed ones, in a fresh process
     running `module`'s `--engine-child`: {beams: {"seconds", "outputs"}}."""
-    child = [
-        "--engine-child",
-        name,
-        "--workdir",
-        str(workdir),
-        "--preset",
-        args.preset,
-        "--vocab",
-        str(args.vocab),
-    ]
-    child += ["--batch-size", str(args.batch_size), "--src-len", str(args.src_len)]
-    child += [
-        "--new-tokens",
-        str(args.new_tokens),
-        "--threads",
-        str(args.threads),
-        "--warmup",
-        str(args.warmup),
-    ]
-    child += ["--beams", *map(str, args.beams), "--fixed-length", args.fixed_length]
+    flags = {
+        "--engine-child": name,
+        "--workdir": workdir,
+        "--preset": args.preset,
+        "--vocab": args.vocab,
+        "--batch-size": args.batch_size,
+        "--src-len": args.src_len,
+        "--new-tokens": args.new_tokens,
+        "--threads": args.threads,
+        "--warmup": args.warmup,
+        "--fixed-length": args.fixed_length,
+    }
+    child = [str(part) for flag, value in flags.items() for part in (flag, value)]
+    child += ["--beams", *map(str, args.beams)]
     return {int(beams): timed for beams, timed in common.run_child(module, child).items()}
 
 

@@ -13,9 +13,10 @@ Each decodes `--batch-size` random sources of `--src-len` tokens into exactly `-
 token held back until then, or with `--fixed-length no-eos` no end token at all; CTranslate2 holds it back), greedy
 and beam 4, length penalty 1, `--threads` threads for every engine, medians of `--repeats` rounds. A round times
 each PyTorch job once in this process, interleaved round-robin, then the CTranslate2 export once in a fresh child
-process after a warm-up: in a process where CTranslate2 has translated, torch's GEMMs run about 1.8x slower. Ratios are against `fp32` and against `ct2-int8` (same weights, same run). The
-agreement columns compare each implementation's greedy output with `fp32`'s: the share of sentences identical, and of
-tokens identical before a sentence's first difference.
+process after a warm-up (`bench_engines.in_child`: where CTranslate2 has translated, torch's GEMMs run about 1.8x
+slower). Ratios are against `fp32` and against `ct2-int8` (same weights, same run). The agreement columns compare each
+implementation's greedy output with `fp32`'s: the share of sentences identical, and of tokens identical before a
+sentence's first difference.
 
     python -m bench.bench_int8 --preset base --batch-size 16 --repeats 5 --json bench/results/int8_base_cpu.json
 """
