@@ -227,16 +227,19 @@ def timing_child(args, decode) -> None:
     print(json.dumps(result))
 
 
-def rounds_of_times(module: str, args, workdir: Path, decoders: dict) -> tuple[dict, dict]:
-    """Seconds per decode of each (implementation, beams), `--repeats` rounds, and the tokens each decoded. A round
-    times the in-process implementations once each, interleaved, then each exported engine once in a fresh child."""
-    names = list(decoders)
-    jobs = {(name, beams): make_job(decoders[name], beams, args) for name in names for beams in args.beams}
-    outputs = {key: job() for key, job in jobs.items()}  # the tokens each decodes (and a warm-up)
+def rounds_of_times(module: str, args, workdir: Path, load) -> tuple[dict, dict]:
+    """Seconds per decode of each (implementation, beams) of `args.impl`, `--repeats` rounds, and the tokens each
+    decoded. A round times the implementations that run in this process (`load(name, args, workdir)`) once each,
+    interleaved, then each exported engine (`in_child`) once in a fresh child running `module`. Every implementation
+    decodes `--warmup` times untimed first (at least once in this process, for its tokens)."""
     children = [name for name in args.impl if in_child(name)]
+    decoders = {name: load(name, args, workdir) for name in args.impl if name not in children}
+    jobs = {(name, beams): make_job(decoders[name], beams, args) for name in decoders for beams in args.beams}
+    outputs = {key: job() for key, job in jobs.items()}  # the tokens each decodes: the first warm-up
     times = {key: [] for key in jobs} | {(name, beams): [] for name in children for beams in args.beams}
     for round_ in range(args.repeats):
-        for key, seconds in common.interleaved_times(jobs, 1, args.warmup if round_ == 0 else 0).items():
+        warmup = max(args.warmup - 1, 0) if round_ == 0 else 0
+        for key, seconds in common.interleaved_times(jobs, 1, warmup).items():
             times[key] += seconds
         for name in children:
             for beams, timed in child_times(module, name, args, workdir).items():
@@ -270,8 +273,7 @@ def main(argv=None) -> dict:
         workdir = Path(args.workdir or temporary)
         workdir.mkdir(parents=True, exist_ok=True)
         prepare(args, workdir)
-        decoders = {name: load(name, args, workdir) for name in args.impl if not in_child(name)}
-        times, _ = rounds_of_times("bench.bench_engines", args, workdir, decoders)
+        times, _ = rounds_of_times("bench.bench_engines", args, workdir, load)
         rows = []
         for (name, beams), seconds in times.items():
             row = {

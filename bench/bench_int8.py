@@ -99,8 +99,7 @@ def main(argv=None) -> dict:
         workdir.mkdir(parents=True, exist_ok=True)
         exports = ["vaswani-ct2-int8"] if "ct2-int8" in args.impl else []
         bench_engines.prepare(argparse.Namespace(preset=args.preset, vocab=args.vocab, impl=exports), workdir)
-        decoders = {name: load(name, args, workdir) for name in args.impl if not bench_engines.in_child(name)}
-        times, outputs = bench_engines.rounds_of_times("bench.bench_int8", args, workdir, decoders)
+        times, outputs = bench_engines.rounds_of_times("bench.bench_int8", args, workdir, load)
     rows = []
     for (name, beams), seconds in times.items():
         row = {
