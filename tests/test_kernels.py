@@ -405,3 +405,30 @@ def test_vaswani_sdpa_leaves_long_float32_training_to_the_sdpa_kernel(monkeypatc
     input_ids, attention_mask, labels = batch()
     model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
     assert not calls  # float32 training: SDPA's kernel throughout
+
+
+def test_vaswani_sdpa_chooses_its_attention_under_torch_compile_as_in_eager(monkeypatch):
+    """Inductor does not replace SDPA on the CPU (it calls the same flash-attention kernel, whose backward took half
+    of a compiled training step), so a compiled bf16 training forward takes the matmuls where eager does: the traced
+    graph holds no SDPA call at a few keys, and SDPA's alone once the keys exceed `MATMUL_ATTENTION_MAX_KEYS`."""
+    from vaswani.kernels import attention
+
+    input_ids, attention_mask, labels = batch()  # 5 source and 5 target positions
+    for max_keys, expect_sdpa in ((attention.MATMUL_ATTENTION_MAX_KEYS, False), (4, True)):
+        monkeypatch.setattr(attention, "MATMUL_ATTENTION_MAX_KEYS", max_keys)
+        model = tiny_model(dropout=0.0, attn_implementation=FAST_ATTENTION).train()
+        traced = []
+
+        def backend(graph_module, example_inputs):
+            traced.extend(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
+            return graph_module.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            compiled(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        calls = [target for target in traced if "scaled_dot_product_attention" in target]
+        assert traced and bool(calls) == expect_sdpa, calls
+        if expect_sdpa:  # every encoder self-attention and decoder self- and encoder-decoder attention
+            assert len(calls) == model.config.encoder_layers + 2 * model.config.decoder_layers
+    torch._dynamo.reset()

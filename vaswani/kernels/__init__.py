@@ -19,7 +19,8 @@ One choice changes the arithmetic, and `use_cpu_kernels(model, int8_output=False
 linear layers are torchao int8, `Int8OutputLinear` computes the output projection that transformers keeps in float32
 (tied to the embeddings) from an int8 copy, quantized as torchao quantizes the others.
 
-Every fast path steps aside (to the reference) under `torch.compile`, which picks its own kernels, and off the CPU.
+Every fast path steps aside (to the reference) under `torch.compile`, which picks its own kernels, and off the CPU;
+`"vaswani_sdpa"` chooses as in eager mode under `torch.compile` too, whose CPU SDPA is the same kernel.
 Some use torch's private oneDNN and softmax operators, guarded: this package is never copied into saved model folders,
 which hold the plain model only.
 """

@@ -8,7 +8,6 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import is_torchdynamo_compiling
 
 from ..modeling_vaswani import eager_attention_forward
 
@@ -24,8 +23,13 @@ def prefers_matmul_attention(
     """Where batched matmuls beat torch's CPU SDPA kernel (a flash-attention kernel), measured by
     `bench.bench_kernels`: one query per row (each step of incremental decoding: about 2x at 20-60 keys, equal at
     1024), and forward + backward in bfloat16/float16 with at most `MATMUL_ATTENTION_MAX_KEYS` keys (4-5x at 32 keys).
-    A causal call without a mask must have one query or as many queries as keys, so that its mask can be drawn."""
-    if query.device.type != "cpu" or is_torchdynamo_compiling():
+    A causal call without a mask must have one query or as many queries as keys, so that its mask can be drawn.
+
+    The same under `torch.compile`: inductor does not replace SDPA on the CPU, it calls the same flash-attention
+    kernel, whose backward took half of a compiled training step at the recipe's shape (`bench.ab_compiled_training`);
+    the matmuls are plain torch operators that it traces and fuses. The choice guards on the key length, so a
+    compiled step with dynamic shapes compiles once for at most 128 keys and once for more."""
+    if query.device.type != "cpu":
         return False
     if attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2]):
         return False
