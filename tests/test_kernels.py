@@ -419,7 +419,7 @@ def test_vaswani_sdpa_chooses_its_attention_under_torch_compile_as_in_eager(monk
         model = tiny_model(dropout=0.0, attn_implementation=FAST_ATTENTION).train()
         traced = []
 
-        def backend(graph_module, example_inputs):
+        def backend(graph_module, example_inputs, traced=traced):
             traced.extend(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
             return graph_module.forward
 
