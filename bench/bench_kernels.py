@@ -15,8 +15,13 @@ median of `--repeats`) so the choice can be checked on any machine:
 - dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against `kernels.dropout` (a
   mask of 15 random bits per element, four elements per 64-bit draw), fp32 and bf16, at a base batch (tokens x 512) and at the en->de run of RESULTS.md
   (8192 x 128).
+- the int8 product of `kernels.Int8Linear` (`--what int8`), rows x K @ (N x K)^T in int32, 200 calls a job:
+  `torch._int_mm`, which repacks the weight at every call, against oneDNN's int8 linear on a weight packed once, at
+  the rows of decoding steps (batch 16, beam 4) and of a batch's encoder; `kernels.int8` picks by the thresholds
+  `PACKED_INT8_MIN_WEIGHTS` and `PACKED_INT8_MIN_PRODUCT` (rows x weights).
 
     python -m bench.bench_kernels --repeats 5 --json bench/results/kernels.json
+    python -m bench.bench_kernels --what int8 --repeats 5 --json bench/results/kernels_int8.json
 """
 
 import argparse
@@ -140,6 +145,33 @@ def dropout_jobs(shapes: list[tuple[int, int]], probabilities: list[float]) -> d
     return jobs
 
 
+def int8_product_jobs(shapes: list[tuple[int, int]], rows: list[int], calls: int = 200) -> dict:
+    from vaswani.kernels import int8
+
+    jobs = {}
+    if not int8._ONEDNN_INT8_AVAILABLE:
+        return jobs
+    for out_features, in_features in shapes:
+        qdata, _ = int8._quantize_rows(torch.randn(out_features, in_features))
+        packed = torch.ops.onednn.qlinear_prepack(qdata, None)
+        for n in rows:
+            x, _ = int8._quantize_rows(torch.randn(n, in_features))
+            key = (
+                "int8 product",
+                f"{n}x{in_features} @ {out_features}x{in_features}",
+                "int8",
+                f"{calls} calls",
+            )
+            for path, weight in (("torch._int_mm", None), ("oneDNN packed", packed)):
+                jobs[key + (path,)] = lambda x=x, q=qdata, w=weight: [
+                    int8._int8_product(x, q, w) for _ in range(calls)
+                ]
+    return jobs
+
+
+WHAT = ("attention", "decoding", "weight-gradient", "loss", "dropout", "int8")
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,6 +181,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--decode-sentences", type=int, default=128, help="batch 32 x beam 4")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--what", nargs="+", choices=WHAT, default=WHAT[:-1], help="which choices (default: all but int8)"
+    )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
     args = parser.parse_args(argv)
@@ -156,13 +191,28 @@ def main(argv=None) -> dict:
     if args.quick:
         args.tokens, args.vocab, args.lengths, args.repeats, d_model = 64, 500, [8], 1, 32
         args.decode_sentences = 4
-    jobs = attention_jobs(args.tokens, heads, d_model // heads, args.lengths)
-    cases = [(1, 20), (1, 60), (1, 256), (4, 20), (4, 60)]  # (queries per call, keys): 4 = a source's beams
-    jobs |= decoding_attention_jobs(args.decode_sentences, heads, d_model // heads, cases)
+    jobs = {}
+    if "attention" in args.what:
+        jobs |= attention_jobs(args.tokens, heads, d_model // heads, args.lengths)
+    if "decoding" in args.what:
+        cases = [
+            (1, 20),
+            (1, 60),
+            (1, 256),
+            (4, 20),
+            (4, 60),
+        ]  # (queries per call, keys): 4 = a source's beams
+        jobs |= decoding_attention_jobs(args.decode_sentences, heads, d_model // heads, cases)
     shapes = [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]
-    jobs |= weight_gradient_jobs(args.tokens, shapes)
-    jobs |= loss_jobs(args.tokens, args.vocab)
-    jobs |= dropout_jobs([(args.tokens, d_model), (2 * args.tokens, d_model // 4)], [0.1, 0.3])
+    if "weight-gradient" in args.what:
+        jobs |= weight_gradient_jobs(args.tokens, shapes)
+    if "loss" in args.what:
+        jobs |= loss_jobs(args.tokens, args.vocab)
+    if "dropout" in args.what:
+        jobs |= dropout_jobs([(args.tokens, d_model), (2 * args.tokens, d_model // 4)], [0.1, 0.3])
+    if "int8" in args.what:  # decoding steps of batch 16: greedy, beam 4; a batch of 16 sources of 20 tokens
+        rows = [2] if args.quick else [1, 16, 24, 64, 320]
+        jobs |= int8_product_jobs([(d_model, d_model), (2 * d_model, d_model), (4 * d_model, d_model)], rows)
     times = common.interleaved_times(jobs, args.repeats, warmup=1)
     rows = []
     for (what, shape, dtype, variant, path), seconds in times.items():

@@ -42,6 +42,16 @@ def test_bench_kernels(tmp_path):
     assert all(r["ms"] > 0 and r["speedup"] >= 1.0 for r in result["results"])
 
 
+def test_bench_kernels_int8_products(tmp_path):
+    from vaswani.kernels import int8
+
+    if not int8._ONEDNN_INT8_AVAILABLE:
+        pytest.skip("torch was built without oneDNN's int8 linear")
+    stdout, result = run_script("bench.bench_kernels", tmp_path, "--what", "int8")
+    paths = {(r["what"], r["path"]) for r in result["results"]}
+    assert paths == {("int8 product", "torch._int_mm"), ("int8 product", "oneDNN packed")}
+
+
 def test_ab_training_kernels(tmp_path):
     stdout, result = run_script("bench.ab_training_kernels", tmp_path)
     assert "x torch" in stdout and "----" in stdout

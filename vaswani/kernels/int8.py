@@ -44,8 +44,11 @@ def _quantize_rows(x: torch.Tensor, qmin: int = -128, qmax: int = 127) -> tuple[
 
 
 # oneDNN's int8 linear on a weight packed once beats `torch._int_mm`, which repacks its weight at every call, from
-# about a million weights on (the feed-forward layers and the output projection); below, `_int_mm` is faster.
+# about a million weights on (the feed-forward layers and the output projection), and on smaller weights from about
+# five million rows x weights (a 512 x 512 projection from 24 rows on: beam search's steps, a batch's encoder); below,
+# `_int_mm` is faster (`bench.bench_kernels --what int8`, 2 threads, Intel Xeon with AMX).
 PACKED_INT8_MIN_WEIGHTS = 1 << 20
+PACKED_INT8_MIN_PRODUCT = 5 << 20
 _ONEDNN_INT8_AVAILABLE = (
     _ONEDNN_AVAILABLE
     and hasattr(torch.ops.onednn, "qlinear_prepack")
@@ -102,10 +105,13 @@ def _identity(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
 
 
-def _packed(module: nn.Module, qdata: torch.Tensor) -> torch.Tensor | None:
-    """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), where
-    that is faster (`PACKED_INT8_MIN_WEIGHTS`); else None."""
-    if not _ONEDNN_INT8_AVAILABLE or qdata.numel() < PACKED_INT8_MIN_WEIGHTS:
+def _packed(module: nn.Module, qdata: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), for a
+    call on `rows` rows where that is faster (`PACKED_INT8_MIN_WEIGHTS`, `PACKED_INT8_MIN_PRODUCT`); else None."""
+    weights = qdata.numel()
+    if not _ONEDNN_INT8_AVAILABLE or (
+        weights < PACKED_INT8_MIN_WEIGHTS and rows * weights < PACKED_INT8_MIN_PRODUCT
+    ):
         return None
     key = _identity(qdata)
     cached = module.__dict__.get("_vaswani_packed_int8")
@@ -122,7 +128,8 @@ class Int8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if int8_linear_applies(x, self.weight):
-            return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata))
+            packed = _packed(self, self.weight.qdata, x.numel() // x.shape[-1])
+            return int8_linear(x, self.weight, self.bias, packed)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -142,4 +149,5 @@ class Int8OutputLinear(Linear):
             cached = (key, *_quantize_rows(weight.detach()))
             self.__dict__["_vaswani_int8_weight"] = cached
         _, qdata, weight_scale = cached
-        return _int8_linear(x, qdata, weight_scale, self.bias, False, _packed(self, qdata))
+        packed = _packed(self, qdata, x.numel() // x.shape[-1])
+        return _int8_linear(x, qdata, weight_scale, self.bias, False, packed)
