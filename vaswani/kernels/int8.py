@@ -105,10 +105,10 @@ def _identity(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
 
 
-def _packed(module: nn.Module, qdata: torch.Tensor, rows: int) -> torch.Tensor | None:
+def _packed(module: nn.Module, qdata: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), for a
-    call on `rows` rows where that is faster (`PACKED_INT8_MIN_WEIGHTS`, `PACKED_INT8_MIN_PRODUCT`); else None."""
-    weights = qdata.numel()
+    call on input `x` where that is faster (`PACKED_INT8_MIN_WEIGHTS`, `PACKED_INT8_MIN_PRODUCT`); else None."""
+    weights, rows = qdata.numel(), x.numel() // x.shape[-1]
     if not _ONEDNN_INT8_AVAILABLE or (
         weights < PACKED_INT8_MIN_WEIGHTS and rows * weights < PACKED_INT8_MIN_PRODUCT
     ):
@@ -128,8 +128,7 @@ class Int8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if int8_linear_applies(x, self.weight):
-            packed = _packed(self, self.weight.qdata, x.numel() // x.shape[-1])
-            return int8_linear(x, self.weight, self.bias, packed)
+            return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata, x))
         return F.linear(x, self.weight, self.bias)
 
 
@@ -149,5 +148,4 @@ class Int8OutputLinear(Linear):
             cached = (key, *_quantize_rows(weight.detach()))
             self.__dict__["_vaswani_int8_weight"] = cached
         _, qdata, weight_scale = cached
-        packed = _packed(self, qdata, x.numel() // x.shape[-1])
-        return _int8_linear(x, qdata, weight_scale, self.bias, False, packed)
+        return _int8_linear(x, qdata, weight_scale, self.bias, False, _packed(self, qdata, x))
