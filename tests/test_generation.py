@@ -240,6 +240,29 @@ def test_our_beam_loop_in_transformers_form_gives_transformers_beams_and_outputs
             torch.testing.assert_close(a, b)
 
 
+def test_our_beam_loop_gives_transformers_beams_over_fewer_tokens_than_it_keeps_per_beam():
+    """`beam_search` takes each beam's best continuations before the best of all the beams; where the vocabulary
+    (6 tokens) is smaller than the continuations kept per step (2 x 4 beams), a beam offers all its tokens, and the
+    beams are still transformers' own."""
+    model = tiny_model(vocab_size=6)
+    input_ids, attention_mask, _ = batch(vocab_size=6)
+    kw = dict(
+        attention_mask=attention_mask,
+        num_beams=4,
+        max_new_tokens=5,
+        eos_token_id=2,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    theirs = GenerationMixin.generate(model, input_ids, **kw)
+    ours = GenerationMixin.generate(
+        model, input_ids, custom_generate=beam_search, length_penalty_form="power", **kw
+    )
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.beam_indices, theirs.beam_indices)
+    torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores)
+
+
 def test_no_private_generation_mixin_name_appears_in_the_package():
     """The paper's decoding runs on transformers' public API: `GenerationMixin.generate` and its `custom_generate`
     hook, the model's forward and the cache's `reorder_cache`; no private `GenerationMixin` method is wrapped,

@@ -277,20 +277,25 @@ def beam_search(
         if synced_gpus and this_peer_finished:
             continue
 
-        logits = outputs.logits[:, -1, :].to(dtype=torch.float32, copy=True)
+        # float32 logits as they are (log_softmax writes a new tensor; `collect` keeps copies), others converted
+        logits = outputs.logits[:, -1, :].float()
         log_probs = logits_processor(sequences, nn.functional.log_softmax(logits, dim=-1))
         collect.step(outputs, logits, log_probs)
-        del outputs
-        vocab = log_probs.shape[-1]
-        totals = (log_probs.view(batch_size, num_beams, vocab) + running_scores[:, :, None]).view(
+        del outputs, logits
+
+        # The best `keep` continuations of all the beams of each source, as the top `keep` of log-probability +
+        # beam score over the num_beams x vocabulary continuations: they are among the best `keep` of each beam
+        # (a beam adds one score to all its continuations), so those are found first, each beam's row on its own,
+        # without a (batch, num_beams x vocabulary) sum.
+        per_beam = min(keep, log_probs.shape[-1])
+        beam_best, beam_tokens = torch.topk(log_probs, per_beam)  # (batch x num_beams, per_beam)
+        totals = (beam_best.view(batch_size, num_beams, per_beam) + running_scores[:, :, None]).view(
             batch_size, -1
         )
-
-        # the best `keep` continuations of all the beams of each source
-        top_scores, top_indices = torch.topk(totals, keep)
-        from_beam = top_indices // vocab
+        top_scores, picked = torch.topk(totals, keep)
+        from_beam = picked // per_beam
         candidates = running.gather(1, from_beam[:, :, None].expand(-1, -1, max_length))
-        candidates[:, :, cur_len] = top_indices % vocab
+        candidates[:, :, cur_len] = beam_tokens.view(batch_size, -1).gather(1, picked)
         origins = running_origins.gather(1, from_beam[:, :, None].expand(-1, -1, running_origins.shape[2]))
         origins[:, :, cur_len - prompt_len] = (
             from_beam + torch.arange(batch_size, device=device)[:, None] * num_beams
