@@ -142,6 +142,66 @@ def test_packed_int8_weights_decode_the_same_tokens_in_inference_mode(folder, mo
         assert greedy(fast).shape == reference.sequences.shape
 
 
+def test_self_attention_projections_share_one_int8_product_and_give_the_same_bits(folder, monkeypatch):
+    """`use_cpu_kernels` groups each self-attention's int8 Q, K and V projections (`SharedInputProjections`): one
+    product per self-attention call instead of three, and the same scores to the bit as each layer alone, in greedy
+    and beam search, with and without `torch.inference_mode`. `use_plain_modules` ungroups them."""
+    grouped = use_cpu_kernels(load_int8(folder))
+    alone = use_cpu_kernels(load_int8(folder))
+    for module in alone.modules():
+        module.__dict__.pop("_vaswani_shared_input", None)
+    self_attentions = [
+        m for m in grouped.modules() if type(m).__name__ == "VaswaniAttention" and not m.is_cross_attention
+    ]
+    assert self_attentions and all(
+        m.k_proj.__dict__["_vaswani_shared_input"] is m.q_proj.__dict__["_vaswani_shared_input"]
+        for m in self_attentions
+    )
+    assert not any(
+        "_vaswani_shared_input" in m.__dict__ for m in grouped.model.decoder.layers[0].encoder_attn.modules()
+    )
+    calls = []
+    product = kernels.int8._int8_linear
+    monkeypatch.setattr(
+        kernels.int8,
+        "_int8_linear",
+        lambda x, qdata, *a: calls.append(qdata.shape[0]) or product(x, qdata, *a),
+    )
+    for mode in (torch.no_grad, torch.inference_mode):
+        for beams in (1, 3):
+            with mode():
+                calls.clear()
+                ours = greedy(grouped, num_beams=beams, output_scores=True, return_dict_in_generate=True)
+                grouped_calls = list(calls)
+                calls.clear()
+                theirs = greedy(alone, num_beams=beams, output_scores=True, return_dict_in_generate=True)
+            assert torch.equal(ours.sequences, theirs.sequences)
+            assert all(torch.equal(a, b) for a, b in zip(ours.scores, theirs.scores, strict=True))
+            d_model = grouped.config.d_model
+            stacked = grouped_calls.count(3 * d_model)  # one product per self-attention call
+            assert stacked > 0 and len(calls) - len(grouped_calls) == 2 * stacked
+    use_plain_modules(grouped)
+    assert not any("_vaswani_shared_input" in m.__dict__ for m in grouped.modules())
+
+
+def test_shared_projections_compute_alone_for_another_input_or_a_changed_one(folder):
+    """The key's and value's results come from the shared product only for the query's own input, unchanged: another
+    input, or the same one changed in place since (its version counter), is computed by the layer alone."""
+    model = use_cpu_kernels(load_int8(folder))
+    attention = model.model.encoder.layers[0].self_attn
+    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+    x = torch.randn(2, 5, model.config.d_model)
+    with torch.no_grad():
+        q(x)
+        assert torch.equal(k(x), int8_linear(x, k.weight, k.bias))  # served from the shared product
+        other = x + 1
+        assert torch.equal(v(other), int8_linear(other, v.weight, v.bias))
+        q(x)
+        x.mul_(2)
+        assert torch.equal(k(x), int8_linear(x, k.weight, k.bias))
+        assert torch.equal(v(x), int8_linear(x, v.weight, v.bias))
+
+
 def test_use_cpu_kernels_leaves_other_quantized_weights_to_their_own_linear(folder):
     """Weights quantized otherwise (torchao's weight-only int8, whose activations stay float32) keep torchao's own
     `F.linear`: the kernels neither take them for float32 matrices nor for `Int8Linear`'s layout."""

@@ -9,7 +9,7 @@ that reference by name:
 | here (file) | reference | where it is faster (figures: BENCHMARKS.md) |
 |---|---|---|
 | `Linear` (`onednn_linear.py`) | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD): oneDNN's GEMM |
-| `Int8Linear`, `int8_linear` (`int8.py`) | torchao's `F.linear` on its int8 weights (`TorchAoConfig`) | CPU: int8 GEMMs (oneDNN's on weights packed once) without torchao's per-call Python |
+| `Int8Linear`, `int8_linear` (`int8.py`) | torchao's `F.linear` on its int8 weights (`TorchAoConfig`) | CPU: int8 GEMMs (oneDNN's on weights packed once; a self-attention's Q, K, V in one, `SharedInputProjections`) without torchao's per-call Python |
 | `Dropout`, `dropout` (`bit_dropout.py`) | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` (`loss.py`) | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` (`loss.py`) | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
@@ -28,9 +28,16 @@ which hold the plain model only.
 import torch
 from torch import nn
 
+from ..modeling_vaswani import VaswaniAttention
 from .attention import FAST_ATTENTION, prefers_matmul_attention, vaswani_sdpa_attention
 from .bit_dropout import Dropout, dropout, quantized_dropout_probability
-from .int8 import Int8Linear, Int8OutputLinear, int8_linear, torchao_int8_dynamic
+from .int8 import (
+    Int8Linear,
+    Int8OutputLinear,
+    SharedInputProjections,
+    int8_linear,
+    torchao_int8_dynamic,
+)
 from .loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from .onednn_linear import Linear, _is_plain, onednn_linear_applies
 
@@ -57,6 +64,20 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
         if fast is not None:
             module.__class__ = fast
         int8 = int8 or type(module) is Int8Linear
+    for module in model.modules():  # each self-attention's int8 Q, K, V projections in one product
+        projections = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+        shared = (
+            isinstance(module, VaswaniAttention)
+            and not module.is_cross_attention
+            and SharedInputProjections.applies(*projections)
+        )
+        for projection in projections:
+            if isinstance(projection, nn.Module):
+                projection.__dict__.pop("_vaswani_shared_input", None)
+        if shared:
+            group = SharedInputProjections(*projections)
+            for projection in projections:
+                projection.__dict__["_vaswani_shared_input"] = group
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
         output.__class__ = Int8OutputLinear
@@ -82,6 +103,7 @@ def use_plain_modules(model: nn.Module) -> nn.Module:
             module.__class__ = plain[type(module)]
             module.__dict__.pop("_vaswani_packed_int8", None)
             module.__dict__.pop("_vaswani_int8_weight", None)
+            module.__dict__.pop("_vaswani_shared_input", None)
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == FAST_ATTENTION:
         model.set_attn_implementation("sdpa")
     return model
@@ -93,6 +115,7 @@ __all__ = [
     "Int8Linear",
     "Int8OutputLinear",
     "Linear",
+    "SharedInputProjections",
     "dropout",
     "int8_linear",
     "label_smoothed_cross_entropy",

@@ -121,13 +121,79 @@ def _packed(module: nn.Module, qdata: torch.Tensor, x: torch.Tensor) -> torch.Te
     return cached[1]
 
 
+class SharedInputProjections:
+    """The query, key and value projections of one self-attention layer (`Int8Linear`s of the same input size and
+    activation quantization), which the model calls one after the other on the same input: the first call computes
+    all three in one int8 product over their stacked weights, the input's rows quantized once, and hands the key's
+    and the value's results to their own calls on that input. Each output row and column is computed as its own
+    layer computes it (the same quantized rows, the same integer sums, the same scales), so the results are equal to
+    the bit; a call on another input, or on this one after an in-place change that its version counter shows,
+    computes alone. `use_cpu_kernels` groups the projections; inference tensors carry no version counter, so a model
+    must not change the input in place between the three calls (`VaswaniAttention` does not)."""
+
+    def __init__(self, query: nn.Module, key: nn.Module, value: nn.Module):
+        self.modules = (query, key, value)
+        self.pending = {}  # id(module) -> (input, its identity, the module's result)
+
+    @staticmethod
+    def applies(query: nn.Module, key: nn.Module, value: nn.Module) -> bool:
+        """Whether three `Int8Linear`s can be computed as one: torchao int8 weights of one input size, one
+        activation range, and biases on all three or none."""
+        modules = (query, key, value)
+        return (
+            all(type(m) is Int8Linear and torchao_int8_dynamic(m.weight) for m in modules)
+            and len({m.in_features for m in modules}) == 1
+            and len({bool(m.weight.act_quant_kwargs.reduce_range) for m in modules}) == 1
+            and len({m.bias is None for m in modules}) == 1
+        )
+
+    def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """The result of `module` on `x`, or None where `module` must compute it alone."""
+        if module is self.modules[0]:
+            return self._all_three(x)
+        entry = self.pending.pop(id(module), None)
+        if entry is not None and entry[0] is x and entry[1] == _identity(x):
+            return entry[2]
+        return None
+
+    def _stacked(self) -> tuple:
+        """The three weights stacked (int8 rows, scales, biases), remade when any of them changes."""
+        weights = [m.weight for m in self.modules]
+        key = tuple(_identity(t) for w in weights for t in (w.qdata, w.scale))
+        key += tuple(_identity(m.bias) for m in self.modules if m.bias is not None)
+        cached = self.__dict__.get("_stacked_weights")
+        if cached is None or cached[0] != key:
+            qdata = torch.cat([w.qdata for w in weights])
+            scale = torch.cat([w.scale.reshape(-1) for w in weights])
+            bias = (
+                None if self.modules[0].bias is None else torch.cat([m.bias.detach() for m in self.modules])
+            )
+            cached = (key, qdata, scale, bias)
+            self.__dict__["_stacked_weights"] = cached
+        return cached[1:]
+
+    def _all_three(self, x: torch.Tensor) -> torch.Tensor:
+        qdata, scale, bias = self._stacked()
+        reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
+        y = _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
+        query, key, value = y.split([m.out_features for m in self.modules], dim=-1)
+        identity = _identity(x)
+        self.pending = {id(self.modules[1]): (x, identity, key), id(self.modules[2]): (x, identity, value)}
+        return query
+
+
 class Int8Linear(nn.Linear):
     """`nn.Linear` holding torchao's int8 weight (`torchao_int8_dynamic`), whose float32 CPU calls go through
-    `int8_linear`: the same int8 arithmetic as torchao's `F.linear`, in a few torch operators and an int8 GEMM.
-    Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
+    `int8_linear`: the same int8 arithmetic as torchao's `F.linear`, in a few torch operators and an int8 GEMM (with
+    the other projections of its attention layer in one, `SharedInputProjections`, where `use_cpu_kernels` grouped
+    them). Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if int8_linear_applies(x, self.weight):
+            shared = self.__dict__.get("_vaswani_shared_input")
+            y = None if shared is None else shared(self, x)
+            if y is not None:
+                return y
             return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata, x))
         return F.linear(x, self.weight, self.bias)
 
