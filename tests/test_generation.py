@@ -228,16 +228,21 @@ def test_our_beam_loop_in_transformers_form_gives_transformers_beams_and_outputs
             output_scores=True,
             return_dict_in_generate=True,
         )
-        theirs = GenerationMixin.generate(model, input_ids, **kw)
-        ours = GenerationMixin.generate(
-            model, input_ids, custom_generate=beam_search, length_penalty_form="power", **kw
-        )
-        assert torch.equal(ours.sequences, theirs.sequences)
-        assert torch.equal(ours.beam_indices, theirs.beam_indices)
-        torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores)
-        assert len(ours.scores) == len(theirs.scores)
-        for a, b in zip(ours.scores, theirs.scores, strict=True):
-            torch.testing.assert_close(a, b)
+        assert_our_beams_are_transformers(model, input_ids, **kw)
+
+
+def assert_our_beams_are_transformers(model, input_ids, **kw):
+    """`beam_search` in transformers' length-penalty form returns transformers' own beam search outputs."""
+    theirs = GenerationMixin.generate(model, input_ids, **kw)
+    ours = GenerationMixin.generate(
+        model, input_ids, custom_generate=beam_search, length_penalty_form="power", **kw
+    )
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.beam_indices, theirs.beam_indices)
+    torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores)
+    assert len(ours.scores) == len(theirs.scores)
+    for a, b in zip(ours.scores, theirs.scores, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_our_beam_loop_gives_transformers_beams_over_fewer_tokens_than_it_keeps_per_beam():
@@ -246,7 +251,9 @@ def test_our_beam_loop_gives_transformers_beams_over_fewer_tokens_than_it_keeps_
     beams are still transformers' own."""
     model = tiny_model(vocab_size=6)
     input_ids, attention_mask, _ = batch(vocab_size=6)
-    kw = dict(
+    assert_our_beams_are_transformers(
+        model,
+        input_ids,
         attention_mask=attention_mask,
         num_beams=4,
         max_new_tokens=5,
@@ -254,13 +261,6 @@ def test_our_beam_loop_gives_transformers_beams_over_fewer_tokens_than_it_keeps_
         output_scores=True,
         return_dict_in_generate=True,
     )
-    theirs = GenerationMixin.generate(model, input_ids, **kw)
-    ours = GenerationMixin.generate(
-        model, input_ids, custom_generate=beam_search, length_penalty_form="power", **kw
-    )
-    assert torch.equal(ours.sequences, theirs.sequences)
-    assert torch.equal(ours.beam_indices, theirs.beam_indices)
-    torch.testing.assert_close(ours.sequences_scores, theirs.sequences_scores)
 
 
 def test_no_private_generation_mixin_name_appears_in_the_package():
