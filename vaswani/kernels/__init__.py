@@ -65,18 +65,15 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
             module.__class__ = fast
         int8 = int8 or type(module) is Int8Linear
     for module in model.modules():  # each self-attention's int8 Q, K, V projections in one product
-        projections = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        shared = (
-            isinstance(module, VaswaniAttention)
-            and not module.is_cross_attention
-            and SharedInputProjections.applies(*projections)
-        )
-        for projection in projections:
-            if isinstance(projection, nn.Module):
-                projection.__dict__.pop("_vaswani_shared_input", None)
-        if shared:
+        if not isinstance(module, VaswaniAttention):
+            continue
+        projections = (module.q_proj, module.k_proj, module.v_proj)
+        group = None
+        if not module.is_cross_attention and SharedInputProjections.applies(*projections):
             group = SharedInputProjections(*projections)
-            for projection in projections:
+        for projection in projections:  # a second call regroups or ungroups
+            projection.__dict__.pop("_vaswani_shared_input", None)
+            if group is not None:
                 projection.__dict__["_vaswani_shared_input"] = group
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
