@@ -15,6 +15,9 @@ median of `--repeats`) so the choice can be checked on any machine:
 - dropout with its backward: `F.dropout` (a `bernoulli_` mask on the CPU) against `kernels.dropout` (a
   mask of 15 random bits per element, four elements per 64-bit draw), fp32 and bf16, at a base batch (tokens x 512) and at the en->de run of RESULTS.md
   (8192 x 128).
+- a float32 linear layer's forward (`--what linear`), calls of 1 to 320 rows (decoding steps, one sentence to a batch's
+  beams): torch's `F.linear` (MKL's GEMM) against oneDNN's linear, which `kernels.Linear` takes except below
+  `MKL_FEWER_ROWS` rows on an Intel CPU.
 - the int8 product of `kernels.Int8Linear` (`--what int8`), rows x K @ (N x K)^T in int32, 200 calls a job:
   `torch._int_mm`, which repacks the weight at every call, against oneDNN's int8 linear on a weight packed once, at
   the rows of decoding steps (batch 16, beam 4) and of a batch's encoder; `kernels.int8` picks by the thresholds
@@ -22,6 +25,7 @@ median of `--repeats`) so the choice can be checked on any machine:
 
     python -m bench.bench_kernels --repeats 5 --json bench/results/kernels.json
     python -m bench.bench_kernels --what int8 --repeats 5 --json bench/results/kernels_int8.json
+    python -m bench.bench_kernels --what linear --repeats 5 --json bench/results/kernels_linear.json
 """
 
 import argparse
@@ -169,7 +173,32 @@ def int8_product_jobs(shapes: list[tuple[int, int]], rows: list[int], calls: int
     return jobs
 
 
-WHAT = ("attention", "decoding", "weight-gradient", "loss", "dropout", "int8")
+def linear_jobs(shapes: list[tuple[int, int]], rows: list[int], calls: int = 20) -> dict:
+    from vaswani.kernels import onednn_linear
+
+    jobs = {}
+    if not onednn_linear._ONEDNN_AVAILABLE:
+        return jobs
+    for out_features, in_features in shapes:
+        weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+        for n in rows:
+            x = torch.randn(n, in_features)
+            key = (
+                "float32 linear",
+                f"{n}x{in_features} @ {out_features}x{in_features}",
+                "fp32",
+                f"{calls} calls",
+            )
+            jobs[key + ("F.linear (MKL)",)] = lambda x=x, w=weight, b=bias: [
+                F.linear(x, w, b) for _ in range(calls)
+            ]
+            jobs[key + ("oneDNN",)] = lambda x=x, w=weight, b=bias: [
+                torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "") for _ in range(calls)
+            ]
+    return jobs
+
+
+WHAT = ("attention", "decoding", "weight-gradient", "loss", "dropout", "int8", "linear")
 
 
 def main(argv=None) -> dict:
@@ -182,7 +211,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--decode-sentences", type=int, default=128, help="batch 32 x beam 4")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--what", nargs="+", choices=WHAT, default=WHAT[:-1], help="which choices (default: all but int8)"
+        "--what",
+        nargs="+",
+        choices=WHAT,
+        default=WHAT[:-2],
+        help="which choices (default: all but int8 and linear)",
     )
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
@@ -213,6 +246,9 @@ def main(argv=None) -> dict:
     if "int8" in args.what:  # decoding steps of batch 16: greedy, beam 4; a batch of 16 sources of 20 tokens
         rows = [2] if args.quick else [1, 16, 24, 64, 320]
         jobs |= int8_product_jobs([(d_model, d_model), (2 * d_model, d_model), (4 * d_model, d_model)], rows)
+    if "linear" in args.what:
+        rows = [2] if args.quick else [1, 2, 4, 8, 12, 16, 32, 64, 320]
+        jobs |= linear_jobs(shapes, rows)
     times = common.interleaved_times(jobs, args.repeats, warmup=1)
     rows = []
     for (what, shape, dtype, variant, path), seconds in times.items():

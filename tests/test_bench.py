@@ -52,6 +52,17 @@ def test_bench_kernels_int8_products(tmp_path):
     assert paths == {("int8 product", "torch._int_mm"), ("int8 product", "oneDNN packed")}
 
 
+def test_bench_kernels_float32_linear_paths(tmp_path):
+    from vaswani.kernels import onednn_linear
+
+    if not onednn_linear._ONEDNN_AVAILABLE:
+        pytest.skip("torch was built without oneDNN")
+    stdout, result = run_script("bench.bench_kernels", tmp_path, "--what", "linear")
+    paths = {(r["what"], r["path"]) for r in result["results"]}
+    assert paths == {("float32 linear", "F.linear (MKL)"), ("float32 linear", "oneDNN")}
+    assert {r["shape"] for r in result["results"]} >= {"2x32 @ 32x32", "2x32 @ 500x32"}
+
+
 def test_ab_training_kernels(tmp_path):
     stdout, result = run_script("bench.ab_training_kernels", tmp_path)
     assert "x torch" in stdout and "----" in stdout

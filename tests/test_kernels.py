@@ -56,6 +56,47 @@ def test_linear_steps_aside_where_onednn_does_not_apply():
     assert isinstance(layer, nn.Linear)  # PEFT, isinstance checks and checkpoints see an nn.Linear
 
 
+@pytest.mark.parametrize("intel", [True, False])
+def test_linear_leaves_a_few_rows_to_mkl_on_intel_cpus_only(monkeypatch, intel):
+    from vaswani.kernels import onednn_linear
+
+    if not onednn_linear._ONEDNN_AVAILABLE:
+        pytest.skip("torch was built without oneDNN")
+    monkeypatch.setattr(onednn_linear, "_intel_cpu", lambda: intel)
+    small, large = Linear(8, 8), Linear(8, 8)
+    large.weight = nn.Parameter(torch.empty(onednn_linear.MKL_LARGE_WEIGHT // 8, 8))
+    taken = {}
+    for name, layer in (("small", small), ("large", large)):
+        for rows in (1, 3, 4, 15, 16, 300):
+            for shape in ((rows, 8), (1, rows, 8)):  # rows counted over the leading dimensions
+                taken[name, rows, len(shape)] = onednn_linear.onednn_linear_applies(
+                    torch.zeros(shape), layer.weight
+                )
+    if not intel:  # oneDNN at every size
+        assert all(taken.values())
+        return
+    for dims in (2, 3):
+        assert [taken["small", r, dims] for r in (1, 3, 4, 15, 16, 300)] == [False] * 4 + [True] * 2
+        assert [taken["large", r, dims] for r in (1, 3, 4, 15, 16, 300)] == [False] * 2 + [True] * 4
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8)  # the few rows go to F.linear itself: the same bits
+    assert torch.equal(small(x), F.linear(x, small.weight, small.bias))
+
+
+def test_intel_cpu_reads_the_vendor():
+    from vaswani.kernels import onednn_linear
+
+    vendor = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            vendor = next((line for line in cpuinfo if line.startswith("vendor_id")), None)
+    except OSError:
+        pass
+    if vendor is None:
+        pytest.skip("no vendor_id in /proc/cpuinfo")
+    assert onednn_linear._intel_cpu() == ("GenuineIntel" in vendor)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # dropout against F.dropout
 # --------------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ that reference by name:
 
 | here (file) | reference | where it is faster (figures: BENCHMARKS.md) |
 |---|---|---|
-| `Linear` (`onednn_linear.py`) | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD): oneDNN's GEMM |
+| `Linear` (`onednn_linear.py`) | `nn.Linear` / `F.linear` | float32 on CPUs where MKL's GEMM lacks its AVX-512 kernels (AMD), and on Intel's from 16 rows on: oneDNN's GEMM |
 | `Int8Linear`, `int8_linear` (`int8.py`) | torchao's `F.linear` on its int8 weights (`TorchAoConfig`) | CPU: int8 GEMMs (oneDNN's on weights packed once; a self-attention's Q, K, V in one, `SharedInputProjections`) without torchao's per-call Python |
 | `Dropout`, `dropout` (`bit_dropout.py`) | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` (`loss.py`) | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |

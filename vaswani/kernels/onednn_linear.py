@@ -1,6 +1,9 @@
 """`Linear`: `nn.Linear` whose float32 CPU products (forward and input gradient) go through oneDNN's GEMM, faster than
-MKL's on CPUs where MKL runs without its AVX-512 kernels (AMD). Reference: `nn.Linear` / `F.linear`
-(`tests/test_kernels.py`). oneDNN's linear is a private torch operator, guarded by `_ONEDNN_AVAILABLE`."""
+MKL's on CPUs where MKL runs without its AVX-512 kernels (AMD), and on Intel's from 16 rows on. Reference: `nn.Linear`
+/ `F.linear` (`tests/test_kernels.py`). oneDNN's linear is a private torch operator, guarded by `_ONEDNN_AVAILABLE`."""
+
+import functools
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +38,36 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
 _ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
+# On an Intel CPU, MKL's float32 GEMM (torch's own, `F.linear`) runs its AVX-512 kernels and beats oneDNN's on a few
+# rows: 1.1-4.5x below 16 rows for weights up to 4M entries; for larger ones (an output projection over a vocabulary)
+# 1.6x at 2 rows, 0.93x at 1, and slower from 4 rows on. From 16 rows on oneDNN's is as fast or up to 1.8x faster
+# (`bench.bench_kernels --what linear`, 2 threads, Intel Xeon). Those few rows are the decoding steps of one sentence
+# (greedy, or its 4 beams).
+MKL_FEWER_ROWS = 16
+MKL_FEWER_ROWS_LARGE = 4
+MKL_LARGE_WEIGHT = 1 << 22
+
+
+@functools.cache
+def _intel_cpu() -> bool:
+    """Whether this CPU is Intel's: the vendor of /proc/cpuinfo (Linux), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return "GenuineIntel" in line
+    except OSError:
+        pass
+    return "GenuineIntel" in platform.processor()
+
+
+def _mkl_is_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether MKL's GEMM beats oneDNN's on this product (`MKL_FEWER_ROWS`)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows >= MKL_FEWER_ROWS or not _intel_cpu():
+        return False
+    return rows < MKL_FEWER_ROWS_LARGE or weight.numel() < MKL_LARGE_WEIGHT
+
 
 def _is_plain(weight: torch.Tensor) -> bool:
     """A tensor of torch's own, not a subclass such as torchao's quantized weights."""
@@ -44,7 +77,8 @@ def _is_plain(weight: torch.Tensor) -> bool:
 def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear` takes oneDNN for this call: a plain float32 weight (not a quantized tensor subclass) on the CPU,
     outside `torch.compile` and CPU autocast (whose bfloat16 product already goes to oneDNN), with oneDNN enabled
-    (`torch.backends.mkldnn.flags(enabled=False)` turns it off)."""
+    (`torch.backends.mkldnn.flags(enabled=False)` turns it off), and not a product of a few rows on an Intel CPU, where
+    MKL's is faster (`MKL_FEWER_ROWS`)."""
     return (
         not is_torchdynamo_compiling()  # first: dynamo cannot trace the flag queries below
         and x.device.type == "cpu"
@@ -53,6 +87,7 @@ def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and _ONEDNN_AVAILABLE
         and torch.backends.mkldnn.enabled
         and not torch.is_autocast_enabled("cpu")
+        and not _mkl_is_faster(x, weight)
     )
 
 
@@ -60,7 +95,8 @@ class Linear(nn.Linear):
     """`nn.Linear` whose float32 CPU products go through oneDNN (forward and input gradient).
 
     torch's float32 CPU GEMM is MKL's, which runs without its AVX-512 kernels on non-Intel CPUs: on an AMD EPYC
-    oneDNN's is about twice as fast. Same parameters, same arithmetic to rounding; `isinstance(m, nn.Linear)`, PEFT's
+    oneDNN's is about twice as fast. On an Intel CPU, oneDNN's is faster from 16 rows on, MKL's below (decoding one
+    sentence), and those calls stay with `F.linear`. Same parameters, same arithmetic to rounding; `isinstance(m, nn.Linear)`, PEFT's
     LoRA wrapping and checkpoints see an `nn.Linear` (`type(m) is nn.Linear` does not: `use_plain_modules` undoes it).
     """
 
