@@ -248,6 +248,26 @@ def test_training_arguments_default_to_the_paper(tmp_path):
     assert args.gradient_accumulation_steps == 7  # ceil(25000 / 4096) on one process
 
 
+def test_the_optimizer_is_transformers_default_adam_and_a_given_one_is_kept(tmp_path):
+    from conftest import tiny_model
+    from transformers import Seq2SeqTrainingArguments
+
+    from vaswani.recipe.trainer import VaswaniTrainer
+
+    expected = Seq2SeqTrainingArguments(output_dir=str(tmp_path)).optim  # the fused kernel from torch 2.8 on
+    assert PaperTrainingArguments(output_dir=str(tmp_path)).optim == expected
+    model = tiny_model()
+    for optim, fused in ((None, expected == "adamw_torch_fused"), ("adamw_torch", False)):
+        kwargs = {} if optim is None else {"optim": optim}
+        args = PaperTrainingArguments(
+            output_dir=str(tmp_path), use_cpu=True, report_to="none", eval_strategy="no", **kwargs
+        )
+        trainer = VaswaniTrainer(model=model, args=args)
+        optimizer = trainer.create_optimizer()
+        assert isinstance(optimizer, torch.optim.AdamW) and bool(optimizer.defaults.get("fused")) is fused
+        assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9
+
+
 def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_one(tmp_path):
     from datasets import Dataset
 

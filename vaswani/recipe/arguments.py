@@ -336,7 +336,14 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         },
     )
     optim: str = field(
-        default="adamw_torch", metadata={"help": "Adam (weight decay 0 makes AdamW plain Adam)."}
+        # transformers' own default: its fused AdamW where torch has it for every device (torch >= 2.8), one
+        # kernel per step on the CPU too, against the for-loop's dozen operators per parameter
+        # (`bench.ab_training_kernels`)
+        default=getattr(Seq2SeqTrainingArguments, "default_optim", "adamw_torch"),
+        metadata={
+            "help": "Adam (weight decay 0 makes AdamW plain Adam). Default: transformers' default, the fused AdamW "
+            "kernel (adamw_torch_fused) with torch >= 2.8, else adamw_torch."
+        },
     )
     label_smoothing_factor: float = field(
         default=0.1, metadata={"help": "eps_ls of §5.4 (0.1), applied by the recipe's loss."}
