@@ -96,8 +96,9 @@ class Linear(nn.Linear):
 
     torch's float32 CPU GEMM is MKL's, which runs without its AVX-512 kernels on non-Intel CPUs: on an AMD EPYC
     oneDNN's is about twice as fast. On an Intel CPU, oneDNN's is faster from 16 rows on, MKL's below (decoding one
-    sentence), and those calls stay with `F.linear`. Same parameters, same arithmetic to rounding; `isinstance(m, nn.Linear)`, PEFT's
-    LoRA wrapping and checkpoints see an `nn.Linear` (`type(m) is nn.Linear` does not: `use_plain_modules` undoes it).
+    sentence), and those calls stay with `F.linear`. Same parameters, same arithmetic to rounding;
+    `isinstance(m, nn.Linear)`, PEFT's LoRA wrapping and checkpoints see an `nn.Linear` (`type(m) is nn.Linear` does
+    not: `use_plain_modules` undoes it).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
