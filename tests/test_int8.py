@@ -54,6 +54,27 @@ def test_int8_linear_is_torchaos_linear_to_the_bit():
             assert torch.equal(int8_linear(x, weight, layer[0].bias, packed), layer(x))
 
 
+@pytest.mark.parametrize("signed_rows", [True, False])
+def test_packed_int8_product_is_the_exact_integer_product_with_signed_or_unsigned_rows(
+    monkeypatch, signed_rows
+):
+    """oneDNN's int8 linear takes the rows as they are with AMX, and elsewhere as unsigned bytes with zero point 128
+    (its VNNI kernels multiply unsigned by signed bytes): both give the int32 product exactly, the extremes -128 and
+    127 included."""
+    if not kernels.int8._ONEDNN_INT8_AVAILABLE:
+        pytest.skip("this torch has no oneDNN int8 linear")
+    monkeypatch.setattr(kernels.int8, "_signed_rows_native", lambda: signed_rows)
+    torch.manual_seed(0)
+    rows = torch.randint(-128, 128, (5, 64), dtype=torch.int8)
+    rows[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    weight = torch.randint(-127, 128, (48, 64), dtype=torch.int8)
+    exact = (rows.long() @ weight.long().t()).float()
+    packed = torch.ops.onednn.qlinear_prepack(weight, None)
+    assert torch.equal(kernels.int8._int8_product(rows, weight, packed), exact)
+    assert torch.equal(kernels.int8._int8_product(rows, weight, None), exact)
+    assert torch.equal(rows, rows.clone())  # the rows are not changed in place
+
+
 def test_a_model_quantized_on_loading_generates_saves_and_reloads(folder, tmp_path):
     """`TorchAoConfig` through `from_pretrained`: the linear layers hold torchao's int8 weights (transformers keeps the
     tied output projection in float32); the model generates, saves to safetensors with torchao's metadata and loads

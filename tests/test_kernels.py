@@ -83,6 +83,23 @@ def test_linear_leaves_a_few_rows_to_mkl_on_intel_cpus_only(monkeypatch, intel):
     assert torch.equal(small(x), F.linear(x, small.weight, small.bias))
 
 
+def test_cpu_flags_read_the_flags_line():
+    from vaswani.kernels import int8, onednn_linear
+
+    flags = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next(
+                (line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), None
+            )
+    except OSError:
+        pass
+    if flags is None:
+        pytest.skip("no flags in /proc/cpuinfo")
+    assert onednn_linear.cpu_flags() == frozenset(flags)
+    assert int8._signed_rows_native.__wrapped__() == ("amx_int8" in flags)
+
+
 def test_intel_cpu_reads_the_vendor():
     from vaswani.kernels import onednn_linear
 

@@ -49,16 +49,30 @@ MKL_LARGE_WEIGHT = 1 << 22
 
 
 @functools.cache
-def _intel_cpu() -> bool:
-    """Whether this CPU is Intel's: the vendor of /proc/cpuinfo (Linux), else the platform's processor string."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (Linux: `vendor_id`, `flags`, ...); empty where there is none."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("vendor_id"):
-                    return "GenuineIntel" in line
+                if not line.strip():
+                    break  # the end of the first processor's block
+                name, _, value = line.partition(":")
+                fields[name.strip()] = value.strip()
     except OSError:
         pass
-    return "GenuineIntel" in platform.processor()
+    return fields
+
+
+def _intel_cpu() -> bool:
+    """Whether this CPU is Intel's: the vendor of /proc/cpuinfo (Linux), else the platform's processor string."""
+    return "GenuineIntel" in _cpuinfo().get("vendor_id", platform.processor())
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (`avx512_vnni`, `amx_int8`, ...); empty where it is not
+    readable."""
+    return frozenset(_cpuinfo().get("flags", "").split())
 
 
 def _mkl_is_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
