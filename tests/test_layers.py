@@ -175,6 +175,7 @@ OLD_FOLDER = ROOT / "tests" / "fixtures" / "folder_saved_before_the_layers"
 
 
 # What the release that wrote the folder computed on it (no import of this package: it also runs where it is missing).
+# Logits to float32 rounding across CPUs: computed on an Intel Xeon, an AMD EPYC's differ by up to 6e-6 relatively.
 CHECK_AGAINST_THE_OLD_RELEASE = """
 import json
 import torch
@@ -182,7 +183,7 @@ expected = json.loads(open(EXPECTED).read())
 source = torch.tensor(expected["source"])
 with torch.no_grad():
     logits = model(input_ids=source, labels=torch.tensor(expected["labels"])).logits[0]
-torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=0, atol=2e-5)
+torch.testing.assert_close(logits, torch.tensor(expected["logits"]), rtol=1e-5, atol=2e-5)
 assert model.generate(source, max_new_tokens=8, num_beams=1, do_sample=False).tolist() == expected["greedy"]
 assert model.generate(source, max_new_tokens=8, num_beams=3, do_sample=False).tolist() == expected["beam3"]
 """
