@@ -64,9 +64,11 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+@functools.cache  # asked at every float32 linear call
 def _intel_cpu() -> bool:
     """Whether this CPU is Intel's: the vendor of /proc/cpuinfo (Linux), else the platform's processor string."""
-    return "GenuineIntel" in _cpuinfo().get("vendor_id", platform.processor())
+    vendor = _cpuinfo().get("vendor_id")
+    return "GenuineIntel" in (platform.processor() if vendor is None else vendor)
 
 
 def cpu_flags() -> frozenset[str]:
