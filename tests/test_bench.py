@@ -72,6 +72,8 @@ def test_ab_training_kernels(tmp_path):
         "both kernels",
         "both kernels, fused projection",
         "the same, for-loop AdamW",
+        "the same, projections one by one",
+        "the same, keys not padded",
     }
     assert set(result["median_s"]) == jobs == set(result["speedup_over_torch"])
     assert all(s > 0 for s in result["median_s"].values())

@@ -344,6 +344,18 @@ def test_fused_projection_and_loss_in_a_bf16_training_step_of_the_model():
         torch.testing.assert_close(fused_grads[name], plain_grads[name], rtol=2e-2, atol=2e-3, msg=name)
 
 
+def test_fused_projection_and_loss_of_ignored_positions_only_is_zero_with_zero_gradients():
+    """Every position ignored (the ignored rows are left out of the products): a zero loss, zero gradients."""
+    hidden = torch.randn(3, 8, requires_grad=True)
+    weight = torch.randn(6, 8, requires_grad=True)
+    loss = linear_label_smoothed_cross_entropy(hidden, weight, None, torch.full((3,), -100), 0.1)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.equal(hidden.grad, torch.zeros_like(hidden)) and torch.equal(
+        weight.grad, torch.zeros_like(weight)
+    )
+
+
 def test_fused_projection_and_loss_refuse_bad_labels_and_a_second_backward():
     hidden = torch.randn(4, 8, requires_grad=True)
     weight = torch.randn(6, 8, requires_grad=True)
@@ -357,6 +369,91 @@ def test_fused_projection_and_loss_refuse_bad_labels_and_a_second_backward():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backpropagated once"):
         loss.backward()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# StackedProjections against each projection alone
+# --------------------------------------------------------------------------------------------------------------------
+def _groups(model: nn.Module) -> dict:
+    return {
+        m: m.__dict__["_vaswani_shared_input"]
+        for m in model.modules()
+        if "_vaswani_shared_input" in m.__dict__
+    }
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_stacked_projections_give_a_bf16_training_step_the_gradients_of_the_projections_one_by_one(
+    bias, monkeypatch
+):
+    """`use_cpu_kernels` groups each self-attention's Q, K, V and each encoder-decoder attention's K, V; in a
+    bf16-autocast training step each group is one product whose columns the other projections are handed, and the
+    loss and every parameter's gradient equal those of the projections computed one by one, to bf16 rounding."""
+    model = use_cpu_kernels(tiny_model(attention_bias=bias)).train()
+    config = model.config
+    groups = _groups(model)
+    sizes = sorted(len(g.modules) for g in {id(g): g for g in groups.values()}.values())
+    assert sizes == [2] * config.decoder_layers + [3] * (config.encoder_layers + config.decoder_layers)
+    handed = []
+    original = kernels.StackedProjections.__call__
+
+    def spy(self, module, x):
+        y = original(self, module, x)
+        handed.append(module is not self.modules[0] and y is not None)
+        return y
+
+    monkeypatch.setattr(kernels.StackedProjections, "__call__", spy)
+    input_ids, attention_mask, labels = batch()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    stacked = step()
+    assert sum(handed) == 2 * (config.encoder_layers + config.decoder_layers) + config.decoder_layers
+    for module in groups:
+        del module.__dict__["_vaswani_shared_input"]
+    handed.clear()
+    alone = step()
+    assert not handed
+    torch.testing.assert_close(stacked[0], alone[0], rtol=1e-2, atol=1e-2)
+    for name, grad in alone[1].items():
+        torch.testing.assert_close(stacked[1][name], grad, rtol=2e-2, atol=2e-3, msg=name)
+
+
+def test_stacked_projections_compute_alone_outside_autocast_and_after_an_in_place_change():
+    torch.manual_seed(0)
+    q, k, v = (Linear(8, 6) for _ in range(3))
+    group = kernels.StackedProjections(q, k, v)
+    assert kernels.StackedProjections.applies(q, k, v) and not kernels.StackedProjections.applies(
+        q, Linear(7, 6)
+    )
+    for module in (q, k, v):
+        module.__dict__["_vaswani_shared_input"] = group
+    x = torch.randn(2, 8)
+    before = x.clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        queries = q(x)
+        assert set(group.pending) == {id(k), id(v)}
+        x.add_(1.0)  # the pending key and value are of the old input
+        keys = k(x)
+        assert torch.equal(keys, F.linear(x, k.weight, k.bias))  # computed alone, on the changed input
+        torch.testing.assert_close(queries, F.linear(before, q.weight, q.bias))
+    values = v(x)  # float32: each alone, the pending one dropped
+    assert values.dtype == torch.float32 and not group.pending
+    torch.testing.assert_close(values, F.linear(x, v.weight, v.bias))
+
+
+def test_use_plain_modules_ungroups_the_stacked_projections():
+    model = use_cpu_kernels(tiny_model())
+    use_cpu_kernels(model)  # a second call regroups: one group per attention layer still
+    config = model.config
+    assert len({id(g) for g in _groups(model).values()}) == config.encoder_layers + 2 * config.decoder_layers
+    kernels.use_plain_modules(model)
+    assert not _groups(model)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -455,6 +552,55 @@ def test_vaswani_sdpa_in_half_precision_training_is_causal_and_as_close_to_float
         results.append([t.float() for t in (logits.detach(), embeds.grad, model.lm_head.weight.grad)])
     for ours, kernel, exact in zip(*results, strict=True):  # rounding errors of the same size as the kernel's
         assert (ours - exact).norm() <= 1.5 * (kernel - exact).norm() + 1e-3
+
+
+@pytest.mark.parametrize("mask", ["padding", "none", "causal", "additive"])
+@pytest.mark.parametrize("queries", [7, 1])
+def test_matmul_attention_pads_short_softmax_rows_and_equals_eager(mask, queries, monkeypatch):
+    """Fewer keys than `SOFTMAX_MIN_KEYS` (torch's slow CPU softmax): `vaswani_sdpa`'s matmul attention takes the
+    softmax over scores padded with -inf, and its output, weights and gradients equal the model's eager attention, a
+    row whose every key is masked included (uniform weights over its keys, zero gradient)."""
+    from vaswani.kernels import attention
+    from vaswani.modeling_vaswani import eager_attention_forward
+
+    softmax_widths, original = [], torch.softmax
+    monkeypatch.setattr(
+        attention.torch, "softmax", lambda x, dim: softmax_widths.append(x.shape[-1]) or original(x, dim)
+    )
+    module = nn.Module()
+    module.is_causal, module.is_cross_attention = mask == "causal", False
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, queries, 4, generator=generator, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 3, 7, 4, generator=generator, dtype=torch.bfloat16) for _ in range(2))
+    attention_mask = None
+    if mask in ("padding", "additive"):
+        attention_mask = torch.ones(2, 1, queries, 7, dtype=torch.bool)
+        attention_mask[1, :, :, 5:] = False
+        attention_mask[0, 0, queries // 2] = False  # every key masked for one query
+        if mask == "additive":
+            attention_mask = torch.zeros(attention_mask.shape).masked_fill(
+                ~attention_mask, torch.finfo(torch.float32).min
+            )
+    causal = torch.ones(queries, 7, dtype=torch.bool).tril(7 - queries)
+    reference_mask = causal if mask == "causal" else attention_mask
+    gradient = torch.randn(2, queries, 3, 4, generator=generator, dtype=torch.bfloat16)
+    results = []
+    for fast in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        if fast:
+            output, weights = attention.vaswani_sdpa_attention(module, *leaves, attention_mask, scaling=0.5)
+        else:
+            output, weights = eager_attention_forward(module, *leaves, reference_mask, scaling=0.5)
+        output.backward(gradient)
+        results.append((output, weights, *(t.grad for t in leaves)))
+    assert softmax_widths == [attention.SOFTMAX_MIN_KEYS, 7]  # the kernel's, padded, then the reference's
+    assert results[0][1].shape == (2, 3, queries, 7)
+    for ours, expected in zip(*results, strict=True):
+        torch.testing.assert_close(ours, expected)
+    if mask == "padding":
+        uniform = torch.full((7,), 1 / 7, dtype=torch.bfloat16)
+        torch.testing.assert_close(results[0][1][0, 0, queries // 2], uniform)
+        assert results[0][2][0, :, queries // 2].abs().sum() == 0  # no gradient through the masked row
 
 
 def test_vaswani_sdpa_leaves_long_float32_training_to_the_sdpa_kernel(monkeypatch):

@@ -13,7 +13,8 @@ that reference by name:
 | `Dropout`, `dropout` (`bit_dropout.py`) | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` (`loss.py`) | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` (`loss.py`) | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
-| `attn_implementation="vaswani_sdpa"` (`attention.py`) | `"sdpa"` | CPU decoding steps and short half-precision training: matmuls |
+| `StackedProjections` (`stacked.py`) | each attention projection's `nn.Linear` alone | CPU autocast (bf16 training): the projections of one attention layer that share an input in one GEMM, one input cast |
+| `attn_implementation="vaswani_sdpa"` (`attention.py`) | `"sdpa"`, `"eager"` | CPU decoding steps and short half-precision training: matmuls; softmax rows of fewer than 16 keys padded |
 
 One choice changes the arithmetic, and `use_cpu_kernels(model, int8_output=False)` declines it: in a model whose
 linear layers are torchao int8, `Int8OutputLinear` computes the output projection that transformers keeps in float32
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from ..modeling_vaswani import VaswaniAttention
-from .attention import FAST_ATTENTION, prefers_matmul_attention, vaswani_sdpa_attention
+from .attention import FAST_ATTENTION, matmul_attention, prefers_matmul_attention, vaswani_sdpa_attention
 from .bit_dropout import Dropout, dropout, quantized_dropout_probability
 from .int8 import (
     Int8Linear,
@@ -40,6 +41,7 @@ from .int8 import (
 )
 from .loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from .onednn_linear import Linear, _is_plain, onednn_linear_applies
+from .stacked import StackedProjections
 
 _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
 
@@ -64,16 +66,21 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
         if fast is not None:
             module.__class__ = fast
         int8 = int8 or type(module) is Int8Linear
-    for module in model.modules():  # each self-attention's int8 Q, K, V projections in one product
+    for (
+        module
+    ) in model.modules():  # the projections of one attention layer that share an input, in one product
         if not isinstance(module, VaswaniAttention):
             continue
         projections = (module.q_proj, module.k_proj, module.v_proj)
+        shared = projections[1:] if module.is_cross_attention else projections
         group = None
         if not module.is_cross_attention and SharedInputProjections.applies(*projections):
-            group = SharedInputProjections(*projections)
+            group = SharedInputProjections(*projections)  # int8
+        elif StackedProjections.applies(*shared):
+            group = StackedProjections(*shared)  # float weights, in bf16 autocast
         for projection in projections:  # a second call regroups or ungroups
             projection.__dict__.pop("_vaswani_shared_input", None)
-            if group is not None:
+            if group is not None and projection in shared:
                 projection.__dict__["_vaswani_shared_input"] = group
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
@@ -113,10 +120,12 @@ __all__ = [
     "Int8OutputLinear",
     "Linear",
     "SharedInputProjections",
+    "StackedProjections",
     "dropout",
     "int8_linear",
     "label_smoothed_cross_entropy",
     "linear_label_smoothed_cross_entropy",
+    "matmul_attention",
     "onednn_linear_applies",
     "prefers_matmul_attention",
     "quantized_dropout_probability",

@@ -1,20 +1,26 @@
 """`attn_implementation="vaswani_sdpa"`: transformers' "sdpa" attention, with the calls where batched matmuls beat
-torch's CPU flash-attention kernel computed by the model's own `eager_attention_forward`. Registered with
+torch's CPU flash-attention kernel computed by `matmul_attention` (the model's own `eager_attention_forward`, with
+short softmax rows padded to where torch's CPU softmax is fast). Registered with
 transformers' `AttentionInterface` when `vaswani.kernels` is imported. Reference: "sdpa" and "eager"
 (`tests/test_kernels.py`)."""
+
+import math
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-from ..modeling_vaswani import eager_attention_forward
+from transformers.utils import is_torchdynamo_compiling
 
 FAST_ATTENTION = "vaswani_sdpa"
 
 # Beyond this many keys, torch's CPU SDPA kernel beats batched matmuls in half-precision training.
 MATMUL_ATTENTION_MAX_KEYS = 128
+# torch's CPU softmax over fewer than 16 elements (a float32 AVX-512 vector) takes a path about 10x slower per element
+# than at 16, and its backward about 18x (`python -m bench.bench_kernels --what softmax`): `matmul_attention` pads
+# shorter rows of scores to this many with -inf.
+SOFTMAX_MIN_KEYS = 16
 
 
 def prefers_matmul_attention(
@@ -44,17 +50,50 @@ def prefers_matmul_attention(
 
 
 def vaswani_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
-    """transformers' "sdpa" attention, with the calls that `prefers_matmul_attention` picks computed by the model's
-    own `eager_attention_forward` (Eq. 1 in batched matmuls, float32 softmax): same arithmetic, another kernel. SDPA's
-    masks leave causal attention to the kernel's `is_causal` (mask None); those calls get their lower-triangular mask
-    here."""
+    """transformers' "sdpa" attention, with the calls that `prefers_matmul_attention` picks computed by
+    `matmul_attention` (the model's `eager_attention_forward`: Eq. 1 in batched matmuls, float32 softmax): same
+    arithmetic, another kernel. SDPA's masks leave causal attention to the kernel's `is_causal` (mask None); those
+    calls get their lower-triangular mask here."""
     if not prefers_matmul_attention(module, query, key, attention_mask):
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     if attention_mask is None and module.is_causal and query.shape[-2] > 1:
         attention_mask = torch.ones(
             query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
         ).tril()
-    return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return matmul_attention(module, query, key, value, attention_mask, **kwargs)
+
+
+def matmul_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's `eager_attention_forward` (Eq. 1 in batched matmuls, float32 softmax), operator for operator,
+    except that a softmax over fewer than `SOFTMAX_MIN_KEYS` keys is taken over the scores padded to that many with
+    -inf, and the weights of the real keys kept: the padding gets exactly zero weight and gradient, so the weights,
+    the output and every gradient are the eager function's to the rounding of the softmax's sums (a row whose every
+    key is masked too: uniform over its keys, zero gradient). Not under `torch.compile`, whose softmax is
+    inductor's own."""
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scaling  # (B, h, Tq, Tk)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
+        else:
+            scores = scores + attention_mask.float()
+    keys = scores.shape[-1]
+    if keys < SOFTMAX_MIN_KEYS and not is_torchdynamo_compiling():
+        padded = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)
+        weights = torch.softmax(padded, dim=-1)[..., :keys].to(query.dtype)
+    else:
+        weights = torch.softmax(scores, dim=-1).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)
+    return output, weights
 
 
 AttentionInterface.register(FAST_ATTENTION, vaswani_sdpa_attention)

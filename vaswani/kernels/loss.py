@@ -233,6 +233,13 @@ def linear_label_smoothed_cross_entropy(
             f"{labels[outside][0].item()}."
         )
     device = hidden.device.type
+    ignored = labels == -100
+    if device == "cpu" and ignored.any():
+        # Ignored positions (padding) add nothing to the loss and get zero gradients: their rows are left out of the
+        # products (about 6% of the en->de recipe's target positions). Elsewhere, asking would make the host wait
+        # for the device.
+        rows = (~ignored).nonzero().squeeze(1)
+        hidden, labels = hidden.index_select(0, rows), labels.index_select(0, rows)
     if torch.is_autocast_enabled(device):  # the product in the autocast dtype, as F.linear under autocast
         dtype = torch.get_autocast_dtype(device)
         hidden, weight = hidden.to(dtype), weight.to(dtype)

@@ -118,6 +118,10 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.__dict__.get("_vaswani_shared_input")  # `StackedProjections`, set by `use_cpu_kernels`
+        y = None if shared is None else shared(self, x)
+        if y is not None:
+            return y
         if onednn_linear_applies(x, self.weight):
             return _OneDNNLinearFunction.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

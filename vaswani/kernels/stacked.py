@@ -1,0 +1,66 @@
+"""`StackedProjections`: the projections of one attention layer that the model applies to the same input (a
+self-attention's W^Q, W^K, W^V; an encoder-decoder attention's W^K, W^V on the encoder output), computed as one
+product over their stacked weights in CPU autocast (bf16 training). One input cast instead of one per projection,
+one GEMM of 3 x d_model columns instead of three of d_model, one input-gradient GEMM and cast in the backward.
+Reference: each `nn.Linear` alone (`tests/test_kernels.py`)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.utils import is_torchdynamo_compiling
+
+from .int8 import _identity
+from .onednn_linear import Linear, _is_plain
+
+
+def stacked_projections_apply(x: torch.Tensor) -> bool:
+    """Whether a call on `x` takes the stacked product: on the CPU under autocast (where each projection alone
+    casts the same input again), outside `torch.compile` (which fuses the casts itself)."""
+    return not is_torchdynamo_compiling() and x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+
+
+class StackedProjections:
+    """Two or three `Linear`s of one attention layer that the model calls one after the other on the same input: the
+    first call computes all of them in one `F.linear` over their stacked weights (and biases) and hands the others
+    their columns of the result when they are called on that input. Under autocast each output column is the same
+    dot product of the same bf16 input and weight row as the layer's own, so the outputs are equal to the rounding
+    of the GEMM; gradients reach each weight through the stacking. A call on another input, or on this one after an
+    in-place change that its version counter shows, computes alone, as does any call outside CPU autocast.
+    `use_cpu_kernels` groups the projections."""
+
+    def __init__(self, *modules: nn.Module):
+        self.modules = modules
+        self.pending = {}  # id(module) -> (input, its identity, the module's result)
+
+    @staticmethod
+    def applies(*modules: nn.Module) -> bool:
+        """Whether these layers can be computed as one: `Linear`s with plain weights of one input size, dtype and
+        device, and biases on all or none."""
+        return (
+            len(modules) > 1
+            and all(type(m) is Linear and _is_plain(m.weight) for m in modules)
+            and len({(m.in_features, m.weight.dtype, m.weight.device) for m in modules}) == 1
+            and len({m.bias is None for m in modules}) == 1
+        )
+
+    def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """The result of `module` on `x`, or None where `module` must compute it alone."""
+        if not stacked_projections_apply(x):
+            self.pending = {}
+            return None
+        if module is self.modules[0]:
+            return self._all(x)
+        entry = self.pending.pop(id(module), None)
+        if entry is not None and entry[0] is x and entry[1] == _identity(x):
+            return entry[2]
+        return None
+
+    def _all(self, x: torch.Tensor) -> torch.Tensor:
+        weight = torch.cat([m.weight for m in self.modules])
+        bias = None if self.modules[0].bias is None else torch.cat([m.bias for m in self.modules])
+        parts = F.linear(x, weight, bias).split([m.out_features for m in self.modules], dim=-1)
+        identity = _identity(x)
+        self.pending = {
+            id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
+        }
+        return parts[0]
