@@ -13,9 +13,9 @@ projection fused into the loss (`kernels.linear_label_smoothed_cross_entropy`, t
 `losses.fused_output_loss`), which never holds the logits: what the recipe trains with; a sixth runs that step
 with the for-loop AdamW (transformers' `adamw_torch` on the CPU) instead of the fused one (`adamw_torch_fused`). Two more
 take one kernel of the recipe's step away each: `kernels.StackedProjections` (an attention layer's projections of
-one input in one product; without it, one product and one input cast per projection), and the keys that
-`vaswani_sdpa` pads to `SOFTMAX_MIN_KEYS` where there are fewer (`--length` below 16; without it, torch's slow
-softmax over a short last dimension). By default the shape of
+one input in one product; without it, one product and one input cast per projection), and the softmax rows that
+`kernels.matmul_attention` pads to `SOFTMAX_MIN_KEYS` where there are fewer keys (`--length` below 16; without it,
+torch's slow softmax over a short last dimension). By default the shape of
 the en->de run of RESULTS.md (the `tiny` preset: d_model 128, 4+4 layers, 4 heads, d_ff 256, P_drop 0.3; an
 8000-token vocabulary) on a batch of 480 pairs of 17 + 17 tokens (8160 tokens a side, one of its 8192-token
 batches), bf16 autocast as it trains. A step is the forward pass, the label-smoothed loss (mean over target tokens),
@@ -40,7 +40,7 @@ REFERENCE = "F.dropout + F.cross_entropy"
 FUSED = "both kernels, fused projection"
 LOOP_ADAM = "the same, for-loop AdamW"
 UNSTACKED = "the same, projections one by one"
-UNPADDED = "the same, keys not padded"
+UNPADDED = "the same, softmax rows not padded"
 
 
 def use_dropout(model: nn.Module, kind: type) -> None:
@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
         jobs[FUSED] = lambda: step(fast["dropout"], fast["loss"], fused_output=True)
         jobs[LOOP_ADAM] = lambda: step(fast["dropout"], fast["loss"], fused_output=True, adam=loop_optimizer)
         jobs[UNSTACKED] = lambda: without("stacked")
-        jobs[UNPADDED] = lambda: without("padded keys")
+        jobs[UNPADDED] = lambda: without("padded softmax")
     times = common.interleaved_times(jobs, args.repeats, warmup=2)
     medians = {name: common.median(seconds) for name, seconds in times.items()}
     speedups = {name: medians[REFERENCE] / median for name, median in medians.items()}

@@ -8,6 +8,8 @@ median of `--repeats`) so the choice can be checked on any machine:
   forward only for one query per hypothesis (a decoding step with the KV cache), and for the 4 beams of a source
   sharing one encoder-decoder attention call. `kernels.prefers_matmul_attention` (attn_implementation="vaswani_sdpa") picks matmuls for half
   precision with gradients up to 128 keys and for decoding steps.
+- attention over fewer keys than a float32 vector holds (`--what short-softmax`, the en->de recipe's short captions):
+  torch's CPU softmax over rows of under 16 elements against `kernels.matmul_attention`, which pads them with -inf.
 - the weight gradient of a linear layer, dW = dY^T X: oneDNN's linear on the transposed operands (copied to be
   contiguous) against torch's default `mm`, which reads them transposed in place.
 - the label-smoothed loss with its backward: `F.cross_entropy(label_smoothing=...)` against the chunked
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import common
-from vaswani.kernels import dropout, label_smoothed_cross_entropy
+from vaswani.kernels import dropout, label_smoothed_cross_entropy, matmul_attention
 from vaswani.modeling_vaswani import eager_attention_forward
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -74,6 +76,33 @@ def attention_jobs(tokens: int, heads: int, head_dim: int, lengths: list[int]) -
                 key = ("attention", f"T={length} B={batch}", dtype_name, "causal" if causal else "padding")
                 jobs[key + ("sdpa kernel",)] = kernel
                 jobs[key + ("matmuls",)] = matmuls
+    return jobs
+
+
+def short_softmax_jobs(tokens: int, heads: int, head_dim: int, lengths: list[int]) -> dict:
+    """bf16 training attention of fewer keys than `SOFTMAX_MIN_KEYS`, forward + backward: the model's
+    `eager_attention_forward` (torch's softmax over the short rows) against `kernels.matmul_attention` (the rows
+    padded with -inf)."""
+    jobs = {}
+    for length in lengths:
+        batch = max(1, tokens // length)
+        q, k, v = (
+            torch.randn(batch, heads, length, head_dim, dtype=torch.bfloat16, requires_grad=True)
+            for _ in "qkv"
+        )
+        padding = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+        padding[::3, ..., length - 2 :] = False
+        key = ("short softmax rows", f"T={length} B={batch} h={heads}", "bf16", "padding")
+        for path, function in (
+            ("torch softmax", eager_attention_forward),
+            ("padded to 16", matmul_attention),
+        ):
+
+            def job(q=q, k=k, v=v, padding=padding, function=function):
+                out, _ = function(_Module(), q, k, v, padding, scaling=head_dim**-0.5)
+                out.float().sum().backward()
+
+            jobs[key + (path,)] = job
     return jobs
 
 
@@ -198,7 +227,7 @@ def linear_jobs(shapes: list[tuple[int, int]], rows: list[int], calls: int = 20)
     return jobs
 
 
-WHAT = ("attention", "decoding", "weight-gradient", "loss", "dropout", "int8", "linear")
+WHAT = ("attention", "decoding", "short-softmax", "weight-gradient", "loss", "dropout", "int8", "linear")
 
 
 def main(argv=None) -> dict:
@@ -236,6 +265,11 @@ def main(argv=None) -> dict:
             (4, 60),
         ]  # (queries per call, keys): 4 = a source's beams
         jobs |= decoding_attention_jobs(args.decode_sentences, heads, d_model // heads, cases)
+    if (
+        "short-softmax" in args.what
+    ):  # the en->de recipe's attention: d_model 128, 4 heads, 8192-token batches
+        lengths = [8] if args.quick else [8, 12, 15]
+        jobs |= short_softmax_jobs(2 * args.tokens, 4, 32, lengths)
     shapes = [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]
     if "weight-gradient" in args.what:
         jobs |= weight_gradient_jobs(args.tokens, shapes)

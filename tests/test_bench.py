@@ -39,6 +39,7 @@ def test_bench_kernels(tmp_path):
     assert {("attention", "sdpa kernel"), ("attention", "matmuls"), ("dW = dY^T X", "torch mm")} <= paths
     assert {("label-smoothed loss", "F.cross_entropy"), ("label-smoothed loss", "chunked")} <= paths
     assert {("dropout", "F.dropout"), ("dropout", "bit mask")} <= paths
+    assert {("short softmax rows", "torch softmax"), ("short softmax rows", "padded to 16")} <= paths
     assert all(r["ms"] > 0 and r["speedup"] >= 1.0 for r in result["results"])
 
 
@@ -73,7 +74,7 @@ def test_ab_training_kernels(tmp_path):
         "both kernels, fused projection",
         "the same, for-loop AdamW",
         "the same, projections one by one",
-        "the same, keys not padded",
+        "the same, softmax rows not padded",
     }
     assert set(result["median_s"]) == jobs == set(result["speedup_over_torch"])
     assert all(s > 0 for s in result["median_s"].values())

@@ -386,14 +386,15 @@ def _groups(model: nn.Module) -> dict:
 def test_stacked_projections_give_a_bf16_training_step_the_gradients_of_the_projections_one_by_one(
     bias, monkeypatch
 ):
-    """`use_cpu_kernels` groups each self-attention's Q, K, V and each encoder-decoder attention's K, V; in a
-    bf16-autocast training step each group is one product whose columns the other projections are handed, and the
+    """`use_cpu_kernels` groups each self-attention's Q, K, V, and the K, V of every encoder-decoder attention (all
+    on the encoder's output); in a bf16-autocast training step each group is one product whose columns the other
+    projections are handed, and the
     loss and every parameter's gradient equal those of the projections computed one by one, to bf16 rounding."""
     model = use_cpu_kernels(tiny_model(attention_bias=bias)).train()
     config = model.config
     groups = _groups(model)
     sizes = sorted(len(g.modules) for g in {id(g): g for g in groups.values()}.values())
-    assert sizes == [2] * config.decoder_layers + [3] * (config.encoder_layers + config.decoder_layers)
+    assert sizes == [3] * (config.encoder_layers + config.decoder_layers) + [2 * config.decoder_layers]
     handed = []
     original = kernels.StackedProjections.__call__
 
@@ -405,23 +406,27 @@ def test_stacked_projections_give_a_bf16_training_step_the_gradients_of_the_proj
     monkeypatch.setattr(kernels.StackedProjections, "__call__", spy)
     input_ids, attention_mask, labels = batch()
 
-    def step():
+    def step(autocast: bool = True):
         model.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
         return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
     stacked = step()
-    assert sum(handed) == 2 * (config.encoder_layers + config.decoder_layers) + config.decoder_layers
+    assert sum(handed) == 2 * (config.encoder_layers + config.decoder_layers) + 2 * config.decoder_layers - 1
     for module in groups:
         del module.__dict__["_vaswani_shared_input"]
     handed.clear()
     alone = step()
+    exact = step(autocast=False)
     assert not handed
     torch.testing.assert_close(stacked[0], alone[0], rtol=1e-2, atol=1e-2)
-    for name, grad in alone[1].items():
-        torch.testing.assert_close(stacked[1][name], grad, rtol=2e-2, atol=2e-3, msg=name)
+    for name, grad in exact[
+        1
+    ].items():  # bf16 rounding errors of the same size as the projections' one by one
+        error, reference_error = (stacked[1][name] - grad).norm(), (alone[1][name] - grad).norm()
+        assert error <= 1.5 * reference_error + 1e-3, name  # (the key bias: a zero gradient, rounding noise)
 
 
 def test_stacked_projections_compute_alone_outside_autocast_and_after_an_in_place_change():
@@ -449,9 +454,11 @@ def test_stacked_projections_compute_alone_outside_autocast_and_after_an_in_plac
 
 def test_use_plain_modules_ungroups_the_stacked_projections():
     model = use_cpu_kernels(tiny_model())
-    use_cpu_kernels(model)  # a second call regroups: one group per attention layer still
+    use_cpu_kernels(
+        model
+    )  # a second call regroups: one group per self-attention and one for the memory still
     config = model.config
-    assert len({id(g) for g in _groups(model).values()}) == config.encoder_layers + 2 * config.decoder_layers
+    assert len({id(g) for g in _groups(model).values()}) == config.encoder_layers + config.decoder_layers + 1
     kernels.use_plain_modules(model)
     assert not _groups(model)
 

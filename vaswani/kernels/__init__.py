@@ -13,7 +13,7 @@ that reference by name:
 | `Dropout`, `dropout` (`bit_dropout.py`) | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` (`loss.py`) | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` (`loss.py`) | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
-| `StackedProjections` (`stacked.py`) | each attention projection's `nn.Linear` alone | CPU autocast (bf16 training): the projections of one attention layer that share an input in one GEMM, one input cast |
+| `StackedProjections` (`stacked.py`) | each attention projection's `nn.Linear` alone | CPU autocast (bf16 training): the projections that share an input (a self-attention's Q, K, V; every encoder-decoder attention's K, V) in one GEMM, one input cast |
 | `attn_implementation="vaswani_sdpa"` (`attention.py`) | `"sdpa"`, `"eager"` | CPU decoding steps and short half-precision training: matmuls; softmax rows of fewer than 16 keys padded |
 
 One choice changes the arithmetic, and `use_cpu_kernels(model, int8_output=False)` declines it: in a model whose
@@ -66,22 +66,27 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
         if fast is not None:
             module.__class__ = fast
         int8 = int8 or type(module) is Int8Linear
-    for (
-        module
-    ) in model.modules():  # the projections of one attention layer that share an input, in one product
-        if not isinstance(module, VaswaniAttention):
-            continue
-        projections = (module.q_proj, module.k_proj, module.v_proj)
-        shared = projections[1:] if module.is_cross_attention else projections
-        group = None
-        if not module.is_cross_attention and SharedInputProjections.applies(*projections):
-            group = SharedInputProjections(*projections)  # int8
-        elif StackedProjections.applies(*shared):
-            group = StackedProjections(*shared)  # float weights, in bf16 autocast
-        for projection in projections:  # a second call regroups or ungroups
+    # The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
+    # K and V of every encoder-decoder attention, which all take the encoder's output (float).
+    attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
+    for module in attentions:  # a second call regroups or ungroups
+        for projection in (module.q_proj, module.k_proj, module.v_proj):
             projection.__dict__.pop("_vaswani_shared_input", None)
-            if group is not None and projection in shared:
-                projection.__dict__["_vaswani_shared_input"] = group
+    groups = []
+    for module in attentions:
+        projections = (module.q_proj, module.k_proj, module.v_proj)
+        if module.is_cross_attention:
+            continue
+        if SharedInputProjections.applies(*projections):
+            groups.append(SharedInputProjections(*projections))  # int8
+        elif StackedProjections.applies(*projections):
+            groups.append(StackedProjections(*projections))  # float weights, in bf16 autocast
+    memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
+    if StackedProjections.applies(*memory):
+        groups.append(StackedProjections(*memory))
+    for group in groups:
+        for projection in group.modules:
+            projection.__dict__["_vaswani_shared_input"] = group
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
         output.__class__ = Int8OutputLinear

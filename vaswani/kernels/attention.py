@@ -17,9 +17,9 @@ FAST_ATTENTION = "vaswani_sdpa"
 
 # Beyond this many keys, torch's CPU SDPA kernel beats batched matmuls in half-precision training.
 MATMUL_ATTENTION_MAX_KEYS = 128
-# torch's CPU softmax over fewer than 16 elements (a float32 AVX-512 vector) takes a path about 10x slower per element
-# than at 16, and its backward about 18x (`python -m bench.bench_kernels --what softmax`): `matmul_attention` pads
-# shorter rows of scores to this many with -inf.
+# torch's CPU softmax over fewer than 16 elements (a float32 AVX-512 vector) takes a path about 10x slower per
+# element than at 16, and its backward about 18x (`python -m bench.bench_kernels --what short-softmax`):
+# `matmul_attention` pads shorter rows of scores to this many with -inf.
 SOFTMAX_MIN_KEYS = 16
 
 

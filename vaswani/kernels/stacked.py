@@ -1,8 +1,8 @@
-"""`StackedProjections`: the projections of one attention layer that the model applies to the same input (a
-self-attention's W^Q, W^K, W^V; an encoder-decoder attention's W^K, W^V on the encoder output), computed as one
-product over their stacked weights in CPU autocast (bf16 training). One input cast instead of one per projection,
-one GEMM of 3 x d_model columns instead of three of d_model, one input-gradient GEMM and cast in the backward.
-Reference: each `nn.Linear` alone (`tests/test_kernels.py`)."""
+"""`StackedProjections`: the projections that the model applies to the same input (a self-attention's W^Q, W^K,
+W^V; the W^K and W^V of every encoder-decoder attention, which all take the encoder's output), computed as one product
+over their stacked weights in CPU autocast (bf16 training). One input cast instead of one per projection, one GEMM of
+3 x d_model (or 2 x layers x d_model) columns instead of one per projection, one input-gradient GEMM and cast in the
+backward. Reference: each `nn.Linear` alone (`tests/test_kernels.py`)."""
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +20,8 @@ def stacked_projections_apply(x: torch.Tensor) -> bool:
 
 
 class StackedProjections:
-    """Two or three `Linear`s of one attention layer that the model calls one after the other on the same input: the
-    first call computes all of them in one `F.linear` over their stacked weights (and biases) and hands the others
+    """`Linear`s that the model calls one after the other on the same input, in this order (other calls between them
+    allowed): the first call computes all of them in one `F.linear` over their stacked weights (and biases) and hands the others
     their columns of the result when they are called on that input. Under autocast each output column is the same
     dot product of the same bf16 input and weight row as the layer's own, so the outputs are equal to the rounding
     of the GEMM; gradients reach each weight through the stacking. A call on another input, or on this one after an
