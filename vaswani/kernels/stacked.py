@@ -20,13 +20,13 @@ def stacked_projections_apply(x: torch.Tensor) -> bool:
 
 
 class StackedProjections:
-    """`Linear`s that the model calls one after the other on the same input, in this order (other calls between them
-    allowed): the first call computes all of them in one `F.linear` over their stacked weights (and biases) and hands the others
-    their columns of the result when they are called on that input. Under autocast each output column is the same
-    dot product of the same bf16 input and weight row as the layer's own, so the outputs are equal to the rounding
-    of the GEMM; gradients reach each weight through the stacking. A call on another input, or on this one after an
-    in-place change that its version counter shows, computes alone, as does any call outside CPU autocast.
-    `use_cpu_kernels` groups the projections."""
+    """`Linear`s that the model calls one after the other on the same input, in this order (other calls between
+    them allowed): the first call computes all of them in one `F.linear` over their stacked weights (and biases) and
+    hands the others their columns of the result when they are called on that input. Under autocast each output
+    column is the same dot product of the same bf16 input and weight row as the layer's own, so the outputs are
+    equal to the rounding of the GEMM; gradients reach each weight through the stacking. A call on another input, or
+    on this one after an in-place change that its version counter shows, computes alone, as does any call outside
+    CPU autocast. `use_cpu_kernels` groups the projections."""
 
     def __init__(self, *modules: nn.Module):
         self.modules = modules
