@@ -131,6 +131,20 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
 # --------------------------------------------------------------------------------------------------------------------
 # §3.2.1 Scaled dot-product attention
 # --------------------------------------------------------------------------------------------------------------------
+def attention_scores(
+    query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
+    """QK^T / sqrt(d_k) in float32, (B, h, Tq, Tk), masked positions at float32's most negative value (a boolean
+    mask) or plus an additive mask."""
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scaling
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
+        else:
+            scores = scores + attention_mask.float()
+    return scores
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -147,12 +161,7 @@ def eager_attention_forward(
     broadcastable to (B, 1, Tq, Tk). Scores are taken to float32 before masking and softmax, so the most negative fill
     value cannot overflow in fp16 and a fully masked row gives uniform weights, never NaN.
     """
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scaling  # (B, h, Tq, Tk)
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
-        else:
-            scores = scores + attention_mask.float()
+    scores = attention_scores(query, key, attention_mask, scaling)
     weights = torch.softmax(scores, dim=-1).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)

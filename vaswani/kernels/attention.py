@@ -13,6 +13,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling
 
+from ..modeling_vaswani import attention_scores
+
 FAST_ATTENTION = "vaswani_sdpa"
 
 # Beyond this many keys, torch's CPU SDPA kernel beats batched matmuls in half-precision training.
@@ -79,12 +81,7 @@ def matmul_attention(
     the output and every gradient are the eager function's to the rounding of the softmax's sums (a row whose every
     key is masked too: uniform over its keys, zero gradient). Not under `torch.compile`, whose softmax is
     inductor's own."""
-    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scaling  # (B, h, Tq, Tk)
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, torch.finfo(torch.float32).min)
-        else:
-            scores = scores + attention_mask.float()
+    scores = attention_scores(query, key, attention_mask, scaling)  # the eager function's
     keys = scores.shape[-1]
     if keys < SOFTMAX_MIN_KEYS and not is_torchdynamo_compiling():
         padded = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)

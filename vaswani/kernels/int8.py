@@ -168,7 +168,7 @@ class SharedInputProjections:
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """The result of `module` on `x`, or None where `module` must compute it alone."""
         if module is self.modules[0]:
-            return self._all_three(x)
+            return self._all(x)
         entry = self.pending.pop(id(module), None)
         if entry is not None and entry[0] is x and entry[1] == _identity(x):
             return entry[2]
@@ -190,7 +190,7 @@ class SharedInputProjections:
             self.__dict__["_stacked_weights"] = cached
         return cached[1:]
 
-    def _all_three(self, x: torch.Tensor) -> torch.Tensor:
+    def _all(self, x: torch.Tensor) -> torch.Tensor:
         qdata, scale, bias = self._stacked()
         reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
         y = _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))

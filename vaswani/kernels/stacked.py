@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import is_torchdynamo_compiling
 
-from .int8 import _identity
+from .int8 import SharedInputProjections, _identity
 from .onednn_linear import Linear, _is_plain
 
 
@@ -19,7 +19,7 @@ def stacked_projections_apply(x: torch.Tensor) -> bool:
     return not is_torchdynamo_compiling() and x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
 
 
-class StackedProjections:
+class StackedProjections(SharedInputProjections):
     """`Linear`s that the model calls one after the other on the same input, in this order (other calls between
     them allowed): the first call computes all of them in one `F.linear` over their stacked weights (and biases) and
     hands the others their columns of the result when they are called on that input. Under autocast each output
@@ -44,16 +44,12 @@ class StackedProjections:
         )
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-        """The result of `module` on `x`, or None where `module` must compute it alone."""
+        """The result of `module` on `x`, or None where `module` must compute it alone: as
+        `SharedInputProjections`, under CPU autocast only."""
         if not stacked_projections_apply(x):
             self.pending = {}
             return None
-        if module is self.modules[0]:
-            return self._all(x)
-        entry = self.pending.pop(id(module), None)
-        if entry is not None and entry[0] is x and entry[1] == _identity(x):
-            return entry[2]
-        return None
+        return super().__call__(module, x)
 
     def _all(self, x: torch.Tensor) -> torch.Tensor:
         weight = torch.cat([m.weight for m in self.modules])
