@@ -265,9 +265,8 @@ def main(argv=None) -> dict:
             (4, 60),
         ]  # (queries per call, keys): 4 = a source's beams
         jobs |= decoding_attention_jobs(args.decode_sentences, heads, d_model // heads, cases)
-    if (
-        "short-softmax" in args.what
-    ):  # the en->de recipe's attention: d_model 128, 4 heads, 8192-token batches
+    if "short-softmax" in args.what:
+        # the en->de recipe's attention: d_model 128, 4 heads, 8192-token batches
         lengths = [8] if args.quick else [8, 12, 15]
         jobs |= short_softmax_jobs(2 * args.tokens, 4, 32, lengths)
     shapes = [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]

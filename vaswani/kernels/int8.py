@@ -196,12 +196,18 @@ class SharedInputProjections:
         y = _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
         # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently on
         # views with the stacked product's strides
-        query, key, value = (
-            part.contiguous() for part in y.split([m.out_features for m in self.modules], dim=-1)
-        )
+        return self._hand_over(x, [part.contiguous() for part in y.split(self._widths(), dim=-1)])
+
+    def _widths(self) -> list[int]:
+        return [m.out_features for m in self.modules]
+
+    def _hand_over(self, x: torch.Tensor, parts) -> torch.Tensor:
+        """The first module's result; the others' kept for their calls on `x`."""
         identity = _identity(x)
-        self.pending = {id(self.modules[1]): (x, identity, key), id(self.modules[2]): (x, identity, value)}
-        return query
+        self.pending = {
+            id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
+        }
+        return parts[0]
 
 
 class Int8Linear(nn.Linear):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import is_torchdynamo_compiling
 
-from .int8 import SharedInputProjections, _identity
+from .int8 import SharedInputProjections
 from .onednn_linear import Linear, _is_plain
 
 
@@ -54,9 +54,4 @@ class StackedProjections(SharedInputProjections):
     def _all(self, x: torch.Tensor) -> torch.Tensor:
         weight = torch.cat([m.weight for m in self.modules])
         bias = None if self.modules[0].bias is None else torch.cat([m.bias for m in self.modules])
-        parts = F.linear(x, weight, bias).split([m.out_features for m in self.modules], dim=-1)
-        identity = _identity(x)
-        self.pending = {
-            id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
-        }
-        return parts[0]
+        return self._hand_over(x, F.linear(x, weight, bias).split(self._widths(), dim=-1))
