@@ -149,8 +149,8 @@ class SharedInputProjections:
     computes alone. `use_cpu_kernels` groups the projections; inference tensors carry no version counter, so a model
     must not change the input in place between the three calls (`VaswaniAttention` does not)."""
 
-    def __init__(self, query: nn.Module, key: nn.Module, value: nn.Module):
-        self.modules = (query, key, value)
+    def __init__(self, *modules: nn.Module):  # query, key, value in the order the model calls them
+        self.modules = modules
         self.pending = {}  # id(module) -> (input, its identity, the module's result)
 
     @staticmethod

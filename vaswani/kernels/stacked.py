@@ -28,10 +28,6 @@ class StackedProjections(SharedInputProjections):
     on this one after an in-place change that its version counter shows, computes alone, as does any call outside
     CPU autocast. `use_cpu_kernels` groups the projections."""
 
-    def __init__(self, *modules: nn.Module):
-        self.modules = modules
-        self.pending = {}  # id(module) -> (input, its identity, the module's result)
-
     @staticmethod
     def applies(*modules: nn.Module) -> bool:
         """Whether these layers can be computed as one: `Linear`s with plain weights of one input size, dtype and
