@@ -352,13 +352,17 @@ GPU_PEAK_SIZE = (8192, 8192, 8192)
 def matmul_peak(
     size: tuple[int, int, int] | None = None, repeats: int = 10, device: str = "cpu"
 ) -> dict[str, float]:
-    """Measured matmul throughput in GFLOP/s (median of `repeats`, paths interleaved), for (M, K) x (K, N).
+    """Measured matmul throughput in GFLOP/s (median of `repeats`), for (M, K) x (K, N).
 
     `fp32_default`: `F.linear`, torch's default CPU path (MKL sgemm here); `fp32_onednn`: oneDNN's fp32 linear with
     a prepacked weight (`torch.ops.mkldnn._linear_pointwise`); `fp32_numpy`: numpy's BLAS; `bf16`: `F.linear` in
     bfloat16, which torch sends to oneDNN. With `device="cuda"`: fp32 (TF32 off, torch's default) and bf16 through
     cuBLAS. The default size is 4096 x 512 x 2048 on the CPU and `GPU_PEAK_SIZE` on a GPU, where a CPU-sized
     product is too short to keep the device busy.
+
+    On the CPU each path is timed in a block of its own, not interleaved with the others: numpy's BLAS and torch's
+    OpenMP keep their threads spinning for a while after a call, and on a 2-core machine the next path's threads
+    then share the cores with them (interleaved, bf16 measured about half its rate alone).
     """
     if size is None:
         size = GPU_PEAK_SIZE if device.startswith("cuda") else (4096, 512, 2048)
@@ -382,8 +386,11 @@ def matmul_peak(
     if torch.backends.mkldnn.is_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
         jobs["fp32_onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    times = interleaved_times(jobs, repeats, warmup=2)
-    return {name: flops / median(t) / 1e9 for name, t in times.items()}
+    result = {}
+    for name, job in jobs.items():
+        time.sleep(0.25)  # past the spinning of the previous path's threads
+        result[name] = flops / median(interleaved_times({name: job}, repeats, warmup=2)[name]) / 1e9
+    return result
 
 
 # --------------------------------------------------------------------------------------------------------------------
