@@ -23,6 +23,12 @@ operator made its autograd node (the two share a `sequence_nr`). Parts:
 
 Prints the table and the costliest operators; `--json` writes both. Profiling adds its own overhead to the operators
 (about a microsecond each), so the step is slower under it than in `vaswani-train`; the shares are what it measures.
+
+Beside the parts, the matrix products (`MATMUL_OPERATORS`, forward and backward, whatever part ran them): their self
+time a profiled step, their floating-point operations a step (counted by `torch.utils.flop_counter.FlopCounterMode`
+over the untimed warm-up steps: counting under the profiler would slow the profiled ones), their rate, and the
+machine's own bf16 GEMM rate on one large product (`common.matmul_peak`, same threads). The products' work at that
+rate is a floor under the step that no saving outside them can lower.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from pathlib import Path
 import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import TrainerCallback
 
 from bench import common
@@ -58,6 +65,8 @@ PARTS = (
 )
 _MARK = "part: "  # the prefix of the ranges this script opens
 _CASTS = ("aten::_to_copy", "aten::to")
+MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+_MATMUL_PACKETS = tuple(getattr(torch.ops.aten, name.split("::")[1]) for name in MATMUL_OPERATORS)
 
 
 def recipe_argv(data: str, output_dir: str, steps: int, max_tokens: int, extra: list[str]) -> list[str]:
@@ -111,18 +120,24 @@ def marked_loss():
 
 class StepProfiler(TrainerCallback):
     """Profiles optimizer steps `warmup + 1` to `warmup + steps`, from one step's end to another's, so that each
-    profiled step holds its batch's fetch and collation."""
+    profiled step holds its batch's fetch and collation; counts the matrix products' floating-point operations of the
+    warm-up steps (`matmul_flops_per_step`, None without warm-up)."""
 
     def __init__(self, warmup: int, steps: int):
         self.warmup, self.steps = warmup, steps
         self.profiler = None
         self.wall = None
         self.losses = []
+        self.flop_counter = None
+        self.matmul_flops_per_step = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         mark_parts(model)
         if self.warmup == 0:
             self._start()
+        else:
+            self.flop_counter = FlopCounterMode(display=False)
+            self.flop_counter.__enter__()
 
     def _start(self):
         self.profiler = profile(activities=[ProfilerActivity.CPU])
@@ -131,6 +146,9 @@ class StepProfiler(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.warmup:
+            self.flop_counter.__exit__(None, None, None)
+            counts = self.flop_counter.get_flop_counts().get("Global", {})
+            self.matmul_flops_per_step = sum(counts.get(op, 0) for op in _MATMUL_PACKETS) / self.warmup
             self._start()
         elif state.global_step == self.warmup + self.steps and self.profiler is not None:
             self.wall = time.perf_counter() - self.wall
@@ -209,6 +227,11 @@ def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
     return dict(seconds), top
 
 
+def matrix_product_seconds(events) -> float:
+    """The self time of the matrix-product operators among `events`."""
+    return sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS) / 1e6
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -272,6 +295,15 @@ def main(argv=None) -> dict:
     print("\ncostliest operators (self time, ms/step):")
     for name, part, s in top:
         print(f"  {name:<50} {part:<28} {1000 * s / args.steps:>8.1f}")
+    matmul_s = matrix_product_seconds(events) / args.steps
+    matmul_flops = profiler.matmul_flops_per_step or 0.0
+    peak = common.matmul_peak(repeats=5)["bf16"]
+    floor = matmul_flops / (peak * 1e9)
+    print(
+        f"\nmatrix products: {1000 * matmul_s:.1f} ms a step ({100 * matmul_s / step:.1f}%), "
+        f"{matmul_flops / 1e9:.1f} GFLOP at {matmul_flops / max(matmul_s, 1e-12) / 1e9:.0f} GFLOP/s; this machine's "
+        f"bf16 GEMM (4096 x 512 x 2048): {peak:.0f} GFLOP/s, at which the products take {floor:.3f} s a step"
+    )
     result = {
         "machine": common.machine(),
         "settings": vars(args),
@@ -282,6 +314,14 @@ def main(argv=None) -> dict:
         "top_operators_ms_per_step": [
             {"operator": name, "part": part, "ms": 1000 * s / args.steps} for name, part, s in top
         ],
+        "matrix_products": {
+            "ms_per_step": 1000 * matmul_s,
+            "share": matmul_s / step,
+            "gflop_per_step": matmul_flops / 1e9,
+            "gflops": matmul_flops / max(matmul_s, 1e-12) / 1e9,
+            "machine_bf16_gemm_gflops": peak,
+            "floor_s_at_machine_rate": floor,
+        },
         "final_train_loss": trainer.state.log_history[-1].get("train_loss"),
     }
     common.write_json(args.json, result)

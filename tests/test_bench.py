@@ -120,6 +120,11 @@ def test_profile_train_shares_the_step_among_its_parts(tmp_path):
     assert sum(result["share"].values()) == pytest.approx(1.0, abs=0.02)
     assert result["ms_per_step"]["attention"] > 0 and result["ms_per_step"]["optimizer"] > 0
     assert result["ms_per_step"]["output projection and loss"] > 0 and result["ms_per_step"]["data"] > 0
+    products = result["matrix_products"]
+    assert products["gflop_per_step"] > 0 and 0 < products["share"] < 1
+    assert products["floor_s_at_machine_rate"] == pytest.approx(
+        products["gflop_per_step"] / products["machine_bf16_gemm_gflops"]
+    )
 
 
 @pytest.mark.parametrize("memory", [False, True], ids=["timing", "memory"])
