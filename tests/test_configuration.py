@@ -82,6 +82,8 @@ def test_config_round_trip(tmp_path):
         (dict(decoder_vocab_size=40), "share_encoder_decoder_embeddings"),
         (dict(pad_token_id=53), "pad_token_id"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+        (dict(qkv_init_gain=0.0), "qkv_init_gain"),
+        (dict(qkv_init_gain=float("inf")), "qkv_init_gain"),
     ],
 )
 def test_configs_that_cannot_work_name_the_field(overrides, field):

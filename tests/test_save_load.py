@@ -1,6 +1,7 @@
 """Saving and loading: safetensors with ties, Auto classes in-process and through trust_remote_code, PEFT."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 import torch
 from conftest import batch, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, GenerationConfig
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel
 from vaswani.generation_vaswani import paper_decoding
@@ -110,6 +112,37 @@ def test_auto_classes_in_process(saved):
     assert torch.equal(expected.last_hidden_state, got.last_hidden_state)
     fresh = AutoModelForSeq2SeqLM.from_config(tiny_config())
     assert isinstance(fresh, VaswaniForConditionalGeneration)
+
+
+def xavier_bounds(model) -> dict[str, float]:
+    """The largest |weight| of each kind of attention projection, over the bound of a Xavier-uniform init of gain 1."""
+    found = {}
+    for name, parameter in model.named_parameters():
+        kind = name.split(".")[-2]
+        if kind in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            bound = math.sqrt(6 / sum(parameter.shape))
+            found[kind] = max(found.get(kind, 0.0), parameter.abs().max().item() / bound)
+    return found
+
+
+def test_qkv_init_gain_scales_wq_wk_wv_in_process_and_in_the_folders_code(saved):
+    """fairseq's 1/sqrt(2) on W^Q, W^K, W^V and not on W^O, for a fresh model of the package and of a saved folder's
+    code (custom code, which transformers initialises module by module, skipping modules without parameters)."""
+    _, folder = saved
+    gain = 2**-0.5
+    remote_class = get_class_from_dynamic_module("modeling_vaswani.VaswaniForConditionalGeneration", folder)
+    assert remote_class.__module__.startswith("transformers_modules")
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    config.qkv_init_gain = gain
+    remote = remote_class(config)
+    torch.manual_seed(0)
+    local = VaswaniForConditionalGeneration(tiny_config(qkv_init_gain=gain))
+    for model in (remote, local):
+        bounds = xavier_bounds(model)
+        for kind in ("q_proj", "k_proj", "v_proj"):
+            assert 0.9 * gain < bounds[kind] <= gain  # uniform within gain * the bound, close to it
+        assert 0.9 < bounds["out_proj"] <= 1.0
+    assert 0.9 < xavier_bounds(tiny_model())["q_proj"] <= 1.0  # the default gain, 1
 
 
 CHILD = textwrap.dedent(

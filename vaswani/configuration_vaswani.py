@@ -191,6 +191,10 @@ class VaswaniConfig(PreTrainedConfig):
             Standard deviation of the normal initialisation of embeddings; `None` gives d_model^-0.5 (the paper gives
             none; this is tensor2tensor's and fairseq's, which suits the sqrt(d_model) scaling). Linear layers use
             Xavier-uniform initialisation.
+        qkv_init_gain (`float`, defaults to 1.0):
+            The gain of the Xavier-uniform initialisation of every attention's W^Q, W^K and W^V (the paper gives
+            none; 1.0 is tensor2tensor's). fairseq uses 1/sqrt(2): each d_model x d_model matrix then starts as
+            the three would stacked in one 3d_model x d_model matrix of gain 1.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
             Special token ids (0, 1, 2, 1): those of the tokenizers that `vaswani.recipe.tokenization` trains.
         use_cache (`bool`, defaults to `True`): return key/value caches for fast decoding.
@@ -244,6 +248,7 @@ class VaswaniConfig(PreTrainedConfig):
         share_encoder_decoder_embeddings: bool = True,
         tie_word_embeddings: bool = True,
         init_std: float | None = None,
+        qkv_init_gain: float = 1.0,
         pad_token_id: int | None = 0,
         bos_token_id: int | None = 1,
         eos_token_id: int | None = 2,
@@ -280,6 +285,7 @@ class VaswaniConfig(PreTrainedConfig):
         self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
         self.tie_word_embeddings = tie_word_embeddings
         self.init_std = init_std
+        self.qkv_init_gain = qkv_init_gain
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -330,6 +336,8 @@ class VaswaniConfig(PreTrainedConfig):
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         if self.init_std is not None and (not _is_number(self.init_std) or not 0 < self.init_std < math.inf):
             raise ValueError(f"`init_std` must be a positive number or None, got {self.init_std!r}.")
+        if not _is_number(self.qkv_init_gain) or not 0 < self.qkv_init_gain < math.inf:
+            raise ValueError(f"`qkv_init_gain` must be a positive number, got {self.qkv_init_gain!r}.")
         if not isinstance(self.position_offset, int) or self.position_offset < 0:
             raise ValueError(
                 f"`position_offset` must be a non-negative integer, got {self.position_offset!r}."

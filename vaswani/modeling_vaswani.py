@@ -202,6 +202,8 @@ class VaswaniAttention(nn.Module):
         self.k_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^K
         self.v_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^V
         self.out_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^O
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            projection.is_query_key_value = True  # initialised with `config.qkv_init_gain`
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, h, T, d_k)
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
@@ -403,12 +405,14 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
         return saved
 
     def _init_weights(self, module: nn.Module) -> None:
-        """The paper gives no initialisation. Linear layers: Xavier-uniform, zero biases (tensor2tensor, fairseq).
+        """The paper gives no initialisation. Linear layers: Xavier-uniform, zero biases (tensor2tensor, fairseq);
+        W^Q, W^K, W^V (marked `is_query_key_value`) with the gain `config.qkv_init_gain`.
         Embeddings: N(0, d_model^-0.5) (or `config.init_std`), which the sqrt(d_model) scaling of §3.4 brings to unit
         size; the padding row is zero."""
         std = self.config.init_std or self.config.d_model**-0.5
         if isinstance(module, nn.Linear):
-            init.xavier_uniform_(module.weight)
+            gain = self.config.qkv_init_gain if getattr(module, "is_query_key_value", False) else 1.0
+            init.xavier_uniform_(module.weight, gain=gain)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):

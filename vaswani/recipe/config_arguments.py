@@ -150,6 +150,13 @@ class ModelConfigArguments:
             "(the paper gives none)."
         },
     )
+    qkv_init_gain: float | None = field(
+        default=None,
+        metadata={
+            "help": "Gain of the Xavier-uniform initialisation of W^Q, W^K, W^V (the paper gives none; 1.0; "
+            "fairseq's is 1/sqrt(2) = 0.7071)."
+        },
+    )
 
 
 def config_overrides(config_args: ModelConfigArguments) -> dict:
