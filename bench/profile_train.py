@@ -296,14 +296,18 @@ def main(argv=None) -> dict:
     for name, part, s in top:
         print(f"  {name:<50} {part:<28} {1000 * s / args.steps:>8.1f}")
     matmul_s = matrix_product_seconds(events) / args.steps
-    matmul_flops = profiler.matmul_flops_per_step or 0.0
+    matmul_flops = profiler.matmul_flops_per_step
     peak = common.matmul_peak(repeats=5)["bf16"]
-    floor = matmul_flops / (peak * 1e9)
-    print(
-        f"\nmatrix products: {1000 * matmul_s:.1f} ms a step ({100 * matmul_s / step:.1f}%), "
-        f"{matmul_flops / 1e9:.1f} GFLOP at {matmul_flops / max(matmul_s, 1e-12) / 1e9:.0f} GFLOP/s; this machine's "
-        f"bf16 GEMM (4096 x 512 x 2048): {peak:.0f} GFLOP/s, at which the products take {floor:.3f} s a step"
-    )
+    floor = None if matmul_flops is None else matmul_flops / (peak * 1e9)
+    print(f"\nmatrix products: {1000 * matmul_s:.1f} ms a step ({100 * matmul_s / step:.1f}%)", end="")
+    if matmul_flops is None:
+        print(f"; this machine's bf16 GEMM: {peak:.0f} GFLOP/s (operations not counted: no warm-up steps)")
+    else:
+        print(
+            f", {matmul_flops / 1e9:.1f} GFLOP at {matmul_flops / max(matmul_s, 1e-12) / 1e9:.0f} GFLOP/s; this "
+            f"machine's bf16 GEMM (4096 x 512 x 2048): {peak:.0f} GFLOP/s, at which the products take {floor:.3f} s "
+            "a step"
+        )
     result = {
         "machine": common.machine(),
         "settings": vars(args),
@@ -317,8 +321,8 @@ def main(argv=None) -> dict:
         "matrix_products": {
             "ms_per_step": 1000 * matmul_s,
             "share": matmul_s / step,
-            "gflop_per_step": matmul_flops / 1e9,
-            "gflops": matmul_flops / max(matmul_s, 1e-12) / 1e9,
+            "gflop_per_step": None if matmul_flops is None else matmul_flops / 1e9,
+            "gflops": None if matmul_flops is None else matmul_flops / max(matmul_s, 1e-12) / 1e9,
             "machine_bf16_gemm_gflops": peak,
             "floor_s_at_machine_rate": floor,
         },
