@@ -15,8 +15,8 @@ the recipe's tools make); they are not part of this file nor of a saved folder.
 Siblings, copied with this file into every saved folder for `trust_remote_code` (`utils_vaswani.CODE_FILES`), import
 only torch and transformers: `configuration_vaswani.py`, `generation_vaswani.py` (the paper's decoding, §6.1, also
 saved as the folder's `custom_generate/generate.py`), `pipeline_vaswani.py` (the translation pipeline) and
-`utils_vaswani.py` (input checks, names across transformers releases). They work with transformers 5.5 and later
-(`configuration_vaswani.MIN_TRANSFORMERS_VERSION`).
+`utils_vaswani.py` (input checks, names across transformers releases, saving a whole folder). They work with
+transformers 5.5 and later (`configuration_vaswani.MIN_TRANSFORMERS_VERSION`).
 """
 
 import math
@@ -41,13 +41,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torchdynamo_compiling, logging
 
 from .configuration_vaswani import VaswaniConfig
-from .generation_vaswani import drop_trainer_defaults
 from .generation_vaswani import generate as paper_generate
 from .pipeline_vaswani import VaswaniTranslationPipeline  # noqa: F401 (travels with this file: CODE_FILES)
 from .utils_vaswani import (
-    AUTO_MAP,
     CACHE_NAME,
-    CUSTOM_PIPELINES,
     FollowsConfig,
     architecture,
     cache_argument,
@@ -58,7 +55,6 @@ from .utils_vaswani import (
     check_token_ids,
     flag,
     resize_target_vocabulary,
-    write_model_code,
 )
 
 logger = logging.get_logger(__name__)
@@ -386,23 +382,6 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
     def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
         """Resize the target vocabulary of separate vocabularies: the decoder embedding and the output projection."""
         return resize_target_vocabulary(self, new_num_tokens, pad_to_multiple_of)
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
-        naming both model classes (transformers writes only the class being saved), the translation pipeline
-        (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
-        the paper's decoding as the folder's `custom_generate/generate.py`. A config that cannot work, or that was
-        changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
-        the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
-        self.follow_config()
-        drop_trainer_defaults(getattr(self, "generation_config", None))
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        pipelines = getattr(self.config, "custom_pipelines", None) or {}
-        self.config.custom_pipelines = {**pipelines, **CUSTOM_PIPELINES}
-        saved = super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            write_model_code(save_directory)
-        return saved
 
     def _init_weights(self, module: nn.Module) -> None:
         """The paper gives no initialisation. Linear layers: Xavier-uniform, zero biases (tensor2tensor, fairseq);

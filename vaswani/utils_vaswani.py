@@ -1,6 +1,6 @@
 """What `modeling_vaswani.py` needs besides the paper: what a saved folder carries, input checks that name the argument
 at fault, the names that transformers 5 releases give the cache and the causal mask's arguments, the output flags,
-and the resizing of the target vocabulary.
+and the resizing of the target vocabulary, and saving a whole folder.
 
 This file is copied with `modeling_vaswani.py` into saved model folders, so it imports only torch and transformers.
 """
@@ -17,10 +17,11 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import is_torchdynamo_compiling
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS
+from .generation_vaswani import drop_trainer_defaults
 
 # What every saved folder carries besides its weights, configs and tokenizer, stated once: the files that
 # `trust_remote_code=True` loads (folder name -> file of this package), the `auto_map` naming them for the Auto
-# classes, and the translation pipeline. `VaswaniPreTrainedModel.save_pretrained` writes them. Each code file is a
+# classes, and the translation pipeline. `FollowsConfig.save_pretrained` writes them. Each code file is a
 # relative import of `modeling_vaswani.py` itself: loading a folder, transformers copies that file's own imports
 # into its module cache (5.5 no deeper), where `write_model_code` of a model loaded from it finds them again.
 CODE_FILES = {
@@ -88,7 +89,8 @@ class FollowsConfig:
 
     `_keys_to_ignore_on_save` is the set of tied weights (`all_tied_weights_keys` that are one tensor with the
     weight they are tied to), which a saved folder holds once, under that weight. transformers' Trainer compares it
-    with the keys a resumed checkpoint lacks, to tell tied weights from missing ones.
+    with the keys a resumed checkpoint lacks, to tell tied weights from missing ones. `save_pretrained` writes the
+    code files and names (`CODE_FILES`) that make the folder load without this package.
     """
 
     def follow_config(self) -> None:
@@ -98,10 +100,9 @@ class FollowsConfig:
         check_config_unchanged(self.config, built)
         rates = {name: getattr(self.config, name) for name in DROPOUT_FIELDS}
         if any(built[name] != rate for name, rate in rates.items()):
-            for name, module in self.named_modules():  # `attention_dropout` is read at each call
-                field = name.rpartition(".")[
-                    2
-                ]  # the model's own: `dropout`, `activation_dropout` (not PEFT's)
+            # the model's own `dropout`, `activation_dropout` (not PEFT's); `attention_dropout` is read at each call
+            for name, module in self.named_modules():
+                field = name.rpartition(".")[2]
                 if isinstance(module, nn.Dropout) and field in rates:
                     module.p = rates[field]
             built.update(rates)
@@ -109,6 +110,23 @@ class FollowsConfig:
     def train(self, mode: bool = True):
         self.follow_config()
         return super().train(mode)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
+        naming both model classes (transformers writes only the class being saved), the translation pipeline
+        (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
+        the paper's decoding as the folder's `custom_generate/generate.py`. A config that cannot work, or that was
+        changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
+        the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
+        self.follow_config()
+        drop_trainer_defaults(getattr(self, "generation_config", None))
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+        pipelines = getattr(self.config, "custom_pipelines", None) or {}
+        self.config.custom_pipelines = {**pipelines, **CUSTOM_PIPELINES}
+        saved = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            write_model_code(save_directory)
+        return saved
 
     @property
     def _keys_to_ignore_on_save(self) -> set[str]:
