@@ -113,6 +113,10 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def create_accelerator_and_postprocess(self):
         super().create_accelerator_and_postprocess()
+        # The Trainer accumulates gradients itself; transformers 5.5 also hands its accumulation steps to Accelerate,
+        # whose `backward` then divides every micro-batch's loss by them a second time (transformers#45305, fixed in
+        # 5.6 by handing Accelerate 1).
+        self.accelerator.gradient_accumulation_steps = 1
         enable_fsdp_on_cpu(self)
         self._autocast_dtype = None
         self._owns_autocast = False  # set by take_over_autocast
