@@ -67,8 +67,20 @@ full-run: $(BIN)/.installed
 # tests wait on a child process's imports or on one thread, so two cores run the suite in about two thirds of the time.
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
+# Then the in-process numerics tests again under the CPU levels this machine stands in for, with oneDNN, ATen and MKL
+# capped to each (tests/test_kernels.py checks that torch, oneDNN and the kernels see the cap): AVX2 (most laptops),
+# AVX-512 without VNNI, and AVX-512 with VNNI and bf16 but no AMX (an AMD EPYC's level). Each has its own inductor
+# cache: kernels compiled at one level abort at another. AMX itself cannot be stood in for on a CPU without it.
+ISA_LEVELS ?= AVX2:avx2:AVX2 AVX512_CORE:avx512:AVX512 AVX512_CORE_BF16:avx512:AVX512
+ISA_TESTS := tests/test_kernels.py tests/test_int8.py tests/test_generation.py
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	@for level in $(ISA_LEVELS); do \
+		set -- $$(echo $$level | tr : ' '); echo "== CPU level: ONEDNN_MAX_CPU_ISA=$$1 ATEN_CPU_CAPABILITY=$$2"; \
+		ONEDNN_MAX_CPU_ISA=$$1 ATEN_CPU_CAPABILITY=$$2 MKL_ENABLE_INSTRUCTIONS=$$3 \
+		TORCHINDUCTOR_CACHE_DIR=$$(mktemp -d) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+		-p no:cacheprovider $(ISA_TESTS) || exit 1; \
+	done
 
 # transformers' own common model tests against this model (tests/hf_common/): needs a git snapshot of the
 # transformers repository under $(MIRROR_ROOT) (see ../shared/tools/hf-common-tests/README.md).

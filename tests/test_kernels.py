@@ -2,6 +2,10 @@
 `use_cpu_kernels`, which turns them on in a built model."""
 
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -31,7 +35,7 @@ def test_linear_equals_f_linear_in_value_and_gradient(bias):
     reference = nn.Linear(37, 23, bias=bias)
     reference.load_state_dict(ours.state_dict())
     x = torch.randn(4, 9, 37)
-    assert kernels.onednn_linear_applies(x, ours.weight) == kernels.onednn_linear._ONEDNN_AVAILABLE
+    assert kernels.onednn_linear_applies(x, ours.weight) == ("avx512" in kernels.onednn_features())
     x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_ours, y_ref = ours(x_ours), reference(x_ref)
     torch.testing.assert_close(y_ours, y_ref, atol=1e-5, rtol=1e-5)
@@ -57,7 +61,7 @@ def test_linear_steps_aside_where_onednn_does_not_apply():
 
 
 @pytest.mark.parametrize("intel", [True, False])
-def test_linear_leaves_a_few_rows_to_mkl_on_intel_cpus_only(monkeypatch, intel):
+def test_linear_leaves_a_few_rows_to_mkl_on_intel_cpus_and_all_without_avx512(monkeypatch, intel):
     from vaswani.kernels import onednn_linear
 
     if not onednn_linear._ONEDNN_AVAILABLE:
@@ -72,6 +76,9 @@ def test_linear_leaves_a_few_rows_to_mkl_on_intel_cpus_only(monkeypatch, intel):
                 taken[name, rows, len(shape)] = onednn_linear.onednn_linear_applies(
                     torch.zeros(shape), layer.weight
                 )
+    if "avx512" not in onednn_linear.onednn_features():  # oneDNN without AVX-512: MKL's GEMM at every size
+        assert not any(taken.values())
+        return
     if not intel:  # oneDNN at every size
         assert all(taken.values())
         return
@@ -97,7 +104,28 @@ def test_cpu_flags_read_the_flags_line():
     if flags is None:
         pytest.skip("no flags in /proc/cpuinfo")
     assert onednn_linear.cpu_flags() == frozenset(flags)
-    assert int8._signed_rows_native.__wrapped__() == ("amx_int8" in flags)
+    assert int8._signed_rows_native.__wrapped__() == ("amx_int8" in onednn_linear.onednn_features())
+
+
+def test_the_kernels_see_the_level_that_torch_and_onednn_report():
+    """The kernels choose their paths by `onednn_features`: the CPU's features as oneDNN caps them by
+    `ONEDNN_MAX_CPU_ISA`. oneDNN's own report of the level it runs at (the `isa:` line of its verbose output, from a
+    child process with this one's environment) names the same features, and torch's dispatch level is the one
+    `ATEN_CPU_CAPABILITY` asks for, so that `make test`'s restricted passes test the paths a CPU of that level takes."""
+    from vaswani.kernels import onednn_linear
+
+    if not onednn_linear._ONEDNN_AVAILABLE:
+        pytest.skip("torch was built without oneDNN")
+    code = "import torch; torch.ops.mkldnn._linear_pointwise(torch.ones(1, 1), torch.ones(1, 1), None, 'none', [], '')"
+    env = {**os.environ, "ONEDNN_VERBOSE": "1"}
+    report = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    (isa,) = re.findall(r"isa:(.*)", report.stdout)
+    features = onednn_linear.onednn_features()
+    assert ("avx512" in features) == ("AVX-512" in isa or "AVX10" in isa), isa
+    assert ("vnni" in features) == ("DL Boost" in isa or "AMX" in isa or "AVX10" in isa), isa
+    assert ("amx_int8" in features) == ("AMX" in isa and "8-bit" in isa), isa
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        assert torch.backends.cpu.get_cpu_capability() == os.environ["ATEN_CPU_CAPABILITY"].upper()
 
 
 def test_intel_cpu_reads_the_vendor():

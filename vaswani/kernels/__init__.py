@@ -36,11 +36,12 @@ from .int8 import (
     Int8Linear,
     Int8OutputLinear,
     SharedInputProjections,
+    exact_int8_products,
     int8_linear,
     torchao_int8_dynamic,
 )
 from .loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
-from .onednn_linear import Linear, _is_plain, onednn_linear_applies
+from .onednn_linear import Linear, _is_plain, onednn_features, onednn_linear_applies
 from .stacked import StackedProjections
 
 _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
@@ -88,7 +89,8 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
         for projection in group.modules:
             projection.__dict__["_vaswani_shared_input"] = group
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if int8 and int8_output and type(output) is Linear and output.weight.dtype == torch.float32:
+    float32_output = type(output) is Linear and output.weight.dtype == torch.float32
+    if int8 and int8_output and exact_int8_products() and float32_output:
         output.__class__ = Int8OutputLinear
     elif not int8_output and type(output) is Int8OutputLinear:
         output.__class__ = Linear
@@ -131,6 +133,7 @@ __all__ = [
     "label_smoothed_cross_entropy",
     "linear_label_smoothed_cross_entropy",
     "matmul_attention",
+    "onednn_features",
     "onednn_linear_applies",
     "prefers_matmul_attention",
     "quantized_dropout_probability",

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import is_torchdynamo_compiling
 
-from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, cpu_flags
+from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, onednn_features
 
 
 def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
@@ -67,11 +67,36 @@ def _unit_scales(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.cache
 def _signed_rows_native() -> bool:
-    """Whether oneDNN's int8 linear multiplies signed int8 rows in its fast kernels on this CPU: with AMX's int8 tiles
-    (`amx_int8`). Its AVX-512 VNNI and AVX2 kernels multiply unsigned by signed bytes only; signed rows there fall to
-    its reference kernel, about 1000x slower (an AMD EPYC: 3.2 s against 1.3 ms for 16 rows of the 37000 x 512 output
+    """Whether oneDNN's int8 linear multiplies signed int8 rows in its fast kernels here: with AMX's int8 tiles
+    (`onednn_features`). Its VNNI kernels multiply unsigned by signed bytes only; signed rows there fall to its
+    reference kernel, about 1000x slower (an AMD EPYC: 3.2 s against 1.3 ms for 16 rows of the 37000 x 512 output
     projection)."""
-    return "amx_int8" in cpu_flags()
+    return "amx_int8" in onednn_features()
+
+
+@functools.cache
+def _exact(packed: bool) -> bool:
+    """Whether `_int8_product` gives the exact integer product here, by the packed weight or by `torch._int_mm`:
+    tried once on the sums that overflow 16 bits (rows of -128 and 127 against weights of -127 and 127). Both run
+    oneDNN's int8 kernels, which without VNNI (AVX2, AVX-512 without VNNI) add byte products in saturating 16-bit
+    pairs; there `Int8Linear` leaves its layers to torchao's own `F.linear`, and the packed weight is not used."""
+    if packed and not (_ONEDNN_INT8_AVAILABLE and "vnni" in onednn_features()):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(-128, 128, (6, 96), dtype=torch.int8, generator=generator)
+    weight = torch.randint(-127, 128, (40, 96), dtype=torch.int8, generator=generator)
+    rows[:3] = torch.tensor([-128, 127, -128], dtype=torch.int8)[:, None]
+    weight[:2] = torch.tensor([-127, 127], dtype=torch.int8)[:, None]
+    exact = (rows.long() @ weight.long().t()).float()
+    with torch.inference_mode():
+        product = _int8_product(rows, weight, torch.ops.onednn.qlinear_prepack(weight, None) if packed else None)
+    return torch.equal(product, exact)
+
+
+def exact_int8_products() -> bool:
+    """Whether the int8 kernels run here: on a CPU whose int8 GEMM is exact (`_exact`). Elsewhere `Int8Linear`
+    leaves its layers to torchao and `use_cpu_kernels` keeps the output projection in float32."""
+    return _exact(False)
 
 
 def _int8_product(quantized: torch.Tensor, qdata: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
@@ -113,8 +138,9 @@ def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> to
 
 
 def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`."""
-    return not is_torchdynamo_compiling() and x.device.type == "cpu" and x.dtype == torch.float32
+    """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`, on
+    a CPU whose int8 GEMM is exact (`_exact`)."""
+    return not is_torchdynamo_compiling() and x.device.type == "cpu" and x.dtype == torch.float32 and exact_int8_products()
 
 
 def _identity(tensor: torch.Tensor) -> tuple[int, int]:
@@ -127,7 +153,7 @@ def _packed(module: nn.Module, qdata: torch.Tensor, x: torch.Tensor) -> torch.Te
     """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), for a
     call on input `x` where that is faster (`PACKED_INT8_MIN_WEIGHTS`, `PACKED_INT8_MIN_PRODUCT`); else None."""
     weights, rows = qdata.numel(), x.numel() // x.shape[-1]
-    if not _ONEDNN_INT8_AVAILABLE or (
+    if not _exact(True) or (
         weights < PACKED_INT8_MIN_WEIGHTS and rows * weights < PACKED_INT8_MIN_PRODUCT
     ):
         return None

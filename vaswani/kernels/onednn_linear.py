@@ -3,6 +3,7 @@ MKL's on CPUs where MKL runs without its AVX-512 kernels (AMD), and on Intel's f
 / `F.linear` (`tests/test_kernels.py`). oneDNN's linear is a private torch operator, guarded by `_ONEDNN_AVAILABLE`."""
 
 import functools
+import os
 import platform
 
 import torch
@@ -77,8 +78,37 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(_cpuinfo().get("flags", "").split())
 
 
+# What the kernels ask of oneDNN's instruction set: each feature with the CPU flags that provide it and the words of
+# oneDNN's ISA names (`ONEDNN_MAX_CPU_ISA`) whose levels include it. VNNI's multiply-add keeps 32-bit sums; without
+# it oneDNN's int8 kernels add byte products in saturating 16-bit pairs.
+_ONEDNN_FEATURES = {
+    "avx512": (("avx512f",), ("AVX512", "AVX10")),
+    "vnni": (("avx512_vnni", "avx_vnni", "amx_int8"), ("VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10", "AMX")),
+    "amx_int8": (("amx_int8",), ("AMX",)),
+}
+
+
+@functools.cache  # asked at every float32 linear call
+def onednn_features() -> frozenset[str]:
+    """The features of `_ONEDNN_FEATURES` that oneDNN's kernels use here: the CPU's, capped as oneDNN caps its own
+    dispatch by `ONEDNN_MAX_CPU_ISA` (or `DNNL_MAX_CPU_ISA`), so that a restricted level is seen as a CPU of that level
+    would be seen. Empty without oneDNN."""
+    if not _ONEDNN_AVAILABLE:
+        return frozenset()
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    flags = cpu_flags()
+    return frozenset(
+        name
+        for name, (provided_by, levels) in _ONEDNN_FEATURES.items()
+        if flags & set(provided_by) and (cap in ("ALL", "DEFAULT") or any(word in cap for word in levels))
+    )
+
+
 def _mkl_is_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether MKL's GEMM beats oneDNN's on this product (`MKL_FEWER_ROWS`)."""
+    """Whether MKL's GEMM beats oneDNN's on this product: always where oneDNN runs without AVX-512, and on an Intel
+    CPU, whose MKL runs its AVX-512 kernels, for a few rows (`MKL_FEWER_ROWS`)."""
+    if "avx512" not in onednn_features():
+        return True
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if rows >= MKL_FEWER_ROWS or not _intel_cpu():
         return False
