@@ -90,15 +90,14 @@ hf-common: $(BIN)/.installed
 	PYTHON=$(abspath $(BIN)/python) MIRROR_ROOT=$(MIRROR_ROOT) $(HF_COMMON)/run.sh --pkg . \
 		tests/hf_common/test_modeling_vaswani.py $(if $(HF_COMMON_ARGS),-- $(HF_COMMON_ARGS))
 
-# The model's tests on another transformers release (the oldest supported is configuration_vaswani.MIN_TRANSFORMERS_VERSION):
+# The whole suite (training, decoding, saving) on another transformers release (the oldest supported is configuration_vaswani.MIN_TRANSFORMERS_VERSION):
 #   make test-transformers TRANSFORMERS=5.5.0
 TRANSFORMERS ?= 5.5.0
 test-transformers:
 	$(PYTHON) -m venv .venv-transformers-$(TRANSFORMERS)
 	.venv-transformers-$(TRANSFORMERS)/bin/pip install --quiet torch==2.13.0
 	.venv-transformers-$(TRANSFORMERS)/bin/pip install --quiet ".[test]" "transformers==$(TRANSFORMERS)"
-	.venv-transformers-$(TRANSFORMERS)/bin/python -m pytest -q tests/test_modeling.py tests/test_generation.py \
-		tests/test_kernels.py tests/test_save_load.py tests/test_configuration.py tests/test_layers.py tests/test_int8.py
+	.venv-transformers-$(TRANSFORMERS)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check vaswani scripts tests bench
