@@ -628,7 +628,7 @@ def test_matmul_attention_pads_short_softmax_rows_and_equals_eager(mask, queries
             output, weights = eager_attention_forward(module, *leaves, reference_mask, scaling=0.5)
         output.backward(gradient)
         results.append((output, weights, *(t.grad for t in leaves)))
-    assert softmax_widths == [attention.SOFTMAX_MIN_KEYS, 7]  # the kernel's, padded, then the reference's
+    assert softmax_widths == [max(attention.SOFTMAX_MIN_KEYS, 7), 7]  # the kernel's, padded, then the reference's
     assert results[0][1].shape == (2, 3, queries, 7)
     for ours, expected in zip(*results, strict=True):
         torch.testing.assert_close(ours, expected)

@@ -19,10 +19,11 @@ FAST_ATTENTION = "vaswani_sdpa"
 
 # Beyond this many keys, torch's CPU SDPA kernel beats batched matmuls in half-precision training.
 MATMUL_ATTENTION_MAX_KEYS = 128
-# torch's CPU softmax over fewer than 16 elements (a float32 AVX-512 vector) takes a path about 10x slower per
-# element than at 16, and its backward about 18x (`python -m bench.bench_kernels --what short-softmax`):
-# `matmul_attention` pads shorter rows of scores to this many with -inf.
-SOFTMAX_MIN_KEYS = 16
+# torch's CPU softmax over fewer elements than one float32 vector of its dispatch level (16 with AVX-512, 8 with AVX2;
+# `torch.backends.cpu.get_cpu_capability()`) takes a path about 10x slower per element, and its backward about 18x
+# (`python -m bench.bench_kernels --what short-softmax`; rows of 8-15 at AVX2 are as fast as 16): `matmul_attention`
+# pads shorter rows of scores to this many with -inf. No padding where torch's kernels are not vectorised.
+SOFTMAX_MIN_KEYS = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 0)
 
 
 def prefers_matmul_attention(
