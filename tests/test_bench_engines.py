@@ -2,9 +2,6 @@
 `bench.bench_int8` (int8 in PyTorch against CTranslate2)."""
 
 from test_bench import run_script
-from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
-
-from vaswani.recipe.tokenization import save_tokenizers
 
 
 def test_bench_engines_times_every_engine_against_its_peer(tmp_path):
@@ -28,41 +25,6 @@ def test_bench_engines_measures_the_memory_of_each(tmp_path):
     )
     assert [row["impl"] for row in result["results"]] == ["vaswani", "vaswani-ct2-int8"]
     assert all(row["peak_rss_mib"] > row["mem_rise_mib"] >= 0 for row in result["results"])
-
-
-def test_quality_a_b_scores_each_export_against_pytorch(tmp_path):
-    from bench import ab_engines_quality
-
-    tokenizer = tiny_tokenizer()
-    translation_model(len(tokenizer)).save_pretrained(tmp_path / "model")
-    save_tokenizers(tokenizer, tokenizer, tmp_path / "model")
-    (tmp_path / "test.de").write_text("".join(s + "\n" for s in SENTENCES[:4]), encoding="utf-8")
-    (tmp_path / "test.en").write_text("".join(s + "\n" for s in SENTENCES[4:]), encoding="utf-8")
-    argv = ["--model", str(tmp_path / "model"), "--source", str(tmp_path / "test.de")]
-    argv += [
-        "--references",
-        str(tmp_path / "test.en"),
-        "--exports",
-        "float32",
-        "int8",
-        "onnx",
-        "--moses_lang",
-        "en",
-    ]
-    rows = {row["system"]: row for row in ab_engines_quality.main(argv)["results"]}
-    assert set(rows) == {
-        "pytorch",
-        "pytorch-paper",
-        "pytorch-int8",
-        "ctranslate2-float32",
-        "ctranslate2-int8",
-        "onnx",
-    }
-    assert 0 <= rows["pytorch-int8"]["same_as_pytorch"] <= 1 and "bleu_change" in rows["pytorch-int8"]
-    assert rows["ctranslate2-float32"]["same_as_pytorch"] == rows["onnx"]["same_as_pytorch"] == 1.0
-    assert (
-        rows["ctranslate2-float32"]["bleu_change"] == 0.0 and "bleu_lowercase_moses_tokenized" in rows["onnx"]
-    )
 
 
 def test_bench_int8_times_torchao_int8_against_float32_and_ctranslate2(tmp_path):
