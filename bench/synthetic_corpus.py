@@ -13,12 +13,11 @@ WMT 2014 en-de has 4.5M training pairs of about 23-27 words a side (newstest2013
 
 The same seed gives the same corpus. About 3 minutes and 1.2 GB of text for 4.5M pairs on one core.
 
-    python -m bench.synthetic_corpus --pairs 4500000 --output_dir /tmp/wmt14-shaped
+    python -m bench corpus --pairs 4500000 --output-dir /tmp/wmt14-shaped
 """
 
 import argparse
 import gzip
-import sys
 import time
 from pathlib import Path
 
@@ -118,14 +117,14 @@ def write_corpus(
     return output_dir
 
 
-def main(argv=None) -> Path:
+def main(argv) -> Path:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        "python -m bench corpus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pairs", type=int, default=4_500_000, help="training pairs (WMT14 en-de: 4.5M)")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--source_lang", default="en")
-    parser.add_argument("--target_lang", default="de")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--source-lang", default="en")
+    parser.add_argument("--target-lang", default="de")
     parser.add_argument("--validation", type=int, default=3000, help="validation pairs (newstest2013: 3000)")
     parser.add_argument("--test", type=int, default=3003, help="test pairs (newstest2014: 3003)")
     parser.add_argument("--vocab", type=int, default=50000, help="pseudo-words per language")
@@ -133,20 +132,7 @@ def main(argv=None) -> Path:
     parser.add_argument("--gzip", action="store_true", help="write .gz files")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    out = write_corpus(
-        args.output_dir,
-        args.pairs,
-        args.source_lang,
-        args.target_lang,
-        args.validation,
-        args.test,
-        args.vocab,
-        args.seed,
-        args.gzip,
-    )
+    langs, sizes = (args.source_lang, args.target_lang), (args.validation, args.test, args.vocab, args.seed)
+    out = write_corpus(args.output_dir, args.pairs, *langs, *sizes, args.gzip)
     print(f"{args.pairs} training pairs in {out} ({time.perf_counter() - started:.1f} s)")
     return out
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

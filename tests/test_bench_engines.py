@@ -1,11 +1,11 @@
-"""Smoke tests of the export benchmarks: `bench.bench_engines` (speed and memory), `bench.ab_engines_quality`, and
-`bench.bench_int8` (int8 in PyTorch against CTranslate2)."""
+"""Smoke tests of the export benchmarks: `python -m bench engines` (speed and memory) and `python -m bench int8`
+(int8 in PyTorch against CTranslate2)."""
 
 from test_bench import run_script
 
 
 def test_bench_engines_times_every_engine_against_its_peer(tmp_path):
-    stdout, result = run_script("bench.bench_engines", tmp_path, "--no-memory")
+    stdout, result = run_script("engines", tmp_path, "--no-memory")
     assert "x peer" in stdout and "----" in stdout
     rows = {(row["impl"], row["decoding"]): row for row in result["results"]}
     implementations = ["vaswani", "marian", "vaswani-onnx"]
@@ -20,16 +20,14 @@ def test_bench_engines_times_every_engine_against_its_peer(tmp_path):
 
 
 def test_bench_engines_measures_the_memory_of_each(tmp_path):
-    _, result = run_script(
-        "bench.bench_engines", tmp_path, "--impl", "vaswani", "vaswani-ct2-int8", "--beams", "1"
-    )
+    _, result = run_script("engines", tmp_path, "--impl", "vaswani", "vaswani-ct2-int8", "--beams", "1")
     assert [row["impl"] for row in result["results"]] == ["vaswani", "vaswani-ct2-int8"]
     assert all(row["peak_rss_mib"] > row["mem_rise_mib"] >= 0 for row in result["results"])
 
 
 def test_bench_int8_times_torchao_int8_against_float32_and_ctranslate2(tmp_path):
     stdout, result = run_script(
-        "bench.bench_int8",
+        "int8",
         tmp_path,
         *("--impl", "fp32", "int8-kernels", "ct2-int8", "--beams", "1", "--fixed-length", "no-eos"),
     )

@@ -1,12 +1,12 @@
 """Data at WMT scale: wall time and peak resident memory of every stage from raw text to the first training step.
 
 `vaswani-train --preset tiny --max_steps 1` runs on a WMT-shaped corpus of `--pairs` pairs (`bench.synthetic_corpus`,
-written once into `--work_dir` and kept), in fresh processes: one, or two ranks under torchrun (gloo) with
+written once into `--work-dir` and kept), in fresh processes: one, or two ranks under torchrun (gloo) with
 `--processes 2`. Each rank records, for each stage of the recipe, its seconds and its peak resident set (`VmHWM`,
 reset through `/proc/self/clear_refs` when the stage begins):
 
 - text -> Arrow: `run.load_split`, the text files read into datasets' Arrow cache (rank 0; the others map it);
-- BPE: `run.prepare_tokenizers`, the joint BPE on `--tokenizer_samples` pairs drawn at random (rank 0; the others
+- BPE: `run.prepare_tokenizers`, the joint BPE on `--tokenizer-samples` pairs drawn at random (rank 0; the others
   load it);
 - tokenize: `data.tokenize_dataset`, the one `map` pass over the training split (rank 0; the others map its cache);
 - sampler: `VaswaniTrainer.token_sampler`, the lengths read from Arrow and the token-budget batches built;
@@ -15,12 +15,12 @@ reset through `/proc/self/clear_refs` when the stage begins):
 and the seconds from the launch of the processes to the end of that update. The run is repeated from the cache (the
 first run's tokenizer and datasets cache: nothing is read or tokenized again), the BPE is also trained on every pair
 (`vaswani-train-tokenizer`, another fresh process), and the same model trains on a Multi30k-sized corpus (29,000
-pairs, the local copy of Multi30k when there is one) for the comparison of peak memory. `--sampler_only` times the
+pairs, the local copy of Multi30k when there is one) for the comparison of peak memory. `--sampler-only` times the
 sampler alone on `--pairs` random lengths (e.g. 36,000,000, WMT en-fr).
 
-    python -m bench.bench_data_scale --pairs 450000 --json bench/results/data_scale_450k.json
-    python -m bench.bench_data_scale --pairs 4500000 --processes 2 --json bench/results/data_scale_4.5M_2p.json
-    python -m bench.bench_data_scale --sampler_only --pairs 36000000
+    python -m bench data-scale --pairs 450000 --json bench/results/data_scale_450k_cpu.json
+    python -m bench data-scale --pairs 4500000 --processes 2 --json bench/results/data_scale_4.5M_2p_cpu.json
+    python -m bench data-scale --sampler-only --pairs 36000000
 """
 
 import argparse
@@ -44,41 +44,33 @@ MULTI30K_PAIRS = 29_000
 STAGES = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def parse_args(argv):
+    parser = common.parser("data-scale", __doc__, repeats=None)
     parser.add_argument("--pairs", type=int, default=450_000, help="training pairs (WMT14 en-de: 4.5M)")
     parser.add_argument("--processes", type=int, default=1, choices=[1, 2], help="2: torchrun with gloo")
     parser.add_argument(
-        "--sampler_only", action="store_true", help="time the sampler alone on random lengths"
+        "--sampler-only", action="store_true", help="time the sampler alone on random lengths"
     )
     parser.add_argument(
-        "--work_dir", default="/tmp/vaswani-data-scale", help="corpora (kept), caches and runs"
+        "--work-dir", default="/tmp/vaswani-data-scale", help="corpora (kept), caches and runs"
     )
-    parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--max_tokens", type=int, default=8192, help="token budget of a micro-batch")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--max-tokens", type=int, default=8192, help="token budget of a micro-batch")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument(
-        "--tokenizer_samples", type=int, help="pairs the BPE learns from (default: a quarter, at most 1M)"
+        "--tokenizer-samples", type=int, help="pairs the BPE learns from (default: a quarter, at most 1M)"
     )
     parser.add_argument(
         "--multi30k", default=str(MULTI30K), help="a Multi30k folder (else 29,000 synthetic pairs)"
-    )
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke test: 2,000 pairs, the first run and the rerun only"
     )
     parser.add_argument("--child", choices=["train", "bpe", "sampler"], help=argparse.SUPPRESS)
     parser.add_argument("--record", help=argparse.SUPPRESS)  # where a child writes its JSON
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)  # time.time() at the launch
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)  # the tool's own flags
-    args = parser.parse_args(argv)
-    if args.quick:
+    args = common.parse(parser, argv, vocab_size=500, max_tokens=2048)
+    if args.quick:  # a smoke test: 2,000 pairs, the first run and the rerun only
         args.pairs = 200_000 if args.sampler_only else 2000
-        args.vocab_size, args.max_tokens = 500, 2048
-    if args.tokenizer_samples is None:
-        args.tokenizer_samples = max(1, min(1_000_000, args.pairs // 4))
+    args.tokenizer_samples = args.tokenizer_samples or max(1, min(1_000_000, args.pairs // 4))
     args.rest = [a for a in args.rest if a != "--"]
     return args
 
@@ -284,7 +276,7 @@ def start(child: str, record: Path, processes: int, tool_args: list[str], own: t
     else:
         launcher = [sys.executable, "-m"]
     launched = time.time()
-    command = [*launcher, "bench.bench_data_scale", "--child", child, "--record", str(record), *own]
+    command = [*launcher, "bench", "data-scale", "--child", child, "--record", str(record), *own]
     command += ["--launched", repr(launched), "--", *tool_args]
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -360,7 +352,7 @@ def data_scale(args) -> dict:
     rows += _rows("from the cache", args.pairs, again, wall)
     records["cached"] = again
     if args.quick:  # the smoke test stops here: the other runs take the same paths
-        return {"rows": rows, "records": records, "corpus": str(data)}
+        return {"results": rows, "records": records, "corpus": str(data)}
     flags = [
         "--dataset_name",
         str(data),
@@ -389,61 +381,35 @@ def data_scale(args) -> dict:
         ]
         for kind in ("rss", "anon")
     }
-    return {"rows": rows, "records": records, **excess, "corpus": str(data)}
+    return {"results": rows, "records": records, **excess, "corpus": str(data)}
 
 
 def sampler_only(args) -> dict:
-    own = ("--pairs", str(args.pairs), "--max_tokens", str(args.max_tokens))
+    own = ("--pairs", str(args.pairs), "--max-tokens", str(args.max_tokens))
     (record,), wall = launch("sampler", Path(args.work_dir) / f"sampler-{args.pairs}", 1, [], own)
-    return {"rows": [{"pairs": args.pairs, "max_tokens": args.max_tokens, **record, "wall_s": wall}]}
+    return {"results": [{"pairs": args.pairs, "max_tokens": args.max_tokens, **record, "wall_s": wall}]}
 
 
-def print_table(result: dict, args) -> None:
-    if args.sampler_only:
-        columns = [
-            ("pairs", "pairs", ",d"), ("batches", "batches", ",d"), ("build_s", "build s", ".3f"),
-            ("epoch_arrays_s", "epoch arrays s", ".3f"), ("epoch_iterated_s", "epoch iterated s", ".3f"),
-            ("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f"),
-        ]  # fmt: skip
-        print(common.table(result["rows"], columns))
-        return
-    columns = [
-        ("run", "run", ""),
-        ("stage", "stage", ""),
-        ("pairs", "pairs", ",d"),
-        ("s_r0", "s (rank 0)", ".2f"),
-    ]
-    if args.processes > 1:
-        columns.append(("s_r1", "s (rank 1)", ".2f"))
-    for r in range(args.processes):
-        columns += [
-            (f"rss_r{r}", f"peak RSS MiB (rank {r})", ".0f"),
-            (f"anon_r{r}", f"anon MiB (rank {r})", ".0f"),
-        ]
-    print(common.table(result["rows"], columns))
-    if "peak_rss_over_multi30k_mib" not in result:  # --quick
-        return
-    excess = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_rss_over_multi30k_mib"])
-    anon = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_anon_over_multi30k_mib"])
-    print(
-        f"\nPeak RSS of a training process over the same model on Multi30k-sized data: {excess} (anon: {anon})"
-    )
-
-
-def main(argv=None) -> dict | None:
+def main(argv) -> dict | None:
     args = parse_args(argv)
     if args.child:
-        {"train": _train_child, "bpe": _bpe_child, "sampler": _sampler_child}[args.child](args)
-        return None
-    result = sampler_only(args) if args.sampler_only else data_scale(args)
-    result["machine"] = common.machine()
-    result["settings"] = {
-        k: v for k, v in vars(args).items() if k not in ("child", "record", "launched", "rest")
-    }
-    print_table(result, args)
-    common.write_json(args.json, result)
-    return result
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        return {"train": _train_child, "bpe": _bpe_child, "sampler": _sampler_child}[args.child](args)
+    if args.sampler_only:
+        result = sampler_only(args)
+        columns = [("pairs", "pairs", ",d"), ("batches", "batches", ",d"), ("build_s", "build s", ".3f")]
+        columns += [
+            ("epoch_arrays_s", "epoch arrays s", ".3f"),
+            ("epoch_iterated_s", "epoch iterated s", ".3f"),
+        ]
+        columns += [("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f")]
+        return common.report(args, "the sampler alone", result.pop("results"), columns, **result)
+    result = data_scale(args)
+    columns = [("run", "run", ""), ("stage", "stage", ""), ("pairs", "pairs", ",d")]
+    for r in range(args.processes):
+        columns += [(f"s_r{r}", f"s (rank {r})", ".2f"), (f"rss_r{r}", f"peak RSS MiB (rank {r})", ".0f")]
+        columns += [(f"anon_r{r}", f"anon MiB (rank {r})", ".0f")]
+    excess = result.get("peak_rss_over_multi30k_mib")
+    title = "from raw text to the first step" + (
+        f"; peak RSS over Multi30k-sized data {excess} MiB" if excess else ""
+    )
+    return common.report(args, title, result.pop("results"), columns, **result)
