@@ -15,16 +15,16 @@ one JSON result with `--json`: {"machine", "settings", ..., "results": [one row 
 import importlib
 import sys
 
-COMMANDS = {
-    "train": "train",
-    "gpu-wmt": "gpu_wmt",
-    "generate": "generate",
-    "engines": "engines",
-    "int8": "int8",
-    "kernels": "kernels",
-    "profile-train": "profile_train",
-    "data-scale": "data_scale",
-    "corpus": "synthetic_corpus",
+COMMANDS = {  # the module and the function that run each command
+    "train": "train:main",
+    "gpu-wmt": "gpu_wmt:main",
+    "generate": "decode:generate",
+    "engines": "decode:engines",
+    "int8": "decode:int8",
+    "kernels": "kernels:main",
+    "profile-train": "profile_train:main",
+    "data-scale": "data_scale:main",
+    "corpus": "synthetic_corpus:main",
 }
 
 if __name__ == "__main__":
@@ -34,4 +34,5 @@ if __name__ == "__main__":
     elif what not in COMMANDS:
         sys.exit(f"python -m bench: unknown command {what!r}; choose from {', '.join(COMMANDS)}")
     else:
-        importlib.import_module(f"bench.{COMMANDS[what]}").main(sys.argv[2:])
+        module, function = COMMANDS[what].split(":")
+        getattr(importlib.import_module(f"bench.{module}"), function)(sys.argv[2:])

@@ -369,7 +369,19 @@ def run_child(what: str, argv: list[str]) -> dict:
 # --------------------------------------------------------------------------------------------------------------------
 # The command line and the result every command writes
 # --------------------------------------------------------------------------------------------------------------------
-HIDDEN = ("json", "argv", "command", "memory_child", "engine_child", "child", "record", "launched", "rest")
+HIDDEN = (
+    "json",
+    "argv",
+    "command",
+    "bench",
+    "memory",
+    "memory_child",
+    "engine_child",
+    "child",
+    "record",
+    "launched",
+    "rest",
+)
 
 
 def parser(what: str, doc: str, repeats: int | None = 5) -> argparse.ArgumentParser:
@@ -391,7 +403,8 @@ def parser(what: str, doc: str, repeats: int | None = 5) -> argparse.ArgumentPar
 def model_flags(parser: argparse.ArgumentParser, impl: tuple[str, ...], presets: list[str] | str) -> None:
     """The models compared: `--impl`, `--preset` (several where `presets` is a list), `--vocab`."""
     parser.add_argument("--impl", nargs="+", default=list(impl), choices=impl)
-    parser.add_argument("--preset", nargs="+" if isinstance(presets, list) else None, default=presets)
+    nargs = "+" if isinstance(presets, list) else None
+    parser.add_argument("--preset", nargs=nargs, default=presets, help="VaswaniConfig preset")
     parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")
 
 
@@ -416,7 +429,7 @@ def decoding_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
 def parse(parser: argparse.ArgumentParser, argv: list[str], **quick) -> argparse.Namespace:
     """The parsed flags, `quick`'s values in place under `--quick`; `argv` kept for the command's children."""
     args = parser.parse_args(argv)
-    args.argv, args.command = list(argv), parser.prog
+    args.argv, args.command, args.bench = list(argv), parser.prog, parser.prog.split()[-1]
     if args.quick:
         vars(args).update(quick)
     return args
@@ -465,13 +478,4 @@ def cuda_or_skip(args) -> dict | None:
     """None where CUDA is present; else says that the GPU run is skipped and returns (and writes) that result."""
     if torch.cuda.is_available():
         return None
-    print("skipped: no CUDA device on this machine")
-    result = {
-        "machine": machine(f"{args.command} {' '.join(args.argv)}"),
-        "skipped": "no CUDA device",
-        "results": [],
-    }
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=2)
-    return result
+    return report(args, "skipped: no CUDA device on this machine", [], [], skipped="no CUDA device")

@@ -217,10 +217,8 @@ WHAT = {
 
 def main(argv) -> dict:
     parser = common.parser("kernels", __doc__)
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens per batch (128 pairs x 32)")
-    parser.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 256])
-    parser.add_argument("--decode-sentences", type=int, default=128, help="batch 32 x beam 4")
+    # tokens a batch (128 pairs x 32), attention lengths, decoding hypotheses (batch 32 x beam 4)
+    parser.set_defaults(tokens=4096, vocab=common.DEFAULT_VOCAB, lengths=[32, 128, 256], decode_sentences=128)
     parser.add_argument(
         "--what", nargs="+", choices=WHAT, default=list(WHAT)[:-2], help="default: all but int8, linear"
     )

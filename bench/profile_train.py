@@ -21,7 +21,7 @@ operator made its autograd node (the two share a `sequence_nr`). Parts:
 
     python -m bench profile-train --threads 2 --json bench/results/profile_train_tiny_cpu.json
 
-Prints the table and the costliest operators; `--json` writes both. Profiling adds its own overhead to the operators
+Prints the table; `--json` writes it with the costliest operators. Profiling adds its own overhead to the operators
 (about a microsecond each), so the step is slower under it than in `vaswani-train`; the shares are what it measures.
 
 Beside the parts, the matrix products (`MATMUL_OPERATORS`, forward and backward, whatever part ran them): their self
@@ -230,7 +230,7 @@ def matrix_product_seconds(events) -> float:
     return sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS) / 1e6
 
 
-def profiled_run(args) -> tuple[StepProfiler, object]:
+def profiled_run(args) -> StepProfiler:
     """`vaswani-train`'s `train_main` on the recipe's flags, its trainer carrying the profiler."""
     from vaswani.commands.cli import parse_args as parse_train_args
     from vaswani.recipe import run
@@ -265,11 +265,11 @@ def profiled_run(args) -> tuple[StepProfiler, object]:
         saved, run.VaswaniTrainer = run.VaswaniTrainer, ProfiledTrainer
         try:
             with marked_loss():
-                trainer = run.train_main(model_args, data_args, training_args, config_overrides(config_args))
+                run.train_main(model_args, data_args, training_args, config_overrides(config_args))
         finally:
             run.VaswaniTrainer = saved
             release_output_dir(output_dir)
-    return profiler, trainer
+    return profiler
 
 
 def main(argv) -> dict:
@@ -287,7 +287,7 @@ def main(argv) -> dict:
     args = common.parse(parser, argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    profiler, trainer = profiled_run(args)
+    profiler = profiled_run(args)
     events = profiler.profiler.events()
     seconds, top = attribute(events)
     seconds["Python and framework"] = max(profiler.wall - sum(seconds.values()), 0.0)
@@ -302,9 +302,6 @@ def main(argv) -> dict:
     if flops is not None:  # counted over the warm-up steps
         products |= {"gflop_per_step": flops / 1e9, "gflops": flops / max(matmul_s, 1e-12) / 1e9}
         products["floor_s_at_machine_rate"] = flops / (peak * 1e9)
-    print("costliest operators (self time, ms/step):")
-    for name, part, s in top:
-        print(f"  {name:<50} {part:<28} {1000 * s / args.repeats:>8.1f}")
     print(f"matrix products: {products}")
     columns = [("part", "part", ""), ("ms_per_step", "ms/step", ".1f"), ("share", "share", ".1%")]
     return common.report(
@@ -318,5 +315,4 @@ def main(argv) -> dict:
             {"operator": n, "part": p, "ms": 1000 * s / args.repeats} for n, p, s in top
         ],
         matrix_products=products,
-        final_train_loss=trainer.state.log_history[-1].get("train_loss"),
     )

@@ -53,12 +53,8 @@ def parse_args(argv):
     parser.add_argument("--tgt-len", type=int, default=32)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--gpu", action="store_true", help="GPU mode: bf16, torch.compile; needs CUDA")
-    parser.add_argument(
-        "--attention",
-        default=common.FAST_ATTENTION,
-        help="vaswani's attn_implementation (vaswani_sdpa: as the recipe)",
-    )
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)  # one configuration in a subprocess
+    parser.set_defaults(attention=common.FAST_ATTENTION)  # vaswani's attn_implementation, as the recipe's
     return common.parse(
         parser, argv, preset=["small"], batch_size=4, src_len=8, tgt_len=8, vocab=1000, repeats=1, warmup=1
     )

@@ -152,14 +152,13 @@ def test_bench_data_scale(tmp_path, capsys):
     assert "to first step" in stdout and "from the cache" in stdout and "----" in stdout
     assert json.loads((tmp_path / "out.json").read_text())["results"] == result["results"]
     rows = {(row["run"], row["stage"]): row for row in result["results"]}
+    assert {row["rank"] for row in result["results"]} == {0}
     stages = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step", "to first step")
     for run in ("first", "from the cache"):
         for stage in stages:
             row = rows[run, stage]
-            assert row["s_r0"] >= 0 and row["rss_r0"] > 100 and 0 < row["anon_r0"] <= row["rss_r0"], (
-                run,
-                stage,
-            )
+            assert row["seconds"] >= 0 and row["peak_rss_mib"] > 100, (run, stage)
+            assert 0 < row["peak_anon_mib"] <= row["peak_rss_mib"], (run, stage)
     first, cached = result["records"]["first"][0], result["records"]["cached"][0]
     assert first["tokenized_batches"] > 0 and cached["tokenized_batches"] == 0  # the rerun maps the cache
     assert first["train_pairs"] == 2000 and rows["first", "BPE"]["pairs"] == 2000
