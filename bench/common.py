@@ -211,7 +211,7 @@ def fixed_length_generation_config(
     beams: int, new_tokens: int, suppress_eos: bool, static_cache: bool = False
 ):
     """Greedy (`beams` 1) or beam decoding of exactly `new_tokens` tokens with length penalty 1: either with the EOS
-    id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (see `bench_generate`)."""
+    id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (`--fixed-length`)."""
     from transformers import GenerationConfig
 
     return GenerationConfig(

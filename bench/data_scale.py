@@ -383,8 +383,8 @@ def main(argv) -> dict | None:
         ("peak_rss_mib", "peak RSS MiB", ".0f"),
         ("peak_anon_mib", "anon MiB", ".0f"),
     ]
-    excess = result.get("peak_rss_over_multi30k_mib")
+    excess = ", ".join(f"{mib:+.0f} MiB" for mib in result.get("peak_rss_over_multi30k_mib", []))
     title = "from raw text to the first step" + (
-        f"; peak RSS over Multi30k-sized data {excess} MiB" if excess else ""
+        f"; peak RSS over the Multi30k-sized run: {excess}" if excess else ""
     )
     return common.report(args, title, result.pop("results"), columns, **result)

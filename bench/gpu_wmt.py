@@ -91,7 +91,7 @@ def main(argv) -> dict:
         if skipped := common.cuda_or_skip(args):
             return skipped
         torch.backends.cuda.matmul.allow_tf32 = True
-    peak = common.matmul_peak(None if args.device == "cuda" else (512, 256, 256), 3, args.device)
+    peak = common.matmul_peak(None if args.device == "cuda" else (512, 256, 256), device=args.device)
     rows = []
     for preset in args.preset:
         for compiled in [c == "compiled" for c in args.compile]:

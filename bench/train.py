@@ -30,7 +30,7 @@ def make_step(name, model, optimizer, batch, dtype: str, device: str):
             loss = common.training_loss(name, model, batch, 0.1)
         loss.backward()
         optimizer.step()
-        return loss.detach()
+        return loss.item()
 
     return step
 
@@ -91,6 +91,8 @@ def main(argv) -> dict:
             for dtype in args.dtype:
                 jobs[name, dtype] = make_step(name, forward, optimizer, batch, dtype, device)
         times = common.interleaved_times(jobs, args.repeats, args.warmup, device)
+        for model in models.values():  # the CUDA rise below counts the gradients too
+            model.zero_grad(set_to_none=True)
         for (name, dtype), seconds in times.items():
             params = common.num_parameters(models[name])
             row = {"preset": preset, "impl": name, "dtype": dtype, "params_m": params / 1e6}
