@@ -1,1 +1,2 @@
-"""Benchmarks of the Transformer against MarianMTModel and torch.nn.Transformer; run as `python -m bench.<script>`."""
+"""Benchmarks of the Transformer against MarianMTModel, torch.nn.Transformer and the exported engines; run as
+`python -m bench <command>` (`python -m bench --help` lists them)."""

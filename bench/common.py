@@ -21,6 +21,7 @@ shared. Peak memory is measured in a fresh subprocess per configuration (see `pe
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -48,44 +49,6 @@ DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 t
 # --------------------------------------------------------------------------------------------------------------------
 # Models at equal sizes
 # --------------------------------------------------------------------------------------------------------------------
-def decoding_parser(doc: str, implementations: tuple[str, ...], batch_size: int) -> argparse.ArgumentParser:
-    """The flags every decoding benchmark of exported engines shares: the model's size, the batch, the repeats."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="base", help="VaswaniConfig preset")
-    parser.add_argument("--impl", nargs="+", default=list(implementations), choices=implementations)
-    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
-    parser.add_argument("--batch-size", type=int, default=batch_size)
-    parser.add_argument("--src-len", type=int, default=20)
-    parser.add_argument("--new-tokens", type=int, default=30)
-    parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")
-    parser.add_argument(
-        "--threads", type=int, default=torch.get_num_threads(), help="threads of every engine"
-    )
-    parser.add_argument(
-        "--repeats", type=int, default=5, help="timed runs per configuration (median reported)"
-    )
-    parser.add_argument("--warmup", type=int, default=1)
-    add_fixed_length_argument(
-        parser,
-        "; the exported engines hold their end token back with their own minimum length either way",
-    )
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
-    return parser
-
-
-def add_fixed_length_argument(parser: argparse.ArgumentParser, engines_note: str = "") -> None:
-    """`--fixed-length`: how a PyTorch `generate()` is held to exactly `--new-tokens` tokens a sentence."""
-    parser.add_argument(
-        "--fixed-length",
-        choices=["min-new-tokens", "no-eos"],
-        default="min-new-tokens",
-        help="how every sentence is made exactly --new-tokens long: `min-new-tokens` keeps the EOS id and adds "
-        "generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the benchmark, not of "
-        "the model); `no-eos` decodes without an EOS id, so there is nothing to suppress" + engines_note,
-    )
-
-
 def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:
     """The model as a CPU user should run it: attention through `attn_implementation="vaswani_sdpa"`
     (`vaswani.kernels`; the same as "sdpa" on a GPU)."""
@@ -248,7 +211,7 @@ def fixed_length_generation_config(
     beams: int, new_tokens: int, suppress_eos: bool, static_cache: bool = False
 ):
     """Greedy (`beams` 1) or beam decoding of exactly `new_tokens` tokens with length penalty 1: either with the EOS
-    id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (see `bench_generate`)."""
+    id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (`--fixed-length`)."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
@@ -339,57 +302,24 @@ def cuda_memory_rise_mib(work: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Matmul peak
 # --------------------------------------------------------------------------------------------------------------------
 GPU_PEAK_SIZE = (8192, 8192, 8192)
 
 
-def matmul_peak(
-    size: tuple[int, int, int] | None = None, repeats: int = 10, device: str = "cpu"
-) -> dict[str, float]:
-    """Measured matmul throughput in GFLOP/s (median of `repeats`), for (M, K) x (K, N).
-
-    `fp32_default`: `F.linear`, torch's default CPU path (MKL sgemm here); `fp32_onednn`: oneDNN's fp32 linear with
-    a prepacked weight (`torch.ops.mkldnn._linear_pointwise`); `fp32_numpy`: numpy's BLAS; `bf16`: `F.linear` in
-    bfloat16, which torch sends to oneDNN. With `device="cuda"`: fp32 (TF32 off, torch's default) and bf16 through
-    cuBLAS. The default size is 4096 x 512 x 2048 on the CPU and `GPU_PEAK_SIZE` on a GPU, where a CPU-sized
-    product is too short to keep the device busy.
-
-    On the CPU each path is timed in a block of its own, not interleaved with the others: numpy's BLAS and torch's
-    OpenMP keep their threads spinning for a while after a call, and on a 2-core machine the next path's threads
-    then share the cores with them (interleaved, bf16 measured about half its rate alone).
-    """
-    if size is None:
-        size = GPU_PEAK_SIZE if device.startswith("cuda") else (4096, 512, 2048)
-    m, k, n = size
-    flops = 2 * m * k * n
-    if device.startswith("cuda"):
-        x, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
-        xb, wb = x.bfloat16(), w.bfloat16()
-        jobs = {"fp32_default": lambda: F.linear(x, w), "bf16": lambda: F.linear(xb, wb)}
-        times = interleaved_times(jobs, repeats, warmup=3, device="cuda")
-        return {name: flops / median(t) / 1e9 for name, t in times.items()}
-
-    x, w = torch.randn(m, k), torch.randn(n, k)
-    xn, wn = x.numpy(), w.t().contiguous().numpy()
-    xb, wb = x.bfloat16(), w.bfloat16()
-    jobs = {
-        "fp32_default": lambda: F.linear(x, w),
-        "fp32_numpy": lambda: xn @ wn,
-        "bf16": lambda: F.linear(xb, wb),
-    }
-    if torch.backends.mkldnn.is_available():
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        jobs["fp32_onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+def matmul_peak(size: tuple[int, int, int] | None = None, repeats: int = 10, device: str = "cpu") -> dict:
+    """Measured `F.linear` throughput in GFLOP/s (median of `repeats`) for (M, K) x (K, N), in fp32 (TF32 off,
+    torch's default) and bf16: 4096 x 512 x 2048 on the CPU and `GPU_PEAK_SIZE` on a GPU, where a CPU-sized product is
+    too short to keep the device busy. Each dtype is timed in a block of its own: torch's OpenMP threads keep
+    spinning for a while after a call, and on a 2-core machine the next block's threads would share the cores."""
+    m, k, n = size or (GPU_PEAK_SIZE if device.startswith("cuda") else (4096, 512, 2048))
     result = {}
-    for name, job in jobs.items():
-        time.sleep(0.25)  # past the spinning of the previous path's threads
-        result[name] = flops / median(interleaved_times({name: job}, repeats, warmup=2)[name]) / 1e9
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        x, w = torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype)
+        time.sleep(0.25)
+        seconds = interleaved_times({name: lambda x=x, w=w: F.linear(x, w)}, repeats, 2, device)[name]
+        result[name] = 2 * m * k * n / statistics.median(seconds) / 1e9
     return result
 
 
@@ -420,76 +350,132 @@ def peak_rss_during(work: Callable[[], object]) -> dict[str, float]:
     return {"peak_rss_mib": peak / 1024, "before_mib": before / 1024, "rise_mib": (peak - before) / 1024}
 
 
-def run_child(module: str, args: list[str]) -> dict:
-    """Run `python -m module args` in a fresh process (for a clean memory high-water mark); return its JSON line."""
+def run_child(what: str, argv: list[str]) -> dict:
+    """Run `python -m bench what argv` in a fresh process (for a clean memory high-water mark); return its JSON line."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=root, env=env, check=False
+        [sys.executable, "-m", "bench", what, *map(str, argv)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"{module} {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"bench {what} {' '.join(map(str, argv))} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Reporting
+# The command line and the result every command writes
 # --------------------------------------------------------------------------------------------------------------------
-def machine() -> dict[str, object]:
-    """What the numbers were measured on."""
+HIDDEN = (
+    "json",
+    "argv",
+    "command",
+    "bench",
+    "memory",
+    "memory_child",
+    "engine_child",
+    "child",
+    "record",
+    "launched",
+    "rest",
+)
+
+
+def parser(what: str, doc: str, repeats: int | None = 5) -> argparse.ArgumentParser:
+    """The flags every command shares: `--json`, `--quick`, and where it times jobs (`repeats`), `--repeats` and
+    `--warmup`."""
+    parser = argparse.ArgumentParser(
+        f"python -m bench {what}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if repeats:
+        parser.add_argument(
+            "--repeats", type=int, default=repeats, help="timed runs of each job (median reported)"
+        )
+        parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each job first")
+    parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--quick", action="store_true", help="tiny settings for a smoke test")
+    return parser
+
+
+def model_flags(parser: argparse.ArgumentParser, impl: tuple[str, ...], presets: list[str] | str) -> None:
+    """The models compared: `--impl`, `--preset` (several where `presets` is a list), `--vocab`."""
+    parser.add_argument("--impl", nargs="+", default=list(impl), choices=impl)
+    nargs = "+" if isinstance(presets, list) else None
+    parser.add_argument("--preset", nargs=nargs, default=presets, help="VaswaniConfig preset")
+    parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")
+
+
+def decoding_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
+    """What every decoding command decodes: `--beams`, `--batch-size` sources of `--src-len` tokens, each into exactly
+    `--new-tokens` tokens, held there as `--fixed-length` says."""
+    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--src-len", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=30)
+    parser.add_argument(
+        "--fixed-length",
+        choices=["min-new-tokens", "no-eos"],
+        default="min-new-tokens",
+        help="how a PyTorch generate() makes every sentence exactly --new-tokens long: `min-new-tokens` keeps the EOS "
+        "id and adds generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the "
+        "benchmark, not of the model); `no-eos` decodes without an EOS id. Exported engines hold their end token back "
+        "with their own minimum length either way",
+    )
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str], **quick) -> argparse.Namespace:
+    """The parsed flags, `quick`'s values in place under `--quick`; `argv` kept for the command's children."""
+    args = parser.parse_args(argv)
+    args.argv, args.command, args.bench = list(argv), parser.prog, parser.prog.split()[-1]
+    if args.quick:
+        vars(args).update(quick)
+    return args
+
+
+def report(args, title: str, rows: list[dict], columns: list[tuple[str, str, str]], **extra) -> dict:
+    """Print `title` and `rows` as a table of `columns` ((key, header, format spec)), and return (and write to
+    `--json`) the one result every command writes: the machine, the settings, `extra`, the rows as `results`."""
+    cells = [[header for _, header, _ in columns]]
+    cells += [
+        [format(row[k], spec) if row.get(k) is not None else "-" for k, _, spec in columns] for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
+    print("\n".join([f"\n{title}", lines[0], "  ".join("-" * width for width in widths), *lines[1:]]))
+    settings = {key: value for key, value in vars(args).items() if key not in HIDDEN}
+    result = {"machine": machine(f"{args.command} {' '.join(args.argv)}"), "settings": settings, **extra}
+    result["results"] = rows
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=2)
+    return result
+
+
+def machine(command: str) -> dict[str, object]:
+    """What the numbers were measured on, and the command that measured them."""
+    import transformers
+
     model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    info = {
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as cpuinfo:
+        model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    return {
         "cpu": model,
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(
-            ["python -m bench." + os.path.basename(sys.argv[0]).removesuffix(".py"), *sys.argv[1:]]
-        ),
+        "command": command,
     }
-    import transformers
 
-    info["transformers"] = transformers.__version__
+
+def cuda_or_skip(args) -> dict | None:
+    """None where CUDA is present; else says that the GPU run is skipped and returns (and writes) that result."""
     if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
-def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """Plain-text table: `columns` are (key, header, format spec)."""
-    cells = [[header for _, header, _ in columns]]
-    for row in rows:
-        cells.append(
-            [format(row[key], spec) if row.get(key) is not None else "-" for key, _, spec in columns]
-        )
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
-def write_json(path: str | None, payload: dict) -> None:
-    if path:
-        with open(path, "w") as out:
-            json.dump(payload, out, indent=2)
-
-
-def choose_device(args) -> tuple[str, dict | None]:
-    """`("cpu", None)`, or for `--gpu` `("cuda", None)` with bf16 and no memory subprocesses; without CUDA, `--gpu`
-    prints that it is skipped, writes `{"skipped": ...}` to `--json` and returns that as the second item."""
-    if not args.gpu:
-        return "cpu", None
-    if not torch.cuda.is_available():
-        print("GPU mode skipped: no CUDA device on this machine.")
-        result = {"machine": machine(), "skipped": "no CUDA device", "results": []}
-        write_json(args.json, result)
-        return "cpu", result
-    args.dtype, args.no_memory = ["bf16"], True
-    return "cuda", None
+        return None
+    return report(args, "skipped: no CUDA device on this machine", [], [], skipped="no CUDA device")

@@ -2,7 +2,7 @@
 
 Runs `vaswani-train`'s training (`recipe.run.train_main`) with the en->de recipe of RESULTS.md (the Makefile's
 FULL_RECIPE: the `tiny` preset, vocabulary 8000, bf16 autocast on the CPU, 8192-token batches) on Multi30k, and
-profiles `--steps` whole optimizer steps after `--warmup` untimed ones: fetching and collating the batch, forward,
+profiles `--repeats` whole optimizer steps after `--warmup` untimed ones: fetching and collating the batch, forward,
 loss, backward, Adam, the trainer's own work. Each operator's self time goes to the part of the model that ran it,
 marked by `record_function` ranges around the model's pieces; a backward operator goes to the part whose forward
 operator made its autograd node (the two share a `sequence_nr`). Parts:
@@ -19,9 +19,9 @@ operator made its autograd node (the two share a `sequence_nr`). Parts:
 - Python and framework: the steps' wall time less all the above (the Python of the model and the trainer,
   autograd's engine between operators, Accelerate).
 
-    python -m bench.profile_train --json bench/results/profile_train_tiny_cpu.json
+    python -m bench profile-train --threads 2 --json bench/results/profile_train_tiny_cpu.json
 
-Prints the table and the costliest operators; `--json` writes both. Profiling adds its own overhead to the operators
+Prints the table; `--json` writes it with the costliest operators. Profiling adds its own overhead to the operators
 (about a microsecond each), so the step is slower under it than in `vaswani-train`; the shares are what it measures.
 
 Beside the parts, the matrix products (`MATMUL_OPERATORS`, forward and backward, whatever part ran them): their self
@@ -33,11 +33,9 @@ rate is a floor under the step that no saving outside them can lower.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import functools
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -232,23 +230,8 @@ def matrix_product_seconds(events) -> float:
     return sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS) / 1e6
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", default=str(DATA), help="the Multi30k folder (train.en.gz, train.de.gz)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed optimizer steps first")
-    parser.add_argument("--steps", type=int, default=10, help="profiled optimizer steps")
-    parser.add_argument("--max_tokens", type=int, default=8192)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        help="torch's intra-op threads (default: torch's choice); 1 keeps a busy machine's scheduling out of the "
-        "operators' times, where each parallel operator waits for its slowest thread",
-    )
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("extra", nargs="*", help="more vaswani-train flags, after --")
-    args = parser.parse_args(argv)
+def profiled_run(args) -> StepProfiler:
+    """`vaswani-train`'s `train_main` on the recipe's flags, its trainer carrying the profiler."""
     from vaswani.commands.cli import parse_args as parse_train_args
     from vaswani.recipe import run
     from vaswani.recipe.arguments import (
@@ -260,9 +243,7 @@ def main(argv=None) -> dict:
     from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
     from vaswani.recipe.run_folder import release_output_dir
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    profiler = StepProfiler(args.warmup, args.steps)
+    profiler = StepProfiler(args.warmup, args.repeats)
 
     class ProfiledTrainer(run.VaswaniTrainer):
         def __init__(self, *a, **k):
@@ -270,67 +251,68 @@ def main(argv=None) -> dict:
             self.add_callback(profiler)
 
     with tempfile.TemporaryDirectory() as output_dir:
-        argv_train = recipe_argv(args.data, output_dir, args.warmup + args.steps, args.max_tokens, args.extra)
+        flags = recipe_argv(args.data, output_dir, args.warmup + args.repeats, args.max_tokens, args.extra)
+        classes = [
+            ModelArguments,
+            ModelConfigArguments,
+            DataArguments,
+            FinishArguments,
+            PaperTrainingArguments,
+        ]
         model_args, config_args, data_args, _, training_args = parse_train_args(
-            [ModelArguments, ModelConfigArguments, DataArguments, FinishArguments, PaperTrainingArguments],
-            argv_train,
-            description="vaswani-train, profiled",
+            classes, flags, description="profiled"
         )
         saved, run.VaswaniTrainer = run.VaswaniTrainer, ProfiledTrainer
         try:
             with marked_loss():
-                trainer = run.train_main(model_args, data_args, training_args, config_overrides(config_args))
+                run.train_main(model_args, data_args, training_args, config_overrides(config_args))
         finally:
             run.VaswaniTrainer = saved
             release_output_dir(output_dir)
+    return profiler
+
+
+def main(argv) -> dict:
+    parser = common.parser("profile-train", __doc__, repeats=10)
+    parser.set_defaults(warmup=5)
+    parser.add_argument("--data", default=str(DATA), help="the Multi30k folder (train.en.gz, train.de.gz)")
+    parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch's intra-op threads (default: torch's choice); 1 keeps a busy machine's scheduling out of the "
+        "operators' times, where each parallel operator waits for its slowest thread",
+    )
+    parser.add_argument("extra", nargs="*", help="more vaswani-train flags, after --")
+    args = common.parse(parser, argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    profiler = profiled_run(args)
     events = profiler.profiler.events()
     seconds, top = attribute(events)
     seconds["Python and framework"] = max(profiler.wall - sum(seconds.values()), 0.0)
-    per_step = {part: seconds.get(part, 0.0) / args.steps for part in PARTS}
-    step = profiler.wall / args.steps
-    print(f"{args.steps} profiled steps, {step:.3f} s a step under the profiler")
-    print(f"{'part':<28} {'ms/step':>8} {'share':>6}")
-    for part in PARTS:
-        print(f"{part:<28} {1000 * per_step[part]:>8.1f} {100 * per_step[part] / step:>5.1f}%")
-    print("\ncostliest operators (self time, ms/step):")
-    for name, part, s in top:
-        print(f"  {name:<50} {part:<28} {1000 * s / args.steps:>8.1f}")
-    matmul_s = matrix_product_seconds(events) / args.steps
-    matmul_flops = profiler.matmul_flops_per_step
+    step = profiler.wall / args.repeats
+    rows = [{"part": part, "ms_per_step": 1000 * seconds.get(part, 0.0) / args.repeats} for part in PARTS]
+    for row in rows:
+        row["share"] = row["ms_per_step"] / 1000 / step
+    matmul_s = matrix_product_seconds(events) / args.repeats
+    flops = profiler.matmul_flops_per_step
     peak = common.matmul_peak(repeats=5)["bf16"]
-    floor = None if matmul_flops is None else matmul_flops / (peak * 1e9)
-    print(f"\nmatrix products: {1000 * matmul_s:.1f} ms a step ({100 * matmul_s / step:.1f}%)", end="")
-    if matmul_flops is None:
-        print(f"; this machine's bf16 GEMM: {peak:.0f} GFLOP/s (operations not counted: no warm-up steps)")
-    else:
-        print(
-            f", {matmul_flops / 1e9:.1f} GFLOP at {matmul_flops / max(matmul_s, 1e-12) / 1e9:.0f} GFLOP/s; this "
-            f"machine's bf16 GEMM (4096 x 512 x 2048): {peak:.0f} GFLOP/s, at which the products take {floor:.3f} s "
-            "a step"
-        )
-    result = {
-        "machine": common.machine(),
-        "settings": vars(args),
-        "recipe_flags": recipe_argv("DATA", "OUT", args.warmup + args.steps, args.max_tokens, args.extra),
-        "step_s_under_profiler": step,
-        "ms_per_step": {part: 1000 * per_step[part] for part in PARTS},
-        "share": {part: per_step[part] / step for part in PARTS},
-        "top_operators_ms_per_step": [
-            {"operator": name, "part": part, "ms": 1000 * s / args.steps} for name, part, s in top
+    products = {"ms_per_step": 1000 * matmul_s, "share": matmul_s / step, "machine_bf16_gemm_gflops": peak}
+    if flops is not None:  # counted over the warm-up steps
+        products |= {"gflop_per_step": flops / 1e9, "gflops": flops / max(matmul_s, 1e-12) / 1e9}
+        products["floor_s_at_machine_rate"] = flops / (peak * 1e9)
+    print(f"matrix products: {products}")
+    columns = [("part", "part", ""), ("ms_per_step", "ms/step", ".1f"), ("share", "share", ".1%")]
+    return common.report(
+        args,
+        f"{args.repeats} profiled steps, {step:.3f} s a step under the profiler",
+        rows,
+        columns,
+        recipe_flags=recipe_argv("DATA", "OUT", args.warmup + args.repeats, args.max_tokens, args.extra),
+        step_s_under_profiler=step,
+        top_operators_ms_per_step=[
+            {"operator": n, "part": p, "ms": 1000 * s / args.repeats} for n, p, s in top
         ],
-        "matrix_products": {
-            "ms_per_step": 1000 * matmul_s,
-            "share": matmul_s / step,
-            "gflop_per_step": None if matmul_flops is None else matmul_flops / 1e9,
-            "gflops": None if matmul_flops is None else matmul_flops / max(matmul_s, 1e-12) / 1e9,
-            "machine_bf16_gemm_gflops": peak,
-            "floor_s_at_machine_rate": floor,
-        },
-        "final_train_loss": trainer.state.log_history[-1].get("train_loss"),
-    }
-    common.write_json(args.json, result)
-    return result
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        matrix_products=products,
+    )

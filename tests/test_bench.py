@@ -1,7 +1,7 @@
-"""Smoke tests of the benchmark scripts: each runs with `--quick` in a subprocess, prints a table, writes JSON."""
+"""Smoke tests of `python -m bench`: each command runs with `--quick` in a subprocess, prints a table, writes its
+JSON result."""
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(module: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
+def run_script(what: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
     out = tmp_path / "out.json"
     done = subprocess.run(
-        [sys.executable, "-m", module, "--quick", "--json", str(out), *extra],
+        [sys.executable, "-m", "bench", what, "--quick", "--json", str(out), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -22,18 +22,16 @@ def run_script(module: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout, json.loads(out.read_text())
-
-
-def test_bench_matmul(tmp_path):
-    stdout, result = run_script("bench.bench_matmul", tmp_path)
-    assert "fp32_default" in stdout and "----" in stdout
-    assert {"fp32_default", "bf16"} <= set(result["results"][0])
-    assert result["machine"]["torch"]
+    result = json.loads(out.read_text())
+    assert (
+        result["machine"]["command"]
+        == f"python -m bench {what} --quick --json {out} {' '.join(extra)}".rstrip()
+    )
+    return done.stdout, result
 
 
 def test_bench_kernels(tmp_path):
-    stdout, result = run_script("bench.bench_kernels", tmp_path)
+    stdout, result = run_script("kernels", tmp_path)
     assert "x slowest" in stdout and "----" in stdout
     paths = {(r["what"], r["path"]) for r in result["results"]}
     assert {("attention", "sdpa kernel"), ("attention", "matmuls"), ("dW = dY^T X", "torch mm")} <= paths
@@ -55,50 +53,12 @@ def test_bench_kernels_times_both_paths_of_a_choice(tmp_path, what, available, p
 
     if not getattr(int8, available):
         pytest.skip(f"torch was built without the oneDNN operator of --what {what}")
-    stdout, result = run_script("bench.bench_kernels", tmp_path, "--what", what)
+    stdout, result = run_script("kernels", tmp_path, "--what", what)
     assert {r["path"] for r in result["results"]} == paths and len(
         {r["what"] for r in result["results"]}
     ) == 1
     if what == "linear":  # decoding rows against every weight shape, the output projection included
         assert {r["shape"] for r in result["results"]} >= {"2x32 @ 32x32", "2x32 @ 500x32"}
-
-
-def test_ab_training_kernels(tmp_path):
-    stdout, result = run_script("bench.ab_training_kernels", tmp_path)
-    assert "x torch" in stdout and "----" in stdout
-    jobs = {
-        "F.dropout + F.cross_entropy",
-        "kernel dropout",
-        "kernel loss",
-        "both kernels",
-        "both kernels, fused projection",
-        "the same, for-loop AdamW",
-        "the same, projections one by one",
-        "the same, softmax rows not padded",
-    }
-    assert set(result["median_s"]) == jobs == set(result["speedup_over_torch"])
-    assert all(s > 0 for s in result["median_s"].values())
-    assert result["speedup_over_torch"]["F.dropout + F.cross_entropy"] == 1.0
-
-
-def test_ab_compiled_training_counts_graphs_and_times_both(tmp_path):
-    """The compiled step against the eager one: one graph serves batches of two shapes (dynamic dimensions)."""
-    stdout, result = run_script("bench.ab_compiled_training", tmp_path, "--backend", "aot_eager")
-    assert "eager / compiled" in stdout
-    assert result["graphs_compiled"] == 1 and [r["graphs"] for r in result["first_compiled_steps"]] == [1, 1]
-    assert set(result["median_s_per_step"]) == {"eager", "compiled"} and result["compiled_speedup"] > 0
-
-
-def test_ab_processes_trains_one_process_and_two_on_the_same_tokens_per_update(tmp_path):
-    """`vaswani-train` alone against `torchrun` with 2 one-thread processes: each job trains, its seconds per update
-    come from the trainer's own log, and the 2 processes split the update's token budget."""
-    stdout, result = run_script("bench.ab_processes", tmp_path, "--processes", "2")
-    assert "s / update" in stdout and "----" in stdout
-    one, two = result["results"]
-    assert (one["processes"], one["max_tokens_each"]) == (1, 512)
-    assert (two["processes"], two["threads_each"], two["max_tokens_each"]) == (2, 1, 256)
-    assert one["seconds_per_step"] > 0 and two["seconds_per_step"] > 0 and one["speedup"] == 1.0
-    assert all(math.isfinite(row["last_loss"]) for row in (one, two))
 
 
 def test_profile_train_shares_the_step_among_its_parts(tmp_path):
@@ -112,14 +72,15 @@ def test_profile_train_shares_the_step_among_its_parts(tmp_path):
     (folder / "train.en").write_text("\n".join(" ".join(words[i % 7 : i % 7 + 3]) for i in range(60)) + "\n")
     (folder / "train.de").write_text("\n".join(" ".join(words[i % 5 : i % 5 + 4]) for i in range(60)) + "\n")
     result = profile_train.main(
-        ["--data", str(folder), "--warmup", "1", "--steps", "2", "--max_tokens", "64", "--json", str(tmp_path / "p.json"),
+        ["--data", str(folder), "--warmup", "1", "--repeats", "2", "--max-tokens", "64", "--json", str(tmp_path / "p.json"),
          "--", "--vocab_size", "300", "--d_model", "16", "--encoder_ffn_dim", "24", "--decoder_ffn_dim", "24",
          "--encoder_layers", "1", "--decoder_layers", "1"]
     )  # fmt: skip
-    assert set(result["share"]) == set(profile_train.PARTS)
-    assert sum(result["share"].values()) == pytest.approx(1.0, abs=0.02)
-    assert result["ms_per_step"]["attention"] > 0 and result["ms_per_step"]["optimizer"] > 0
-    assert result["ms_per_step"]["output projection and loss"] > 0 and result["ms_per_step"]["data"] > 0
+    parts = {row["part"]: row for row in result["results"]}
+    assert list(parts) == list(profile_train.PARTS)
+    assert sum(row["share"] for row in parts.values()) == pytest.approx(1.0, abs=0.02)
+    assert parts["attention"]["ms_per_step"] > 0 and parts["optimizer"]["ms_per_step"] > 0
+    assert parts["output projection and loss"]["ms_per_step"] > 0 and parts["data"]["ms_per_step"] > 0
     products = result["matrix_products"]
     assert products["gflop_per_step"] > 0 and 0 < products["share"] < 1
     assert products["floor_s_at_machine_rate"] == pytest.approx(
@@ -130,24 +91,22 @@ def test_profile_train_shares_the_step_among_its_parts(tmp_path):
 @pytest.mark.parametrize("memory", [False, True], ids=["timing", "memory"])
 def test_bench_train(tmp_path, memory):
     extra = ("--impl", "vaswani", "--dtype", "fp32") if memory else ("--no-memory",)
-    stdout, result = run_script("bench.bench_train", tmp_path, *extra)
+    stdout, result = run_script("train", tmp_path, *extra)
     assert "tgt tok/s" in stdout and "----" in stdout
-    assert {"machine", "matmul_peak_gflops", "flop_formula", "results", "loss_curves"} <= set(result)
+    assert {"machine", "settings", "matmul_peak_gflops", "results"} <= set(result)
     row = result["results"][0]
-    assert {"preset", "impl", "dtype", "tokens_per_s", "gflops", "mfu", "vs_marian"} <= set(row)
+    assert {"preset", "impl", "dtype", "tokens_per_s", "mfu", "vs_marian"} <= set(row) and row["mfu"] > 0
     assert ("mem_rise_mib" in row) == memory
     if not memory:
         assert {(r["impl"], r["dtype"]) for r in result["results"]} == {
             (i, d) for i in ("vaswani", "marian", "torch") for d in ("fp32", "bf16")
         }
-        assert len(result["loss_curves"]["small"]["bf16"]) == 2
+        assert all(r["vs_marian"] == 1.0 for r in result["results"] if r["impl"] == "marian")
 
 
 @pytest.mark.parametrize("fixed_length", ["min-new-tokens", "no-eos"])
 def test_bench_generate(tmp_path, fixed_length):
-    stdout, result = run_script(
-        "bench.bench_generate", tmp_path, "--no-memory", "--fixed-length", fixed_length
-    )
+    stdout, result = run_script("generate", tmp_path, "--no-memory", "--fixed-length", fixed_length)
     assert result["settings"]["fixed_length"] == fixed_length and fixed_length in stdout
     assert "tok/s" in stdout and "----" in stdout
     rows = result["results"]
@@ -157,73 +116,49 @@ def test_bench_generate(tmp_path, fixed_length):
     assert all(r["tokens_per_s"] > 0 and r["latency_s"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("module", ["bench.bench_train", "bench.bench_generate"])
-def test_gpu_mode_skips_without_cuda(tmp_path, module):
+@pytest.mark.parametrize("what", ["train", "generate"])
+def test_gpu_mode_skips_without_cuda(tmp_path, what):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: GPU mode runs instead of skipping")
-    stdout, result = run_script(module, tmp_path, "--gpu")
+    stdout, result = run_script(what, tmp_path, "--gpu")
     assert "skipped" in stdout and result["skipped"]
 
 
-def test_ab_shared_encoder_gives_the_same_sequences_and_a_ratio():
-    """Runs the A/B in-process at a small size: it raises if the two beam layouts generate different sequences."""
-    from bench import ab_shared_encoder
-
-    result = ab_shared_encoder.main(["--preset", "small", "--vocab", "300", "--repeats", "1"])
-    assert set(result) == {"shared", "copied per beam"} and all(seconds > 0 for seconds in result.values())
-
-
-def test_profile_decode_prints_operators_for_both_eos_modes(capsys):
-    from bench import profile_decode
-
-    profile_decode.main(["vaswani", "--preset", "small", "--vocab", "300", "--rows", "40"])
-    out = capsys.readouterr().out
-    assert "vaswani, no EOS:" in out and "vaswani, min_new_tokens:" in out
-    assert "aten::where" in out.split("min_new_tokens:")[1]  # the EOS mask shows up only with min_new_tokens
-
-
-def test_gpu_wmt_throughput_runs_on_the_cpu_with_a_tiny_config(tmp_path):
-    """The GPU script of the paper-scale step, checked here on the CPU: it times both implementations, reports
+def test_gpu_wmt_runs_on_the_cpu_with_a_tiny_config(tmp_path):
+    """The GPU command of the paper-scale step, checked here on the CPU: it times both implementations, reports
     tokens per second, MFU and the paper schedule's GPU-hours per preset (none for a preset not in the paper)."""
-    from bench import gpu_wmt_throughput
+    from bench import gpu_wmt
 
-    result = gpu_wmt_throughput.main(
-        ["--device", "cpu", "--preset", "tiny", "--compile", "eager", "--batch_tokens", "200", "--length", "10",
-         "--vocab", "300", "--seconds", "0.3", "--warmup", "1", "--json", str(tmp_path / "gpu.json")]
-    )  # fmt: skip
+    _, result = run_script("gpu-wmt", tmp_path, "--compile", "eager")
+    assert result["settings"]["device"] == "cpu" and result["settings"]["batch_tokens"] == 200
     rows = {row["impl"]: row for row in result["results"]}
     assert set(rows) == {"vaswani", "marian"}
     assert all(row["tokens_per_s"] > 0 and row["tokens_per_update"] == 200 for row in rows.values())
     assert rows["marian"]["vs_marian"] == 1.0 and rows["vaswani"]["vs_marian"] > 0
     assert "paper_gpu_hours" not in rows["vaswani"]  # tiny is not a preset of the paper
-    assert json.loads((tmp_path / "gpu.json").read_text())["results"] == result["results"]
-    skipped = (
-        gpu_wmt_throughput.main(["--device", "cuda"]) if not __import__("torch").cuda.is_available() else None
-    )
+    assert all(row["mfu"] > 0 for row in rows.values())
+    skipped = gpu_wmt.main(["--device", "cuda"]) if not __import__("torch").cuda.is_available() else None
     assert skipped is None or skipped["skipped"] == "no CUDA device"
 
 
 def test_bench_data_scale(tmp_path, capsys):
     """Every stage from raw text to the first step, timed with its peak memory in fresh processes: the first run and
     the rerun from the cache, which tokenizes nothing."""
-    from bench import bench_data_scale
+    from bench import data_scale
 
-    result = bench_data_scale.main(
-        ["--quick", "--work_dir", str(tmp_path), "--json", str(tmp_path / "out.json")]
-    )
+    result = data_scale.main(["--quick", "--work-dir", str(tmp_path), "--json", str(tmp_path / "out.json")])
     stdout = capsys.readouterr().out
     assert "to first step" in stdout and "from the cache" in stdout and "----" in stdout
-    assert json.loads((tmp_path / "out.json").read_text())["rows"] == result["rows"]
-    rows = {(row["run"], row["stage"]): row for row in result["rows"]}
+    assert json.loads((tmp_path / "out.json").read_text())["results"] == result["results"]
+    rows = {(row["run"], row["stage"]): row for row in result["results"]}
+    assert {row["rank"] for row in result["results"]} == {0}
     stages = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step", "to first step")
     for run in ("first", "from the cache"):
         for stage in stages:
             row = rows[run, stage]
-            assert row["s_r0"] >= 0 and row["rss_r0"] > 100 and 0 < row["anon_r0"] <= row["rss_r0"], (
-                run,
-                stage,
-            )
+            assert row["seconds"] >= 0 and row["peak_rss_mib"] > 100, (run, stage)
+            assert 0 < row["peak_anon_mib"] <= row["peak_rss_mib"], (run, stage)
     first, cached = result["records"]["first"][0], result["records"]["cached"][0]
     assert first["tokenized_batches"] > 0 and cached["tokenized_batches"] == 0  # the rerun maps the cache
     assert first["train_pairs"] == 2000 and rows["first", "BPE"]["pairs"] == 2000
@@ -231,13 +166,13 @@ def test_bench_data_scale(tmp_path, capsys):
 
 def test_bench_data_scale_bpe_on_every_pair(tmp_path):
     """The BPE on every pair (`vaswani-train-tokenizer`'s child, here in this process): its stages timed."""
-    from bench import bench_data_scale
+    from bench import data_scale
     from bench.synthetic_corpus import write_corpus
 
     data = write_corpus(tmp_path / "data", 300, validation=10, test=10)
     flags = ["--dataset_name", str(data), "--source_lang", "en", "--target_lang", "de", "--vocab_size", "300"]
     flags += ["--output_dir", str(tmp_path / "tok"), "--cache_dir", str(tmp_path / "cache")]
-    bench_data_scale.main(["--child", "bpe", "--record", str(tmp_path), "--", *flags])
+    data_scale.main(["--child", "bpe", "--record", str(tmp_path), "--", *flags])
     record = json.loads((tmp_path / "rank0.json").read_text())
     assert set(record["stages"]) == {"text -> Arrow", "BPE"} and record["stages"]["BPE"]["seconds"] > 0
     assert (
@@ -247,10 +182,25 @@ def test_bench_data_scale_bpe_on_every_pair(tmp_path):
 
 
 def test_bench_data_scale_sampler_alone(tmp_path):
-    """The sampler alone (`--sampler_only`'s child, here in this process): build, one epoch's arrays, the epoch."""
-    from bench import bench_data_scale
+    """The sampler alone (`--sampler-only`'s child, here in this process): build, one epoch's arrays, the epoch."""
+    from bench import data_scale
 
-    bench_data_scale.main(["--child", "sampler", "--record", str(tmp_path), "--pairs", "50000"])
+    data_scale.main(["--child", "sampler", "--record", str(tmp_path), "--pairs", "50000"])
     row = json.loads((tmp_path / "rank0.json").read_text())
     assert row["pairs"] == 50000 and row["batches"] > 0 and row["epoch_arrays_s"] > 0
     assert 0 <= row["rise_mib"] < 100 and row["peak_rss_mib"] > 0
+
+
+def test_corpus_writes_the_three_splits_and_an_unknown_command_is_refused(tmp_path):
+    run = [sys.executable, "-m", "bench", "corpus", "--pairs", "20", "--validation", "2", "--test", "3"]
+    done = subprocess.run(
+        [*run, "--output-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for split, pairs in (("train", 20), ("val", 2), ("test", 3)):
+        for lang in ("en", "de"):
+            assert len((tmp_path / f"{split}.{lang}").read_text().splitlines()) == pairs
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "bench_train"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "unknown command 'bench_train'" in done.stderr

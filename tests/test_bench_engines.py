@@ -1,73 +1,33 @@
-"""Smoke tests of the export benchmarks: `bench.bench_engines` (speed and memory), `bench.ab_engines_quality`, and
-`bench.bench_int8` (int8 in PyTorch against CTranslate2)."""
+"""Smoke tests of the export benchmarks: `python -m bench engines` (speed and memory) and `python -m bench int8`
+(int8 in PyTorch against CTranslate2)."""
 
 from test_bench import run_script
-from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
-
-from vaswani.recipe.tokenization import save_tokenizers
 
 
 def test_bench_engines_times_every_engine_against_its_peer(tmp_path):
-    stdout, result = run_script("bench.bench_engines", tmp_path, "--no-memory")
-    assert "x peer" in stdout and "----" in stdout
+    stdout, result = run_script("engines", tmp_path, "--no-memory")
+    assert "x marian-ct2-int8" in stdout and "----" in stdout
     rows = {(row["impl"], row["decoding"]): row for row in result["results"]}
     implementations = ["vaswani", "marian", "vaswani-onnx"]
     implementations += [f"{model}-ct2-{q}" for model in ("vaswani", "marian") for q in ("float32", "int8")]
     assert set(rows) == {(impl, decoding) for impl in implementations for decoding in ("greedy", "beam-4")}
     assert all(row["tokens_per_s"] > 0 for row in rows.values())
-    # Each export's peer: ONNX against our PyTorch path, our CTranslate2 export against CTranslate2's Marian.
-    assert rows["vaswani-onnx", "greedy"]["peer"] == "vaswani"
-    assert rows["vaswani-ct2-int8", "beam-4"]["peer"] == "marian-ct2-int8"
-    assert rows["vaswani-ct2-float32", "greedy"]["vs_peer"] > 0
+    # Each export against its peer: ONNX against our PyTorch path, our CTranslate2 export against CTranslate2's Marian.
+    assert rows["vaswani-onnx", "greedy"]["vs_vaswani"] > 0 and rows["vaswani", "greedy"]["vs_vaswani"] == 1.0
+    assert rows["marian-ct2-int8", "beam-4"]["vs_marian_ct2_int8"] == 1.0
+    assert rows["vaswani-ct2-float32", "greedy"]["vs_marian_ct2_float32"] > 0
     assert result["versions"]["ctranslate2"] and result["versions"]["onnxruntime"]
 
 
 def test_bench_engines_measures_the_memory_of_each(tmp_path):
-    _, result = run_script(
-        "bench.bench_engines", tmp_path, "--impl", "vaswani", "vaswani-ct2-int8", "--beams", "1"
-    )
+    _, result = run_script("engines", tmp_path, "--impl", "vaswani", "vaswani-ct2-int8", "--beams", "1")
     assert [row["impl"] for row in result["results"]] == ["vaswani", "vaswani-ct2-int8"]
     assert all(row["peak_rss_mib"] > row["mem_rise_mib"] >= 0 for row in result["results"])
 
 
-def test_quality_a_b_scores_each_export_against_pytorch(tmp_path):
-    from bench import ab_engines_quality
-
-    tokenizer = tiny_tokenizer()
-    translation_model(len(tokenizer)).save_pretrained(tmp_path / "model")
-    save_tokenizers(tokenizer, tokenizer, tmp_path / "model")
-    (tmp_path / "test.de").write_text("".join(s + "\n" for s in SENTENCES[:4]), encoding="utf-8")
-    (tmp_path / "test.en").write_text("".join(s + "\n" for s in SENTENCES[4:]), encoding="utf-8")
-    argv = ["--model", str(tmp_path / "model"), "--source", str(tmp_path / "test.de")]
-    argv += [
-        "--references",
-        str(tmp_path / "test.en"),
-        "--exports",
-        "float32",
-        "int8",
-        "onnx",
-        "--moses_lang",
-        "en",
-    ]
-    rows = {row["system"]: row for row in ab_engines_quality.main(argv)["results"]}
-    assert set(rows) == {
-        "pytorch",
-        "pytorch-paper",
-        "pytorch-int8",
-        "ctranslate2-float32",
-        "ctranslate2-int8",
-        "onnx",
-    }
-    assert 0 <= rows["pytorch-int8"]["same_as_pytorch"] <= 1 and "bleu_change" in rows["pytorch-int8"]
-    assert rows["ctranslate2-float32"]["same_as_pytorch"] == rows["onnx"]["same_as_pytorch"] == 1.0
-    assert (
-        rows["ctranslate2-float32"]["bleu_change"] == 0.0 and "bleu_lowercase_moses_tokenized" in rows["onnx"]
-    )
-
-
 def test_bench_int8_times_torchao_int8_against_float32_and_ctranslate2(tmp_path):
     stdout, result = run_script(
-        "bench.bench_int8",
+        "int8",
         tmp_path,
         *("--impl", "fp32", "int8-kernels", "ct2-int8", "--beams", "1", "--fixed-length", "no-eos"),
     )

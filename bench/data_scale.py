@@ -1,12 +1,12 @@
 """Data at WMT scale: wall time and peak resident memory of every stage from raw text to the first training step.
 
 `vaswani-train --preset tiny --max_steps 1` runs on a WMT-shaped corpus of `--pairs` pairs (`bench.synthetic_corpus`,
-written once into `--work_dir` and kept), in fresh processes: one, or two ranks under torchrun (gloo) with
+written once into `--work-dir` and kept), in fresh processes: one, or two ranks under torchrun (gloo) with
 `--processes 2`. Each rank records, for each stage of the recipe, its seconds and its peak resident set (`VmHWM`,
 reset through `/proc/self/clear_refs` when the stage begins):
 
 - text -> Arrow: `run.load_split`, the text files read into datasets' Arrow cache (rank 0; the others map it);
-- BPE: `run.prepare_tokenizers`, the joint BPE on `--tokenizer_samples` pairs drawn at random (rank 0; the others
+- BPE: `run.prepare_tokenizers`, the joint BPE on `--tokenizer-samples` pairs drawn at random (rank 0; the others
   load it);
 - tokenize: `data.tokenize_dataset`, the one `map` pass over the training split (rank 0; the others map its cache);
 - sampler: `VaswaniTrainer.token_sampler`, the lengths read from Arrow and the token-budget batches built;
@@ -15,12 +15,12 @@ reset through `/proc/self/clear_refs` when the stage begins):
 and the seconds from the launch of the processes to the end of that update. The run is repeated from the cache (the
 first run's tokenizer and datasets cache: nothing is read or tokenized again), the BPE is also trained on every pair
 (`vaswani-train-tokenizer`, another fresh process), and the same model trains on a Multi30k-sized corpus (29,000
-pairs, the local copy of Multi30k when there is one) for the comparison of peak memory. `--sampler_only` times the
+pairs, the local copy of Multi30k when there is one) for the comparison of peak memory. `--sampler-only` times the
 sampler alone on `--pairs` random lengths (e.g. 36,000,000, WMT en-fr).
 
-    python -m bench.bench_data_scale --pairs 450000 --json bench/results/data_scale_450k.json
-    python -m bench.bench_data_scale --pairs 4500000 --processes 2 --json bench/results/data_scale_4.5M_2p.json
-    python -m bench.bench_data_scale --sampler_only --pairs 36000000
+    python -m bench data-scale --pairs 450000 --json bench/results/data_scale_450k_cpu.json
+    python -m bench data-scale --pairs 4500000 --processes 2 --json bench/results/data_scale_4.5M_2p_cpu.json
+    python -m bench data-scale --sampler-only --pairs 36000000
 """
 
 import argparse
@@ -40,45 +40,31 @@ from bench.synthetic_corpus import write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-MULTI30K_PAIRS = 29_000
 STAGES = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def parse_args(argv):
+    parser = common.parser("data-scale", __doc__, repeats=None)
     parser.add_argument("--pairs", type=int, default=450_000, help="training pairs (WMT14 en-de: 4.5M)")
     parser.add_argument("--processes", type=int, default=1, choices=[1, 2], help="2: torchrun with gloo")
     parser.add_argument(
-        "--sampler_only", action="store_true", help="time the sampler alone on random lengths"
+        "--sampler-only", action="store_true", help="time the sampler alone on random lengths"
     )
     parser.add_argument(
-        "--work_dir", default="/tmp/vaswani-data-scale", help="corpora (kept), caches and runs"
+        "--work-dir", default="/tmp/vaswani-data-scale", help="corpora (kept), caches and runs"
     )
-    parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--max_tokens", type=int, default=8192, help="token budget of a micro-batch")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument(
-        "--tokenizer_samples", type=int, help="pairs the BPE learns from (default: a quarter, at most 1M)"
-    )
-    parser.add_argument(
-        "--multi30k", default=str(MULTI30K), help="a Multi30k folder (else 29,000 synthetic pairs)"
-    )
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument(
-        "--quick", action="store_true", help="a smoke test: 2,000 pairs, the first run and the rerun only"
-    )
+    parser.add_argument("--max-tokens", type=int, default=8192, help="token budget of a micro-batch")
     parser.add_argument("--child", choices=["train", "bpe", "sampler"], help=argparse.SUPPRESS)
     parser.add_argument("--record", help=argparse.SUPPRESS)  # where a child writes its JSON
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)  # time.time() at the launch
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)  # the tool's own flags
-    args = parser.parse_args(argv)
-    if args.quick:
+    parser.set_defaults(preset="tiny", vocab_size=8000)
+    args = common.parse(parser, argv, vocab_size=500, max_tokens=2048)
+    if args.quick:  # a smoke test: 2,000 pairs, the first run and the rerun only
         args.pairs = 200_000 if args.sampler_only else 2000
-        args.vocab_size, args.max_tokens = 500, 2048
-    if args.tokenizer_samples is None:
-        args.tokenizer_samples = max(1, min(1_000_000, args.pairs // 4))
+    args.tokenizer_samples = max(
+        1, min(1_000_000, args.pairs // 4)
+    )  # the BPE learns from a quarter, at most 1M
     args.rest = [a for a in args.rest if a != "--"]
     return args
 
@@ -262,8 +248,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(child: str, record: Path, processes: int, tool_args: list[str], own: tuple[str, ...] = ()):
-    """Start a child (with `own` flags of this script, then the tool's flags) in fresh processes."""
+def launch(
+    child: str, record: Path, processes: int, tool_args: list[str], own: tuple = ()
+) -> tuple[list, float]:
+    """Run a child (with `own` flags of this command, then the tool's flags) in fresh processes; return each rank's
+    record and the wall seconds from the launch to the end."""
     record.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -271,44 +260,27 @@ def start(child: str, record: Path, processes: int, tool_args: list[str], own: t
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
     }
+    launcher = [sys.executable, "-m"]
     if processes > 1:
-        torchrun = Path(sys.executable).parent / "torchrun"
-        launcher = [
-            str(torchrun),
-            "--nproc_per_node",
-            str(processes),
-            "--master_port",
-            str(_free_port()),
-            "-m",
-        ]
-    else:
-        launcher = [sys.executable, "-m"]
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        launcher = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", str(processes)]
+        launcher += ["--master_port", str(port), "-m"]
     launched = time.time()
-    command = [*launcher, "bench.bench_data_scale", "--child", child, "--record", str(record), *own]
+    command = [*launcher, "bench", "data-scale", "--child", child, "--record", str(record), *own]
     command += ["--launched", repr(launched), "--", *tool_args]
-    process = subprocess.Popen(
+    done = subprocess.run(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    return process, record, processes, launched
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
+    return [
+        json.loads((record / f"rank{r}.json").read_text()) for r in range(processes)
+    ], time.time() - launched
 
 
-def wait(started) -> tuple[list[dict], float]:
-    """Each rank's record of a started child, and the wall seconds from its launch to its end."""
-    process, record, processes, launched = started
-    _, stderr = process.communicate()
-    wall = time.time() - launched
-    if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(process.args)} failed:\n{stderr[-4000:]}")
-    return [json.loads((record / f"rank{r}.json").read_text()) for r in range(processes)], wall
-
-
-def launch(*args, **kwargs) -> tuple[list[dict], float]:
-    return wait(start(*args, **kwargs))
-
-
-def _train_flags(
-    args, data: Path, langs: tuple[str, str], cache: Path, out: Path, tokenizer=None
-) -> list[str]:
+def train_flags(args, data: Path, cache: Path, out: Path, tokenizer=None, langs=("en", "de")) -> list[str]:
     flags = [
         "--dataset_name", str(data), "--source_lang", langs[0], "--target_lang", langs[1], "--preset", args.preset,
         "--vocab_size", str(args.vocab_size), "--max_tokens", str(args.max_tokens), "--max_steps", "1",
@@ -319,48 +291,41 @@ def _train_flags(
     return flags + (["--tokenizer_name", str(tokenizer)] if tokenizer else [])
 
 
-def _rows(run: str, pairs: int, records: list[dict], wall: float) -> list[dict]:
+def rows_of(
+    run: str, pairs: int, records: list[dict], wall: float, stages=(*STAGES, "to first step")
+) -> list:
+    """A row per stage and rank: seconds, peak resident set, peak own memory; `to first step` from the launch."""
     rows = []
-    for stage in STAGES:
-        row = {"run": run, "stage": stage, "pairs": pairs, "processes": len(records)}
-        for r, rec in enumerate(records):
-            entry = rec["stages"].get(stage, {})
-            row[f"s_r{r}"], row[f"rss_r{r}"] = entry.get("seconds"), entry.get("peak_rss_mib")
-            row[f"anon_r{r}"] = entry.get("peak_anon_mib")
-        rows.append(row)
-    total = {"run": run, "stage": "to first step", "pairs": pairs, "processes": len(records), "wall_s": wall}
-    for r, rec in enumerate(records):
-        total[f"s_r{r}"], total[f"rss_r{r}"] = rec["to_first_step_s"], rec["peak_rss_mib"]
-        total[f"anon_r{r}"] = rec["peak_anon_mib"]
-    return rows + [total]
-
-
-def _multi30k(args, work: Path) -> tuple[Path, tuple[str, str]]:
-    local = Path(args.multi30k)
-    if (local / "train.de.gz").is_file():
-        return local, ("de", "en")
-    return corpus(work, MULTI30K_PAIRS), ("en", "de")
+    for rank, record in enumerate(records):
+        total = {key: record.get(key) for key in ("peak_rss_mib", "peak_anon_mib")}
+        entries = {
+            **record["stages"],
+            "to first step": {"seconds": record.get("to_first_step_s"), "wall_s": wall, **total},
+        }
+        for stage in stages:
+            rows.append({"run": run, "stage": stage, "rank": rank, "pairs": pairs, **entries.get(stage, {})})
+    return rows
 
 
 def data_scale(args) -> dict:
+    """The first run, the rerun from its cache; unless `--quick`, the BPE on every pair and the Multi30k-sized run."""
     work = Path(args.work_dir)
     data = corpus(work, args.pairs)
     runs = work / f"runs-{args.pairs}-{args.processes}p"
-    cache, langs = runs / "datasets-cache", ("en", "de")
     if runs.exists():
         subprocess.run(["rm", "-rf", str(runs)], check=True)  # a first run starts from nothing
+    cache = runs / "datasets-cache"
     first, wall = launch(
-        "train", runs / "first", args.processes, _train_flags(args, data, langs, cache, runs / "out1")
+        "train", runs / "first", args.processes, train_flags(args, data, cache, runs / "out1")
     )
-    rows, records = _rows("first", args.pairs, first, wall), {"first": first}
-    again, wall = launch(
-        "train", runs / "cached", args.processes,
-        _train_flags(args, data, langs, cache, runs / "out2", runs / "out1" / "tokenizer"),
-    )  # fmt: skip
-    rows += _rows("from the cache", args.pairs, again, wall)
-    records["cached"] = again
+    flags = train_flags(args, data, cache, runs / "out2", runs / "out1" / "tokenizer")
+    again, again_wall = launch("train", runs / "cached", args.processes, flags)
+    rows = rows_of("first", args.pairs, first, wall) + rows_of(
+        "from the cache", args.pairs, again, again_wall
+    )
+    result = {"records": {"first": first, "cached": again}, "corpus": str(data)}
     if args.quick:  # the smoke test stops here: the other runs take the same paths
-        return {"rows": rows, "records": records, "corpus": str(data)}
+        return {"results": rows, **result}
     flags = [
         "--dataset_name",
         str(data),
@@ -371,79 +336,55 @@ def data_scale(args) -> dict:
         "--cache_dir",
         str(cache),
     ]
-    flags += ["--vocab_size", str(args.vocab_size), "--output_dir", str(runs / "bpe-full")]
-    (full,), wall = launch("bpe", runs / "bpe", 1, flags)
-    entry = full["stages"]["BPE"]
-    rows.append(
-        {"run": "every pair", "stage": "BPE", "pairs": args.pairs, "processes": 1, "wall_s": wall,
-         "s_r0": entry["seconds"], "rss_r0": entry["peak_rss_mib"], "anon_r0": entry["peak_anon_mib"]}
-    )  # fmt: skip
-    m30k, m30k_langs = _multi30k(args, work)
-    m30k_flags = _train_flags(args, m30k, m30k_langs, runs / "m30k-cache", runs / "out3")
-    small, wall = launch("train", runs / "multi30k", args.processes, m30k_flags)
-    rows += _rows("Multi30k-sized", small[0]["train_pairs"], small, wall)
-    records.update(bpe_every_pair=[full], multi30k=small)
-    excess = {
-        f"peak_{kind}_over_multi30k_mib": [
+    full, wall = launch(
+        "bpe",
+        runs / "bpe",
+        1,
+        [*flags, "--vocab_size", str(args.vocab_size), "--output_dir", str(runs / "bpe-full")],
+    )
+    rows += rows_of("every pair", args.pairs, full, wall, ("BPE",))
+    multi30k, langs = (
+        (MULTI30K, ("de", "en"))
+        if (MULTI30K / "train.de.gz").is_file()
+        else (corpus(work, 29_000), ("en", "de"))
+    )
+    small, wall = launch(
+        "train",
+        runs / "multi30k",
+        args.processes,
+        train_flags(args, multi30k, runs / "m30k-cache", runs / "out3", langs=langs),
+    )
+    rows += rows_of("Multi30k-sized", small[0]["train_pairs"], small, wall)
+    for kind in ("rss", "anon"):
+        result[f"peak_{kind}_over_multi30k_mib"] = [
             big[f"peak_{kind}_mib"] - ref[f"peak_{kind}_mib"] for big, ref in zip(first, small, strict=True)
         ]
-        for kind in ("rss", "anon")
-    }
-    return {"rows": rows, "records": records, **excess, "corpus": str(data)}
+    return {"results": rows, **result}
 
 
-def sampler_only(args) -> dict:
-    own = ("--pairs", str(args.pairs), "--max_tokens", str(args.max_tokens))
-    (record,), wall = launch("sampler", Path(args.work_dir) / f"sampler-{args.pairs}", 1, [], own)
-    return {"rows": [{"pairs": args.pairs, "max_tokens": args.max_tokens, **record, "wall_s": wall}]}
-
-
-def print_table(result: dict, args) -> None:
-    if args.sampler_only:
-        columns = [
-            ("pairs", "pairs", ",d"), ("batches", "batches", ",d"), ("build_s", "build s", ".3f"),
-            ("epoch_arrays_s", "epoch arrays s", ".3f"), ("epoch_iterated_s", "epoch iterated s", ".3f"),
-            ("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f"),
-        ]  # fmt: skip
-        print(common.table(result["rows"], columns))
-        return
-    columns = [
-        ("run", "run", ""),
-        ("stage", "stage", ""),
-        ("pairs", "pairs", ",d"),
-        ("s_r0", "s (rank 0)", ".2f"),
-    ]
-    if args.processes > 1:
-        columns.append(("s_r1", "s (rank 1)", ".2f"))
-    for r in range(args.processes):
-        columns += [
-            (f"rss_r{r}", f"peak RSS MiB (rank {r})", ".0f"),
-            (f"anon_r{r}", f"anon MiB (rank {r})", ".0f"),
-        ]
-    print(common.table(result["rows"], columns))
-    if "peak_rss_over_multi30k_mib" not in result:  # --quick
-        return
-    excess = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_rss_over_multi30k_mib"])
-    anon = ", ".join(f"{mib:+.0f} MiB" for mib in result["peak_anon_over_multi30k_mib"])
-    print(
-        f"\nPeak RSS of a training process over the same model on Multi30k-sized data: {excess} (anon: {anon})"
-    )
-
-
-def main(argv=None) -> dict | None:
+def main(argv) -> dict | None:
     args = parse_args(argv)
     if args.child:
-        {"train": _train_child, "bpe": _bpe_child, "sampler": _sampler_child}[args.child](args)
-        return None
-    result = sampler_only(args) if args.sampler_only else data_scale(args)
-    result["machine"] = common.machine()
-    result["settings"] = {
-        k: v for k, v in vars(args).items() if k not in ("child", "record", "launched", "rest")
-    }
-    print_table(result, args)
-    common.write_json(args.json, result)
-    return result
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        return {"train": _train_child, "bpe": _bpe_child, "sampler": _sampler_child}[args.child](args)
+    if args.sampler_only:
+        own = ("--pairs", str(args.pairs), "--max-tokens", str(args.max_tokens))
+        (record,), wall = launch("sampler", Path(args.work_dir) / f"sampler-{args.pairs}", 1, [], own)
+        columns = [("pairs", "pairs", ",d"), ("batches", "batches", ",d"), ("build_s", "build s", ".3f")]
+        columns += [
+            ("epoch_arrays_s", "epoch arrays s", ".3f"),
+            ("epoch_iterated_s", "epoch iterated s", ".3f"),
+        ]
+        columns += [("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f")]
+        return common.report(args, "the sampler alone", [{**record, "wall_s": wall}], columns)
+    result = data_scale(args)
+    columns = [("run", "run", ""), ("stage", "stage", ""), ("rank", "rank", "d"), ("pairs", "pairs", ",d")]
+    columns += [
+        ("seconds", "s", ".2f"),
+        ("peak_rss_mib", "peak RSS MiB", ".0f"),
+        ("peak_anon_mib", "anon MiB", ".0f"),
+    ]
+    excess = ", ".join(f"{mib:+.0f} MiB" for mib in result.get("peak_rss_over_multi30k_mib", []))
+    title = "from raw text to the first step" + (
+        f"; peak RSS over the Multi30k-sized run: {excess}" if excess else ""
+    )
+    return common.report(args, title, result.pop("results"), columns, **result)
