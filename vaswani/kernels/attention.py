@@ -21,7 +21,7 @@ FAST_ATTENTION = "vaswani_sdpa"
 MATMUL_ATTENTION_MAX_KEYS = 128
 # torch's CPU softmax over fewer elements than one float32 vector of its dispatch level (16 with AVX-512, 8 with AVX2;
 # `torch.backends.cpu.get_cpu_capability()`) takes a path about 10x slower per element, and its backward about 18x
-# (`python -m bench.bench_kernels --what short-softmax`; rows of 8-15 at AVX2 are as fast as 16): `matmul_attention`
+# (`python -m bench kernels --what short-softmax`; rows of 8-15 at AVX2 are as fast as 16): `matmul_attention`
 # pads shorter rows of scores to this many with -inf. No padding where torch's kernels are not vectorised.
 SOFTMAX_MIN_KEYS = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 0)
 
@@ -30,12 +30,12 @@ def prefers_matmul_attention(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask
 ) -> bool:
     """Where batched matmuls beat torch's CPU SDPA kernel (a flash-attention kernel), measured by
-    `bench.bench_kernels`: one query per row (each step of incremental decoding: about 2x at 20-60 keys, equal at
+    `python -m bench kernels`: one query per row (each step of incremental decoding: about 2x at 20-60 keys, equal at
     1024), and forward + backward in bfloat16/float16 with at most `MATMUL_ATTENTION_MAX_KEYS` keys (4-5x at 32 keys).
     A causal call without a mask must have one query or as many queries as keys, so that its mask can be drawn.
 
     The same under `torch.compile`: inductor does not replace SDPA on the CPU, it calls the same flash-attention
-    kernel, whose backward took half of a compiled training step at the recipe's shape (`bench.ab_compiled_training`);
+    kernel, whose backward took half of a compiled training step at the recipe's shape (`bench/ab_compiled_training.py` at commit 82d9f03);
     the matmuls are plain torch operators that it traces and fuses. The choice guards on the key length, so a
     compiled step with dynamic shapes compiles once for at most 128 keys and once for more."""
     if query.device.type != "cpu":

@@ -46,7 +46,7 @@ def _quantize_rows(x: torch.Tensor, qmin: int = -128, qmax: int = 127) -> tuple[
 # oneDNN's int8 linear on a weight packed once beats `torch._int_mm`, which repacks its weight at every call, from
 # about a million weights on (the feed-forward layers and the output projection), and on smaller weights from about
 # five million rows x weights (a 512 x 512 projection from 24 rows on: beam search's steps, a batch's encoder); below,
-# `_int_mm` is faster (`bench.bench_kernels --what int8`, 2 threads, Intel Xeon with AMX). On an AMD EPYC (no AMX:
+# `_int_mm` is faster (`python -m bench kernels --what int8`, 2 threads, Intel Xeon with AMX). On an AMD EPYC (no AMX:
 # unsigned rows, `_signed_rows_native`) `_int_mm` is 1.0-4.2x faster below 320 rows for the 512-input weights up to
 # 2048 outputs, the packed weight 1.05-1.13x faster at 320 rows (`bench/results/kernels_int8_amd.json`); the
 # thresholds are the Xeon's.

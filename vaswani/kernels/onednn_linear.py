@@ -42,7 +42,7 @@ _ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.m
 # On an Intel CPU, MKL's float32 GEMM (torch's own, `F.linear`) runs its AVX-512 kernels and beats oneDNN's on a few
 # rows: 1.1-4.5x below 16 rows for weights up to 4M entries; for larger ones (an output projection over a vocabulary)
 # 1.6x at 2 rows, 0.93x at 1, and slower from 4 rows on. From 16 rows on oneDNN's is as fast or up to 1.8x faster
-# (`bench.bench_kernels --what linear`, 2 threads, Intel Xeon). Those few rows are the decoding steps of one sentence
+# (`python -m bench kernels --what linear`, 2 threads, Intel Xeon). Those few rows are the decoding steps of one sentence
 # (greedy, or its 4 beams).
 MKL_FEWER_ROWS = 16
 MKL_FEWER_ROWS_LARGE = 4
