@@ -35,8 +35,9 @@ def prefers_matmul_attention(
     A causal call without a mask must have one query or as many queries as keys, so that its mask can be drawn.
 
     The same under `torch.compile`: inductor does not replace SDPA on the CPU, it calls the same flash-attention
-    kernel, whose backward took half of a compiled training step at the recipe's shape (`bench/ab_compiled_training.py` at commit 82d9f03);
-    the matmuls are plain torch operators that it traces and fuses. The choice guards on the key length, so a
+    kernel, whose backward took half of a compiled training step at the recipe's shape
+    (`bench/ab_compiled_training.py` at commit 82d9f03); the matmuls are plain torch operators that it traces and
+    fuses. The choice guards on the key length, so a
     compiled step with dynamic shapes compiles once for at most 128 keys and once for more."""
     if query.device.type != "cpu":
         return False
