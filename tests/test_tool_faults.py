@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from packaging import version
 from safetensors.torch import load_file
 from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
@@ -876,9 +878,13 @@ def test_fsdp_on_two_cpu_processes_trains_the_model_as_one_process_does(corpus, 
     common += ["--tokenizer_name", str(tmp_path / "tokenizer")]
     torchrun = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", "29547", "-m"]
     fsdp = subprocess.run(
-        [*torchrun, "vaswani.commands.train", *map(str, common), "--output_dir", str(tmp_path / "fsdp"), "--fsdp"],
+        [*torchrun, "vaswani.commands.train", *map(str, common), "--output_dir", str(tmp_path / "fsdp"), "--fsdp", "full_shard"],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+    if version.parse(transformers.__version__) < version.parse("5.8"):  # its --fsdp is FSDP1: refused, no folder
+        assert fsdp.returncode != 0 and "--fsdp on CPU processes needs transformers >= 5.8" in fsdp.stderr
+        assert not (tmp_path / "fsdp").exists()
+        return
     assert fsdp.returncode == 0, fsdp.stderr[-4000:]
     assert "FSDP2 on 2 CPU processes" in fsdp.stderr
     single = subprocess.run(

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 
 import torch
+import transformers
+from packaging import version
 from transformers import Seq2SeqTrainingArguments
 
 from ..common.errors import UsageError
@@ -470,6 +472,11 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             raise ValueError(
                 "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
                 "processes with --fsdp instead"
+            )
+        if self.fsdp and not torch.cuda.is_available() and version.parse(transformers.__version__) < version.parse("5.8"):
+            raise ValueError(  # before 5.8, transformers' --fsdp is FSDP1, which has no CPU support, by default
+                "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
+                f"(found {transformers.__version__}); upgrade transformers"
             )
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
             # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
