@@ -552,6 +552,35 @@ def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, t
     assert not (tmp_path / "new").exists()
 
 
+def test_a_command_refused_for_its_data_creates_and_writes_nothing(finished, corpus, tmp_path, capsys):
+    """Issue: `--source_lang ge` was refused, but the new --output_dir was left holding the run's marker and lock file.
+    The data is read before the folder is taken; a model to fine-tune whose weights do not match its config is
+    refused before that."""
+
+    def in_ge(out, *extra):  # the run's arguments with --source_lang ge, a language the corpus does not have
+        return ["ge" if arg == "de" else arg for arg in run_args(corpus, out, *extra)]
+
+    code, _, err = invoke(train_command.main, in_ge(tmp_path / "new" / "run", "--max_steps", "2"), capsys)
+    assert_one_line_error(code, err, "No 'ge' text for split")
+    assert not (tmp_path / "new").exists()
+    out = _copy(finished[0], tmp_path)
+    (out / ".vaswani-run.lock").write_text('{"pid": 1, "host": "elsewhere"}\n')
+    before = _contents(out)
+    resume = ["--max_steps", "12", "--resume_from_checkpoint", "last"]
+    code, _, err = invoke(train_command.main, in_ge(out, *resume), capsys)
+    assert_one_line_error(code, err, "No 'ge' text for split")
+    assert _contents(out) == before
+    wider = tmp_path / "wider"
+    shutil.copytree(out / "checkpoint-8", wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "encoder_ffn_dim": 48}))
+    argv = ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1"]
+    argv += ["--model_name_or_path", wider, "--output_dir", tmp_path / "tuned"]
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--model_name_or_path", "do not match its config.json")
+    assert not (tmp_path / "tuned").exists()
+
+
 def test_a_run_that_failed_before_training_does_not_block_its_rerun(corpus, tmp_path, capsys, monkeypatch):
     """Issue: a corrupt test file was named only after the BPE was trained and the model built, and the same
     command then refused to run again: "--output_dir ... already holds a run (tokenizer)". Every named input is read

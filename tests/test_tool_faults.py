@@ -569,6 +569,99 @@ def test_a_corrupt_config_is_named_by_every_tool_that_reads_it(model_dir, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "src.de"]
 
 
+def test_a_folder_whose_weights_do_not_match_its_config_is_refused_by_every_tool(
+    model_dir, corpus, tmp_path, capsys
+):
+    """`vaswani-translate` on a copy of a model whose config.json had "decoder_layers" mistyped translated garbage with
+    exit 0: the config fell back to 6 layers, transformers made up the weights of 4. Every tool that loads a model
+    names the weights missing (or left over, or of another shape) and the config key the model does not know."""
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    def edited(name, edit) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(model_dir, folder)
+        config = json.loads((folder / "config.json").read_text())
+        edit(config)
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    typo = edited("typo", lambda c: c.update(decoder_layer=c.pop("decoder_layers")))
+    fewer = edited("fewer", lambda c: c.update(decoder_layers=1))
+    wider = edited("wider", lambda c: c.update(encoder_ffn_dim=48))
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    runs = [
+        (translate_command.main, ["--input", source, "--output", tmp_path / "hyp.en"]),
+        (export_command.main, ["--engine", "onnx", "--output_dir", tmp_path / "onnx"]),
+        (export_command.main, ["--engine", "ctranslate2", "--output_dir", tmp_path / "ct2"]),
+        (push_command.main, ["--dry_run", "--output_dir", tmp_path / "hub"]),
+        (plot_command.main, ["--source_text", "Ein Mann .", "--output_dir", tmp_path / "plots"]),
+        (train_command.main, ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en",
+                              "--max_steps", "1", "--output_dir", tmp_path / "tuned"]),
+    ]  # fmt: skip
+    for folder, named in (
+        (typo, "missing model.decoder.layers.2."),
+        (fewer, "unexpected model.decoder.layers.1."),
+        (wider, "of another shape model.encoder.layers.0.fc1.bias"),
+    ):
+        for main, extra in runs:
+            argv = (["attention"] if main is plot_command.main else []) + ["--model_name_or_path", folder, *extra]
+            code, _, err = invoke(main, argv, capsys)
+            assert_one_line_error(code, err, f"The weights of {folder} do not match its config.json: {named}")
+            assert ("keys the model does not know, which it ignores: decoder_layer" in err) == (folder == typo)
+        code, _, err = invoke(
+            average_command.main, ["--checkpoints", model_dir, folder, "--output_dir", tmp_path / "avg"], capsys
+        )
+        assert_one_line_error(code, err, f"The weights of {folder} do not match its config.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_every_folder_the_tools_write_or_wrote_loads_through_every_tool(finished_run, tmp_path, capsys):
+    """What refuses a folder whose weights do not match its config (above) refuses none the project writes or wrote:
+    a checkpoint, an averaged model, a folder saved quantized to int8, and a folder of an earlier release
+    (`tests/fixtures`), through every tool that loads a model, without a warning about its config."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    earlier = tmp_path / "earlier"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "folder_saved_before_the_layers", earlier)
+    words = Tokenizer(WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "Ein": 4, "Mann": 5, ".": 6}, "<unk>"))
+    words.pre_tokenizer = Whitespace()
+    words.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    special = dict(pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    PreTrainedTokenizerFast(tokenizer_object=words, **special).save_pretrained(earlier)  # its 40 ids hold 7
+    int8 = tmp_path / "int8"
+    model, _, _ = translation.load_translation_model(finished_run / "averaged", int8=True)
+    model.save_pretrained(int8)
+    AutoTokenizer.from_pretrained(finished_run / "averaged").save_pretrained(int8)
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    for folder in (finished_run / "checkpoint-8", finished_run / "averaged", earlier, int8):
+        model = ["--model_name_or_path", folder]
+        runs = [
+            (translate_command.main, [*model, "--input", source, "--output", tmp_path / f"{folder.name}.en"]),
+            (plot_command.main, ["attention", *model, "--source_text", "Ein Mann .", "--output_dir", tmp_path / folder.name]),
+        ]  # fmt: skip
+        if folder != int8:  # torchao's int8 tensors: no export, no re-saving, no averaging (each raises)
+            runs += [
+                (export_command.main, [*model, "--engine", "ctranslate2", "--output_dir", tmp_path / f"{folder.name}-ct2"]),
+                (push_command.main, [*model, "--dry_run", "--output_dir", tmp_path / f"{folder.name}-hub"]),
+                (average_command.main, ["--checkpoints", folder, "--output_dir", tmp_path / f"{folder.name}-avg"]),
+            ]  # fmt: skip
+        for main, argv in runs:
+            code, _, err = invoke(main, argv, capsys)
+            assert code == 0, (folder, main.__module__, err[-3000:])
+            assert "does not know" not in err and "do not match" not in err, err
+
+
 @pytest.mark.parametrize(
     "record, flags, named",
     [

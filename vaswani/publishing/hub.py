@@ -36,6 +36,7 @@ from ..common.errors import PublishError
 from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
+from ..recipe.model_folders import load_model
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -148,7 +149,7 @@ def build_folder(
     if results is None:
         logger.warning("No evaluation results: the card will have no model-index.")
 
-    model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
+    model = load_model(model_dir, VaswaniForConditionalGeneration)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(
         tokenizer_dir if tokenizer_dir is not None else model_dir
     )

@@ -27,8 +27,9 @@ from safetensors import safe_open
 from transformers import EarlyStoppingCallback, Trainer, TrainerControl, TrainerState
 
 from ..common.fileio import replace_files, temporary_sibling
-from .averaging import check_safetensors, find_checkpoints
+from .averaging import find_checkpoints
 from .callbacks import RunTokenizer, TimedCheckpoints, TrainingClock
+from .model_folders import check_safetensors
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The checks of `vaswani-train` before any data is read (`check_run`): the model configuration the flags ask for,
 the data sources, the tokenizer folder (loaded), the Hub repo id to publish to, the run's folder
-(`run_folder.take_output_dir`: locked for the run, and refused when it holds another run or files of the user's) and
-the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`, under the lock, before anything is written
-there). A mistake is a `UsageError` that names the flag, seconds after the start, not after the data has been read
+(`run_folder.take_output_dir`: refused when another run holds it, or it holds another run or files of the user's)
+and the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`); nothing is created or written until
+`take_run_folder` takes the folder for the run, once the data is read. A mistake is a `UsageError` that names the flag, seconds after the start, not after the data has been read
 and tokenized.
 """
 
@@ -15,11 +15,12 @@ from transformers import AutoConfig
 
 from ..common.errors import UsageError
 from ..configuration_vaswani import VaswaniConfig
+from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..publishing.hub import check_repo_id
 from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from .checkpoints import asks_to_resume, resolve_resume_checkpoint
 from .data import parallel_file_paths
-from .model_folders import check_model_path
+from .model_folders import check_model_path, load_model
 from .run_folder import take_output_dir
 from .tokenization import load_tokenizers, lowercases
 
@@ -38,6 +39,8 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
             raise UsageError(f"--model_name_or_path: {error}") from None
         try:
             config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+            if isinstance(config, VaswaniConfig):  # weights that do not match the config are named now
+                load_model(model_args.model_name_or_path, VaswaniForConditionalGeneration)
         except (OSError, ValueError) as error:
             raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {error}") from None
         if not isinstance(config, VaswaniConfig):
@@ -130,8 +133,8 @@ def check_run(
     training_args: PaperTrainingArguments,
     finish_args: FinishArguments,
     overrides: dict,
-) -> str | None:
-    """Every check that needs no data, before any is read; returns the checkpoint to resume from (or None).
+) -> None:
+    """Every check that needs no data, before any is read; nothing is written.
 
     Raises `UsageError` / `ValueError` naming the flag: a model configuration that cannot be built, missing data
     sources or files, an output folder that holds another run, a checkpoint that cannot be resumed from."""
@@ -151,6 +154,14 @@ def check_run(
             )
             raise UsageError(f"{flag}: {error}") from None
 
+    take_run_folder(training_args, claim=False)
+
+
+def take_run_folder(training_args: PaperTrainingArguments, claim: bool = True) -> str | None:
+    """The checkpoint to resume from, chosen under the run's lock on `--output_dir` (`run_folder.take_output_dir`),
+    which the main process takes (`claim`) once the data is read: a command refused before that creates nothing.
+    A refused checkpoint leaves the folder as it was."""
+
     def resume_checkpoint() -> str | None:
         try:
             return resolve_resume_checkpoint(
@@ -163,12 +174,12 @@ def check_run(
 
     if training_args.process_index != 0:
         return resume_checkpoint()
-    # Under the run's lock, before anything is written there: a refused checkpoint leaves the folder as it was.
     return take_output_dir(
         training_args.output_dir,
         training_args.overwrite_output_dir,
         asks_to_resume(training_args.resume_from_checkpoint),
         check=resume_checkpoint,
+        claim=claim,
     )
 
 

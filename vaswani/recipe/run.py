@@ -31,7 +31,7 @@ from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrai
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
 from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, tokenizer_digest, train_or_resume
-from .checks import check_lowercase, check_run, has_training_state
+from .checks import check_lowercase, check_run, has_training_state, take_run_folder
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
 from .evaluation import (
     AfterTraining,
@@ -43,6 +43,7 @@ from .evaluation import (
 )
 from .flags import log_recipe
 from .metrics import bleu_metric_fn
+from .model_folders import load_model
 from .summary import training_summary
 from .tokenization import (
     SOURCE_SUBDIR,
@@ -176,8 +177,11 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
     `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config."""
     attention = model_args.attn_implementation or default_attention(training_args.device)
     if model_args.model_name_or_path:
-        model = VaswaniForConditionalGeneration.from_pretrained(
-            model_args.model_name_or_path, attn_implementation=attention, **overrides
+        model = load_model(
+            model_args.model_name_or_path,
+            VaswaniForConditionalGeneration,
+            attn_implementation=attention,
+            **overrides,
         )
         for name, tokenizer, size in (
             ("source", source_tok, model.config.vocab_size),
@@ -218,7 +222,7 @@ def train_main(
     started = time.time()
     finish_args = finish_args or FinishArguments()
     with training_args.main_process_first(desc="checks"):
-        resume = check_run(model_args, data_args, training_args, finish_args, overrides)
+        check_run(model_args, data_args, training_args, finish_args, overrides)
     wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
     # The main process reads the text into datasets' Arrow cache first; the others then map that cache. Every split
     # the run reads is read now, the small ones first, so that a bad test or validation file is named before the
@@ -232,6 +236,8 @@ def train_main(
         chooses = finish_args.chooses_average or finish_args.chooses_length_penalty
         validation = load_split(data_args, "validation") if wants_validation or chooses else None
         raw = {"train": load_split(data_args, "train")}
+    with training_args.main_process_first(desc="output folder"):
+        resume = take_run_folder(training_args)  # the data is read: the run's folder is taken now
     if wants_validation:
         raw["validation"] = validation
     if data_args.max_train_samples:
