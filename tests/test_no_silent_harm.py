@@ -552,6 +552,25 @@ def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, t
     assert not (tmp_path / "new").exists()
 
 
+def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tmp_path, capsys):
+    """Issue: a run with --lenpen 1.0 translated its test split in the power form, but saved 1.0 with "gnmt" in
+    averaged/generation_config.json, so vaswani-translate (and an export) decoded the saved model otherwise."""
+    from vaswani.commands import translate as translate_command
+
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "4", "--save_steps", "2", "--average_last", "2", "--test_split", "val")
+    code, _, err = invoke(train_command.main, argv + ["--lenpen", "1.0", "--beam", "3"], capsys)
+    assert code == 0, err[-3000:]
+    results = json.loads((out / "test_results.json").read_text())
+    saved = json.loads((out / "averaged" / "generation_config.json").read_text())
+    decoding = ("num_beams", "length_penalty", "length_penalty_form")
+    assert {key: saved[key] for key in decoding} == {key: results[key] for key in decoding}
+    assert results["length_penalty_form"] == "power" and results["num_beams"] == 3
+    argv = ["--model_name_or_path", out / "averaged", "--input", corpus / "val.de", "--output", tmp_path / "hyp.en"]
+    assert invoke(translate_command.main, argv, capsys)[0] == 0
+    assert (tmp_path / "hyp.en").read_text() == Path(results["hypotheses"]).read_text()
+
+
 def test_a_command_refused_for_its_data_creates_and_writes_nothing(finished, corpus, tmp_path, capsys):
     """Issue: `--source_lang ge` was refused, but the new --output_dir was left holding the run's marker and lock file.
     The data is read before the folder is taken; a model to fine-tune whose weights do not match its config is
