@@ -552,6 +552,26 @@ def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, t
     assert not (tmp_path / "new").exists()
 
 
+def test_a_time_budget_alone_bounds_the_run_and_a_run_inside_its_warmup_says_so(corpus, tmp_path, capfd):
+    """Issue: the README's `--max_train_minutes 10` run, without --max_steps, logged `Training (10 min or 357 steps)`:
+    the Trainer's default of 3 epochs capped it, inside its 4000 warm-up steps, without a word; its bar counted
+    seconds as steps ("103/600 s"). Here an epoch is one batch: 3 epochs would be 3 steps."""
+    argv = [str(a) for a in run_args(corpus, tmp_path / "timed", "--max_train_minutes", "0.05")]
+    argv[argv.index("--max_tokens") + 1], argv[argv.index("--warmup_steps") + 1] = "4096", "4000"
+    capfd.readouterr()
+    trainer = train_command.main(argv)
+    err = capfd.readouterr().err
+    assert trainer.state.epoch > 3 and "Time budget of 0.05 minutes reached" in err
+    assert "Training (0.05 min)" in err and " s [" not in err and "or 3 steps" not in err
+    assert "After the 0.05-minute budget:" in err
+    assert "--max_train_minutes 0.05 (about " in err and "ends the run inside the 4000 warm-up steps" in err
+    argv[argv.index("--max_train_minutes") : argv.index("--max_train_minutes") + 2] = ["--num_train_epochs", "2"]
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "epochs")
+    trainer = train_command.main(argv)
+    assert trainer.state.global_step == 2
+    assert "--num_train_epochs 2 (2 steps) ends the run inside the 4000 warm-up steps" in capfd.readouterr().err
+
+
 def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tmp_path, capsys):
     """Issue: a run with --lenpen 1.0 translated its test split in the power form, but saved 1.0 with "gnmt" in
     averaged/generation_config.json, so vaswani-translate (and an export) decoded the saved model otherwise."""

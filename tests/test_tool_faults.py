@@ -902,7 +902,7 @@ def test_the_progress_bar_ends_where_the_run_ends():
     state.max_steps, state.global_step = 100000, 0
     bar = RunProgress(minutes=0.001)  # 60 ms of a run whose --max_steps would take 40 hours
     bar.on_train_begin(None, state, control)
-    assert bar.training_bar.total == 1  # seconds
+    assert bar.training_bar.total == 1000  # per mille of the run
     time.sleep(0.1)
     state.global_step = 3
     bar.on_step_end(None, state, control)

@@ -263,6 +263,10 @@ class FinishArguments:
 # ---------------------------------------------------------------------------------------------------------------------
 # The training recipe: all of Seq2SeqTrainingArguments, with the paper's values as defaults
 # ---------------------------------------------------------------------------------------------------------------------
+# The epochs of a run that only --max_train_minutes bounds: the Trainer needs a number, and the budget ends it first.
+TIMED_RUN_EPOCHS = 1_000_000
+
+
 @dataclass
 class PaperTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe; every Trainer flag still works."""
@@ -452,11 +456,26 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care. It bounds "
             "training only (fairseq's --stop-time-hours): the log says before training how long the final "
             "evaluation, averaging and test translation after it may take (--max_predict_samples and --do_predict "
-            "false shorten the test translation)."
+            "false shorten the test translation). Alone, it is the run's only bound: no number of epochs caps it."
+        },
+    )
+    num_train_epochs: float | None = field(
+        default=None,
+        metadata={
+            "help": "Epochs to train when --max_steps is not given (transformers' default: 3); not given with "
+            "--max_train_minutes, the time budget alone ends the run."
         },
     )
 
+    @property
+    def timed_only(self) -> bool:
+        """Whether the time budget alone ends the run: --max_train_minutes without --max_steps or --num_train_epochs."""
+        return self.num_train_epochs == TIMED_RUN_EPOCHS
+
     def __post_init__(self):
+        if self.num_train_epochs is None:
+            timed = self.max_train_minutes is not None and self.max_steps == -1
+            self.num_train_epochs = TIMED_RUN_EPOCHS if timed else 3.0
         _check_training_length(self)
         if not self.do_train:
             raise ValueError(

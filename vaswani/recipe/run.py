@@ -389,6 +389,7 @@ def after_training_plan(
     test = len(test_sources) if test_sources is not None else None
     plan = AfterTraining(
         budget_minutes=getattr(args, "max_train_minutes", None),
+        timed_only=getattr(args, "timed_only", False),
         max_steps=args.max_steps,
         validation_pairs=final,
         eval_decoding=describe_decoding(
