@@ -265,6 +265,15 @@ def test_runs_of_no_length_are_refused(corpus, tmp_path, capsys, flags, named):
     assert not (tmp_path / "run").exists()
 
 
+def test_fp16_without_a_gpu_is_refused(corpus, tmp_path, capsys, monkeypatch):
+    """`--fp16` on a CPU trained in float32 (Accelerate runs no fp16 mixed precision there) while the training summary
+    said "fp16 autocast"."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # this machine's GPU, if any, aside
+    code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", "--max_steps", "2", "--fp16"), capsys)
+    assert_one_line_error(code, err, "--fp16 needs a GPU", "--bf16")
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Security
 # ---------------------------------------------------------------------------------------------------------------------
@@ -616,6 +625,49 @@ def test_a_folder_whose_weights_do_not_match_its_config_is_refused_by_every_tool
         )
         assert_one_line_error(code, err, f"The weights of {folder} do not match its config.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_tokenizer_other_than_the_models_own_is_refused_by_every_tool(model_dir, corpus, tmp_path, capsys):
+    """`vaswani-translate --tokenizer_name` with another run's (smaller) BPE translated garbage with exit 0: only ids
+    beyond the vocabulary were caught. Every tool that takes a tokenizer beside a model folder holding its own
+    compares the two vocabularies; a copy of the model's own is taken."""
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    tiny_tokenizer(SENTENCES[:4]).save_pretrained(tmp_path / "other")
+    shutil.copytree(model_dir, tmp_path / "own", ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    model = ["--model_name_or_path", model_dir, "--tokenizer_name"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    runs = [
+        (translate_command.main, ["--input", source, "--output", tmp_path / "hyp.en"]),
+        (export_command.main, ["--engine", "ctranslate2", "--output_dir", tmp_path / "ct2"]),
+        (push_command.main, ["--dry_run", "--output_dir", tmp_path / "hub"]),
+        (plot_command.main, ["--source_text", "Ein Mann .", "--output_dir", tmp_path / "plots"]),
+        (train_command.main, ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en",
+                              "--max_steps", "1", "--output_dir", tmp_path / "tuned"]),
+    ]  # fmt: skip
+    for main, extra in runs:
+        argv = (["attention"] if main is plot_command.main else []) + [*model, tmp_path / "other", *extra]
+        code, _, err = invoke(main, argv, capsys)
+        assert_one_line_error(
+            code, err, f"The tokenizer {tmp_path / 'other'} is not the one the model {model_dir} was trained with"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    code, _, err = invoke(translate_command.main, [*model, tmp_path / "own", *runs[0][1]], capsys)
+    assert code == 0, err[-3000:]
+
+
+@pytest.mark.parametrize("flag", ["--tokenizer_name", "--model_name_or_path"])
+def test_a_vocab_size_the_tokenizer_given_contradicts_is_refused(flag, model_dir, corpus, tmp_path, capsys):
+    """`--vocab_size 2000 --tokenizer_name` of an 8000-token BPE trained with 8000 tokens without a word: the flag
+    sizes a BPE trained for the run, and no BPE trained with it has more tokens."""
+    argv = ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1"]
+    argv += [flag, model_dir, "--vocab_size", "200", "--output_dir", tmp_path / "run"]
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, f"--vocab_size 200, but {flag} {model_dir} brings a vocabulary of 300 tokens")
+    assert not (tmp_path / "run").exists()
 
 
 def test_every_folder_the_tools_write_or_wrote_loads_through_every_tool(finished_run, tmp_path, capsys):

@@ -37,6 +37,7 @@ from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..recipe.model_folders import load_model
+from ..recipe.tokenization import load_model_tokenizers
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -141,6 +142,7 @@ def build_folder(
     `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`.
     """
     check_model_dir(model_dir, tokenizer_dir)
+    load_model_tokenizers(model_dir, tokenizer_dir)  # another run's tokenizer is refused
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise PublishError(f"{str(output_dir)!r} is not empty: the published folder must hold nothing else.")

@@ -35,6 +35,8 @@ from .flags import (
     choose_learning_rate,
 )
 
+PAPER_VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens" (EN-DE)
+
 
 def check_languages(source_lang: str | None, target_lang: str | None) -> None:
     """Raise `UsageError` naming the flag unless the languages given (None: not given) are two language codes."""
@@ -99,7 +101,13 @@ class DataArguments:
             "into <output_dir>/tokenizer."
         },
     )
-    vocab_size: int = field(default=37000, metadata={"help": "BPE vocabulary size when training one (§5.1)."})
+    vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": f"BPE vocabulary size when training one (§5.1: {PAPER_VOCAB_SIZE}, the default); refused beside "
+            "--tokenizer_name or --model_name_or_path, whose tokenizer brings its own."
+        },
+    )
     separate_vocabularies: bool = field(
         default=False, metadata={"help": "Separate source and target vocabularies (not the paper)."}
     )
@@ -485,6 +493,11 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         choose_batches(self)
         choose_learning_rate(self)
         check_launch()
+        if self.fp16 and (self.use_cpu or not torch.accelerator.is_available()):
+            raise UsageError(
+                "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
+                "float32; --bf16 is the CPU's mixed precision"
+            )
         if self.deepspeed and not torch.cuda.is_available():
             raise ValueError(
                 "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "

@@ -180,7 +180,7 @@ class TrainingClock(TrainerCallback, ExportableState):
 
 
 class RunTokenizer(TrainerCallback, ExportableState):
-    """Records the digest of the run's tokenizers (`checkpoints.tokenizer_digest`) in every checkpoint's
+    """Records the digest of the run's tokenizers (`tokenization.tokenizer_digest`) in every checkpoint's
     `trainer_state.json` (`stateful_callbacks`), so that a run resumed with another tokenizer of the same size is
     refused instead of training one vocabulary's embeddings on the other's ids (`checkpoints.verify_checkpoint`)."""
 

@@ -13,7 +13,6 @@ final model (`restore_finished_run`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import json
 import logging
@@ -178,20 +177,6 @@ def _check_finite(path: Path) -> None:
                 raise ValueError(
                     f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
                 )
-
-
-def tokenizer_digest(source_tokenizer, target_tokenizer) -> str:
-    """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
-    tokens give different digests."""
-    models = []
-    for tokenizer in (source_tokenizer, target_tokenizer):
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            models.append(json.loads(backend.to_str()).get("model"))
-        else:
-            models.append(sorted(tokenizer.get_vocab().items()))
-    text = json.dumps(models, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 def saved_tokenizer_digest(folder: str | os.PathLike) -> str | None:

@@ -22,7 +22,7 @@ from .checkpoints import asks_to_resume, resolve_resume_checkpoint
 from .data import parallel_file_paths
 from .model_folders import check_model_path, load_model
 from .run_folder import take_output_dir
-from .tokenization import load_tokenizers, lowercases
+from .tokenization import load_model_tokenizers, lowercases
 
 SPLITS = ("train", "validation", "test")
 
@@ -48,11 +48,16 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
                 f"--model_name_or_path {model_args.model_name_or_path} holds a {config.model_type!r} model, "
                 "not a vaswani one"
             )
+        check_vocab_size(
+            data_args,
+            max(config.vocab_size, config.decoder_vocab_size or 0),
+            f"--model_name_or_path {model_args.model_name_or_path}",
+        )
         for key, value in overrides.items():
             setattr(config, key, value)
         config.validate_fields()
         return
-    VaswaniConfig.from_preset(model_args.preset, vocab_size=max(data_args.vocab_size, 8), **overrides)
+    VaswaniConfig.from_preset(model_args.preset, vocab_size=max(data_args.vocab_size or 8, 8), **overrides)
 
 
 def _check_data_sources(data_args: DataArguments, training_args, finish_args: FinishArguments) -> None:
@@ -105,6 +110,16 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
             )
 
 
+def check_vocab_size(data_args: DataArguments, size: int, flag: str) -> None:
+    """Raise `UsageError` when `--vocab_size` was given and the vocabulary `flag` brings (`size` tokens, which the
+    run trains with) is larger: no BPE trained with that flag has it."""
+    if data_args.vocab_size is not None and size > data_args.vocab_size:
+        raise UsageError(
+            f"--vocab_size {data_args.vocab_size}, but {flag} brings a vocabulary of {size} tokens, which the run "
+            "would train with: drop --vocab_size (it sizes a BPE trained for the run)"
+        )
+
+
 def check_lowercase(data_args: DataArguments, source, target, path) -> None:
     """Raise `ValueError` unless the tokenizers in `path` lowercase as `--lowercase` says."""
     if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
@@ -114,17 +129,18 @@ def check_lowercase(data_args: DataArguments, source, target, path) -> None:
         )
 
 
-def check_tokenizer_folder(data_args: DataArguments) -> None:
-    """`--tokenizer_name` loads, and lowercases as `--lowercase` says: a torn or missing tokenizer is named before
-    any data is read."""
+def check_tokenizer_folder(data_args: DataArguments, model_path: str | None = None) -> None:
+    """`--tokenizer_name` loads, is the tokenizer of the model to fine-tune (`model_path`), and lowercases as
+    `--lowercase` says: a torn, missing or other tokenizer is named before any data is read."""
     path = data_args.tokenizer_name
     if not Path(path).exists():
         raise UsageError(f"--tokenizer_name {path}: no such folder")
     try:
-        source, target = load_tokenizers(path)
+        source, target = load_model_tokenizers(model_path or path, path)
         check_lowercase(data_args, source, target, path)
     except (OSError, ValueError) as error:
         raise UsageError(f"--tokenizer_name {path}: {error}") from None
+    check_vocab_size(data_args, max(len(source), len(target)), f"--tokenizer_name {path}")
 
 
 def check_run(
@@ -141,7 +157,7 @@ def check_run(
     check_model_config(model_args, data_args, overrides)
     _check_data_sources(data_args, training_args, finish_args)
     if data_args.tokenizer_name:
-        check_tokenizer_folder(data_args)
+        check_tokenizer_folder(data_args, model_args.model_name_or_path)
     if training_args.push_to_hub:
         repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
         try:

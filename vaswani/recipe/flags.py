@@ -115,8 +115,8 @@ def describe_batches(args) -> str:
 
 
 def log_recipe(args) -> None:
-    """Say how the run batches and which learning rate it trains with (`callbacks.WarmupEnd` warns when the run ends
-    inside the §5.3 warm-up)."""
+    """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
+    the §5.3 warm-up)."""
     logger.info("Batches: %s", describe_batches(args))
     if not args.paper_lr_schedule:
         logger.info(

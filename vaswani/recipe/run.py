@@ -27,10 +27,16 @@ from ..configuration_vaswani import VaswaniConfig
 from ..generation_vaswani import paper_decoding
 from ..kernels import FAST_ATTENTION, use_cpu_kernels
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from .arguments import (
+    PAPER_VOCAB_SIZE,
+    DataArguments,
+    FinishArguments,
+    ModelArguments,
+    PaperTrainingArguments,
+)
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
-from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, tokenizer_digest, train_or_resume
+from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, train_or_resume
 from .checks import check_lowercase, check_run, has_training_state, take_run_folder
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
 from .evaluation import (
@@ -50,6 +56,7 @@ from .tokenization import (
     TARGET_SUBDIR,
     load_tokenizers,
     save_tokenizers,
+    tokenizer_digest,
     train_bpe_tokenizer,
     train_separate_tokenizers,
 )
@@ -119,16 +126,17 @@ def train_new_tokenizers(data_args: DataArguments, train, show_progress: bool = 
     sample = sample_pairs(train, data_args.max_tokenizer_samples)
     src, tgt = data_args.source_lang, data_args.target_lang
     separate = data_args.separate_vocabularies
+    vocab_size = data_args.vocab_size or PAPER_VOCAB_SIZE
     logger.info(
         "Training the BPE vocabulary (%d tokens, %s) on %s sentences: %s",
-        data_args.vocab_size,
+        vocab_size,
         "one per language" if separate else "joint",
         f"{len(sample) * 2:,}",
         f"{len(sample):,} of the {len(train):,} training pairs, drawn at random"
         if len(sample) < len(train)
         else f"all {len(train):,} training pairs",
     )
-    common = dict(vocab_size=data_args.vocab_size, lowercase=data_args.lowercase, show_progress=show_progress)
+    common = dict(vocab_size=vocab_size, lowercase=data_args.lowercase, show_progress=show_progress)
     if separate:
         return train_separate_tokenizers(
             iter_text(sample, [src]), iter_text(sample, [tgt]), length=len(sample), **common, **options

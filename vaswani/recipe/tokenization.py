@@ -306,6 +306,41 @@ def load_tokenizers(
     )
 
 
+def tokenizer_digest(source_tokenizer, target_tokenizer) -> str:
+    """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
+    tokens give different digests."""
+    models = []
+    for tokenizer in (source_tokenizer, target_tokenizer):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            models.append(json.loads(backend.to_str()).get("model"))
+        else:
+            models.append(sorted(tokenizer.get_vocab().items()))
+    text = json.dumps(models, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def load_model_tokenizers(
+    model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None
+) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+    """`load_tokenizers(tokenizer_path or model_path)`, refusing with a `ValueError` naming both folders a
+    `tokenizer_path` whose vocabulary differs from the one the model folder holds (its token ids would mean other
+    tokens to the model: another run's tokenizer)."""
+    tokenizers = load_tokenizers(tokenizer_path or model_path)
+    if tokenizer_path is None or not Path(model_path).is_dir():
+        return tokenizers
+    try:
+        own = load_tokenizers(model_path)
+    except (OSError, ValueError):  # the folder holds no (usable) tokenizer of its own: nothing to compare with
+        return tokenizers
+    if tokenizer_digest(*own) != tokenizer_digest(*tokenizers):
+        raise ValueError(
+            f"The tokenizer {tokenizer_path} is not the one the model {model_path} was trained with (its own, in "
+            f"that folder, has other tokens): leave the model's own (drop --tokenizer_name)"
+        )
+    return tokenizers
+
+
 def _pair_digest(source_dir: Path, target_dir: Path) -> str:
     digest = hashlib.sha256()
     for folder in (source_dir, target_dir):
@@ -353,9 +388,11 @@ __all__ = [
     "PAD_ID",
     "UNK_ID",
     "check_special_ids",
+    "load_model_tokenizers",
     "load_tokenizers",
     "lowercases",
     "save_tokenizers",
+    "tokenizer_digest",
     "train_bpe_tokenizer",
     "train_separate_tokenizers",
 ]

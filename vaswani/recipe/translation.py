@@ -39,7 +39,7 @@ from ..kernels import use_cpu_kernels
 from .data import read_lines
 from .metrics import compute_bleu, reported_scores
 from .model_folders import load_model
-from .tokenization import load_tokenizers
+from .tokenization import load_model_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def load_translation_model(
         tokenizer_path is None and not Path(model_path).is_dir()
     ):  # a Hub model: its tokenizer files, from the cache
         tokenizer_path = snapshot_download(str(model_path), allow_patterns=TOKENIZER_PATTERNS)
-    source_tokenizer, target_tokenizer = load_tokenizers(tokenizer_path or model_path)
+    source_tokenizer, target_tokenizer = load_model_tokenizers(model_path, tokenizer_path)
     logger.info(
         "Loaded %s (%s%s) on %s; tokenizer(s) from %s",
         model_path,
