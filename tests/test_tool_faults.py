@@ -147,6 +147,22 @@ def test_resuming_a_finished_run_trains_nothing_and_keeps_its_results(finished_r
     ).read_bytes()
 
 
+def test_the_tools_say_what_they_did(finished_run, corpus, tmp_path, capsys):
+    """`vaswani-average-checkpoints` and `vaswani-push-to-hub --dry_run` printed nothing on success, and a resumed run
+    did not say which checkpoint it went on from."""
+    argv = ["--run_dir", finished_run, "--num_checkpoints", "2", "--output_dir", tmp_path / "avg"]
+    code, out, err = invoke(average_command.main, argv, capsys)
+    assert code == 0 and out == f"Wrote the average of 2 checkpoints to {tmp_path / 'avg'}\n", err[-3000:]
+    argv = ["--model_name_or_path", tmp_path / "avg", "--dry_run", "--output_dir", tmp_path / "hub"]
+    code, out, err = invoke(push_command.main, argv, capsys)
+    assert code == 0 and out == f"Dry run: wrote the folder to publish to {tmp_path / 'hub'}; nothing was pushed\n"
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    args = run_args(corpus, run, "--max_steps", "10", "--save_steps", "4", "--resume_from_checkpoint", "last")
+    code, _, err = invoke(train_command.main, args, capsys)
+    assert code == 0 and f"Resuming from {run / 'checkpoint-8'} (step 8)" in err, err[-3000:]
+
+
 def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_path, monkeypatch, capsys):
     """Killed (here: failing) before the new folder is complete, the output folder is still the earlier average:
     its config and weights belong together."""

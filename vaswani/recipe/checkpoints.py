@@ -272,6 +272,8 @@ def train_or_resume(trainer: Trainer, checkpoint: str | None):
     if checkpoint is not None and 0 < trainer.args.max_steps <= checkpoint_step(checkpoint):
         restore_finished_run(trainer, checkpoint)
         return None
+    if checkpoint is not None:
+        logger.info("Resuming from %s (step %d)", checkpoint, checkpoint_step(checkpoint))
     return trainer.train(resume_from_checkpoint=checkpoint)
 
 
