@@ -982,6 +982,23 @@ def test_the_progress_bar_ends_where_the_run_ends():
     by_steps.on_train_end(None, state, control)
 
 
+def test_a_tool_prints_nothing_of_what_its_libraries_say_to_their_developers(model_dir, tmp_path):
+    """Every tool printed torchao's failure to load extensions built for Python 3.10 and CUDA sm_90a, torch's
+    deprecation of torchao's `register_constant` calls, and (int8) torchao's missing Triton: each is silenced by its
+    exact text (`cli.NOISE`), and the tool logs only its own lines."""
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    for extra in ([], ["--quantization", "int8"]):
+        done = subprocess.run(
+            [BIN / "vaswani-translate", "--model_name_or_path", model_dir, "--input", source, "--no_progress", *extra],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        for noise in ("Failed to load", "register_constant", "Detected no triton"):
+            assert noise not in done.stderr, done.stderr
+        assert [line for line in done.stderr.splitlines() if " INFO vaswani." not in line] == [], done.stderr
+
+
 def test_default_logs_are_quiet(corpus, tmp_path, capfd):
     capfd.readouterr()
     train_command.main(run_args(corpus, tmp_path / "run", "--max_steps", "4", "--save_steps", "2"))
