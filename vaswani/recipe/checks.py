@@ -2,8 +2,8 @@
 the data sources, the tokenizer folder (loaded), the Hub repo id to publish to, the run's folder
 (`run_folder.take_output_dir`: refused when another run holds it, or it holds another run or files of the user's)
 and the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`); nothing is created or written until
-`take_run_folder` takes the folder for the run, once the data is read. A mistake is a `UsageError` that names the flag, seconds after the start, not after the data has been read
-and tokenized.
+`take_run_folder` takes the folder for the run, once the data is read. A mistake is a `UsageError` that names the
+flag, seconds after the start, not after the data has been read and tokenized.
 """
 
 from __future__ import annotations

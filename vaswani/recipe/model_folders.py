@@ -95,9 +95,9 @@ def load_model(model_path: str | os.PathLike, model_class=AutoModelForSeq2SeqLM,
     wrong = [
         f"{kind} {_first(names)}"
         for kind, names in (
-            ("missing", info["missing_keys"]),
-            ("unexpected", info["unexpected_keys"]),
-            ("of another shape", [key for key, *_ in info["mismatched_keys"]]),
+            ("missing", info.get("missing_keys", ())),
+            ("unexpected", info.get("unexpected_keys", ())),
+            ("of another shape", [key for key, *_ in info.get("mismatched_keys", ())]),
         )
         if names
     ]
