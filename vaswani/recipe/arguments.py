@@ -104,8 +104,8 @@ class DataArguments:
     vocab_size: int | None = field(
         default=None,
         metadata={
-            "help": f"BPE vocabulary size when training one (§5.1: {PAPER_VOCAB_SIZE}, the default); refused beside "
-            "--tokenizer_name or --model_name_or_path, whose tokenizer brings its own."
+            "help": f"BPE vocabulary size when training one (§5.1: {PAPER_VOCAB_SIZE}, the default). A --tokenizer_name "
+            "or --model_name_or_path brings its own vocabulary, which the run trains with: one larger is refused."
         },
     )
     separate_vocabularies: bool = field(
