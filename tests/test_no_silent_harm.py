@@ -572,6 +572,26 @@ def test_a_time_budget_alone_bounds_the_run_and_a_run_inside_its_warmup_says_so(
     assert "--num_train_epochs 2 (2 steps) ends the run inside the 4000 warm-up steps" in capfd.readouterr().err
 
 
+def test_a_run_with_separate_vocabularies_encodes_its_sources_with_the_source_tokenizer(corpus, tmp_path, capsys):
+    """The model folders of a `--separate_vocabularies` run also hold the Trainer's copy of the target tokenizer as
+    tokenizer.json, which was loaded as a joint one: the sources (the run's own test split too) were encoded with
+    the target vocabulary, without a word."""
+    from vaswani.recipe.tokenization import load_tokenizers
+    from vaswani.recipe.translation import load_translation_model
+
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "2", "--save_steps", "2", "--average_last", "1", "--separate_vocabularies")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert code == 0, err[-3000:]
+    source, target = load_tokenizers(out / "tokenizer")
+    assert source.tokenize("Ein Mann") != target.tokenize("Ein Mann")
+    for folder in (out, out / "averaged", out / "checkpoint-2"):
+        tokenizer = out / "tokenizer" if folder.name.startswith("checkpoint") else None
+        _, loaded_source, loaded_target = load_translation_model(folder, tokenizer, device="cpu")
+        assert loaded_source.tokenize("Ein Mann") == source.tokenize("Ein Mann"), folder
+        assert loaded_target.tokenize("A man") == target.tokenize("A man"), folder
+
+
 def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tmp_path, capsys):
     """Issue: a run with --lenpen 1.0 translated its test split in the power form, but saved 1.0 with "gnmt" in
     averaged/generation_config.json, so vaswani-translate (and an export) decoded the saved model otherwise."""

@@ -29,6 +29,7 @@ from ..common.fileio import replace_files, temporary_sibling
 from .averaging import find_checkpoints
 from .callbacks import RunTokenizer, TimedCheckpoints, TrainingClock
 from .model_folders import check_safetensors
+from .tokenization import saved_tokenizer_digest
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,6 @@ TRAINING_STATE = (
     ("the learning-rate schedule's state", ("scheduler.pt",)),
     ("the random state (dropout, data order)", ("rng_state.pth", "rng_state_*.pth")),
 )
-# The callback state (in trainer_state.json) that records the tokenizer a checkpoint was trained with.
-TOKENIZER_STATE = "RunTokenizer"
 # The callbacks whose state trainer_state.json keeps (`stateful_callbacks`) and that a resumed run rebuilds from it
 # (`TrainingClock.from_checkpoint`; transformers' `type(callback)(**args)` with --restore_callback_states_from_checkpoint).
 STATEFUL_CALLBACKS = {
@@ -177,18 +176,6 @@ def _check_finite(path: Path) -> None:
                 raise ValueError(
                     f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
                 )
-
-
-def saved_tokenizer_digest(folder: str | os.PathLike) -> str | None:
-    """The tokenizer digest a checkpoint's `trainer_state.json` records (None for a checkpoint without one)."""
-    try:
-        state = json.loads(Path(folder, "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    saved = (state.get("stateful_callbacks") or {}).get(TOKENIZER_STATE)
-    if isinstance(saved, list):
-        saved = saved[0] if saved else None
-    return ((saved or {}).get("args") or {}).get("digest")
 
 
 def _check_tokenizer(folder: Path, digest: str) -> None:

@@ -36,7 +36,7 @@ from .arguments import (
 )
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
-from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, train_or_resume
+from .checkpoints import resolve_resume_checkpoint, train_or_resume
 from .checks import check_lowercase, check_run, has_training_state, take_run_folder
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
 from .evaluation import (
@@ -56,6 +56,7 @@ from .tokenization import (
     TARGET_SUBDIR,
     load_tokenizers,
     save_tokenizers,
+    saved_tokenizer_digest,
     tokenizer_digest,
     train_bpe_tokenizer,
     train_separate_tokenizers,
