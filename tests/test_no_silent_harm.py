@@ -590,6 +590,16 @@ def test_a_run_with_separate_vocabularies_encodes_its_sources_with_the_source_to
         _, loaded_source, loaded_target = load_translation_model(folder, tokenizer, device="cpu")
         assert loaded_source.tokenize("Ein Mann") == source.tokenize("Ein Mann"), folder
         assert loaded_target.tokenize("A man") == target.tokenize("A man"), folder
+    # Publishing took that tokenizer.json for the model's only one; a published model has one shared tokenizer.
+    from vaswani.commands import push_to_hub as push_command
+
+    argv = ["--model_name_or_path", out / "averaged", "--dry_run", "--output_dir", tmp_path / "hub"]
+    code, _, err = invoke(push_command.main, argv, capsys)
+    assert_one_line_error(code, err, "holds separate source and target tokenizers")
+    argv = run_args(corpus, tmp_path / "pushed", "--max_steps", "2", "--separate_vocabularies", "--push_to_hub")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--push_to_hub publishes a model with one shared tokenizer")
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "pushed").exists()
 
 
 def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tmp_path, capsys):

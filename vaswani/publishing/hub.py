@@ -93,12 +93,13 @@ def check_model_dir(model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLi
             f"{str(model_dir)!r} has no weights (none of {', '.join(WEIGHT_FILES)}): pass the folder that "
             "`Trainer.save_model` or `save_pretrained` wrote."
         )
+    # Separate ones, whatever else is there (such a run's folder also holds its target tokenizer as tokenizer.json).
+    if (tokenizer_dir / "source").is_dir() or (tokenizer_dir / "target").is_dir():
+        raise PublishError(
+            f"{str(tokenizer_dir)!r} holds separate source and target tokenizers; a published model "
+            "needs one shared tokenizer (tokenizer.json)."
+        )
     if not (tokenizer_dir / "tokenizer.json").is_file():
-        if (tokenizer_dir / "source").is_dir() or (tokenizer_dir / "target").is_dir():
-            raise PublishError(
-                f"{str(tokenizer_dir)!r} holds separate source and target tokenizers; a published model "
-                "needs one shared tokenizer (tokenizer.json)."
-            )
         raise PublishError(
             f"{str(tokenizer_dir)!r} has no tokenizer (tokenizer.json): save the tokenizer with the model or "
             "pass `tokenizer_dir`."

@@ -158,6 +158,10 @@ def check_run(
     _check_data_sources(data_args, training_args, finish_args)
     if data_args.tokenizer_name:
         check_tokenizer_folder(data_args, model_args.model_name_or_path)
+    if training_args.push_to_hub and data_args.separate_vocabularies:
+        raise UsageError(
+            "--push_to_hub publishes a model with one shared tokenizer: not with --separate_vocabularies"
+        )
     if training_args.push_to_hub:
         repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
         try:
