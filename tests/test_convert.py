@@ -536,11 +536,11 @@ def edit_weights(folder: Path, edit) -> None:
     [
         (
             lambda w: w.pop("model.encoder.layers.0.fc1.bias"),
-            "missing weights in the checkpoint: model.encoder.layers.0.fc1.bias",
+            "do not match its config.json: missing model.encoder.layers.0.fc1.bias",
         ),
         (
             lambda w: w.update({"model.encoder.layernorm_embedding.weight": torch.ones(16)}),
-            "unexpected weights in the checkpoint: model.encoder.layernorm_embedding.weight",
+            "do not match its config.json: unexpected model.encoder.layernorm_embedding.weight",
         ),
     ],
 )
@@ -550,6 +550,22 @@ def test_checkpoints_with_weights_missing_or_left_over_are_refused(tmp_path, edi
     edit_weights(source, edit)
     with pytest.raises(ValueError, match=message):
         convert(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_source_config_with_a_mistyped_key_is_refused_by_the_weights_it_leaves_out(tmp_path, capsys):
+    """A config whose "decoder_layers" is mistyped falls back to the default of 6 layers: the command names the key the
+    model does not know and the weights that would be made up, and writes nothing."""
+    source = tmp_path / "source"
+    source_model("fsmt-separate-relu", source, steps=0)
+    config = json.loads((source / "config.json").read_text())
+    config["decoder_layer"] = config.pop("decoder_layers")
+    (source / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit):
+        main(["--model_name_or_path", str(source), "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert "has keys the model does not know, which it ignores: decoder_layer" in err
+    assert f"error: The weights of {source} do not match its config.json: missing model.decoder.layers." in err
     assert not (tmp_path / "out").exists()
 
 

@@ -552,6 +552,104 @@ def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, t
     assert not (tmp_path / "new").exists()
 
 
+def test_a_time_budget_alone_bounds_the_run_and_a_run_inside_its_warmup_says_so(corpus, tmp_path, capfd):
+    """Issue: the README's `--max_train_minutes 10` run, without --max_steps, logged `Training (10 min or 357 steps)`:
+    the Trainer's default of 3 epochs capped it, inside its 4000 warm-up steps, without a word; its bar counted
+    seconds as steps ("103/600 s"). Here an epoch is one batch: 3 epochs would be 3 steps."""
+    argv = [str(a) for a in run_args(corpus, tmp_path / "timed", "--max_train_minutes", "0.05")]
+    argv[argv.index("--max_tokens") + 1], argv[argv.index("--warmup_steps") + 1] = "4096", "4000"
+    capfd.readouterr()
+    trainer = train_command.main(argv)
+    err = capfd.readouterr().err
+    assert trainer.state.epoch > 3 and "Time budget of 0.05 minutes reached" in err
+    assert "Training (0.05 min)" in err and " s [" not in err and "or 3 steps" not in err
+    assert "After the 0.05-minute budget:" in err
+    assert "--max_train_minutes 0.05 (about " in err and "ends the run inside the 4000 warm-up steps" in err
+    argv[argv.index("--max_train_minutes") : argv.index("--max_train_minutes") + 2] = ["--num_train_epochs", "2"]
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "epochs")
+    trainer = train_command.main(argv)
+    assert trainer.state.global_step == 2
+    assert "--num_train_epochs 2 (2 steps) ends the run inside the 4000 warm-up steps" in capfd.readouterr().err
+
+
+def test_a_run_with_separate_vocabularies_encodes_its_sources_with_the_source_tokenizer(corpus, tmp_path, capsys):
+    """The model folders of a `--separate_vocabularies` run also hold the Trainer's copy of the target tokenizer as
+    tokenizer.json, which was loaded as a joint one: the sources (the run's own test split too) were encoded with
+    the target vocabulary, without a word."""
+    from vaswani.recipe.tokenization import load_tokenizers
+    from vaswani.recipe.translation import load_translation_model
+
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "2", "--save_steps", "2", "--average_last", "1", "--separate_vocabularies")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert code == 0, err[-3000:]
+    source, target = load_tokenizers(out / "tokenizer")
+    assert source.tokenize("Ein Mann") != target.tokenize("Ein Mann")
+    for folder in (out, out / "averaged", out / "checkpoint-2"):
+        tokenizer = out / "tokenizer" if folder.name.startswith("checkpoint") else None
+        _, loaded_source, loaded_target = load_translation_model(folder, tokenizer, device="cpu")
+        assert loaded_source.tokenize("Ein Mann") == source.tokenize("Ein Mann"), folder
+        assert loaded_target.tokenize("A man") == target.tokenize("A man"), folder
+    # Publishing took that tokenizer.json for the model's only one; a published model has one shared tokenizer.
+    from vaswani.commands import push_to_hub as push_command
+
+    argv = ["--model_name_or_path", out / "averaged", "--dry_run", "--output_dir", tmp_path / "hub"]
+    code, _, err = invoke(push_command.main, argv, capsys)
+    assert_one_line_error(code, err, "holds separate source and target tokenizers")
+    argv = run_args(corpus, tmp_path / "pushed", "--max_steps", "2", "--separate_vocabularies", "--push_to_hub")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--push_to_hub publishes a model with one shared tokenizer")
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "pushed").exists()
+
+
+def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tmp_path, capsys):
+    """Issue: a run with --lenpen 1.0 translated its test split in the power form, but saved 1.0 with "gnmt" in
+    averaged/generation_config.json, so vaswani-translate (and an export) decoded the saved model otherwise."""
+    from vaswani.commands import translate as translate_command
+
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "4", "--save_steps", "2", "--average_last", "2", "--test_split", "val")
+    code, _, err = invoke(train_command.main, argv + ["--lenpen", "1.0", "--beam", "3"], capsys)
+    assert code == 0, err[-3000:]
+    results = json.loads((out / "test_results.json").read_text())
+    saved = json.loads((out / "averaged" / "generation_config.json").read_text())
+    decoding = ("num_beams", "length_penalty", "length_penalty_form")
+    assert {key: saved[key] for key in decoding} == {key: results[key] for key in decoding}
+    assert results["length_penalty_form"] == "power" and results["num_beams"] == 3
+    argv = ["--model_name_or_path", out / "averaged", "--input", corpus / "val.de", "--output", tmp_path / "hyp.en"]
+    assert invoke(translate_command.main, argv, capsys)[0] == 0
+    assert (tmp_path / "hyp.en").read_text() == Path(results["hypotheses"]).read_text()
+
+
+def test_a_command_refused_for_its_data_creates_and_writes_nothing(finished, corpus, tmp_path, capsys):
+    """Issue: `--source_lang ge` was refused, but the new --output_dir was left holding the run's marker and lock file.
+    The data is read before the folder is taken; a model to fine-tune whose weights do not match its config is
+    refused before that."""
+
+    def in_ge(out, *extra):  # the run's arguments with --source_lang ge, a language the corpus does not have
+        return ["ge" if arg == "de" else arg for arg in run_args(corpus, out, *extra)]
+
+    code, _, err = invoke(train_command.main, in_ge(tmp_path / "new" / "run", "--max_steps", "2"), capsys)
+    assert_one_line_error(code, err, "No 'ge' text for split")
+    assert not (tmp_path / "new").exists()
+    out = _copy(finished[0], tmp_path)
+    (out / ".vaswani-run.lock").write_text('{"pid": 1, "host": "elsewhere"}\n')
+    before = _contents(out)
+    resume = ["--max_steps", "12", "--resume_from_checkpoint", "last"]
+    code, _, err = invoke(train_command.main, in_ge(out, *resume), capsys)
+    assert_one_line_error(code, err, "No 'ge' text for split")
+    assert _contents(out) == before
+    wider = tmp_path / "wider"
+    shutil.copytree(out / "checkpoint-8", wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "encoder_ffn_dim": 48}))
+    argv = ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1"]
+    argv += ["--model_name_or_path", wider, "--output_dir", tmp_path / "tuned"]
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--model_name_or_path", "do not match its config.json")
+    assert not (tmp_path / "tuned").exists()
+
+
 def test_a_run_that_failed_before_training_does_not_block_its_rerun(corpus, tmp_path, capsys, monkeypatch):
     """Issue: a corrupt test file was named only after the BPE was trained and the model built, and the same
     command then refused to run again: "--output_dir ... already holds a run (tokenizer)". Every named input is read

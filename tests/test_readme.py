@@ -61,3 +61,16 @@ def test_the_readme_is_a_front_page_whose_links_lead_somewhere():
     for link in links:
         assert (ROOT / link).is_file(), link
     assert len((ROOT / "BENCHMARKS.md").read_text().encode()) <= 16 * 1024
+
+
+def test_the_documented_commands_translate_the_test_split_the_training_command_reads():
+    """README and docs/ told a new user to translate `test.de`, which no data set has: every `--input` of their
+    command blocks is the test split of the data their `vaswani-train` command reads, as that folder names it."""
+    readme = (ROOT / "README.md").read_text()
+    data, split = re.search(r"--dataset_name (\S+)", readme)[1], re.search(r"--test_split (\S+)", readme)[1]
+    for page in ("README.md", "docs/recipe.md", "docs/interop.md"):
+        commands = " ".join(re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), flags=re.S))
+        inputs = re.findall(r"--input (\S+)", commands)
+        assert inputs, page
+        for path in inputs:
+            assert path in (f"{data}/{split}.de.gz", f"{data}/{split}.en.gz"), (page, path)

@@ -149,6 +149,22 @@ def test_resuming_a_finished_run_trains_nothing_and_keeps_its_results(finished_r
     ).read_bytes()
 
 
+def test_the_tools_say_what_they_did(finished_run, corpus, tmp_path, capsys):
+    """`vaswani-average-checkpoints` and `vaswani-push-to-hub --dry_run` printed nothing on success, and a resumed run
+    did not say which checkpoint it went on from."""
+    argv = ["--run_dir", finished_run, "--num_checkpoints", "2", "--output_dir", tmp_path / "avg"]
+    code, out, err = invoke(average_command.main, argv, capsys)
+    assert code == 0 and out == f"Wrote the average of 2 checkpoints to {tmp_path / 'avg'}\n", err[-3000:]
+    argv = ["--model_name_or_path", tmp_path / "avg", "--dry_run", "--output_dir", tmp_path / "hub"]
+    code, out, err = invoke(push_command.main, argv, capsys)
+    assert code == 0 and out == f"Dry run: wrote the folder to publish to {tmp_path / 'hub'}; nothing was pushed\n"
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    args = run_args(corpus, run, "--max_steps", "10", "--save_steps", "4", "--resume_from_checkpoint", "last")
+    code, _, err = invoke(train_command.main, args, capsys)
+    assert code == 0 and f"Resuming from {run / 'checkpoint-8'} (step 8)" in err, err[-3000:]
+
+
 def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_path, monkeypatch, capsys):
     """Killed (here: failing) before the new folder is complete, the output folder is still the earlier average:
     its config and weights belong together."""
@@ -264,6 +280,15 @@ def test_a_checkpoint_with_a_truncated_config_is_skipped_on_resume(finished_run,
 def test_runs_of_no_length_are_refused(corpus, tmp_path, capsys, flags, named):
     code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", *flags), capsys)
     assert_one_line_error(code, err, named)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fp16_without_a_gpu_is_refused(corpus, tmp_path, capsys, monkeypatch):
+    """`--fp16` on a CPU trained in float32 (Accelerate runs no fp16 mixed precision there) while the training summary
+    said "fp16 autocast"."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # this machine's GPU, if any, aside
+    code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", "--max_steps", "2", "--fp16"), capsys)
+    assert_one_line_error(code, err, "--fp16 needs a GPU", "--bf16")
     assert not (tmp_path / "run").exists()
 
 
@@ -571,6 +596,142 @@ def test_a_corrupt_config_is_named_by_every_tool_that_reads_it(model_dir, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "src.de"]
 
 
+def test_a_folder_whose_weights_do_not_match_its_config_is_refused_by_every_tool(
+    model_dir, corpus, tmp_path, capsys
+):
+    """`vaswani-translate` on a copy of a model whose config.json had "decoder_layers" mistyped translated garbage with
+    exit 0: the config fell back to 6 layers, transformers made up the weights of 4. Every tool that loads a model
+    names the weights missing (or left over, or of another shape) and the config key the model does not know."""
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    def edited(name, edit) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(model_dir, folder)
+        config = json.loads((folder / "config.json").read_text())
+        edit(config)
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    typo = edited("typo", lambda c: c.update(decoder_layer=c.pop("decoder_layers")))
+    fewer = edited("fewer", lambda c: c.update(decoder_layers=1))
+    wider = edited("wider", lambda c: c.update(encoder_ffn_dim=48))
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    runs = [
+        (translate_command.main, ["--input", source, "--output", tmp_path / "hyp.en"]),
+        (export_command.main, ["--engine", "onnx", "--output_dir", tmp_path / "onnx"]),
+        (export_command.main, ["--engine", "ctranslate2", "--output_dir", tmp_path / "ct2"]),
+        (push_command.main, ["--dry_run", "--output_dir", tmp_path / "hub"]),
+        (plot_command.main, ["--source_text", "Ein Mann .", "--output_dir", tmp_path / "plots"]),
+        (train_command.main, ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en",
+                              "--max_steps", "1", "--output_dir", tmp_path / "tuned"]),
+    ]  # fmt: skip
+    for folder, named in (
+        (typo, "missing model.decoder.layers.2."),
+        (fewer, "unexpected model.decoder.layers.1."),
+        (wider, "of another shape model.encoder.layers.0.fc1.bias"),
+    ):
+        for main, extra in runs:
+            argv = (["attention"] if main is plot_command.main else []) + ["--model_name_or_path", folder, *extra]
+            code, _, err = invoke(main, argv, capsys)
+            assert_one_line_error(code, err, f"The weights of {folder} do not match its config.json: {named}")
+            assert ("keys the model does not know, which it ignores: decoder_layer" in err) == (folder == typo)
+        code, _, err = invoke(
+            average_command.main, ["--checkpoints", model_dir, folder, "--output_dir", tmp_path / "avg"], capsys
+        )
+        assert_one_line_error(code, err, f"The weights of {folder} do not match its config.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_tokenizer_other_than_the_models_own_is_refused_by_every_tool(model_dir, corpus, tmp_path, capsys):
+    """`vaswani-translate --tokenizer_name` with another run's (smaller) BPE translated garbage with exit 0: only ids
+    beyond the vocabulary were caught. Every tool that takes a tokenizer beside a model folder holding its own
+    compares the two vocabularies; a copy of the model's own is taken."""
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    tiny_tokenizer(SENTENCES[:4]).save_pretrained(tmp_path / "other")
+    shutil.copytree(model_dir, tmp_path / "own", ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    model = ["--model_name_or_path", model_dir, "--tokenizer_name"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    runs = [
+        (translate_command.main, ["--input", source, "--output", tmp_path / "hyp.en"]),
+        (export_command.main, ["--engine", "ctranslate2", "--output_dir", tmp_path / "ct2"]),
+        (push_command.main, ["--dry_run", "--output_dir", tmp_path / "hub"]),
+        (plot_command.main, ["--source_text", "Ein Mann .", "--output_dir", tmp_path / "plots"]),
+        (train_command.main, ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en",
+                              "--max_steps", "1", "--output_dir", tmp_path / "tuned"]),
+    ]  # fmt: skip
+    for main, extra in runs:
+        argv = (["attention"] if main is plot_command.main else []) + [*model, tmp_path / "other", *extra]
+        code, _, err = invoke(main, argv, capsys)
+        assert_one_line_error(
+            code, err, f"The tokenizer {tmp_path / 'other'} is not the one the model {model_dir} was trained with"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    code, _, err = invoke(translate_command.main, [*model, tmp_path / "own", *runs[0][1]], capsys)
+    assert code == 0, err[-3000:]
+
+
+@pytest.mark.parametrize("flag", ["--tokenizer_name", "--model_name_or_path"])
+def test_a_vocab_size_the_tokenizer_given_contradicts_is_refused(flag, model_dir, corpus, tmp_path, capsys):
+    """`--vocab_size 2000 --tokenizer_name` of an 8000-token BPE trained with 8000 tokens without a word: the flag
+    sizes a BPE trained for the run, and no BPE trained with it has more tokens."""
+    argv = ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1"]
+    argv += [flag, model_dir, "--vocab_size", "200", "--output_dir", tmp_path / "run"]
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, f"--vocab_size 200, but {flag} {model_dir} brings a vocabulary of 300 tokens")
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_folder_the_tools_write_or_wrote_loads_through_every_tool(finished_run, tmp_path, capsys):
+    """What refuses a folder whose weights do not match its config (above) refuses none the project writes or wrote:
+    a checkpoint, an averaged model, a folder saved quantized to int8, and a folder of an earlier release
+    (`tests/fixtures`), through every tool that loads a model, without a warning about its config."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from vaswani.commands import export as export_command
+    from vaswani.commands import plot as plot_command
+
+    earlier = tmp_path / "earlier"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "folder_saved_before_the_layers", earlier)
+    words = Tokenizer(WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "Ein": 4, "Mann": 5, ".": 6}, "<unk>"))
+    words.pre_tokenizer = Whitespace()
+    words.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    special = dict(pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    PreTrainedTokenizerFast(tokenizer_object=words, **special).save_pretrained(earlier)  # its 40 ids hold 7
+    int8 = tmp_path / "int8"
+    model, _, _ = translation.load_translation_model(finished_run / "averaged", int8=True)
+    model.save_pretrained(int8)
+    AutoTokenizer.from_pretrained(finished_run / "averaged").save_pretrained(int8)
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    for folder in (finished_run / "checkpoint-8", finished_run / "averaged", earlier, int8):
+        model = ["--model_name_or_path", folder]
+        runs = [
+            (translate_command.main, [*model, "--input", source, "--output", tmp_path / f"{folder.name}.en"]),
+            (plot_command.main, ["attention", *model, "--source_text", "Ein Mann .", "--output_dir", tmp_path / folder.name]),
+        ]  # fmt: skip
+        if folder != int8:  # torchao's int8 tensors: no export, no re-saving, no averaging (each raises)
+            runs += [
+                (export_command.main, [*model, "--engine", "ctranslate2", "--output_dir", tmp_path / f"{folder.name}-ct2"]),
+                (push_command.main, [*model, "--dry_run", "--output_dir", tmp_path / f"{folder.name}-hub"]),
+                (average_command.main, ["--checkpoints", folder, "--output_dir", tmp_path / f"{folder.name}-avg"]),
+            ]  # fmt: skip
+        for main, argv in runs:
+            code, _, err = invoke(main, argv, capsys)
+            assert code == 0, (folder, main.__module__, err[-3000:])
+            assert "does not know" not in err and "do not match" not in err, err
+
+
 @pytest.mark.parametrize(
     "record, flags, named",
     [
@@ -811,7 +972,7 @@ def test_the_progress_bar_ends_where_the_run_ends():
     state.max_steps, state.global_step = 100000, 0
     bar = RunProgress(minutes=0.001)  # 60 ms of a run whose --max_steps would take 40 hours
     bar.on_train_begin(None, state, control)
-    assert bar.training_bar.total == 1  # seconds
+    assert bar.training_bar.total == 1000  # per mille of the run
     time.sleep(0.1)
     state.global_step = 3
     bar.on_step_end(None, state, control)
@@ -821,6 +982,23 @@ def test_the_progress_bar_ends_where_the_run_ends():
     by_steps.on_train_begin(None, state, control)
     assert by_steps.training_bar.total == 100000
     by_steps.on_train_end(None, state, control)
+
+
+def test_a_tool_prints_nothing_of_what_its_libraries_say_to_their_developers(model_dir, tmp_path):
+    """Every tool printed torchao's failure to load extensions built for Python 3.10 and CUDA sm_90a, torch's
+    deprecation of torchao's `register_constant` calls, and (int8) torchao's missing Triton: each is silenced by its
+    exact text (`cli.NOISE`), and the tool logs only its own lines."""
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    for extra in ([], ["--quantization", "int8"]):
+        done = subprocess.run(
+            [BIN / "vaswani-translate", "--model_name_or_path", model_dir, "--input", source, "--no_progress", *extra],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        for noise in ("Failed to load", "register_constant", "Detected no triton"):
+            assert noise not in done.stderr, done.stderr
+        assert [line for line in done.stderr.splitlines() if " INFO vaswani." not in line] == [], done.stderr
 
 
 def test_default_logs_are_quiet(corpus, tmp_path, capfd):

@@ -885,11 +885,11 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     assert finish.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 1.0
     monkeypatch.setattr(finish, "_translate_with", translate_by_alpha(None))
     assert finish.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 0.6
-    finish.save_length_penalty(out / "averaged", 1.5)
+    finish.save_decoding(out / "averaged", FinishArguments(num_beams=5, length_penalty_form="power"), 1.5)
     from transformers import GenerationConfig
 
     saved = GenerationConfig.from_pretrained(out / "averaged")
-    assert saved.length_penalty == 1.5 and saved.length_penalty_form == "gnmt" and saved.num_beams == 4
+    assert saved.length_penalty == 1.5 and saved.length_penalty_form == "power" and saved.num_beams == 5
 
 
 def test_average_choices_are_checked(tmp_path):

@@ -54,7 +54,9 @@ def main(argv):
     from ..recipe.averaging import average_checkpoints, last_checkpoints  # torch: only when the tool runs
 
     checkpoints = args.checkpoints or last_checkpoints(args.run_dir, args.num_checkpoints)
-    return average_checkpoints(checkpoints, args.output_dir)
+    folder = average_checkpoints(checkpoints, args.output_dir)
+    print(f"Wrote the average of {len(checkpoints)} checkpoints to {folder}")
+    return folder
 
 
 if __name__ == "__main__":

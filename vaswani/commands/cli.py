@@ -106,6 +106,30 @@ def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[str] 
     return found
 
 
+# Messages of other libraries that say nothing to a tool's user, each silenced by its exact text, never a logger or a
+# category: torchao's extensions for another Python (cp310) and for CUDA's sm_90a, which it cannot load here and does
+# not need; torch's deprecation of the `register_constant` calls torchao makes on import; torchao's note that its
+# Triton (GPU) kernels are missing, which int8 decoding on the CPU does not use.
+NOISE = {
+    "torchao": re.compile(
+        r"Failed to load (\S+/torchao/_C_(mxfp8|cutlass_90a)\S*\.so): Could not load this library: \1"
+    ),
+    "torch.utils._pytree": re.compile(
+        re.escape(
+            "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. Calling "
+            "register_constant() on Enum subclasses is deprecated and will be an error in a future release."
+        )
+    ),
+    "torchao.kernel.intmm": re.compile(
+        re.escape("Warning: Detected no triton, on systems without Triton certain kernels will not work")
+    ),
+}
+
+
+def _not_noise(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and NOISE[record.name].fullmatch(record.msg))
+
+
 def command(prog: str) -> Callable:
     """Decorate a tool's `main(argv)`; the result is `main(argv=None)`, which returns what `main` returns, or exits
     with a one-line error (see the module docstring). Called without `argv` (as a console command, whose wrapper
@@ -121,6 +145,9 @@ def command(prog: str) -> Callable:
             debug = debug or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
             previous = _current
             _current = _Invocation(prog=prog, debug=debug, verbose=_take_flag(arguments, VERBOSE_FLAG))
+            for name in NOISE:  # before anything imports torchao (transformers' model loading does)
+                if _not_noise not in logging.getLogger(name).filters:
+                    logging.getLogger(name).addFilter(_not_noise)
             try:
                 result = main(arguments)
                 return None if argv is None else result

@@ -18,7 +18,7 @@ examples:
   vaswani-export --model_name_or_path runs/de-en/averaged --engine ctranslate2 --quantization int8 \\
       --output_dir runs/de-en/ct2-int8
   vaswani-export --model_name_or_path runs/de-en/averaged --engine onnx --output_dir runs/de-en/onnx
-  vaswani-translate --engine ctranslate2 --model_name_or_path runs/de-en/ct2-int8 --input test.de
+  vaswani-translate --engine ctranslate2 --model_name_or_path runs/de-en/ct2-int8 --interactive
 """
 
 RENAMED = {

@@ -7,12 +7,9 @@ card template ships with the package (`vaswani/publishing/hub_card.md`).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from .cli import command, parse_args, setup_logging
-
-logger = logging.getLogger(__name__)
 
 DESCRIPTION = __doc__.replace("`vaswani-push-to-hub`: p", "P", 1)
 
@@ -120,11 +117,11 @@ def main(argv):
         dataset_tags=args.dataset_tags,
     )
     if published.commit is None:
-        logger.info("Dry run: wrote the folder to publish to %s; nothing was pushed", published.folder)
+        print(f"Dry run: wrote the folder to publish to {published.folder}; nothing was pushed")
     elif published.folder is not None:
-        logger.info("Built the published folder in %s", published.folder)
+        print(f"Built the published folder in {published.folder}")
     if published.commit is not None:
-        logger.info("Pushed: %s", published.commit.commit_url)
+        print(f"Pushed: {published.commit.commit_url}")
     return published
 
 

@@ -29,12 +29,12 @@ DESCRIPTION = __doc__.replace("`vaswani-translate`: t", "T", 1)
 
 EPILOG = """\
 examples:
-  vaswani-translate --model_name_or_path runs/de-en/averaged --input test.de --output test.hyp.en
+  vaswani-translate --model_name_or_path runs/de-en/averaged --input test_2016_flickr.de.gz --output hyp.en
   echo "Ein Hund läuft." | vaswani-translate --model_name_or_path runs/de-en/averaged
-  vaswani-translate --model_name_or_path runs/de-en/averaged --input test.de --n_best 4   (index, score, text)
+  vaswani-translate --model_name_or_path runs/de-en/averaged --input test_2016_flickr.de.gz --n_best 4  (index, score, text)
   vaswani-translate --model_name_or_path runs/de-en/averaged --interactive                (a line in, a line out)
-  vaswani-translate --model_name_or_path runs/de-en/averaged --quantization int8 --input test.de  (CPU, int8)
-  vaswani-translate --model_name_or_path runs/de-en/ct2-int8 --engine ctranslate2 --input test.de   (an export)
+  vaswani-translate --model_name_or_path runs/de-en/averaged --quantization int8 --input test_2016_flickr.de.gz
+  vaswani-translate --model_name_or_path runs/de-en/ct2-int8 --engine ctranslate2 --interactive   (an export)
   vaswani-translate --model_name_or_path runs/en-de/averaged --input test_2016_flickr.en.gz --output hyp.de \\
       --references test_2016_flickr.de.gz --moses_lang de --results_json runs/en-de/test_results.json \\
       --dataset_name multi30k --split test_2016_flickr

@@ -55,12 +55,12 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig, PreTrainedModel
 
 from ..common.fileio import atomic_folder
 from ..configuration_vaswani import ACTIVATIONS, VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration, sinusoidal_positional_encoding
-from ..recipe.model_folders import check_model_path
+from ..recipe.model_folders import check_model_path, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -308,16 +308,7 @@ def load_source(model_name_or_path: str | os.PathLike) -> PreTrainedModel:
     checkpoints whose weights transformers had to invent or throw away (a checkpoint of another shape does not load)."""
     check_model_path(model_name_or_path)  # a local folder, or a Hub model: named at once when it is neither
     check_source_config(AutoConfig.from_pretrained(model_name_or_path))
-    model, info = AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, output_loading_info=True)
-    computed = {"final_logits_bias", *POSITION_TABLES}  # absent from checkpoints: zeros / the sinusoids
-    problems = {
-        "missing": sorted(set(info.get("missing_keys", ())) - computed),
-        "unexpected": sorted(info.get("unexpected_keys", ())),
-    }
-    for kind, names in problems.items():
-        if names:
-            raise ValueError(f"{model_name_or_path}: {kind} weights in the checkpoint: {', '.join(names)}")
-    return model.eval()
+    return load_model(model_name_or_path).eval()
 
 
 def load_source_tokenizer(model_name_or_path: str | os.PathLike):

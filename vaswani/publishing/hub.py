@@ -36,6 +36,8 @@ from ..common.errors import PublishError
 from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
+from ..recipe.model_folders import load_model
+from ..recipe.tokenization import load_model_tokenizers
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -91,12 +93,13 @@ def check_model_dir(model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLi
             f"{str(model_dir)!r} has no weights (none of {', '.join(WEIGHT_FILES)}): pass the folder that "
             "`Trainer.save_model` or `save_pretrained` wrote."
         )
+    # Separate ones, whatever else is there (such a run's folder also holds its target tokenizer as tokenizer.json).
+    if (tokenizer_dir / "source").is_dir() or (tokenizer_dir / "target").is_dir():
+        raise PublishError(
+            f"{str(tokenizer_dir)!r} holds separate source and target tokenizers; a published model "
+            "needs one shared tokenizer (tokenizer.json)."
+        )
     if not (tokenizer_dir / "tokenizer.json").is_file():
-        if (tokenizer_dir / "source").is_dir() or (tokenizer_dir / "target").is_dir():
-            raise PublishError(
-                f"{str(tokenizer_dir)!r} holds separate source and target tokenizers; a published model "
-                "needs one shared tokenizer (tokenizer.json)."
-            )
         raise PublishError(
             f"{str(tokenizer_dir)!r} has no tokenizer (tokenizer.json): save the tokenizer with the model or "
             "pass `tokenizer_dir`."
@@ -140,6 +143,7 @@ def build_folder(
     `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`.
     """
     check_model_dir(model_dir, tokenizer_dir)
+    load_model_tokenizers(model_dir, tokenizer_dir)  # another run's tokenizer is refused
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise PublishError(f"{str(output_dir)!r} is not empty: the published folder must hold nothing else.")
@@ -148,7 +152,7 @@ def build_folder(
     if results is None:
         logger.warning("No evaluation results: the card will have no model-index.")
 
-    model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
+    model = load_model(model_dir, VaswaniForConditionalGeneration)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(
         tokenizer_dir if tokenizer_dir is not None else model_dir
     )

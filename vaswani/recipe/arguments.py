@@ -37,6 +37,8 @@ from .flags import (
     choose_learning_rate,
 )
 
+PAPER_VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens" (EN-DE)
+
 
 def check_languages(source_lang: str | None, target_lang: str | None) -> None:
     """Raise `UsageError` naming the flag unless the languages given (None: not given) are two language codes."""
@@ -101,7 +103,13 @@ class DataArguments:
             "into <output_dir>/tokenizer."
         },
     )
-    vocab_size: int = field(default=37000, metadata={"help": "BPE vocabulary size when training one (§5.1)."})
+    vocab_size: int | None = field(
+        default=None,
+        metadata={
+            "help": f"BPE vocabulary size when training one (§5.1: {PAPER_VOCAB_SIZE}, the default). A --tokenizer_name "
+            "or --model_name_or_path brings its own vocabulary, which the run trains with: one larger is refused."
+        },
+    )
     separate_vocabularies: bool = field(
         default=False, metadata={"help": "Separate source and target vocabularies (not the paper)."}
     )
@@ -265,6 +273,10 @@ class FinishArguments:
 # ---------------------------------------------------------------------------------------------------------------------
 # The training recipe: all of Seq2SeqTrainingArguments, with the paper's values as defaults
 # ---------------------------------------------------------------------------------------------------------------------
+# The epochs of a run that only --max_train_minutes bounds: the Trainer needs a number, and the budget ends it first.
+TIMED_RUN_EPOCHS = 1_000_000
+
+
 @dataclass
 class PaperTrainingArguments(Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe; every Trainer flag still works."""
@@ -454,11 +466,26 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care. It bounds "
             "training only (fairseq's --stop-time-hours): the log says before training how long the final "
             "evaluation, averaging and test translation after it may take (--max_predict_samples and --do_predict "
-            "false shorten the test translation)."
+            "false shorten the test translation). Alone, it is the run's only bound: no number of epochs caps it."
+        },
+    )
+    num_train_epochs: float | None = field(
+        default=None,
+        metadata={
+            "help": "Epochs to train when --max_steps is not given (transformers' default: 3); not given with "
+            "--max_train_minutes, the time budget alone ends the run."
         },
     )
 
+    @property
+    def timed_only(self) -> bool:
+        """Whether the time budget alone ends the run: --max_train_minutes without --max_steps or --num_train_epochs."""
+        return self.num_train_epochs == TIMED_RUN_EPOCHS
+
     def __post_init__(self):
+        if self.num_train_epochs is None:
+            timed = self.max_train_minutes is not None and self.max_steps == -1
+            self.num_train_epochs = TIMED_RUN_EPOCHS if timed else 3.0
         _check_training_length(self)
         if not self.do_train:
             raise ValueError(
@@ -468,6 +495,11 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         choose_batches(self)
         choose_learning_rate(self)
         check_launch()
+        if self.fp16 and (self.use_cpu or not torch.accelerator.is_available()):
+            raise UsageError(
+                "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
+                "float32; --bf16 is the CPU's mixed precision"
+            )
         if self.deepspeed and not torch.cuda.is_available():
             raise ValueError(
                 "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "

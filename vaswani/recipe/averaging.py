@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
-from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..common.fileio import atomic_folder
+from .model_folders import load_model
 from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -95,17 +96,6 @@ def _weight_files(checkpoint: Path) -> list[Path]:
             raise ValueError(f"{index} names weight files outside its folder: {outside}")
         return [checkpoint / name for name in names]
     raise FileNotFoundError(f"No {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} in {checkpoint}")
-
-
-def check_safetensors(path: str | os.PathLike) -> None:
-    """Raise `ValueError` naming `path` unless it is a complete safetensors file (its header parses and every
-    tensor it lists lies inside the file); no tensor data is read."""
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                f.get_slice(key)
-    except Exception as error:  # safetensors raises its own error types for bad headers and short buffers
-        raise ValueError(f"{path} is corrupt or truncated: {' '.join(str(error).split())}") from None
 
 
 def load_safetensors_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -198,7 +188,7 @@ def _copy_companion_files(newest: Path, output_dir: Path) -> list[str]:
 
 def _load_averaged_model(newest: Path, averaged: dict[str, torch.Tensor]) -> PreTrainedModel:
     """The newest checkpoint's model with the averaged weights; the keys not stored must all be tied ones."""
-    model = AutoModelForSeq2SeqLM.from_pretrained(newest)
+    model = load_model(newest)
     result = model.load_state_dict(averaged, strict=False)
     if result.unexpected_keys:
         raise ValueError(f"Tensors of {newest} that the model does not have: {result.unexpected_keys}")
@@ -254,7 +244,6 @@ def average_last_checkpoints(
 
 
 __all__ = [
-    "check_safetensors",
     "average_checkpoints",
     "average_last_checkpoints",
     "average_state_dicts",

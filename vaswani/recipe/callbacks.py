@@ -82,7 +82,7 @@ class TimeBudget(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if time.monotonic() - self.started >= self.seconds:
             logger.info(
-                "Time budget of %.1f minutes reached at step %d", self.seconds / 60, state.global_step
+                "Time budget of %g minutes reached at step %d", self.seconds / 60, state.global_step
             )
             control.should_training_stop = True
             control.should_save = True
@@ -180,7 +180,7 @@ class TrainingClock(TrainerCallback, ExportableState):
 
 
 class RunTokenizer(TrainerCallback, ExportableState):
-    """Records the digest of the run's tokenizers (`checkpoints.tokenizer_digest`) in every checkpoint's
+    """Records the digest of the run's tokenizers (`tokenization.tokenizer_digest`) in every checkpoint's
     `trainer_state.json` (`stateful_callbacks`), so that a run resumed with another tokenizer of the same size is
     refused instead of training one vocabulary's embeddings on the other's ids (`checkpoints.verify_checkpoint`)."""
 
@@ -195,7 +195,8 @@ class RunProgress(ProgressCallback):
     """The training progress bar, ending where the run ends: at `max_steps`, or at `minutes` of wall time when
     `TimeBudget` stops the run first (`--max_train_minutes`), so that a 10-minute run never shows a 40-hour ETA.
 
-    With a time budget the bar counts seconds, and moves ahead to the step fraction when steps run out first."""
+    With a time budget the bar fills with the time spent (the time left beside it, the step as a postfix), and moves
+    ahead to the step fraction when steps run out first."""
 
     def __init__(self, minutes: float | None = None):
         super().__init__()
@@ -208,11 +209,12 @@ class RunProgress(ProgressCallback):
         self.current_step = state.global_step
         self.started = time.monotonic()
         if state.is_world_process_zero:
+            steps = "" if getattr(args, "timed_only", False) else f" or {state.max_steps} steps"
             self.training_bar = tqdm(
-                total=max(1, round(self.seconds)),
+                total=1000,  # per mille of the run: the bar shows the time spent and left
                 dynamic_ncols=True,
-                desc=f"Training ({self.seconds / 60:g} min or {state.max_steps} steps)",
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s [{elapsed}<{remaining}{postfix}]",
+                desc=f"Training ({self.seconds / 60:g} min{steps})",
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]",
             )
 
     def fraction(self, state) -> float:

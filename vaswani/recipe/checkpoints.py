@@ -13,7 +13,6 @@ final model (`restore_finished_run`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import json
 import logging
@@ -27,8 +26,10 @@ from safetensors import safe_open
 from transformers import EarlyStoppingCallback, Trainer, TrainerControl, TrainerState
 
 from ..common.fileio import replace_files, temporary_sibling
-from .averaging import check_safetensors, find_checkpoints
+from .averaging import find_checkpoints
 from .callbacks import RunTokenizer, TimedCheckpoints, TrainingClock
+from .model_folders import check_safetensors
+from .tokenization import saved_tokenizer_digest
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,6 @@ TRAINING_STATE = (
     ("the learning-rate schedule's state", ("scheduler.pt",)),
     ("the random state (dropout, data order)", ("rng_state.pth", "rng_state_*.pth")),
 )
-# The callback state (in trainer_state.json) that records the tokenizer a checkpoint was trained with.
-TOKENIZER_STATE = "RunTokenizer"
 # The callbacks whose state trainer_state.json keeps (`stateful_callbacks`) and that a resumed run rebuilds from it
 # (`TrainingClock.from_checkpoint`; transformers' `type(callback)(**args)` with --restore_callback_states_from_checkpoint).
 STATEFUL_CALLBACKS = {
@@ -179,32 +178,6 @@ def _check_finite(path: Path) -> None:
                 )
 
 
-def tokenizer_digest(source_tokenizer, target_tokenizer) -> str:
-    """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
-    tokens give different digests."""
-    models = []
-    for tokenizer in (source_tokenizer, target_tokenizer):
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            models.append(json.loads(backend.to_str()).get("model"))
-        else:
-            models.append(sorted(tokenizer.get_vocab().items()))
-    text = json.dumps(models, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-def saved_tokenizer_digest(folder: str | os.PathLike) -> str | None:
-    """The tokenizer digest a checkpoint's `trainer_state.json` records (None for a checkpoint without one)."""
-    try:
-        state = json.loads(Path(folder, "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    saved = (state.get("stateful_callbacks") or {}).get(TOKENIZER_STATE)
-    if isinstance(saved, list):
-        saved = saved[0] if saved else None
-    return ((saved or {}).get("args") or {}).get("digest")
-
-
 def _check_tokenizer(folder: Path, digest: str) -> None:
     saved = saved_tokenizer_digest(folder)
     if saved is not None and saved != digest:
@@ -286,6 +259,8 @@ def train_or_resume(trainer: Trainer, checkpoint: str | None):
     if checkpoint is not None and 0 < trainer.args.max_steps <= checkpoint_step(checkpoint):
         restore_finished_run(trainer, checkpoint)
         return None
+    if checkpoint is not None:
+        logger.info("Resuming from %s (step %d)", checkpoint, checkpoint_step(checkpoint))
     return trainer.train(resume_from_checkpoint=checkpoint)
 
 

@@ -1,9 +1,9 @@
 """The checks of `vaswani-train` before any data is read (`check_run`): the model configuration the flags ask for,
 the data sources, the tokenizer folder (loaded), the Hub repo id to publish to, the run's folder
-(`run_folder.take_output_dir`: locked for the run, and refused when it holds another run or files of the user's) and
-the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`, under the lock, before anything is written
-there). A mistake is a `UsageError` that names the flag, seconds after the start, not after the data has been read
-and tokenized.
+(`run_folder.take_output_dir`: refused when another run holds it, or it holds another run or files of the user's)
+and the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`); nothing is created or written until
+`take_run_folder` takes the folder for the run, once the data is read. A mistake is a `UsageError` that names the
+flag, seconds after the start, not after the data has been read and tokenized.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from transformers import AutoConfig
 
 from ..common.errors import UsageError
 from ..configuration_vaswani import VaswaniConfig
+from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..publishing.hub import check_repo_id
 from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from .checkpoints import asks_to_resume, resolve_resume_checkpoint
 from .data import parallel_file_paths
-from .model_folders import check_model_path
+from .model_folders import check_model_path, load_model
 from .run_folder import take_output_dir
-from .tokenization import load_tokenizers, lowercases
+from .tokenization import load_model_tokenizers, lowercases
 
 SPLITS = ("train", "validation", "test")
 
@@ -38,6 +39,8 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
             raise UsageError(f"--model_name_or_path: {error}") from None
         try:
             config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+            if isinstance(config, VaswaniConfig):  # weights that do not match the config are named now
+                load_model(model_args.model_name_or_path, VaswaniForConditionalGeneration)
         except (OSError, ValueError) as error:
             raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {error}") from None
         if not isinstance(config, VaswaniConfig):
@@ -45,11 +48,16 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
                 f"--model_name_or_path {model_args.model_name_or_path} holds a {config.model_type!r} model, "
                 "not a vaswani one"
             )
+        check_vocab_size(
+            data_args,
+            max(config.vocab_size, config.decoder_vocab_size or 0),
+            f"--model_name_or_path {model_args.model_name_or_path}",
+        )
         for key, value in overrides.items():
             setattr(config, key, value)
         config.validate_fields()
         return
-    VaswaniConfig.from_preset(model_args.preset, vocab_size=max(data_args.vocab_size, 8), **overrides)
+    VaswaniConfig.from_preset(model_args.preset, vocab_size=max(data_args.vocab_size or 8, 8), **overrides)
 
 
 def _check_data_sources(data_args: DataArguments, training_args, finish_args: FinishArguments) -> None:
@@ -102,6 +110,16 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
             )
 
 
+def check_vocab_size(data_args: DataArguments, size: int, flag: str) -> None:
+    """Raise `UsageError` when `--vocab_size` was given and the vocabulary `flag` brings (`size` tokens, which the
+    run trains with) is larger: no BPE trained with that flag has it."""
+    if data_args.vocab_size is not None and size > data_args.vocab_size:
+        raise UsageError(
+            f"--vocab_size {data_args.vocab_size}, but {flag} brings a vocabulary of {size} tokens, which the run "
+            "would train with: drop --vocab_size (it sizes a BPE trained for the run)"
+        )
+
+
 def check_lowercase(data_args: DataArguments, source, target, path) -> None:
     """Raise `ValueError` unless the tokenizers in `path` lowercase as `--lowercase` says."""
     if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
@@ -111,17 +129,18 @@ def check_lowercase(data_args: DataArguments, source, target, path) -> None:
         )
 
 
-def check_tokenizer_folder(data_args: DataArguments) -> None:
-    """`--tokenizer_name` loads, and lowercases as `--lowercase` says: a torn or missing tokenizer is named before
-    any data is read."""
+def check_tokenizer_folder(data_args: DataArguments, model_path: str | None = None) -> None:
+    """`--tokenizer_name` loads, is the tokenizer of the model to fine-tune (`model_path`), and lowercases as
+    `--lowercase` says: a torn, missing or other tokenizer is named before any data is read."""
     path = data_args.tokenizer_name
     if not Path(path).exists():
         raise UsageError(f"--tokenizer_name {path}: no such folder")
     try:
-        source, target = load_tokenizers(path)
+        source, target = load_model_tokenizers(model_path or path, path)
         check_lowercase(data_args, source, target, path)
     except (OSError, ValueError) as error:
         raise UsageError(f"--tokenizer_name {path}: {error}") from None
+    check_vocab_size(data_args, max(len(source), len(target)), f"--tokenizer_name {path}")
 
 
 def check_run(
@@ -130,15 +149,19 @@ def check_run(
     training_args: PaperTrainingArguments,
     finish_args: FinishArguments,
     overrides: dict,
-) -> str | None:
-    """Every check that needs no data, before any is read; returns the checkpoint to resume from (or None).
+) -> None:
+    """Every check that needs no data, before any is read; nothing is written.
 
     Raises `UsageError` / `ValueError` naming the flag: a model configuration that cannot be built, missing data
     sources or files, an output folder that holds another run, a checkpoint that cannot be resumed from."""
     check_model_config(model_args, data_args, overrides)
     _check_data_sources(data_args, training_args, finish_args)
     if data_args.tokenizer_name:
-        check_tokenizer_folder(data_args)
+        check_tokenizer_folder(data_args, model_args.model_name_or_path)
+    if training_args.push_to_hub and data_args.separate_vocabularies:
+        raise UsageError(
+            "--push_to_hub publishes a model with one shared tokenizer: not with --separate_vocabularies"
+        )
     if training_args.push_to_hub:
         repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
         try:
@@ -150,6 +173,14 @@ def check_run(
                 else "--push_to_hub (without --hub_model_id, the --output_dir name)"
             )
             raise UsageError(f"{flag}: {error}") from None
+
+    take_run_folder(training_args, claim=False)
+
+
+def take_run_folder(training_args: PaperTrainingArguments, claim: bool = True) -> str | None:
+    """The checkpoint to resume from, chosen under the run's lock on `--output_dir` (`run_folder.take_output_dir`),
+    which the main process takes (`claim`) once the data is read: a command refused before that creates nothing.
+    A refused checkpoint leaves the folder as it was."""
 
     def resume_checkpoint() -> str | None:
         try:
@@ -163,12 +194,12 @@ def check_run(
 
     if training_args.process_index != 0:
         return resume_checkpoint()
-    # Under the run's lock, before anything is written there: a refused checkpoint leaves the folder as it was.
     return take_output_dir(
         training_args.output_dir,
         training_args.overwrite_output_dir,
         asks_to_resume(training_args.resume_from_checkpoint),
         check=resume_checkpoint,
+        claim=claim,
     )
 
 

@@ -201,6 +201,7 @@ class AfterTraining:
     test_steps: int = 0
     greedy_step_seconds: float | None = None
     beam_step_seconds: float | None = None
+    timed_only: bool = False  # the budget alone ends training (`PaperTrainingArguments.timed_only`)
 
     def bound(self) -> dict[str, float] | None:
         """About the most seconds each part after training should take, from the decoder steps timed before training: an
@@ -265,7 +266,8 @@ class AfterTraining:
             parts.append(timed(f"the test translation of {self.test_decoding}", "test"))
         end = f"step {self.max_steps}" if self.max_steps > 0 else "the last epoch"
         when = (
-            f"the {self.budget_minutes:g}-minute budget (or {end}, if sooner)"
+            f"the {self.budget_minutes:g}-minute budget"
+            + ("" if self.timed_only else f" (or {end}, if sooner)")
             if self.budget_minutes
             else f"training ({end})"
         )

@@ -59,7 +59,7 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
     alpha = finish_args.length_penalty[0]
     if finish_args.chooses_length_penalty:
         alpha = choose_length_penalty_on_validation(final_dir, output_dir, data_args, finish_args)
-    save_length_penalty(final_dir, alpha)
+    save_decoding(final_dir, finish_args, alpha)
     if finish_args.plots:
         from .plotting import plot_learning_curves  # matplotlib, only when drawing
 
@@ -237,16 +237,21 @@ def _choice_record(data_args: DataArguments, finish_args: FinishArguments, **cho
     }
 
 
-def save_length_penalty(model_dir: Path, alpha: float) -> None:
-    """Write `alpha` into the model folder's generation config, so that `generate()`, the translation pipeline and
-    `vaswani-translate` decode the saved model as its test score was made."""
+def save_decoding(model_dir: Path, finish_args: FinishArguments, alpha: float) -> None:
+    """Write the test's decoding (`--num_beams`, the length penalty `alpha` and `--length_penalty_form`) into the model
+    folder's generation config, so that `generate()`, the translation pipeline, `vaswani-translate` and an export
+    decode the saved model as its test score was made."""
     path = Path(model_dir, "generation_config.json")
     if not path.exists():
         return
     config = json.loads(path.read_text())
-    if config.get("length_penalty") != alpha:
-        config["length_penalty"] = alpha
-        write_json(path, config)
+    decoding = {
+        "num_beams": finish_args.num_beams,
+        "length_penalty": alpha,
+        "length_penalty_form": finish_args.length_penalty_form,
+    }
+    if decoding.items() - config.items():
+        write_json(path, {**config, **decoding})
 
 
 def _translate_with(model_dir, sources, finish_args: FinishArguments, length_penalty: float):

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+
+from transformers import TrainerCallback
 
 from .schedule import paper_peak_learning_rate, warmup_factor
 
@@ -112,8 +115,8 @@ def describe_batches(args) -> str:
 
 
 def log_recipe(args) -> None:
-    """Say how the run batches and which learning rate it trains with, and warn when the run ends inside the §5.3
-    warm-up (the peak is then never reached)."""
+    """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
+    the §5.3 warm-up)."""
     logger.info("Batches: %s", describe_batches(args))
     if not args.paper_lr_schedule:
         logger.info(
@@ -129,13 +132,47 @@ def log_recipe(args) -> None:
         args.learning_rate,
         warmup,
     )
-    if 0 < args.max_steps < warmup:
-        logger.warning(
-            "--max_steps %d ends the run inside the %d warm-up steps of the §5.3 schedule: the learning rate rises "
-            "to %.3g only, not to the peak %.3g (--learning_rate). Give --warmup_steps below --max_steps, or "
-            "--paper_lr_schedule false to use --lr_scheduler_type as transformers does",
-            args.max_steps,
-            warmup,
-            args.learning_rate * warmup_factor(args.max_steps, warmup),
-            args.learning_rate,
-        )
+
+
+def warn_of_a_run_inside_the_warmup(args, steps: int, bound: str) -> None:
+    """Warn that `bound` (the flag that ends the run, in words) ends it after `steps` steps, inside the §5.3 warm-up."""
+    logger.warning(
+        "%s ends the run inside the %d warm-up steps of the §5.3 schedule: the learning rate rises to %.3g only, "
+        "not to the peak %.3g (--learning_rate). Give --warmup_steps below %d, or --paper_lr_schedule false to use "
+        "--lr_scheduler_type as transformers does",
+        bound,
+        int(args.warmup_steps),
+        args.learning_rate * warmup_factor(steps, int(args.warmup_steps)),
+        args.learning_rate,
+        steps,
+    )
+
+
+class WarmupEnd(TrainerCallback):
+    """Warns when the run will end inside the §5.3 warm-up, the peak learning rate never reached: before the first
+    step when its steps (--max_steps, or the epochs') end it there; with only a time budget of `seconds`, once a
+    minute (or a twentieth of the budget) has passed, when the steps at that pace do."""
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds = seconds
+        self.started = self.first = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started, self.first = time.monotonic(), state.global_step
+        if not args.timed_only and state.max_steps < args.warmup_steps:
+            epochs = f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
+            warn_of_a_run_inside_the_warmup(
+                args, state.max_steps, f"--max_steps {args.max_steps}" if args.max_steps > 0 else epochs
+            )
+            self.seconds = None  # said once
+
+    def on_step_end(self, args, state, control, **kwargs):
+        elapsed = time.monotonic() - self.started
+        if not self.seconds or state.global_step >= args.warmup_steps or elapsed < min(60, self.seconds / 20):
+            return
+        pace = (state.global_step - self.first) / elapsed
+        steps = min(state.max_steps, round(state.global_step + pace * (self.seconds - elapsed)))
+        if steps < args.warmup_steps:
+            budget = f"--max_train_minutes {self.seconds / 60:g} (about {steps} steps at {pace:.3g} a second)"
+            warn_of_a_run_inside_the_warmup(args, steps, budget)
+        self.seconds = None

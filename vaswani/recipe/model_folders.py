@@ -1,5 +1,6 @@
 """Model folders a tool is pointed at, checked before anything loads: a local folder or a Hub model, named at once
-when it is neither (`check_model_path`), and the languages a folder records of itself, against which
+when it is neither (`check_model_path`); loaded only when its weights are the ones its config describes
+(`load_model`, which every tool that loads a model calls); and the languages a folder records of itself, against which
 `--source_lang`/`--target_lang` are checked (`model_languages`, `check_model_languages`)."""
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_c
 from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
 from huggingface_hub.repocard import metadata_load
 from huggingface_hub.utils import validate_repo_id
+from safetensors import safe_open
+from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from ..common.errors import UsageError
 from ..common.fileio import read_json
-from .averaging import check_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,55 @@ def check_model_path(model_path: str | os.PathLike) -> None:
     if path.exists():
         raise ValueError(f"{path} is a file: give the model's folder")
     check_hub_model(str(model_path))
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Raise `ValueError` naming `path` unless it is a complete safetensors file (its header parses and every
+    tensor it lists lies inside the file); no tensor data is read."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                f.get_slice(key)
+    except Exception as error:  # safetensors raises its own error types for bad headers and short buffers
+        raise ValueError(f"{path} is corrupt or truncated: {' '.join(str(error).split())}") from None
+
+
+def _first(names, few: int = 3) -> str:
+    names = sorted(names)
+    return ", ".join(names[:few]) + (f" and {len(names) - few} more" if len(names) > few else "")
+
+
+def load_model(model_path: str | os.PathLike, model_class=AutoModelForSeq2SeqLM, **kwargs) -> PreTrainedModel:
+    """`model_class.from_pretrained(model_path, **kwargs)` after `check_model_path`, refusing with a `ValueError` a
+    folder whose weights are not those its config describes (weights transformers would invent, throw away or
+    reshape: a mistyped config key falls back to the default), naming the first few; config keys the model does not
+    know are logged as a warning."""
+    check_model_path(model_path)
+    try:
+        model, info = model_class.from_pretrained(
+            model_path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        )
+    except (OSError, ValueError) as error:
+        raise type(error)(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
+    config_file = Path(model_path) / "config.json"
+    if config_file.is_file():
+        known = {"auto_map", "custom_pipelines", "quantization_config", *type(model.config)().to_dict()}
+        if unknown := set(read_json(config_file)) - known:
+            logger.warning(
+                "%s has keys the model does not know, which it ignores: %s", config_file, _first(unknown, 9)
+            )
+    wrong = [
+        f"{kind} {_first(names)}"
+        for kind, names in (
+            ("missing", info.get("missing_keys", ())),
+            ("unexpected", info.get("unexpected_keys", ())),
+            ("of another shape", [key for key, *_ in info.get("mismatched_keys", ())]),
+        )
+        if names
+    ]
+    if wrong:
+        raise ValueError(f"The weights of {model_path} do not match its config.json: {'; '.join(wrong)}")
+    return model
 
 
 def check_hub_model(name: str) -> None:

@@ -27,11 +27,17 @@ from ..configuration_vaswani import VaswaniConfig
 from ..generation_vaswani import paper_decoding
 from ..kernels import FAST_ATTENTION, use_cpu_kernels
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from .arguments import (
+    PAPER_VOCAB_SIZE,
+    DataArguments,
+    FinishArguments,
+    ModelArguments,
+    PaperTrainingArguments,
+)
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
-from .checkpoints import resolve_resume_checkpoint, saved_tokenizer_digest, tokenizer_digest, train_or_resume
-from .checks import check_lowercase, check_run, has_training_state
+from .checkpoints import resolve_resume_checkpoint, train_or_resume
+from .checks import check_lowercase, check_run, has_training_state, take_run_folder
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
 from .evaluation import (
     AfterTraining,
@@ -43,12 +49,15 @@ from .evaluation import (
 )
 from .flags import log_recipe
 from .metrics import bleu_metric_fn
+from .model_folders import load_model
 from .summary import training_summary
 from .tokenization import (
     SOURCE_SUBDIR,
     TARGET_SUBDIR,
     load_tokenizers,
     save_tokenizers,
+    saved_tokenizer_digest,
+    tokenizer_digest,
     train_bpe_tokenizer,
     train_separate_tokenizers,
 )
@@ -118,16 +127,17 @@ def train_new_tokenizers(data_args: DataArguments, train, show_progress: bool = 
     sample = sample_pairs(train, data_args.max_tokenizer_samples)
     src, tgt = data_args.source_lang, data_args.target_lang
     separate = data_args.separate_vocabularies
+    vocab_size = data_args.vocab_size or PAPER_VOCAB_SIZE
     logger.info(
         "Training the BPE vocabulary (%d tokens, %s) on %s sentences: %s",
-        data_args.vocab_size,
+        vocab_size,
         "one per language" if separate else "joint",
         f"{len(sample) * 2:,}",
         f"{len(sample):,} of the {len(train):,} training pairs, drawn at random"
         if len(sample) < len(train)
         else f"all {len(train):,} training pairs",
     )
-    common = dict(vocab_size=data_args.vocab_size, lowercase=data_args.lowercase, show_progress=show_progress)
+    common = dict(vocab_size=vocab_size, lowercase=data_args.lowercase, show_progress=show_progress)
     if separate:
         return train_separate_tokenizers(
             iter_text(sample, [src]), iter_text(sample, [tgt]), length=len(sample), **common, **options
@@ -176,8 +186,11 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
     `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config."""
     attention = model_args.attn_implementation or default_attention(training_args.device)
     if model_args.model_name_or_path:
-        model = VaswaniForConditionalGeneration.from_pretrained(
-            model_args.model_name_or_path, attn_implementation=attention, **overrides
+        model = load_model(
+            model_args.model_name_or_path,
+            VaswaniForConditionalGeneration,
+            attn_implementation=attention,
+            **overrides,
         )
         for name, tokenizer, size in (
             ("source", source_tok, model.config.vocab_size),
@@ -218,7 +231,7 @@ def train_main(
     started = time.time()
     finish_args = finish_args or FinishArguments()
     with training_args.main_process_first(desc="checks"):
-        resume = check_run(model_args, data_args, training_args, finish_args, overrides)
+        check_run(model_args, data_args, training_args, finish_args, overrides)
     wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
     # The main process reads the text into datasets' Arrow cache first; the others then map that cache. Every split
     # the run reads is read now, the small ones first, so that a bad test or validation file is named before the
@@ -232,6 +245,8 @@ def train_main(
         chooses = finish_args.chooses_average or finish_args.chooses_length_penalty
         validation = load_split(data_args, "validation") if wants_validation or chooses else None
         raw = {"train": load_split(data_args, "train")}
+    with training_args.main_process_first(desc="output folder"):
+        resume = take_run_folder(training_args)  # the data is read: the run's folder is taken now
     if wants_validation:
         raw["validation"] = validation
     if data_args.max_train_samples:
@@ -383,6 +398,7 @@ def after_training_plan(
     test = len(test_sources) if test_sources is not None else None
     plan = AfterTraining(
         budget_minutes=getattr(args, "max_train_minutes", None),
+        timed_only=getattr(args, "timed_only", False),
         max_steps=args.max_steps,
         validation_pairs=final,
         eval_decoding=describe_decoding(

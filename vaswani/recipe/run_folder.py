@@ -154,7 +154,13 @@ def _acquire(path: Path) -> list[Path]:
     lock = path / LOCK_FILE
     if not lock.exists():
         created.insert(0, lock)
-    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    _held[key] = _flock(path, os.open(lock, os.O_RDWR | os.O_CREAT, 0o666))
+    return created
+
+
+def _flock(path: Path, descriptor: int) -> int:
+    """Take the exclusive lock of the open lock file `descriptor`, or close it and raise `UsageError` naming the
+    process that holds it."""
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -164,8 +170,7 @@ def _acquire(path: Path) -> list[Path]:
             f"--output_dir {path} is in use by another run{holder}: two runs in one folder would mix their "
             "checkpoints; wait for it to end, or choose another --output_dir"
         ) from None
-    _held[key] = descriptor
-    return created
+    return descriptor
 
 
 def _write_holder(path: Path) -> None:
@@ -224,19 +229,30 @@ def trained(path: Path) -> bool:
 
 
 def take_output_dir(
-    output_dir: str | os.PathLike, overwrite: bool, resuming: bool, check: Callable[[], T] | None = None
+    output_dir: str | os.PathLike,
+    overwrite: bool,
+    resuming: bool,
+    check: Callable[[], T] | None = None,
+    claim: bool = True,
 ) -> T | None:
     """Lock `output_dir` for this run and make it this run's folder (`claim_output_dir`); `check` (e.g. choosing the
     checkpoint to resume from) runs under the lock before anything is written, and its result is returned. A
     refusal (`UsageError` from the claim, any error of `check`) changes nothing in the folder: the lock file is
     written with this process's details only once the folder is this run's, and a folder or lock file that the lock
-    had to create is removed again."""
+    had to create is removed again. With `claim` false, it refuses what it would refuse (a folder another run
+    holds included) and returns `check()` without creating or writing anything: the check before any data is read."""
     if overwrite and resuming:
         raise UsageError(
             "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
         )
     path = Path(output_dir)
     _refuse_a_folder_without_a_run(path, overwrite)  # before the lock file is written into it
+    if not claim:
+        lock = path / LOCK_FILE
+        if fcntl is not None and lock.is_file() and str(path.resolve()) not in _held:
+            os.close(_flock(path, os.open(lock, os.O_RDONLY)))  # closing it releases the lock at once
+        _decide_claim(path, overwrite, resuming)
+        return check() if check is not None else None
     created = _acquire(path)
     try:
         action = _decide_claim(path, overwrite, resuming)

@@ -283,18 +283,20 @@ def load_tokenizers(
 ) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
     """Load `(source_tokenizer, target_tokenizer)` from a folder written by `save_tokenizers`, or by `vaswani.interop.convert`.
 
-    A joint vocabulary (`path/tokenizer.json`) gives the same object twice; separate vocabularies come from
-    `path/source` and `path/target`. Both layouts are checked for the special ids the model expects. A converted
+    Separate vocabularies come from `path/source` and `path/target` (a model folder of such a run also holds the
+    target tokenizer as `path/tokenizer.json`, which the Trainer saves); a joint one (`path/tokenizer.json`) gives the
+    same object twice. Both layouts are checked for the special ids the model expects. A converted
     model's own tokenizer (Marian's sentencepiece, FSMT's) serves both sides.
     """
     path = Path(path)
-    if (path / "tokenizer.json").is_file():
-        tokenizer = _load_tokenizer(path)
-        return tokenizer, tokenizer
     source_dir, target_dir = path / SOURCE_SUBDIR, path / TARGET_SUBDIR
+    # Separate ones first: the model folder of such a run also holds the Trainer's copy of the target tokenizer.
     if (source_dir / "tokenizer.json").is_file() and (target_dir / "tokenizer.json").is_file():
         _check_pair(source_dir, target_dir)
         return _load_tokenizer(source_dir), _load_tokenizer(target_dir)
+    if (path / "tokenizer.json").is_file():
+        tokenizer = _load_tokenizer(path)
+        return tokenizer, tokenizer
     if (path / "tokenizer_config.json").is_file():
         # A tokenizer of another kind that encodes the source and decodes the target itself, as a converted Marian
         # (sentencepiece) or FSMT model carries it (`vaswani.interop.convert`); its special ids are the converted config's.
@@ -304,6 +306,55 @@ def load_tokenizers(
         f"No tokenizer in {path}: expected {path / 'tokenizer.json'} (joint vocabulary) or "
         f"{source_dir / 'tokenizer.json'} and {target_dir / 'tokenizer.json'} (separate vocabularies)"
     )
+
+
+def tokenizer_digest(source_tokenizer, target_tokenizer) -> str:
+    """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
+    tokens give different digests."""
+    models = []
+    for tokenizer in (source_tokenizer, target_tokenizer):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            models.append(json.loads(backend.to_str()).get("model"))
+        else:
+            models.append(sorted(tokenizer.get_vocab().items()))
+    text = json.dumps(models, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def saved_tokenizer_digest(folder: str | os.PathLike) -> str | None:
+    """The tokenizer digest (`tokenizer_digest`) a checkpoint's `trainer_state.json` records (None for a folder
+    without one)."""
+    try:
+        state = json.loads(Path(folder, "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    saved = (state.get("stateful_callbacks") or {}).get("RunTokenizer")  # `callbacks.RunTokenizer`'s state
+    if isinstance(saved, list):
+        saved = saved[0] if saved else None
+    return ((saved or {}).get("args") or {}).get("digest")
+
+
+def load_model_tokenizers(
+    model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None
+) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+    """`load_tokenizers(tokenizer_path or model_path)`, refusing with a `ValueError` naming both folders a
+    `tokenizer_path` whose vocabulary differs from the one the model folder records (`saved_tokenizer_digest`) or
+    holds (its token ids would mean other tokens to the model: another run's tokenizer)."""
+    tokenizers = load_tokenizers(tokenizer_path or model_path)
+    if tokenizer_path is None or not Path(model_path).is_dir():
+        return tokenizers
+    own = saved_tokenizer_digest(model_path)  # a checkpoint's record of its run's tokenizers, else the folder's own
+    try:
+        own = own or tokenizer_digest(*load_tokenizers(model_path))
+    except (OSError, ValueError):  # the folder holds no (usable) tokenizer of its own: nothing to compare with
+        return tokenizers
+    if own != tokenizer_digest(*tokenizers):
+        raise ValueError(
+            f"The tokenizer {tokenizer_path} is not the one the model {model_path} was trained with (its own, in "
+            f"that folder, has other tokens): leave the model's own (drop --tokenizer_name)"
+        )
+    return tokenizers
 
 
 def _pair_digest(source_dir: Path, target_dir: Path) -> str:
@@ -353,9 +404,11 @@ __all__ = [
     "PAD_ID",
     "UNK_ID",
     "check_special_ids",
+    "load_model_tokenizers",
     "load_tokenizers",
     "lowercases",
     "save_tokenizers",
+    "tokenizer_digest",
     "train_bpe_tokenizer",
     "train_separate_tokenizers",
 ]

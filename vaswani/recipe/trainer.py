@@ -40,7 +40,7 @@ from .callbacks import (
 )
 from .distributed import enable_fsdp_on_cpu, shard_with_fsdp2
 from .evaluation import EvaluationClock, describe_decoding, generation_settings
-from .flags import resolve_peak_learning_rate
+from .flags import WarmupEnd, resolve_peak_learning_rate
 from .losses import fused_output_loss, label_smoothed_loss
 from .schedule import paper_schedule
 
@@ -70,6 +70,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         minutes = getattr(self.args, "max_train_minutes", None)
         if minutes:
             self.add_callback(TimeBudget(minutes))
+        if getattr(self.args, "paper_lr_schedule", False):
+            self.add_callback(WarmupEnd(minutes and minutes * 60))
         if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
             self.add_callback(TimedCheckpoints(self.args.save_minutes))
         if self.args.torch_compile:

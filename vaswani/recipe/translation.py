@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import snapshot_download
 from tqdm.auto import tqdm
-from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..common.fileio import atomic_write
 from ..generation_vaswani import (
@@ -38,8 +38,8 @@ from ..generation_vaswani import (
 from ..kernels import use_cpu_kernels
 from .data import read_lines
 from .metrics import compute_bleu, reported_scores
-from .model_folders import check_model_path
-from .tokenization import load_tokenizers
+from .model_folders import load_model
+from .tokenization import load_model_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -103,20 +103,16 @@ def load_translation_model(
     (`kernels.use_cpu_kernels`: its linear layers, int8 ones through an int8 GEMM with the tied output projection
     in int8 too, and, unless `attn_implementation` is given, the "vaswani_sdpa" attention).
 
-    Raises `FileNotFoundError` / `ValueError` naming the folder or file (`check_model_path`), before anything loads:
-    a name that is neither a local folder nor a reachable Hub model, a folder without `config.json`, a config that is
-    not JSON, a weights file that is cut short or corrupt.
+    Raises `FileNotFoundError` / `ValueError` naming the folder or file (`model_folders.load_model`): a name that is
+    neither a local folder nor a reachable Hub model, a folder without `config.json`, a config that is not JSON, a
+    weights file that is cut short or corrupt, weights that do not match the config.
     """
     device = torch.device(device or ("cpu" if int8 else default_device()))
     if int8 and (bf16 or device.type != "cpu"):
         raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
-    check_model_path(model_path)
     if int8:
         model_kwargs.update(quantization_config=int8_quantization_config(), device_map="cpu")
-    try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
-    except (OSError, ValueError) as error:
-        raise type(error)(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
+    model = load_model(model_path, **model_kwargs)
     model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
     if device.type == "cpu":
         use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
@@ -124,7 +120,7 @@ def load_translation_model(
         tokenizer_path is None and not Path(model_path).is_dir()
     ):  # a Hub model: its tokenizer files, from the cache
         tokenizer_path = snapshot_download(str(model_path), allow_patterns=TOKENIZER_PATTERNS)
-    source_tokenizer, target_tokenizer = load_tokenizers(tokenizer_path or model_path)
+    source_tokenizer, target_tokenizer = load_model_tokenizers(model_path, tokenizer_path)
     logger.info(
         "Loaded %s (%s%s) on %s; tokenizer(s) from %s",
         model_path,

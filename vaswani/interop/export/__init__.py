@@ -33,7 +33,7 @@ from ...common.fileio import atomic_folder, read_json
 from ...common.flag_choices import CTRANSLATE2_QUANTIZATIONS, ENGINES  # noqa: F401 (this module's names too)
 from ...generation_vaswani import PAPER_LENGTH_PENALTY_FORM
 from ...recipe.model_folders import check_model_path, model_languages
-from ...recipe.tokenization import load_tokenizers, save_tokenizers
+from ...recipe.tokenization import load_model_tokenizers, load_tokenizers, save_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -143,9 +143,7 @@ def export(
     if engine == "onnx" and quantization not in (None, "float32"):
         raise ValueError(f"--quantization {quantization} applies to ctranslate2; ONNX graphs are float32")
     output_dir = check_output(output_dir, force)
-    load_tokenizers(
-        tokenizer_path or model_path
-    )  # a missing or broken tokenizer is named before the export runs
+    load_model_tokenizers(model_path, tokenizer_path)  # a missing, broken or other tokenizer: named before the export
     with atomic_folder(output_dir) as building:
         if engine == "ctranslate2":
             from .to_ctranslate2 import export_ctranslate2

@@ -31,10 +31,10 @@ import ctranslate2
 import torch
 from ctranslate2.converters import transformers as ct2_transformers
 from ctranslate2.specs import common_spec, transformer_spec
-from transformers import AutoModelForSeq2SeqLM
 
 from ...configuration_vaswani import VaswaniConfig
 from ...modeling_vaswani import VaswaniStack, sinusoidal_positional_encoding
+from ...recipe.model_folders import load_model
 from ...recipe.tokenization import load_tokenizers
 from . import finish_export
 
@@ -149,7 +149,7 @@ class VaswaniConverter(ct2_transformers.TransformersConverter):
 
     def load_model(self, model_class, model_name_or_path, **kwargs):
         kwargs["dtype"] = torch.float32
-        return AutoModelForSeq2SeqLM.from_pretrained(model_name_or_path, **kwargs).eval()
+        return load_model(model_name_or_path, **kwargs).eval()
 
     def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
         return load_tokenizers(self.tokenizer_path)

@@ -23,9 +23,9 @@ from pathlib import Path
 import onnx
 import torch
 from torch import nn
-from transformers import AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from ...recipe.model_folders import load_model
 from . import finish_export
 
 logger = logging.getLogger(__name__)
@@ -158,9 +158,7 @@ def export_onnx(
     docstring; `vaswani.interop.export.export` builds it beside the destination)."""
     import vaswani  # noqa: F401  (registers the model with AutoModelForSeq2SeqLM)
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(
-        model_path, dtype=torch.float32, attn_implementation="eager"
-    )
+    model = load_model(model_path, dtype=torch.float32, attn_implementation="eager")
     output_dir = Path(output_dir)
     with torch.no_grad():
         export_graphs(model.eval(), output_dir)
