@@ -352,7 +352,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     optim: str = field(
         # transformers' own default: its fused AdamW where torch has it for every device (torch >= 2.8), one
         # kernel per step on the CPU too, against the for-loop's dozen operators per parameter
-        # (`bench.ab_training_kernels`)
+        # (`bench/ab_training_kernels.py` at commit 7c3468a)
         default=getattr(Seq2SeqTrainingArguments, "default_optim", "adamw_torch"),
         metadata={
             "help": "Adam (weight decay 0 makes AdamW plain Adam). Default: transformers' default, the fused AdamW "
