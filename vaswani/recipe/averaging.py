@@ -27,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
+from .. import register
 from ..common.fileio import atomic_folder
 from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_tokenizers
 
@@ -198,6 +199,7 @@ def _copy_companion_files(newest: Path, output_dir: Path) -> list[str]:
 
 def _load_averaged_model(newest: Path, averaged: dict[str, torch.Tensor]) -> PreTrainedModel:
     """The newest checkpoint's model with the averaged weights; the keys not stored must all be tied ones."""
+    register()  # model_type="vaswani" loads with this package's classes
     model = AutoModelForSeq2SeqLM.from_pretrained(newest)
     result = model.load_state_dict(averaged, strict=False)
     if result.unexpected_keys:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
+from .. import register
 from ..common.errors import UsageError
 from ..configuration_vaswani import VaswaniConfig
 from ..publishing.hub import check_repo_id
@@ -36,6 +37,7 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
             check_model_path(model_args.model_name_or_path)
         except (OSError, ValueError) as error:
             raise UsageError(f"--model_name_or_path: {error}") from None
+        register()  # model_type="vaswani" loads with this package's classes
         try:
             config = AutoConfig.from_pretrained(model_args.model_name_or_path)
         except (OSError, ValueError) as error:

@@ -28,6 +28,7 @@ from huggingface_hub import snapshot_download
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from .. import register
 from ..common.fileio import atomic_write
 from ..generation_vaswani import (
     EXTRA_OUTPUT_TOKENS,
@@ -113,6 +114,7 @@ def load_translation_model(
     check_model_path(model_path)
     if int8:
         model_kwargs.update(quantization_config=int8_quantization_config(), device_map="cpu")
+    register()  # model_type="vaswani" loads with this package's classes
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
     except (OSError, ValueError) as error:
