@@ -48,10 +48,11 @@ def register() -> None:
     """Register `model_type="vaswani"` with `AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM`, and
     `attn_implementation="vaswani_sdpa"` (`vaswani.kernels`), with transformers' public `register` methods. Calling it
     again changes nothing."""
+    from .configuration_vaswani import VaswaniConfig  # noqa: I001 (first: it checks the transformers version)
+
     from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
     from . import kernels  # noqa: F401 (registers attn_implementation="vaswani_sdpa")
-    from .configuration_vaswani import VaswaniConfig
     from .modeling_vaswani import VaswaniForConditionalGeneration, VaswaniModel
 
     AutoConfig.register("vaswani", VaswaniConfig, exist_ok=True)
@@ -62,8 +63,8 @@ def register() -> None:
 def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    register()
     value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    register()
     globals()[name] = value
     return value
 
