@@ -83,6 +83,10 @@ def generate(*args, model, **kwargs):
     generation config's, else "gnmt"), and `share_encoder_outputs=True`, with which the beams of a source read one
     copy of its encoder output and encoder-decoder attention keys (faster in beam search; the returned cache then
     holds those keys once per source)."""
+    source = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    check_token_ids(source, model.config.vocab_size, "input_ids")
+    decoder_vocab_size = getattr(model.config, "decoder_vocab_size", model.config.vocab_size)
+    check_token_ids(kwargs.get("decoder_input_ids"), decoder_vocab_size, "decoder_input_ids")
     if kwargs.get("custom_generate") is not None:  # the caller's own decoding
         return GenerationMixin.generate(model, *args, **kwargs)
     drop_trainer_defaults(model.generation_config)
@@ -113,6 +117,20 @@ def generate(*args, model, **kwargs):
         )
     _check_beam_search_vocabulary(model.config, beam_search_mode or (config.num_beams or 1) > 1)
     return GenerationMixin.generate(model, *args, **kwargs)
+
+
+def check_token_ids(ids, vocab_size: int, name: str) -> None:
+    """A clear error for token ids outside the vocabulary where data enters `generate` (and the tools, which call it),
+    instead of an index error inside torch. It reads the smallest and largest id (a host-device sync, once per call);
+    the model's forward reads no token value."""
+    if not torch.is_tensor(ids) or ids.numel() == 0 or ids.is_floating_point():
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`{name}` holds token ids outside the vocabulary [0, {vocab_size}): min {low}, max {high}. "
+            "Check that the tokenizer matches the model (`-100` belongs in `labels` only)."
+        )
 
 
 def _check_settings(config) -> None:
@@ -493,6 +511,7 @@ __all__ = [
     "PAPER_LENGTH_PENALTY_FORM",
     "PAPER_NUM_BEAMS",
     "beam_search",
+    "check_token_ids",
     "drop_trainer_defaults",
     "generate",
     "length_penalty_factor",

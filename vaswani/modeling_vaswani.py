@@ -38,7 +38,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import is_torchdynamo_compiling, logging
+from transformers.utils import logging
 
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import generate as paper_generate
@@ -52,7 +52,6 @@ from .utils_vaswani import (
     check_decoder_inputs,
     check_embedding_inputs,
     check_mask,
-    check_token_ids,
     flag,
     resize_target_vocabulary,
 )
@@ -114,9 +113,10 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
         self.offset = offset
 
     def forward(self, past_length: int | torch.Tensor, seq_len: int, device: torch.device) -> torch.Tensor:
-        if not is_torchdynamo_compiling() and int(past_length) + seq_len + self.offset > self.num_embeddings:
+        # a static cache counts its past on the device: reading it would cost a host-device sync
+        if not torch.is_tensor(past_length) and past_length + seq_len + self.offset > self.num_embeddings:
             raise ValueError(
-                f"A sequence of {int(past_length) + seq_len} positions is longer than the learned position table "
+                f"A sequence of {past_length + seq_len} positions is longer than the learned position table "
                 f"(`max_position_embeddings`={self.num_embeddings - self.offset}). Use sinusoidal positions or a "
                 "larger table."
             )
@@ -728,7 +728,8 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """
         cache = cache_argument(cache, kwargs)
         if labels is not None:
-            check_token_ids(labels.masked_fill(labels == -100, 0), self.config.decoder_vocab_size, "labels")
+            if labels.numel() == 0:
+                raise ValueError(f"`labels` is empty (shape {tuple(labels.shape)}): give at least one token per row.")
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -779,9 +780,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch
         logits.flatten(0, -2).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
     )
     if num_items_in_batch is None:
-        num_items_in_batch = (labels != -100).sum()
-        if not is_torchdynamo_compiling() and num_items_in_batch == 0:
-            raise ValueError("`labels` hold no target token (every position is -100): no loss to compute.")
+        num_items_in_batch = (labels != -100).sum()  # none: 0 / 0 is NaN, as the mean of Marian's loss
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
