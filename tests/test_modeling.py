@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from conftest import SHAPES, batch, tiny_config, tiny_model
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
@@ -548,10 +549,13 @@ def test_every_shape_loads_in_half_precision_and_generates(shape, dtype, tmp_pat
 
 
 def test_vocab_size_changed_after_construction_is_saved_and_loads(tmp_path):
-    """`config.vocab_size = len(tokenizer)` on a shared vocabulary resizes the target side with it."""
+    """`config.vocab_size = len(tokenizer)` on a shared vocabulary leaves `decoder_vocab_size` as it was (as in
+    `MarianConfig`): a model is refused, naming both, until the target side is set to the same size."""
     config = tiny_config()
     config.vocab_size = 59
-    assert config.decoder_vocab_size == 59
+    with pytest.raises(ValueError, match=r"`decoder_vocab_size` \(53\) != `vocab_size` \(59\)"):
+        VaswaniForConditionalGeneration(config)
+    config.decoder_vocab_size = 59
     model = VaswaniForConditionalGeneration(config)
     assert model.lm_head.weight.shape[0] == 59
     model.save_pretrained(tmp_path)
@@ -567,7 +571,8 @@ def test_a_config_changed_into_one_that_cannot_work_is_refused_before_a_model_or
     config.d_model = 16  # 3 encoder heads do not divide it
     with pytest.raises(ValueError, match="d_model.*divisible by `encoder_attention_heads`"):
         VaswaniForConditionalGeneration(config)
-    with pytest.raises(ValueError, match="d_model.*divisible"):
+    # transformers' own check when a `@strict` config is saved: its error names our validator's ValueError
+    with pytest.raises(StrictDataclassClassValidationError, match="ValueError: `d_model`.*divisible"):
         config.save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()
 

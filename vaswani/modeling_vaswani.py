@@ -377,6 +377,8 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         if output is not None:  # transformers resized it with the source side; the target side is unchanged
             self.set_output_embeddings(output)
+        else:  # one vocabulary: transformers set `vocab_size`, the target side is the same
+            self.config.decoder_vocab_size = self.config.vocab_size
         return embeddings
 
     def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
@@ -729,7 +731,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         cache = cache_argument(cache, kwargs)
         if labels is not None:
             if labels.numel() == 0:
-                raise ValueError(f"`labels` is empty (shape {tuple(labels.shape)}): give at least one token per row.")
+                raise ValueError(
+                    f"`labels` is empty (shape {tuple(labels.shape)}): give at least one token per row."
+                )
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
