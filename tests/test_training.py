@@ -346,7 +346,8 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
 
     from vaswani.recipe.config_arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
 
-    own = set(VaswaniConfig.__annotations__)  # the dataclass's own fields, not those of transformers' base class
+    # the dataclass's own fields, not those of transformers' base class
+    own = set(VaswaniConfig.__annotations__)
     parameters = {
         name: p
         for name, p in inspect.signature(VaswaniConfig.__init__).parameters.items()
