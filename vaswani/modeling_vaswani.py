@@ -610,21 +610,16 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_attention_mask (`torch.Tensor` of shape `(batch_size, past + target_length)`, *optional*): padding
             of the target; the causal mask is always applied.
         encoder_outputs (*optional*): a precomputed encoder output (as `generate()` passes).
-        cache (`EncoderDecoderCache`, *optional*): self-attention keys/values of earlier steps and the
-            encoder-decoder attention keys/values of the encoder output. Before transformers 5.24 its name was
-            `past_key_values`, which is accepted too.
+        cache (`EncoderDecoderCache`, *optional*): self- and encoder-decoder attention keys/values of earlier steps
+            (`past_key_values` before transformers 5.24, accepted too).
         """
         cache = cache_argument(cache, kwargs)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        outputs = dict(
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True
+        )
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                return_dict=True,
-            )
+            encoder_outputs = self.encoder(input_ids, attention_mask, inputs_embeds, **outputs)
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(
@@ -635,9 +630,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            **outputs,
             **kwargs,
         )
         output = Seq2SeqModelOutput(
@@ -754,17 +747,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, target vocabulary)
         loss = None if labels is None else cross_entropy(logits, labels, num_items_in_batch)
-        output = Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
-        )
+        # the model's outputs (the fields that are set) but its last hidden state, which the logits replace
+        fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        output = Seq2SeqLMOutput(loss=loss, logits=logits, **fields)
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
     def generate(self, *args, **kwargs):
