@@ -356,8 +356,9 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
     _can_compile_fullgraph = True
 
     def __init__(self, config: VaswaniConfig, *args, **kwargs):
-        if config.share_encoder_decoder_embeddings:  # one vocabulary, one size: `config.vocab_size = n` sets both
-            config.decoder_vocab_size = config.vocab_size  # (transformers' common tests build models so)
+        # One vocabulary, one size: `config.vocab_size = n` sets both (transformers' common tests build models so).
+        if config.share_encoder_decoder_embeddings:
+            config.decoder_vocab_size = config.vocab_size
         config.validate_fields()  # fields may have been changed since the config was built
         super().__init__(config, *args, **kwargs)
         self._built_as = architecture(config)  # `follow_config`: in training, evaluation and saving
