@@ -54,6 +54,7 @@ from .utils_vaswani import (
     check_mask,
     flag,
     resize_target_vocabulary,
+    tied_weights_saved_once,
 )
 
 logger = logging.get_logger(__name__)
@@ -575,6 +576,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder = VaswaniEncoder(config, encoder_embed)
         self.decoder = VaswaniDecoder(config, decoder_embed)
         self.post_init()
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
@@ -677,6 +679,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if not config.tie_word_embeddings:  # a projection of its own is no tied weight (Marian's layout)
             self._tied_weights_keys.pop("lm_head.weight")
         self.post_init()
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()

@@ -86,10 +86,10 @@ class FollowsConfig:
     model's dropout from there on and is saved with it; any other field the modules follow (`ARCHITECTURE_FIELDS`)
     changed since the model was built is refused there, naming it, before a step is trained.
 
-    `_keys_to_ignore_on_save` is the set of tied weights (`all_tied_weights_keys` that are one tensor with the
-    weight they are tied to), which a saved folder holds once, under that weight. transformers' Trainer compares it
-    with the keys a resumed checkpoint lacks, to tell tied weights from missing ones. `save_pretrained` writes the
-    code files and names (`CODE_FILES`) that make the folder load without this package.
+    `save_pretrained` sets transformers' `_keys_to_ignore_on_save` to the tied weights (`tied_weights_saved_once`,
+    which the model's constructor sets too: transformers' Trainer compares them with the keys a resumed checkpoint
+    lacks, to tell tied weights from missing ones), and writes the code files and names (`CODE_FILES`) that make the
+    folder load without this package.
     """
 
     def follow_config(self) -> None:
@@ -118,6 +118,7 @@ class FollowsConfig:
         changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
         the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
         self.follow_config()
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self)
         drop_trainer_defaults(getattr(self, "generation_config", None))
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
         pipelines = getattr(self.config, "custom_pipelines", None) or {}
@@ -127,19 +128,19 @@ class FollowsConfig:
             write_model_code(save_directory)
         return saved
 
-    @property
-    def _keys_to_ignore_on_save(self) -> set[str]:
-        tied = self.__dict__.get("all_tied_weights_keys") or {}
-        weights = dict(self.named_parameters(remove_duplicate=False))
-        return {
-            target
-            for target, source in tied.items()
-            if target in weights and source in weights and weights[target] is weights[source]
-        }
 
-    @_keys_to_ignore_on_save.setter
-    def _keys_to_ignore_on_save(self, keys) -> None:
-        """transformers' `post_init` sets the class's default (none); the set is the tied weights at each call."""
+def tied_weights_saved_once(model, built: bool = False) -> set[str]:
+    """The tied weights (`all_tied_weights_keys`) that are one tensor with the weight they are tied to: a saved folder
+    holds them once, under that weight. The model sets them as transformers' `_keys_to_ignore_on_save` when it is
+    `built` (all of them: transformers ties them when it loads the weights) and before it is saved (a weight untied
+    by hand since is saved as itself)."""
+    tied = model.__dict__.get("all_tied_weights_keys") or {}
+    weights = dict(model.named_parameters(remove_duplicate=False))
+    return {
+        target
+        for target, source in tied.items()
+        if built or (target in weights and source in weights and weights[target] is weights[source])
+    }
 
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
