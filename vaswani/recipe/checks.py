@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
 
 from .. import register
@@ -40,7 +41,7 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
         register()  # model_type="vaswani" loads with this package's classes
         try:
             config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, StrictDataclassError) as error:  # the last: a field of the wrong type
             raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {error}") from None
         if not isinstance(config, VaswaniConfig):
             raise UsageError(

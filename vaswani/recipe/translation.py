@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import snapshot_download
+from huggingface_hub.errors import StrictDataclassError
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -117,8 +118,9 @@ def load_translation_model(
     register()  # model_type="vaswani" loads with this package's classes
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_path, **model_kwargs)
-    except (OSError, ValueError) as error:
-        raise type(error)(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
+    except (OSError, ValueError, StrictDataclassError) as error:  # the last: a config field of the wrong type
+        kind = ValueError if isinstance(error, StrictDataclassError) else type(error)
+        raise kind(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
     model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
     if device.type == "cpu":
         use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
