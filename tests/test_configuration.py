@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 from conftest import tiny_config
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 
 from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration
 
@@ -111,13 +112,15 @@ def test_an_older_transformers_gets_a_clear_error():
     ],
 )
 def test_a_boolean_field_refuses_anything_but_true_or_false(field, value):
-    """A string such as "false" is truthy: taken as given, it would build the opposite model."""
-    with pytest.raises(ValueError, match=rf"`{field}` must be True or False, got {value!r}"):
+    """A string such as "false" is truthy: taken as given, it would build the opposite model. The `@strict`
+    config refuses it, naming the field and the value, when it is built and when the field is set."""
+    expected = rf"Field '{field}' expected bool, got {type(value).__name__} \(value: {value!r}\)"
+    with pytest.raises(StrictDataclassFieldValidationError, match=expected):
         VaswaniConfig(**{field: value})
     config = tiny_config()
-    setattr(config, field, value)
-    with pytest.raises(ValueError, match=rf"`{field}` must be True or False"):
-        VaswaniForConditionalGeneration(config)
+    with pytest.raises(StrictDataclassFieldValidationError, match=expected):
+        setattr(config, field, value)
+    assert getattr(config, field) is getattr(tiny_config(), field)
 
 
 @pytest.mark.parametrize(

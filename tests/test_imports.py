@@ -183,22 +183,33 @@ print("registered")
 @pytest.mark.parametrize(
     "before, after, light",
     [
-        ("", "", True),  # README: import vaswani, then the Auto classes
         (
             "",
-            "from transformers import PreTrainedModel",
+            "from vaswani import VaswaniConfig",
             True,
-        ),  # the Auto classes load inside transformers' import
-        ("", "from vaswani.modeling_vaswani import VaswaniModel", True),  # ... inside this package's
+        ),  # README: the first name taken from the package registers
+        ("", "from transformers import PreTrainedModel; vaswani.register()", True),  # docs: the explicit call
+        (
+            "from transformers import AutoConfig",
+            "",
+            False,
+        ),  # the Auto classes loaded first: the import registers
     ],
 )
 def test_import_vaswani_registers_the_auto_classes_without_loading_torch_itself(before, after, light):
-    """`import vaswani` loads neither torch nor transformers (the tools start quickly), and the classes are still
-    registered with the Auto classes however these are loaded afterwards. (With the Auto classes loaded before,
-    `import vaswani` registers at once: every test process of this suite does so.)"""
+    """`import vaswani` loads neither torch nor transformers (the tools start quickly); the first name taken from the
+    package, or `vaswani.register()`, registers the classes with the Auto classes, and `import vaswani` registers at
+    once where the Auto classes are loaded already."""
     code = _REGISTRATION.format(before=before, after=after, light=light)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "registered", run.stderr[-3000:]
+
+
+def test_import_vaswani_alone_installs_no_import_hook():
+    """Registration is a plain call (`vaswani.register`), not a finder on `sys.meta_path` that runs on every import."""
+    code = "import sys; before = list(sys.meta_path); import vaswani; assert sys.meta_path == before; print('ok')"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
 def test_the_flags_decoding_values_are_the_models():

@@ -2,6 +2,7 @@
 contracts that transformers' common tests check (`tests/hf_common/`), stated here so that CI keeps them."""
 
 import math
+import traceback
 import warnings
 
 import pytest
@@ -9,8 +10,10 @@ import torch
 import torch.nn.functional as F
 import transformers
 from conftest import SHAPES, batch, tiny_config, tiny_model
+from huggingface_hub.errors import StrictDataclassClassValidationError
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForSeq2SeqLM
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, VaswaniModel, shift_tokens_right
 from vaswani.modeling_vaswani import CACHE_NAME, sinusoidal_positional_encoding
@@ -184,8 +187,9 @@ def test_loss_is_the_plain_cross_entropy_against_the_labels_ignoring_minus_100(m
     assert dec[0, 0] == model.config.decoder_start_token_id
     assert torch.equal(dec[:, 1:][labels[:, :-1] != -100], labels[:, :-1][labels[:, :-1] != -100])
     assert (dec[0, -1] == model.config.pad_token_id).item()
-    with pytest.raises(ValueError, match="no target token"):
-        model(input_ids=input_ids, attention_mask=attention_mask, labels=torch.full_like(labels, -100))
+    # No target token: the mean over none is NaN, as Marian's loss gives (raising would read the count on the host).
+    nothing = model(input_ids=input_ids, attention_mask=attention_mask, labels=torch.full_like(labels, -100))
+    assert torch.isnan(nothing.loss)
 
 
 def test_a_config_saved_with_label_smoothing_loads():
@@ -241,8 +245,12 @@ def test_separate_vocabularies():
     assert model.model.encoder.embed_tokens.weight is not model.model.decoder.embed_tokens.weight
     out = model(input_ids=torch.tensor([[40, 5, 2]]), labels=torch.tensor([[36, 2]]))
     assert out.logits.shape == (1, 2, 37)
-    with pytest.raises(ValueError, match="labels"):
+    with pytest.raises(IndexError):  # a source id, 40, in the target's labels: torch's own error in a forward
         model(input_ids=torch.tensor([[40, 5, 2]]), labels=torch.tensor([[40, 2]]))
+    with pytest.raises(ValueError, match="decoder_input_ids"):  # named where data enters
+        model.generate(
+            torch.tensor([[40, 5, 2]]), decoder_input_ids=torch.tensor([[1, 40]]), max_new_tokens=2
+        )
     untied = tiny_model(
         vocab_size=41,
         decoder_vocab_size=37,
@@ -283,14 +291,20 @@ def test_bf16_autocast_forward_and_backward():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-def test_token_ids_outside_the_vocabulary_are_named(model):
+def test_token_ids_outside_the_vocabulary_are_named_where_data_enters(model):
+    """`generate()` names ids outside the vocabulary. A direct forward reads no token value on the host (no
+    host-device sync), so there torch's own index error stops them, as in Marian's forward."""
     with pytest.raises(ValueError, match="input_ids.*outside the vocabulary"):
-        model(input_ids=torch.tensor([[5, 53]]), decoder_input_ids=torch.tensor([[1]]))
+        model.generate(torch.tensor([[5, 53]]), max_new_tokens=2)
     with pytest.raises(ValueError, match="input_ids.*outside the vocabulary"):
-        model(input_ids=torch.tensor([[5, -1]]), decoder_input_ids=torch.tensor([[1]]))
+        model.generate(input_ids=torch.tensor([[5, -1]]), max_new_tokens=2)
     with pytest.raises(ValueError, match="decoder_input_ids.*outside the vocabulary"):
+        model.generate(torch.tensor([[5, 6]]), decoder_input_ids=torch.tensor([[1, 99]]), max_new_tokens=2)
+    with pytest.raises(IndexError):
+        model(input_ids=torch.tensor([[5, 53]]), decoder_input_ids=torch.tensor([[1]]))
+    with pytest.raises(IndexError):
         model(input_ids=torch.tensor([[5, 6]]), decoder_input_ids=torch.tensor([[1, 99]]))
-    with pytest.raises(ValueError, match="labels.*outside the vocabulary"):
+    with pytest.raises(IndexError):
         model(input_ids=torch.tensor([[5, 6]]), labels=torch.tensor([[1, 53]]))
 
 
@@ -340,6 +354,136 @@ def test_training_step_compiles_as_one_graph_and_matches_eager():
     torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
     for compiled, eager in zip(compiled_grads, eager_grads, strict=True):
         torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# No host-device sync in a step: the input checks read shapes only, so they stay on under torch.compile
+# --------------------------------------------------------------------------------------------------------------------
+class _Syncs(TorchDispatchMode):
+    """Records the Python stack of every `aten._local_scalar_dense` (a tensor's value read on the host: on a GPU, a
+    host-device sync)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stacks = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.stacks.append("".join(traceback.format_stack()))
+        return func(*args, **(kwargs or {}))
+
+
+def _training_step(model, input_ids, attention_mask, labels):
+    loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    loss.backward()
+    return loss
+
+
+def _static_cache(model, batch_size: int, source_length: int, length: int = 8):
+    cache = EncoderDecoderCache(
+        StaticCache(config=model.config, max_cache_len=length),
+        StaticCache(config=model.config, max_cache_len=source_length),
+    )
+    return cache
+
+
+def _decoding_steps(step, model, input_ids, attention_mask, cache, steps: int = 3):
+    """Cached greedy steps on `step` (the model's forward, eager or compiled), as `generate()` runs them."""
+    encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+    tokens = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id)
+    for _ in range(steps):
+        out = step(
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            decoder_input_ids=tokens[:, -1:],
+            cache=cache,
+            use_cache=True,
+        )
+        tokens = torch.cat([tokens, out.logits[:, -1:].argmax(-1)], dim=-1)
+    return tokens
+
+
+@pytest.mark.parametrize("shape", ["paper", "learned-positions-attention-bias"])
+def test_a_training_step_and_a_cached_decoding_step_read_no_tensor_value_on_the_host(shape):
+    """The model's own code makes no host-device sync: without a padding mask, a training step (forward and
+    backward) and cached decoding steps read no tensor's value at all; with one, the only reads are transformers'
+    own check that the mask can be skipped (`masking_utils`, which Marian's forward makes too; compiled, it is
+    skipped)."""
+    model = tiny_model(**SHAPES[shape]).train()
+    input_ids, attention_mask, labels = batch()
+    for mask in (None, attention_mask):
+        with _Syncs() as syncs:
+            _training_step(model, input_ids, mask, labels)
+        assert all("masking_utils" in stack for stack in syncs.stacks), syncs.stacks[0]
+        assert mask is not None or not syncs.stacks
+    model.eval()
+    with torch.no_grad():
+        for mask in (None, attention_mask):
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            with _Syncs() as syncs:
+                _decoding_steps(model, model, input_ids, mask, cache)
+            assert all("masking_utils" in stack for stack in syncs.stacks), syncs.stacks[0]
+            assert mask is not None or not syncs.stacks
+
+
+def test_a_training_step_and_a_static_cache_decoding_step_compile_as_one_graph_with_every_check_on():
+    """`torch.compile(fullgraph=True)` refuses any graph break, and so any read of a tensor's value: the training
+    step and cached decoding steps on a static cache (`cache_implementation="static"`) trace whole, giving eager's
+    results, and the input checks still run inside the compiled graph (a mask of the wrong shape is named)."""
+    torch._dynamo.reset()
+    model = tiny_model().train()
+    input_ids, attention_mask, labels = batch()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    eager_loss = _training_step(model, input_ids, attention_mask, labels)
+    torch.testing.assert_close(_training_step(compiled, input_ids, attention_mask, labels), eager_loss)
+    # fullgraph: dynamo reports the check's ValueError, with its message, as the reason it cannot go on
+    refused = (ValueError, torch._dynamo.exc.Unsupported)
+    with pytest.raises(refused, match="`attention_mask` has shape"):
+        compiled(input_ids=input_ids, attention_mask=attention_mask[:, :-1], labels=labels)
+
+    model.eval()
+    step = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        cache = _static_cache(model, *input_ids.shape)
+        expected = _decoding_steps(model, model, input_ids, attention_mask, cache)
+        cache = _static_cache(model, *input_ids.shape)
+        assert torch.equal(_decoding_steps(step, model, input_ids, attention_mask, cache), expected)
+        with pytest.raises(refused, match="`decoder_attention_mask` has shape"):
+            step(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                decoder_input_ids=expected[:, :1],
+                decoder_attention_mask=torch.ones(2, 5),
+                cache=_static_cache(model, *input_ids.shape),
+            )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_training_step_and_a_decoding_step_make_no_host_device_sync():
+    """Under `torch.cuda.set_sync_debug_mode("error")` any sync raises: eager steps without a padding mask (with
+    one, transformers' mask check reads it, as in Marian's forward) and compiled steps with one."""
+    model = tiny_model().cuda().train()
+    input_ids, attention_mask, labels = (t.cuda() for t in batch())
+    compiled = torch.compile(model, fullgraph=True)
+    _training_step(compiled, input_ids, attention_mask, labels)  # compiled outside the sync check
+    model.eval()
+    step = torch.compile(model.forward, fullgraph=True)
+    with torch.no_grad():
+        _decoding_steps(step, model, input_ids, attention_mask, _static_cache(model, *input_ids.shape))
+    model.train()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _training_step(model, input_ids, None, labels)
+        _training_step(compiled, input_ids, attention_mask, labels)
+        model.eval()
+        with torch.no_grad():
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            _decoding_steps(model, model, input_ids, None, cache)
+            _decoding_steps(step, model, input_ids, attention_mask, _static_cache(model, *input_ids.shape))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -405,11 +549,12 @@ def test_every_shape_loads_in_half_precision_and_generates(shape, dtype, tmp_pat
 
 
 def test_vocab_size_changed_after_construction_is_saved_and_loads(tmp_path):
-    """`config.vocab_size = len(tokenizer)` on a shared vocabulary resizes the target side with it."""
+    """`config.vocab_size = len(tokenizer)` on a shared vocabulary: the model built from it has one vocabulary of that
+    size on both sides, and its config says so (transformers' common tests build models this way)."""
     config = tiny_config()
     config.vocab_size = 59
-    assert config.decoder_vocab_size == 59
     model = VaswaniForConditionalGeneration(config)
+    assert config.decoder_vocab_size == 59
     assert model.lm_head.weight.shape[0] == 59
     model.save_pretrained(tmp_path)
     again = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
@@ -424,7 +569,8 @@ def test_a_config_changed_into_one_that_cannot_work_is_refused_before_a_model_or
     config.d_model = 16  # 3 encoder heads do not divide it
     with pytest.raises(ValueError, match="d_model.*divisible by `encoder_attention_heads`"):
         VaswaniForConditionalGeneration(config)
-    with pytest.raises(ValueError, match="d_model.*divisible"):
+    # transformers' own check when a `@strict` config is saved: its error names our validator's ValueError
+    with pytest.raises(StrictDataclassClassValidationError, match="ValueError: `d_model`.*divisible"):
         config.save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()
 

@@ -475,7 +475,13 @@ def test_resuming_a_seq2seq_trainer_checkpoint_reports_no_missing_tied_weights(s
     # what is tied is saved once; a weight untied by hand is saved as itself
     assert model._keys_to_ignore_on_save == set(model.all_tied_weights_keys)
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() + 1)
+    model.save_pretrained(tmp_path / "untied")
     assert "lm_head.weight" not in model._keys_to_ignore_on_save
+    from safetensors.torch import load_file
+
+    torch.testing.assert_close(
+        load_file(tmp_path / "untied" / "model.safetensors")["lm_head.weight"], model.lm_head.weight
+    )
 
 
 def test_a_dropout_rate_changed_after_from_pretrained_trains_and_is_saved(saved, tmp_path):

@@ -346,10 +346,12 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
 
     from vaswani.recipe.config_arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
 
+    # the dataclass's own fields, not those of transformers' base class
+    own = set(VaswaniConfig.__annotations__)
     parameters = {
         name: p
         for name, p in inspect.signature(VaswaniConfig.__init__).parameters.items()
-        if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+        if name in own and p.kind is not inspect.Parameter.VAR_KEYWORD
     }
     fields = {f.name: f for f in dataclasses.fields(ModelConfigArguments)}
     missing = sorted(set(parameters) - set(fields) - CONFIG_FIELDS_NOT_FLAGS)
@@ -360,7 +362,7 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
     assert not set(fields) - set(parameters), "flags that are no VaswaniConfig parameter"
     hints = typing.get_type_hints(ModelConfigArguments)
     for name, item in fields.items():
-        kind = typing.get_type_hints(VaswaniConfig.__init__)[name]
+        kind = VaswaniConfig.__annotations__[name]
         base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
         assert hints[name] == base | None and item.default is None, name
         assert item.metadata["help"].strip() and "\n" not in item.metadata["help"], name

@@ -3,14 +3,17 @@
 The defaults are the paper's base model (Table 3, first row). Every choice that departs from the paper is a named
 field whose default is the paper's behaviour, documented here and where it acts in `modeling_vaswani.py`.
 
-This file is copied next to `modeling_vaswani.py` into saved model folders, so it imports only transformers. It is
-written with an explicit `__init__` (not as a dataclass), which every transformers 5 release accepts.
+This file is copied next to `modeling_vaswani.py` into saved model folders, so it imports only transformers (and
+huggingface_hub's `strict`, which transformers' own configurations use). As `MarianConfig`, it is a `@strict` dataclass:
+each field's type is checked when it is set, and the `validate_*` methods check the values when the config is built
+and again when transformers saves it.
 """
 
 import math
 import re
 
 import transformers
+from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 # The oldest transformers these files are tested on (pyproject.toml says the same). Earlier 5.x releases give wrong
@@ -82,15 +85,6 @@ PRESETS: dict[str, dict] = {
 }
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
-BOOLEAN_FIELDS = (
-    "attention_bias",
-    "output_bias",
-    "scale_embedding",
-    "normalize_before",
-    "share_encoder_decoder_embeddings",
-    "tie_word_embeddings",
-    "use_cache",
-)
 # The fields a built model's modules follow: changed on the config after a model was built, it would train, evaluate
 # and save as another model (`utils_vaswani.FollowsConfig` refuses). Vocabulary sizes change with the model's own
 # resizing methods; token ids, the cache flag and the initialisation do not shape the modules, and the dropout rates
@@ -121,8 +115,21 @@ DROPOUT_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 SINUSOID_FREQUENCIES = ("paper", "fairseq")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
+POSITIVE_INTEGERS = (
+    "vocab_size",
+    "decoder_vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "max_position_embeddings",
+)
 
 
+@strict
 class VaswaniConfig(PreTrainedConfig):
     r"""
     Configuration of [`VaswaniModel`] and [`VaswaniForConditionalGeneration`]. Defaults give the base model of
@@ -133,8 +140,8 @@ class VaswaniConfig(PreTrainedConfig):
             Size of the (shared) vocabulary; the source vocabulary when `decoder_vocab_size` is set. §5.1: byte-pair
             encoding with a shared source-target vocabulary of about 37000 tokens for EN-DE.
         decoder_vocab_size (`int`, *optional*):
-            Size of the target vocabulary. With `share_encoder_decoder_embeddings` (the paper) it is `vocab_size`, and
-            follows it when `vocab_size` is changed; a different size needs `share_encoder_decoder_embeddings=False`.
+            Size of the target vocabulary, `vocab_size` when not given. With `share_encoder_decoder_embeddings` (the
+            paper) it must be `vocab_size`; a different size needs `share_encoder_decoder_embeddings=False`.
         d_model (`int`, defaults to 512): d_model, the width of every sublayer output and embedding (§3.1).
         encoder_layers (`int`, defaults to 6): N, encoder layers (§3.1).
         decoder_layers (`int`, defaults to 6): N, decoder layers (§3.1).
@@ -220,108 +227,55 @@ class VaswaniConfig(PreTrainedConfig):
         "num_hidden_layers": "encoder_layers",
     }
 
-    def __init__(
-        self,
-        vocab_size: int = 37000,
-        decoder_vocab_size: int | None = None,
-        d_model: int = 512,
-        encoder_layers: int = 6,
-        decoder_layers: int = 6,
-        encoder_attention_heads: int = 8,
-        decoder_attention_heads: int = 8,
-        encoder_ffn_dim: int = 2048,
-        decoder_ffn_dim: int = 2048,
-        activation_function: str = "relu",
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0,
-        attention_bias: bool = False,
-        output_bias: bool = False,
-        max_position_embeddings: int = 1024,
-        position_embedding_type: str = "sinusoidal",
-        sinusoid_layout: str = "interleaved",
-        sinusoid_frequencies: str = "paper",
-        position_offset: int = 0,
-        scale_embedding: bool = True,
-        normalize_before: bool = False,
-        layer_norm_eps: float = 1e-5,
-        share_encoder_decoder_embeddings: bool = True,
-        tie_word_embeddings: bool = True,
-        init_std: float | None = None,
-        qkv_init_gain: float = 1.0,
-        pad_token_id: int | None = 0,
-        bos_token_id: int | None = 1,
-        eos_token_id: int | None = 2,
-        decoder_start_token_id: int | None = 1,
-        use_cache: bool = True,
-        is_encoder_decoder: bool = True,
-        **kwargs,
-    ):
-        # Folders saved before the loss moved to the recipe carry `label_smoothing`: it no longer means anything here.
-        kwargs.pop("label_smoothing", None)
-        self.vocab_size = vocab_size
-        self.decoder_vocab_size = decoder_vocab_size
-        self.d_model = d_model
-        self.encoder_layers = encoder_layers
-        self.decoder_layers = decoder_layers
-        self.encoder_attention_heads = encoder_attention_heads
-        self.decoder_attention_heads = decoder_attention_heads
-        self.encoder_ffn_dim = encoder_ffn_dim
-        self.decoder_ffn_dim = decoder_ffn_dim
-        self.activation_function = activation_function
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation_dropout = activation_dropout
-        self.attention_bias = attention_bias
-        self.output_bias = output_bias
-        self.max_position_embeddings = max_position_embeddings
-        self.position_embedding_type = position_embedding_type
-        self.sinusoid_layout = sinusoid_layout
-        self.sinusoid_frequencies = sinusoid_frequencies
-        self.position_offset = position_offset
-        self.scale_embedding = scale_embedding
-        self.normalize_before = normalize_before
-        self.layer_norm_eps = layer_norm_eps
-        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
-        self.tie_word_embeddings = tie_word_embeddings
-        self.init_std = init_std
-        self.qkv_init_gain = qkv_init_gain
-        self.pad_token_id = pad_token_id
-        self.bos_token_id = bos_token_id
-        self.eos_token_id = eos_token_id
-        self.decoder_start_token_id = decoder_start_token_id
-        self.use_cache = use_cache
-        if decoder_vocab_size is None:
-            self.decoder_vocab_size = vocab_size
-        self.validate_fields()
-        super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
+    vocab_size: int = 37000
+    decoder_vocab_size: int | None = None
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    attention_bias: bool = False
+    output_bias: bool = False
+    max_position_embeddings: int = 1024
+    position_embedding_type: str = "sinusoidal"
+    sinusoid_layout: str = "interleaved"
+    sinusoid_frequencies: str = "paper"
+    position_offset: int = 0
+    scale_embedding: bool = True
+    normalize_before: bool = False
+    layer_norm_eps: float | int = 1e-5
+    share_encoder_decoder_embeddings: bool = True
+    tie_word_embeddings: bool = True
+    init_std: float | int | None = None
+    qkv_init_gain: float | int = 1.0
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    decoder_start_token_id: int | None = 1
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
 
-    def __setattr__(self, key, value):
-        super().__setattr__(key, value)
-        # One shared vocabulary has one size: `config.vocab_size = len(tokenizer)` resizes the target side too.
-        if key == "vocab_size" and getattr(self, "share_encoder_decoder_embeddings", False):
-            super().__setattr__("decoder_vocab_size", value)
+    def __post_init__(self, **kwargs):
+        # Folders saved before the loss moved to the recipe carry `label_smoothing`: it means nothing here.
+        kwargs.pop("label_smoothing", None)
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
+        self.validate_fields()  # a ValueError naming the field, before anything else is set
+        super().__post_init__(**kwargs)
 
     def validate_fields(self) -> None:
-        """Raise `ValueError` naming the field when the configuration cannot work. Called at construction, by the
-        model's constructor (fields may have been changed since) and before saving."""
-        for name in BOOLEAN_FIELDS:  # "false" or "no" would read as True
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
-        for name in (
-            "vocab_size",
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_attention_heads",
-            "decoder_attention_heads",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-            "max_position_embeddings",
-        ):
-            _check_positive_int(name, getattr(self, name))
-        _check_positive_int("decoder_vocab_size", self.decoder_vocab_size)
+        """Raise `ValueError` naming the field when the configuration cannot work (the types are `@strict`'s). Run
+        when the config is built, by the model's constructor (fields may have been changed since) and, as a
+        `@strict` validator, when transformers saves the config."""
+        for name in POSITIVE_INTEGERS:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)!r}.")
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
             if self.d_model % getattr(self, name) != 0:
                 raise ValueError(
@@ -329,19 +283,20 @@ class VaswaniConfig(PreTrainedConfig):
                     "each head gets d_k = d_model / h dimensions (§3.2.2)."
                 )
         for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too
+                raise ValueError(f"`{name}` must be a probability in [0, 1], got {getattr(self, name)!r}.")
+        for name in ("layer_norm_eps", "qkv_init_gain", "init_std"):
             value = getattr(self, name)
-            if not _is_number(value) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"`{name}` must be a probability in [0, 1], got {value!r}.")
-        if not _is_number(self.layer_norm_eps) or not 0 < self.layer_norm_eps < math.inf:
-            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
-        if self.init_std is not None and (not _is_number(self.init_std) or not 0 < self.init_std < math.inf):
-            raise ValueError(f"`init_std` must be a positive number or None, got {self.init_std!r}.")
-        if not _is_number(self.qkv_init_gain) or not 0 < self.qkv_init_gain < math.inf:
-            raise ValueError(f"`qkv_init_gain` must be a positive number, got {self.qkv_init_gain!r}.")
-        if not isinstance(self.position_offset, int) or self.position_offset < 0:
+            if (value is not None or name != "init_std") and not 0 < value < math.inf:
+                raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+        if self.position_offset < 0:
             raise ValueError(
                 f"`position_offset` must be a non-negative integer, got {self.position_offset!r}."
             )
+        self.validate_choices()
+
+    def validate_choices(self) -> None:
+        """Raise `ValueError` naming the field for a choice that does not exist or a combination that cannot work."""
         for name, allowed in (
             ("position_embedding_type", POSITION_EMBEDDING_TYPES),
             ("sinusoid_layout", SINUSOID_LAYOUTS),
@@ -365,10 +320,6 @@ class VaswaniConfig(PreTrainedConfig):
             if value is not None and not 0 <= value < min(self.vocab_size, self.decoder_vocab_size):
                 raise ValueError(f"`{name}` ({value}) is outside the vocabulary.")
 
-    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
-        self.validate_fields()  # fields may have been changed after construction: never save a folder that cannot load
-        return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VaswaniConfig":
         """Build a configuration from a named preset (`"base"`, `"big"` of Table 3, or `"small"`, `"tiny"`) plus
@@ -376,15 +327,6 @@ class VaswaniConfig(PreTrainedConfig):
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def _check_positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
 
 
 __all__ = ["ARCHITECTURE_FIELDS", "DROPOUT_FIELDS", "VaswaniConfig", "PRESETS"]

@@ -83,6 +83,10 @@ def generate(*args, model, **kwargs):
     generation config's, else "gnmt"), and `share_encoder_outputs=True`, with which the beams of a source read one
     copy of its encoder output and encoder-decoder attention keys (faster in beam search; the returned cache then
     holds those keys once per source)."""
+    source = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    check_token_ids(source, model.config.vocab_size, "input_ids")
+    decoder_vocab_size = getattr(model.config, "decoder_vocab_size", model.config.vocab_size)
+    check_token_ids(kwargs.get("decoder_input_ids"), decoder_vocab_size, "decoder_input_ids")
     if kwargs.get("custom_generate") is not None:  # the caller's own decoding
         return GenerationMixin.generate(model, *args, **kwargs)
     drop_trainer_defaults(model.generation_config)
@@ -113,6 +117,20 @@ def generate(*args, model, **kwargs):
         )
     _check_beam_search_vocabulary(model.config, beam_search_mode or (config.num_beams or 1) > 1)
     return GenerationMixin.generate(model, *args, **kwargs)
+
+
+def check_token_ids(ids, vocab_size: int, name: str) -> None:
+    """A clear error for token ids outside the vocabulary where data enters `generate` (and the tools, which call it),
+    instead of an index error inside torch. It reads the smallest and largest id (a host-device sync, once per call);
+    the model's forward reads no token value."""
+    if not torch.is_tensor(ids) or ids.numel() == 0 or ids.is_floating_point():
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"`{name}` holds token ids outside the vocabulary [0, {vocab_size}): min {low}, max {high}. "
+            "Check that the tokenizer matches the model (`-100` belongs in `labels` only)."
+        )
 
 
 def _check_settings(config) -> None:
@@ -189,8 +207,119 @@ def _check_beam_search_vocabulary(config, uses_beams: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Beam search with the length penalty of `length_penalty_form`: transformers' `custom_generate` decoding loop
+# Beam search with the length penalty of `length_penalty_form`: one loop for transformers' `custom_generate` and for
+# `vaswani.interop.engines` (ONNX Runtime)
 # --------------------------------------------------------------------------------------------------------------------
+class BeamSearch:
+    """The hypotheses of beam search over `num_beams` beams per source, as transformers keeps them: the top
+    `keep` (2 x num_beams) continuations per step, the best num_beams of those that did not stop go on, and those that
+    stopped among the first num_beams join a sorted set of num_beams finished hypotheses, scored by their summed
+    log-probability divided by `length_penalty_factor(|Y|, alpha, form)`; transformers' early-stopping rules.
+
+    `input_ids` (batch x num_beams, prompt) are the decoder's start. A decoding loop calls `candidates` with each
+    step's log-probabilities, then `advance` with which candidates stop (its stopping criteria); `advance` returns the
+    row each beam that goes on extends (to reorder a cache), `done` whether every source is finished, `best` the
+    result. Used by `beam_search` (transformers' `custom_generate`) and by `vaswani.interop.engines` (ONNX Runtime).
+    """
+
+    def __init__(self, input_ids, num_beams, max_length, fill, eos_count, alpha, form, early_stopping):
+        rows, self.cur_len = input_ids.shape[:2]
+        batch, k, device = rows // num_beams, num_beams, input_ids.device
+        self.batch_size, self.num_beams, self.max_length, self.prompt_len = batch, k, max_length, self.cur_len
+        self.alpha, self.form, self.early_stopping = alpha, form, early_stopping
+        self.keep = max(2, 1 + eos_count) * k  # continuations kept per step
+        self.running = torch.full((batch, k, max_length), fill, dtype=torch.long, device=device)
+        self.running[:, :, : self.cur_len] = input_ids.view(batch, k, self.cur_len)
+        self.finished = self.running.clone()
+        self.running_scores = torch.zeros(batch, k, device=device)
+        self.running_scores[:, 1:] = -1e9  # only the first beam's continuations count at the first step
+        self.finished_scores = torch.full((batch, k), -1e9, device=device)
+        self.is_finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
+        self.can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
+        # per generated position, the row (source x num_beams + beam) each hypothesis came from; -1 before
+        self.running_origins = torch.full(
+            (batch, k, max_length - self.cur_len), -1, dtype=torch.int32, device=device
+        )
+        self.finished_origins = self.running_origins.clone()
+
+    def sequences(self) -> torch.Tensor:  # (batch x num_beams, cur_len)
+        return self.running[:, :, : self.cur_len].reshape(-1, self.cur_len)
+
+    def candidates(self, log_probs: torch.Tensor):
+        """The best `keep` continuations of all the beams of each source, by log-probability + beam score over the
+        num_beams x vocabulary continuations: they are among the best `keep` of each beam (a beam adds one score to
+        all its continuations), so those are found first, each beam's row on its own. Returns their sequences
+        (batch, keep, max_length), scores (batch, keep) and origins."""
+        batch, k, cur = self.batch_size, self.num_beams, self.cur_len
+        per_beam = min(self.keep, log_probs.shape[-1])
+        beam_best, beam_tokens = torch.topk(log_probs, per_beam)  # (batch x num_beams, per_beam)
+        totals = (beam_best.view(batch, k, per_beam) + self.running_scores[:, :, None]).view(batch, -1)
+        top_scores, picked = torch.topk(totals, self.keep)
+        from_beam = picked // per_beam
+        candidates = self.running.gather(1, from_beam[:, :, None].expand(-1, -1, self.max_length))
+        candidates[:, :, cur] = beam_tokens.view(batch, -1).gather(1, picked)
+        origins = self.running_origins.gather(
+            1, from_beam[:, :, None].expand(-1, -1, self.running_origins.shape[2])
+        )
+        rows = torch.arange(batch, device=from_beam.device)[:, None] * k
+        origins[:, :, cur - self.prompt_len] = (from_beam + rows).int()
+        return candidates, top_scores, origins
+
+    def advance(self, candidates, top_scores, origins, stops: torch.Tensor) -> torch.Tensor:
+        """Take a step: the best num_beams candidates that did not stop go on; those that stopped among the first
+        num_beams join the finished hypotheses. Returns the row (batch x num_beams) each running beam extends."""
+        k, generated = self.num_beams, self.cur_len + 1 - self.prompt_len
+        live_scores = top_scores + stops.float() * -1e9
+        chosen = torch.topk(live_scores, k).indices
+        self.running = candidates.gather(1, chosen[:, :, None].expand(-1, -1, self.max_length))
+        self.running_scores = live_scores.gather(1, chosen)
+        self.running_origins = origins.gather(1, chosen[:, :, None].expand(-1, -1, origins.shape[2]))
+        penalised = top_scores / length_penalty_factor(generated, self.alpha, self.form)
+        full = self.is_finished.all(dim=-1, keepdim=True) & (self.early_stopping is True)
+        just_finished = stops & (torch.arange(stops.shape[1], device=stops.device) < k)[None, :]
+        for excluded in (full, ~self.can_improve, ~just_finished):  # added one by one, as transformers does
+            penalised = penalised + excluded.float() * -1e9
+        merged_scores = torch.cat([self.finished_scores, penalised], dim=1)
+        best = torch.topk(merged_scores, k).indices
+        self.finished = torch.cat([self.finished, candidates], dim=1).gather(
+            1, best[:, :, None].expand(-1, -1, self.max_length)
+        )
+        self.finished_scores = merged_scores.gather(1, best)
+        merged_origins = torch.cat([self.finished_origins, origins], dim=1)
+        self.finished_origins = merged_origins.gather(1, best[:, :, None].expand(-1, -1, origins.shape[2]))
+        self.is_finished = torch.cat([self.is_finished, just_finished], dim=1).gather(1, best)
+        beam_idx = self.running_origins[:, :, generated - 1].reshape(-1).long()
+        self.cur_len += 1
+        self.can_improve = self.can_improve & _may_improve(
+            self.running_scores,
+            self.finished_scores,
+            self.is_finished,
+            self.cur_len,
+            self.max_length,
+            self.prompt_len,
+            self.early_stopping,
+            self.alpha,
+            self.form,
+        )
+        return beam_idx
+
+    def done(self, stops: torch.Tensor) -> bool:
+        """Whether no source can change any more (a host-device sync: once per step)."""
+        full = self.is_finished.all() & (self.early_stopping is True)
+        return not bool(self.can_improve.any() & ~full & ~stops.all())
+
+    def best(self, count: int):
+        """The best `count` finished hypotheses per source, cut to the longest: sequences, scores, origins."""
+        sequences = self.finished[:, :count].flatten(0, 1)
+        origins = self.finished_origins[:, :count].flatten(0, 1)
+        generated = int((origins + 1).bool().sum(dim=1).max())  # the origin of an ungenerated position is -1
+        return (
+            sequences[:, : self.prompt_len + generated],
+            self.finished_scores[:, :count].flatten(),
+            origins[:, :generated],
+        )
+
+
 def beam_search(
     model,
     input_ids: torch.LongTensor,
@@ -202,29 +331,59 @@ def beam_search(
     share_encoder_outputs: bool = False,
     **model_kwargs,
 ):
-    """Beam search over `num_beams` hypotheses per source, as transformers runs it (the top 2 x num_beams
-    continuations per step, finished hypotheses kept in a sorted set of num_beams, the same early-stopping rules and
-    outputs), with finished hypotheses scored by their summed log-probability divided by
-    `length_penalty_factor(|Y|, alpha, length_penalty_form)`.
-
-    Called by `GenerationMixin.generate(..., custom_generate=beam_search)` after it has prepared everything:
-    `input_ids` (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache,
-    each repeated per beam.
-    """
-    num_beams = generation_config.num_beams
-    alpha = 1.0 if generation_config.length_penalty is None else generation_config.length_penalty
-    # True, False (None) or "never", read as transformers does
-    early_stopping = generation_config.early_stopping
-    max_length = generation_config.max_length
-    eos, fill = _special_tokens(model, generation_config)
+    """Beam search (`BeamSearch`) on the model's public forward and the cache's public `reorder_cache`, as
+    transformers runs it, with finished hypotheses scored by `length_penalty_factor(|Y|, alpha,
+    length_penalty_form)`. Called by `GenerationMixin.generate(..., custom_generate=beam_search)` after it has
+    prepared everything: `input_ids` (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder
+    output, masks and cache, each repeated per beam."""
+    config = generation_config  # its early_stopping: True, False (None) or "never", read as transformers does
+    eos, fill = _special_tokens(model, config)
+    alpha = 1.0 if config.length_penalty is None else config.length_penalty
+    sizes = (config.num_beams, config.max_length, fill, len(eos))
+    beams = BeamSearch(input_ids, *sizes, alpha, length_penalty_form, config.early_stopping)
     collect = _Collected(generation_config)
-    rows, cur_len = input_ids.shape[:2]
-    batch_size = rows // num_beams
-    prompt_len = cur_len
-    device = input_ids.device
-    keep = max(2, 1 + len(eos)) * num_beams  # continuations kept per step
-    is_top_beam = torch.arange(keep, device=device) < num_beams
+    cache_name, use_cache, past_length = _decoding_kwargs(
+        model_kwargs, collect, share_encoder_outputs, beams.num_beams
+    )
+    this_peer_finished = False
+    while _continues(this_peer_finished, synced_gpus, input_ids.device):
+        sequences = beams.sequences()
+        outputs = model(
+            decoder_input_ids=sequences[:, past_length:] if use_cache else sequences,
+            use_cache=use_cache,
+            output_attentions=collect.attentions,
+            output_hidden_states=collect.hidden_states,
+            return_dict=True,
+            **model_kwargs,
+        )
+        if use_cache:
+            cache_name = cache_name or _CACHE_FIELD
+            model_kwargs[cache_name], past_length = getattr(outputs, cache_name), beams.cur_len
+        mask = model_kwargs.get("decoder_attention_mask")
+        if mask is not None:  # one more target position
+            model_kwargs["decoder_attention_mask"] = torch.cat(
+                [mask, mask.new_ones(mask.shape[0], 1)], dim=-1
+            )
+        if synced_gpus and this_peer_finished:
+            continue
+        # float32 logits as they are (log_softmax writes a new tensor; `collect` keeps copies), others converted
+        logits = outputs.logits[:, -1, :].float()
+        log_probs = logits_processor(sequences, nn.functional.log_softmax(logits, dim=-1))
+        collect.step(outputs, logits, log_probs)
+        del outputs, logits
+        candidates, scores, origins = beams.candidates(log_probs)
+        stops = stopping_criteria(candidates[:, :, : beams.cur_len + 1].flatten(0, 1), collect.scores)
+        stops = stops.view(beams.batch_size, -1)
+        beam_idx = beams.advance(candidates, scores, origins, stops)
+        if use_cache:  # each beam's decoder self-attention keys and values follow it
+            _reorder_self_attention_cache(model_kwargs[cache_name], beam_idx)
+        this_peer_finished = beams.done(stops)
+    return _beam_search_output(beams, generation_config, collect, model_kwargs, cache_name)
 
+
+def _decoding_kwargs(model_kwargs: dict, collect, share_encoder_outputs: bool, num_beams: int):
+    """Prepare the forward's keyword arguments for decoding; returns the cache's name, whether to use it, and the
+    length it holds already."""
     cache_name = next((name for name in ("cache", "past_key_values") if name in model_kwargs), None)
     use_cache = model_kwargs.pop("use_cache", True)
     # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
@@ -236,129 +395,8 @@ def beam_search(
         encoder = model_kwargs["encoder_outputs"]
         collect.encoder_attentions = encoder.get("attentions") if collect.attentions else None
         collect.encoder_hidden_states = encoder.get("hidden_states") if collect.hidden_states else None
-
-    running = torch.full((batch_size, num_beams, max_length), fill, dtype=torch.long, device=device)
-    running[:, :, :cur_len] = input_ids.view(batch_size, num_beams, cur_len)
-    finished = running.clone()
-    running_scores = torch.zeros(batch_size, num_beams, device=device)
-    running_scores[:, 1:] = -1e9  # only the first beam's continuations count at the first step
-    finished_scores = torch.full((batch_size, num_beams), -1e9, device=device)
-    is_finished = torch.zeros(batch_size, num_beams, dtype=torch.bool, device=device)
-    can_improve = torch.ones(batch_size, 1, dtype=torch.bool, device=device)
-    running_origins = torch.full(
-        (batch_size, num_beams, max_length - prompt_len), -1, dtype=torch.int32, device=device
-    )
-    finished_origins = running_origins.clone()
-    past_length = 0
-    if cache_name is not None and model_kwargs[cache_name] is not None:
-        past_length = model_kwargs[cache_name].get_seq_length()
-
-    this_peer_finished = False
-    while _continues(this_peer_finished, synced_gpus, device):
-        sequences = running[:, :, :cur_len].reshape(rows, cur_len)
-        new = sequences[:, past_length:] if use_cache else sequences
-        outputs = model(
-            decoder_input_ids=new,
-            use_cache=use_cache,
-            output_attentions=collect.attentions,
-            output_hidden_states=collect.hidden_states,
-            return_dict=True,
-            **model_kwargs,
-        )
-        if use_cache:
-            cache_name = cache_name or _CACHE_FIELD
-            model_kwargs[cache_name] = getattr(outputs, cache_name)
-            past_length = cur_len
-        if model_kwargs.get("decoder_attention_mask") is not None:
-            mask = model_kwargs["decoder_attention_mask"]
-            model_kwargs["decoder_attention_mask"] = torch.cat(
-                [mask, mask.new_ones(mask.shape[0], 1)], dim=-1
-            )
-        if synced_gpus and this_peer_finished:
-            continue
-
-        # float32 logits as they are (log_softmax writes a new tensor; `collect` keeps copies), others converted
-        logits = outputs.logits[:, -1, :].float()
-        log_probs = logits_processor(sequences, nn.functional.log_softmax(logits, dim=-1))
-        collect.step(outputs, logits, log_probs)
-        del outputs, logits
-
-        # The best `keep` continuations of all the beams of each source, as the top `keep` of log-probability +
-        # beam score over the num_beams x vocabulary continuations: they are among the best `keep` of each beam
-        # (a beam adds one score to all its continuations), so those are found first, each beam's row on its own,
-        # without a (batch, num_beams x vocabulary) sum.
-        per_beam = min(keep, log_probs.shape[-1])
-        beam_best, beam_tokens = torch.topk(log_probs, per_beam)  # (batch x num_beams, per_beam)
-        totals = (beam_best.view(batch_size, num_beams, per_beam) + running_scores[:, :, None]).view(
-            batch_size, -1
-        )
-        top_scores, picked = torch.topk(totals, keep)
-        from_beam = picked // per_beam
-        candidates = running.gather(1, from_beam[:, :, None].expand(-1, -1, max_length))
-        candidates[:, :, cur_len] = beam_tokens.view(batch_size, -1).gather(1, picked)
-        origins = running_origins.gather(1, from_beam[:, :, None].expand(-1, -1, running_origins.shape[2]))
-        origins[:, :, cur_len - prompt_len] = (
-            from_beam + torch.arange(batch_size, device=device)[:, None] * num_beams
-        ).int()
-        stops = stopping_criteria(
-            candidates[:, :, : cur_len + 1].reshape(batch_size * keep, -1), collect.scores
-        )
-        stops = stops.view(batch_size, keep)
-
-        # the beams that go on: the best continuations that did not stop
-        live_scores = top_scores + stops.float() * -1e9
-        chosen = torch.topk(live_scores, num_beams).indices
-        running = candidates.gather(1, chosen[:, :, None].expand(-1, -1, max_length))
-        running_scores = live_scores.gather(1, chosen)
-        running_origins = origins.gather(1, chosen[:, :, None].expand(-1, -1, origins.shape[2]))
-
-        # the finished hypotheses: the best num_beams among those kept so far and those that just stopped, by
-        # their length-penalised score
-        penalised = top_scores / length_penalty_factor(cur_len + 1 - prompt_len, alpha, length_penalty_form)
-        full = is_finished.all(dim=-1, keepdim=True) & (early_stopping is True)
-        just_finished = stops & is_top_beam[None, :]
-        for excluded in (full, ~can_improve, ~just_finished):  # added one by one, as transformers does
-            penalised = penalised + excluded.float() * -1e9
-        merged_scores = torch.cat([finished_scores, penalised], dim=1)
-        best = torch.topk(merged_scores, num_beams).indices
-        finished = torch.cat([finished, candidates], dim=1).gather(
-            1, best[:, :, None].expand(-1, -1, max_length)
-        )
-        finished_scores = merged_scores.gather(1, best)
-        merged_origins = torch.cat([finished_origins, origins], dim=1)
-        finished_origins = merged_origins.gather(1, best[:, :, None].expand(-1, -1, origins.shape[2]))
-        is_finished = torch.cat([is_finished, just_finished], dim=1).gather(1, best)
-
-        if use_cache:  # each beam's decoder self-attention keys and values follow it
-            beam_idx = running_origins[:, :, cur_len - prompt_len].reshape(-1).long()
-            _reorder_self_attention_cache(model_kwargs[cache_name], beam_idx)
-        cur_len += 1
-        can_improve = can_improve & _may_improve(
-            running_scores,
-            finished_scores,
-            is_finished,
-            cur_len,
-            max_length,
-            prompt_len,
-            early_stopping,
-            alpha,
-            length_penalty_form,
-        )
-        this_peer_finished = not bool(
-            can_improve.any() & ~(is_finished.all() & (early_stopping is True)) & ~stops.all()
-        )
-
-    return _beam_search_output(
-        model,
-        finished,
-        finished_scores,
-        finished_origins,
-        prompt_len,
-        generation_config,
-        collect,
-        model_kwargs,
-        cache_name,
-    )
+    cache = model_kwargs.get(cache_name) if cache_name else None
+    return cache_name, use_cache, cache.get_seq_length() if cache is not None else 0
 
 
 def _special_tokens(model, generation_config) -> tuple[list[int], int]:
@@ -381,10 +419,8 @@ def _may_improve(
 ):
     """Per source, whether its best running beam may still beat its worst finished hypothesis, as transformers
     bounds it: at the current length, or at the maximum length with early_stopping="never" and alpha > 0."""
-    if early_stopping == "never" and alpha > 0.0:
-        length = max_length - prompt_len
-    else:
-        length = cur_len - prompt_len
+    never = early_stopping == "never" and alpha > 0.0
+    length = (max_length if never else cur_len) - prompt_len
     best_running = running_scores[:, :1] / length_penalty_factor(length, alpha, form)
     worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, -1.0e9)
     return (best_running > worst_finished).any(dim=-1, keepdim=True)
@@ -458,16 +494,9 @@ _CACHE_FIELD = (
 )
 
 
-def _beam_search_output(
-    model, finished, scores, origins, prompt_len, generation_config, collect, model_kwargs, cache_name
-):
+def _beam_search_output(beams: BeamSearch, generation_config, collect, model_kwargs, cache_name):
     """The best `num_return_sequences` hypotheses per source, cut to the longest one, as transformers returns them."""
-    keep = generation_config.num_return_sequences or 1
-    sequences = finished[:, :keep].flatten(0, 1)
-    scores = scores[:, :keep].flatten(0, 1)
-    origins = origins[:, :keep].flatten(0, 1)
-    generated = int((origins + 1).bool().sum(dim=1).max())  # the origin of an ungenerated position is -1
-    sequences, origins = sequences[:, : prompt_len + generated], origins[:, :generated]
+    sequences, scores, origins = beams.best(generation_config.num_return_sequences or 1)
     if not collect.enabled:
         return sequences
     return GenerateBeamEncoderDecoderOutput(
@@ -486,6 +515,7 @@ def _beam_search_output(
 
 
 __all__ = [
+    "BeamSearch",
     "EXTRA_OUTPUT_TOKENS",
     "LENGTH_PENALTY_FORMS",
     "PAPER_DECODING",
@@ -493,6 +523,7 @@ __all__ = [
     "PAPER_LENGTH_PENALTY_FORM",
     "PAPER_NUM_BEAMS",
     "beam_search",
+    "check_token_ids",
     "drop_trainer_defaults",
     "generate",
     "length_penalty_factor",

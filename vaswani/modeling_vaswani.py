@@ -38,7 +38,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import is_torchdynamo_compiling, logging
+from transformers.utils import logging
 
 from .configuration_vaswani import VaswaniConfig
 from .generation_vaswani import generate as paper_generate
@@ -52,9 +52,9 @@ from .utils_vaswani import (
     check_decoder_inputs,
     check_embedding_inputs,
     check_mask,
-    check_token_ids,
     flag,
     resize_target_vocabulary,
+    tied_weights_saved_once,
 )
 
 logger = logging.get_logger(__name__)
@@ -114,9 +114,10 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
         self.offset = offset
 
     def forward(self, past_length: int | torch.Tensor, seq_len: int, device: torch.device) -> torch.Tensor:
-        if not is_torchdynamo_compiling() and int(past_length) + seq_len + self.offset > self.num_embeddings:
+        # a static cache counts its past on the device: reading it would cost a host-device sync
+        if not torch.is_tensor(past_length) and past_length + seq_len + self.offset > self.num_embeddings:
             raise ValueError(
-                f"A sequence of {int(past_length) + seq_len} positions is longer than the learned position table "
+                f"A sequence of {past_length + seq_len} positions is longer than the learned position table "
                 f"(`max_position_embeddings`={self.num_embeddings - self.offset}). Use sinusoidal positions or a "
                 "larger table."
             )
@@ -356,6 +357,9 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
     _can_compile_fullgraph = True
 
     def __init__(self, config: VaswaniConfig, *args, **kwargs):
+        # One vocabulary, one size: `config.vocab_size = n` sets both (transformers' common tests build models so).
+        if config.share_encoder_decoder_embeddings:
+            config.decoder_vocab_size = config.vocab_size
         config.validate_fields()  # fields may have been changed since the config was built
         super().__init__(config, *args, **kwargs)
         self._built_as = architecture(config)  # `follow_config`: in training, evaluation and saving
@@ -377,6 +381,8 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         if output is not None:  # transformers resized it with the source side; the target side is unchanged
             self.set_output_embeddings(output)
+        else:  # one vocabulary: transformers set `vocab_size`, the target side is the same
+            self.config.decoder_vocab_size = self.config.vocab_size
         return embeddings
 
     def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
@@ -570,6 +576,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder = VaswaniEncoder(config, encoder_embed)
         self.decoder = VaswaniDecoder(config, decoder_embed)
         self.post_init()
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
@@ -608,21 +615,16 @@ class VaswaniModel(VaswaniPreTrainedModel):
         decoder_attention_mask (`torch.Tensor` of shape `(batch_size, past + target_length)`, *optional*): padding
             of the target; the causal mask is always applied.
         encoder_outputs (*optional*): a precomputed encoder output (as `generate()` passes).
-        cache (`EncoderDecoderCache`, *optional*): self-attention keys/values of earlier steps and the
-            encoder-decoder attention keys/values of the encoder output. Before transformers 5.24 its name was
-            `past_key_values`, which is accepted too.
+        cache (`EncoderDecoderCache`, *optional*): self- and encoder-decoder attention keys/values of earlier steps
+            (`past_key_values` before transformers 5.24, accepted too).
         """
         cache = cache_argument(cache, kwargs)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        outputs = dict(
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True
+        )
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                return_dict=True,
-            )
+            encoder_outputs = self.encoder(input_ids, attention_mask, inputs_embeds, **outputs)
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         decoder_outputs = self.decoder(
@@ -633,9 +635,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            **outputs,
             **kwargs,
         )
         output = Seq2SeqModelOutput(
@@ -679,6 +679,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if not config.tie_word_embeddings:  # a projection of its own is no tied weight (Marian's layout)
             self._tied_weights_keys.pop("lm_head.weight")
         self.post_init()
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
@@ -728,7 +729,10 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """
         cache = cache_argument(cache, kwargs)
         if labels is not None:
-            check_token_ids(labels.masked_fill(labels == -100, 0), self.config.decoder_vocab_size, "labels")
+            if labels.numel() == 0:
+                raise ValueError(
+                    f"`labels` is empty (shape {tuple(labels.shape)}): give at least one token per row."
+                )
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -749,17 +753,9 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, target vocabulary)
         loss = None if labels is None else cross_entropy(logits, labels, num_items_in_batch)
-        output = Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            **{CACHE_NAME: getattr(outputs, CACHE_NAME)},
-        )
+        # the model's outputs (the fields that are set) but its last hidden state, which the logits replace
+        fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        output = Seq2SeqLMOutput(loss=loss, logits=logits, **fields)
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
     def generate(self, *args, **kwargs):
@@ -779,9 +775,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch
         logits.flatten(0, -2).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
     )
     if num_items_in_batch is None:
-        num_items_in_batch = (labels != -100).sum()
-        if not is_torchdynamo_compiling() and num_items_in_batch == 0:
-            raise ValueError("`labels` hold no target token (every position is -100): no loss to compute.")
+        num_items_in_batch = (labels != -100).sum()  # none: 0 / 0 is NaN, as the mean of Marian's loss
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import Seq2SeqLMOutput
-from transformers.utils import is_torchdynamo_compiling
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS
 from .generation_vaswani import drop_trainer_defaults
@@ -87,10 +86,10 @@ class FollowsConfig:
     model's dropout from there on and is saved with it; any other field the modules follow (`ARCHITECTURE_FIELDS`)
     changed since the model was built is refused there, naming it, before a step is trained.
 
-    `_keys_to_ignore_on_save` is the set of tied weights (`all_tied_weights_keys` that are one tensor with the
-    weight they are tied to), which a saved folder holds once, under that weight. transformers' Trainer compares it
-    with the keys a resumed checkpoint lacks, to tell tied weights from missing ones. `save_pretrained` writes the
-    code files and names (`CODE_FILES`) that make the folder load without this package.
+    `save_pretrained` sets transformers' `_keys_to_ignore_on_save` to the tied weights (`tied_weights_saved_once`,
+    which the model's constructor sets too: transformers' Trainer compares them with the keys a resumed checkpoint
+    lacks, to tell tied weights from missing ones), and writes the code files and names (`CODE_FILES`) that make the
+    folder load without this package.
     """
 
     def follow_config(self) -> None:
@@ -119,6 +118,7 @@ class FollowsConfig:
         changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
         the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
         self.follow_config()
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self)
         drop_trainer_defaults(getattr(self, "generation_config", None))
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
         pipelines = getattr(self.config, "custom_pipelines", None) or {}
@@ -128,19 +128,19 @@ class FollowsConfig:
             write_model_code(save_directory)
         return saved
 
-    @property
-    def _keys_to_ignore_on_save(self) -> set[str]:
-        tied = self.__dict__.get("all_tied_weights_keys") or {}
-        weights = dict(self.named_parameters(remove_duplicate=False))
-        return {
-            target
-            for target, source in tied.items()
-            if target in weights and source in weights and weights[target] is weights[source]
-        }
 
-    @_keys_to_ignore_on_save.setter
-    def _keys_to_ignore_on_save(self, keys) -> None:
-        """transformers' `post_init` sets the class's default (none); the set is the tied weights at each call."""
+def tied_weights_saved_once(model, built: bool = False) -> set[str]:
+    """The tied weights (`all_tied_weights_keys`) that are one tensor with the weight they are tied to: a saved folder
+    holds them once, under that weight. The model sets them as transformers' `_keys_to_ignore_on_save` when it is
+    `built` (all of them: transformers ties them when it loads the weights) and before it is saved (a weight untied
+    by hand since is saved as itself)."""
+    tied = model.__dict__.get("all_tied_weights_keys") or {}
+    weights = dict(model.named_parameters(remove_duplicate=False))
+    return {
+        target
+        for target, source in tied.items()
+        if built or (target in weights and source in weights and weights[target] is weights[source])
+    }
 
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
@@ -209,34 +209,22 @@ def flag(value: bool | None, config, name: str = "output_hidden_states") -> bool
     return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
 
 
-def check_token_ids(ids: torch.Tensor | None, vocab_size: int, name: str) -> None:
-    """A clear error for ids outside the vocabulary (or no ids at all), instead of an index error inside torch."""
-    if ids is None or is_torchdynamo_compiling():
-        return
-    if ids.numel() == 0:
-        raise ValueError(f"`{name}` is empty (shape {tuple(ids.shape)}): give at least one token per row.")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(
-            f"`{name}` holds token ids outside the vocabulary [0, {vocab_size}): min {low}, max {high}. "
-            "Check that the tokenizer matches the model (`-100` belongs in `labels` only)."
-        )
-
-
 def check_embedding_inputs(input_ids, inputs_embeds, name: str, embed_tokens: nn.Embedding) -> None:
     """A clear error naming the argument for token ids or embeddings that a stack cannot embed: neither or both
-    given, ids that are not (batch, length) or lie outside the vocabulary, embeddings that are not (batch, length,
-    d_model), empty inputs."""
+    given, ids that are not (batch, length), embeddings that are not (batch, length, d_model), empty inputs. Shapes
+    only: no value is read, so the check costs no host-device sync and compiles. Ids outside the vocabulary are named
+    where data enters (`generation_vaswani.check_token_ids`); a direct forward gets torch's index error."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(f"Give exactly one of `{name}` and its embeddings.")
-    if is_torchdynamo_compiling():
-        return
     if input_ids is not None:
         if input_ids.dim() != 2:
             raise ValueError(
                 f"`{name}` must be a 2-D tensor (batch, length) of token ids, got shape {tuple(input_ids.shape)}."
             )
-        check_token_ids(input_ids, embed_tokens.num_embeddings, name)
+        if input_ids.numel() == 0:
+            raise ValueError(
+                f"`{name}` is empty (shape {tuple(input_ids.shape)}): give at least one token per row."
+            )
         return
     width = embed_tokens.embedding_dim
     if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != width:
@@ -250,9 +238,7 @@ def check_embedding_inputs(input_ids, inputs_embeds, name: str, embed_tokens: nn
 
 def check_mask(mask: torch.Tensor | None, expected, name: str, of: str) -> None:
     # 4-D masks are taken as already prepared
-    if mask is None or mask.dim() == 4 or is_torchdynamo_compiling():
-        return
-    if tuple(mask.shape) != tuple(expected):
+    if mask is not None and mask.dim() != 4 and tuple(mask.shape) != tuple(expected):
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but {of} needs {tuple(expected)}.")
 
 
@@ -260,13 +246,13 @@ def check_decoder_inputs(
     attention_mask, encoder_attention_mask, encoder_hidden_states, batch_size, seq_len, past_length
 ) -> None:
     """A clear error for decoder masks of the wrong shape (the target's covers past and current tokens) and a decoder
-    batch that is not a multiple of the encoder's."""
-    if is_torchdynamo_compiling():  # before any size is read: an exported graph keeps its sizes symbolic
-        return
-    length = int(past_length) + seq_len
-    check_mask(
-        attention_mask, (batch_size, length), "decoder_attention_mask", "the target (past and current tokens)"
-    )
+    batch that is not a multiple of the encoder's. A static cache counts its past on the device: the target mask's
+    length is then not checked, which would cost a host-device sync."""
+    if torch.is_tensor(past_length):
+        target = None if attention_mask is None else (batch_size, attention_mask.shape[-1])
+    else:
+        target = (batch_size, past_length + seq_len)
+    check_mask(attention_mask, target, "decoder_attention_mask", "the target (past and current tokens)")
     source = encoder_hidden_states.shape[:2]
     check_mask(encoder_attention_mask, source, "attention_mask", "the encoder output (batch, source length)")
     if batch_size % source[0]:

@@ -12,11 +12,10 @@ empty, input order, `translation.Hypothesis` results.
 
 How each engine decodes, against the PyTorch model's `generate()`:
 
-- `OnnxEngine` runs the two graphs of `export.to_onnx` with ONNX Runtime and searches in this module: greedy, or
-  transformers' beam search (the top 2k continuations, the finished among the first k, the heuristic stop of
-  `early_stopping=False` or the stop at k finished hypotheses of `early_stopping=True`), with either length-penalty
-  form of `generation_vaswani.length_penalty_factor`: the paper's ((5 + |Y|) / 6)^alpha or |Y|^alpha. Same outputs as
-  `generate()` with the same settings.
+- `OnnxEngine` runs the two graphs of `export.to_onnx` with ONNX Runtime: greedy search here, or the model's own beam
+  search, `generation_vaswani.BeamSearch` (transformers' beam search with either length-penalty form of
+  `generation_vaswani.length_penalty_factor`: the paper's ((5 + |Y|) / 6)^alpha or |Y|^alpha), the one loop that
+  `generate()` runs too. Same outputs as `generate()` with the same settings.
 - `CTranslate2Engine` runs CTranslate2's own search. Its beam search divides by |Y|^alpha only (the "power" form;
   asked for the paper's form, it warns and uses |Y|^alpha) and stops a sentence once k hypotheses have finished, as
   transformers' `early_stopping=True`; with those two settings its outputs are `generate()`'s.
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 
 from ..common.fileio import read_json
-from ..generation_vaswani import EXTRA_OUTPUT_TOKENS, length_penalty_factor
+from ..generation_vaswani import EXTRA_OUTPUT_TOKENS, BeamSearch
 from ..recipe.tokenization import load_tokenizers
 from ..recipe.translation import (
     LENGTH_PENALTY,
@@ -306,64 +305,39 @@ def beam_search(
     min_new_tokens: int,
     eos: int,
 ) -> list[list[Output]]:
-    """Beam search as transformers and `generation_vaswani.beam_search` run it (no sampling), in which a finished
-    hypothesis' summed log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts the
-    generated tokens, `</s>` included).
-
-    Per step: the top 2k continuations over all k beams; those among the first k that end with `</s>` (or reach
-    `max_new_tokens`) are finished hypotheses (a sentence keeps its best k); the best k that did not finish continue.
-    A sentence stops when it holds k finished hypotheses and none can be beaten by its best running beam, judged at the
-    current length (`early_stopping=False`) or, for `"never"`, at the maximum length; `early_stopping=True` stops it
-    at k finished hypotheses.
-    """
+    """The model's own beam search (`generation_vaswani.BeamSearch`, as `generate()` runs it) on the ONNX graphs: a
+    finished hypothesis' summed log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts
+    the generated tokens, `</s>` included); a hypothesis stops at `</s>` or at `max_new_tokens`."""
     if not 1 <= num_return_sequences <= k:
         raise ValueError(
             f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
         )
-    lp = lambda length: length_penalty_factor(length, alpha, form)  # noqa: E731
     batch = mask.shape[0]
     mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
     cross = [np.repeat(c, k, axis=0) for c in cross]
     past = engine.empty_cache(batch * k)
-    scores = torch.zeros(batch, k)
-    scores[:, 1:] = -1e9  # all beams start as the same start token: expand only the first
-    sequences = torch.zeros(batch, k, 0, dtype=torch.long)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    done = torch.zeros(batch, dtype=torch.bool)
     tokens = _start_tokens(engine, batch * k)
-    rows = torch.arange(batch)[:, None]
+    beams = BeamSearch(torch.from_numpy(tokens), k, 1 + max_new_tokens, eos, 1, alpha, form, early_stopping)
     for step in range(max_new_tokens):
-        length, last_step = step + 1, step == max_new_tokens - 1
         logits, past = engine.decode(tokens, mask, past, cross)
         log_probs = torch.from_numpy(logits[:, -1]).float().log_softmax(-1)  # (B * k, V)
         if step < min_new_tokens:
             log_probs[:, eos] = -torch.inf
-        vocab = log_probs.shape[-1]
-        candidates = (log_probs.view(batch, k, vocab) + scores[:, :, None]).view(batch, k * vocab)
-        top_scores, top_index = candidates.topk(2 * k)  # (B, 2k)
-        top_beams, top_tokens = top_index // vocab, top_index % vocab
-        ends = (top_tokens == eos) | last_step
-        for b, rank in (ends[:, :k] & ~done[:, None]).nonzero().tolist():  # only the first k may finish
-            hypothesis = sequences[b, top_beams[b, rank]].tolist() + [int(top_tokens[b, rank])]
-            finished[b].append((float(top_scores[b, rank]) / lp(length), hypothesis))
-            finished[b] = sorted(finished[b], key=lambda item: -item[0])[:k]
-        running = top_scores.masked_fill(ends, -1e9).topk(k)  # the best k that continue
-        scores = running.values
-        beams = top_beams.gather(1, running.indices)
-        new_tokens = top_tokens.gather(1, running.indices)
-        sequences = torch.cat([sequences[rows, beams], new_tokens[:, :, None]], dim=-1)  # (B, k, step + 1)
-        full = torch.tensor([len(hypotheses) == k for hypotheses in finished])
-        worst = torch.tensor([min((s for s, _ in hypotheses), default=-1e9) for hypotheses in finished])
-        best_length = max_new_tokens if early_stopping == "never" and alpha > 0 else length
-        done |= full & ((scores[:, 0] / lp(best_length) <= worst) | (early_stopping is True))
-        if last_step or bool(done.all()):
+        candidates, scores, origins = beams.candidates(log_probs)
+        stops = (candidates[:, :, beams.cur_len] == eos) | (beams.cur_len + 1 == beams.max_length)
+        order = beams.advance(candidates, scores, origins, stops).numpy()
+        if beams.done(stops):
             break
-        order = (beams + rows * k).flatten().numpy()  # the cache rows each continuing beam extends
-        past = [np.take(cache, order, axis=0) for cache in past]
-        tokens = new_tokens.reshape(-1, 1).numpy()
-    return [
-        [Output(ids, score) for score, ids in hypotheses[:num_return_sequences]] for hypotheses in finished
+        past = [
+            np.take(cache, order, axis=0) for cache in past
+        ]  # the cache rows each continuing beam extends
+        tokens = beams.sequences()[:, -1:].numpy()
+    sequences, scores, _ = beams.best(num_return_sequences)
+    outputs = [
+        Output(_until_eos(ids[1:], eos), float(score))
+        for ids, score in zip(sequences.tolist(), scores.tolist(), strict=True)
     ]
+    return [outputs[i : i + num_return_sequences] for i in range(0, len(outputs), num_return_sequences)]
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
 
+from .. import register
 from ..common.errors import UsageError
 from ..configuration_vaswani import VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration
@@ -37,11 +39,12 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
             check_model_path(model_args.model_name_or_path)
         except (OSError, ValueError) as error:
             raise UsageError(f"--model_name_or_path: {error}") from None
+        register()  # model_type="vaswani" loads with this package's classes
         try:
             config = AutoConfig.from_pretrained(model_args.model_name_or_path)
             if isinstance(config, VaswaniConfig):  # weights that do not match the config are named now
                 load_model(model_args.model_name_or_path, VaswaniForConditionalGeneration)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, StrictDataclassError) as error:  # the last: a field of the wrong type
             raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {error}") from None
         if not isinstance(config, VaswaniConfig):
             raise UsageError(

@@ -12,12 +12,18 @@ from pathlib import Path
 
 import huggingface_hub.constants
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    RepositoryNotFoundError,
+    StrictDataclassError,
+)
 from huggingface_hub.repocard import metadata_load
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
+from .. import register
 from ..common.errors import UsageError
 from ..common.fileio import read_json
 
@@ -79,12 +85,14 @@ def load_model(model_path: str | os.PathLike, model_class=AutoModelForSeq2SeqLM,
     reshape: a mistyped config key falls back to the default), naming the first few; config keys the model does not
     know are logged as a warning."""
     check_model_path(model_path)
+    register()  # model_type="vaswani" loads with this package's classes
     try:
         model, info = model_class.from_pretrained(
             model_path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
         )
-    except (OSError, ValueError) as error:
-        raise type(error)(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
+    except (OSError, ValueError, StrictDataclassError) as error:  # the last: a config field of the wrong type
+        kind = ValueError if isinstance(error, StrictDataclassError) else type(error)
+        raise kind(f"Cannot load the model {model_path}: {' '.join(str(error).split())}") from error
     config_file = Path(model_path) / "config.json"
     if config_file.is_file():
         known = {"auto_map", "custom_pipelines", "quantization_config", *type(model.config)().to_dict()}

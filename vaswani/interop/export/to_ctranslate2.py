@@ -81,7 +81,7 @@ class VaswaniLoader(ct2_transformers.BartLoader):
     """CTranslate2's loader for `VaswaniConfig` (see the module docstring). `tokenizer` is the pair
     `(source_tokenizer, target_tokenizer)` of `tokenization.load_tokenizers`."""
 
-    architecture_name = "AutoModelForSeq2SeqLM"  # `import vaswani` registers the model there
+    architecture_name = "AutoModelForSeq2SeqLM"  # `vaswani.register()` registers the model there
 
     def get_model_spec(self, model):
         config = model.config
@@ -163,7 +163,9 @@ def export_ctranslate2(
 ) -> Path:
     """Convert `model_path` to a CTranslate2 model with weights in `quantization` (float32, int8, bfloat16, ...) in
     the existing folder `output_dir` (`vaswani.interop.export.export` builds it beside the destination)."""
-    import vaswani  # noqa: F401  (registers VaswaniConfig with AutoConfig, which the converter reads first)
+    from ... import register
+
+    register()  # VaswaniConfig with AutoConfig, which the converter reads first
 
     output_dir = Path(output_dir)
     VaswaniConverter(model_path, tokenizer_path).convert(

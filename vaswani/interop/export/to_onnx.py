@@ -156,7 +156,9 @@ def export_onnx(
 ) -> Path:
     """Export `model_path` to `encoder.onnx` and `decoder.onnx` in the existing folder `output_dir` (see the module
     docstring; `vaswani.interop.export.export` builds it beside the destination)."""
-    import vaswani  # noqa: F401  (registers the model with AutoModelForSeq2SeqLM)
+    from ... import register
+
+    register()  # AutoModelForSeq2SeqLM builds model_type="vaswani" with this package's classes
 
     model = load_model(model_path, dtype=torch.float32, attn_implementation="eager")
     output_dir = Path(output_dir)
