@@ -310,10 +310,16 @@ def test_vaswani_translate_quantization_int8_loads_a_float32_folder_in_int8(tmp_
     load_int8(tmp_path / "fp32").save_pretrained(tmp_path / "int8")
     for name in ("fp32", "int8"):
         save_tokenizers(tokenizer, tokenizer, tmp_path / name)
+    (tmp_path / "src.txt").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    if not kernels.exact_int8_products():  # refused where the int8 products saturate
+        with pytest.raises(SystemExit):
+            translate_main(["--model_name_or_path", str(tmp_path / "fp32"), "--input", str(tmp_path / "src.txt")]
+                           + ["--quantization", "int8"])  # fmt: skip
+        assert "int8 decoding needs a CPU with VNNI or AMX" in capsys.readouterr().err
+        return
     model, _, _ = load_translation_model(tmp_path / "fp32", int8=True)
     assert type(model.lm_head) is int8_output_class()
     assert type(model.model.encoder.layers[0].fc1) is Int8Linear
-    (tmp_path / "src.txt").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     outputs = {}
     for name, flags in (("int8", []), ("fp32", ["--quantization", "int8"]), ("plain", [])):
         folder = tmp_path / ("fp32" if name == "plain" else name)
@@ -335,3 +341,21 @@ def test_vaswani_translate_quantization_int8_loads_a_float32_folder_in_int8(tmp_
         with pytest.raises(SystemExit):
             translate_main([*base, "int8", *extra])
         assert message in capsys.readouterr().err
+
+
+def test_int8_decoding_is_refused_where_the_int8_product_is_not_exact(folder, caplog):
+    """Without VNNI (AVX2, AVX-512 without VNNI) oneDNN's int8 products, torchao's included, saturate: `--quantization
+    int8` (`load_translation_model(int8=True)`) is refused there, and `use_cpu_kernels` on a model quantized anyway
+    says so. Where the products are exact, both go on without a word."""
+    import logging
+
+    from vaswani.recipe.translation import load_translation_model
+
+    exact = kernels.exact_int8_products()
+    with caplog.at_level(logging.WARNING, logger="vaswani.kernels"):
+        use_cpu_kernels(load_int8(folder))
+    assert ("int8 products are not exact" in caplog.text) == (not exact)
+    if exact:
+        return
+    with pytest.raises(ValueError, match="int8 decoding needs a CPU with VNNI or AMX"):
+        load_translation_model(folder, int8=True)

@@ -26,6 +26,8 @@ Some use torch's private oneDNN and softmax operators, guarded: this package is 
 which hold the plain model only.
 """
 
+import logging
+
 import torch
 from torch import nn
 
@@ -44,6 +46,7 @@ from .loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entr
 from .onednn_linear import Linear, _is_plain, onednn_features, onednn_linear_applies
 from .stacked import StackedProjections
 
+logger = logging.getLogger(__name__)
 _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
 
 
@@ -88,6 +91,11 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
     for group in groups:
         for projection in group.modules:
             projection.__dict__["_vaswani_shared_input"] = group
+    if int8 and not exact_int8_products():
+        logger.warning(
+            "This CPU's int8 products are not exact (no VNNI: oneDNN adds byte products in saturating 16-bit "
+            "pairs); the int8 layers stay torchao's, which computes them the same way"
+        )
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     float32_output = type(output) is Linear and output.weight.dtype == torch.float32
     if int8 and int8_output and exact_int8_products() and float32_output:

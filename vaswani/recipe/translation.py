@@ -35,7 +35,7 @@ from ..generation_vaswani import (
     PAPER_LENGTH_PENALTY_FORM,
     PAPER_NUM_BEAMS,
 )
-from ..kernels import use_cpu_kernels
+from ..kernels import exact_int8_products, use_cpu_kernels
 from .data import read_lines
 from .metrics import compute_bleu, reported_scores
 from .model_folders import load_model
@@ -110,6 +110,11 @@ def load_translation_model(
     device = torch.device(device or ("cpu" if int8 else default_device()))
     if int8 and (bf16 or device.type != "cpu"):
         raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
+    if int8 and not exact_int8_products():
+        raise ValueError(
+            "int8 decoding needs a CPU with VNNI or AMX: without them oneDNN's int8 products (torchao's too) add "
+            "byte products in saturating 16-bit pairs, so they are not exact; decode in float32"
+        )
     if int8:
         model_kwargs.update(quantization_config=int8_quantization_config(), device_map="cpu")
     model = load_model(model_path, **model_kwargs)
