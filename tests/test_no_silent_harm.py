@@ -204,7 +204,7 @@ def test_the_tokenizer_of_a_model_folder_loads_silently(tmp_path):
         "PYTHONPATH": ROOT,
     }
     for code in (
-        "import vaswani; from transformers import AutoTokenizer as T",
+        "import vaswani; vaswani.register(); from transformers import AutoTokenizer as T",  # README's registration
         "import sys; sys.modules['vaswani'] = None; from transformers import PreTrainedTokenizerFast as T",
         "import sys; sys.modules['vaswani'] = None; from functools import partial; "
         "from transformers import AutoTokenizer; T = type('T', (), {'from_pretrained': staticmethod("

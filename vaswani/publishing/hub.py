@@ -30,14 +30,12 @@ from pathlib import Path
 
 from huggingface_hub import CommitInfo, HfApi, get_token
 from huggingface_hub.utils import validate_repo_id
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from ..common.errors import PublishError
 from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from ..recipe.model_folders import load_model
-from ..recipe.tokenization import load_model_tokenizers
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -137,13 +135,14 @@ def build_folder(
     license: str | None = None,
     example_text: str | None = None,
     dataset_tags: list[str] | None = None,
+    model: PreTrainedModel | None = None,
 ) -> Path:
     """Write the folder to publish into `output_dir` (which must be new or empty) and check it.
 
-    `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`.
+    `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`. `model`:
+    the folder's model loaded already (the push command loads it checked against its config), else loaded here.
     """
     check_model_dir(model_dir, tokenizer_dir)
-    load_model_tokenizers(model_dir, tokenizer_dir)  # another run's tokenizer is refused
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise PublishError(f"{str(output_dir)!r} is not empty: the published folder must hold nothing else.")
@@ -152,7 +151,8 @@ def build_folder(
     if results is None:
         logger.warning("No evaluation results: the card will have no model-index.")
 
-    model = load_model(model_dir, VaswaniForConditionalGeneration)
+    if model is None:
+        model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(
         tokenizer_dir if tokenizer_dir is not None else model_dir
     )
@@ -273,6 +273,7 @@ def publish(
     license: str | None = None,
     example_text: str | None = None,
     dataset_tags: list[str] | None = None,
+    model: PreTrainedModel | None = None,
 ) -> Published:
     """Build the publishable folder from a trained model folder and push it to `repo_id` in one commit.
 
@@ -311,6 +312,7 @@ def publish(
         license=license,
         example_text=example_text,
         dataset_tags=dataset_tags,
+        model=model,
     )
     upload = dict(
         repo_id=repo_id,
