@@ -250,7 +250,7 @@ def save_decoding(model_dir: Path, finish_args: FinishArguments, alpha: float) -
         "length_penalty": alpha,
         "length_penalty_form": finish_args.length_penalty_form,
     }
-    if decoding.items() - config.items():
+    if any(config.get(key) != value for key, value in decoding.items()):  # values may be lists: no set of items
         write_json(path, {**config, **decoding})
 
 
