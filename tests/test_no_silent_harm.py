@@ -561,7 +561,9 @@ def test_a_time_budget_alone_bounds_the_run_and_a_run_inside_its_warmup_says_so(
     capfd.readouterr()
     trainer = train_command.main(argv)
     err = capfd.readouterr().err
-    assert trainer.state.epoch > 3 and "Time budget of 0.05 minutes reached" in err
+    # how many steps fit in 3 seconds depends on the machine's load; what must hold is that the plan is not 3 epochs
+    # (3 steps) and that the time budget ended the run
+    assert trainer.state.max_steps > 3 and "Time budget of 0.05 minutes reached" in err
     assert "Training (0.05 min)" in err and " s [" not in err and "or 3 steps" not in err
     assert "After the 0.05-minute budget:" in err
     assert "--max_train_minutes 0.05 (about " in err and "ends the run inside the 4000 warm-up steps" in err
