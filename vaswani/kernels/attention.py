@@ -37,8 +37,8 @@ def prefers_matmul_attention(
     The same under `torch.compile`: inductor does not replace SDPA on the CPU, it calls the same flash-attention
     kernel, whose backward took half of a compiled training step at the recipe's shape
     (`bench/ab_compiled_training.py` at commit 82d9f03); the matmuls are plain torch operators that it traces and
-    fuses. The choice guards on the key length, so a
-    compiled step with dynamic shapes compiles once for at most 128 keys and once for more."""
+    fuses. The choice guards on the key length, so a compiled step with dynamic shapes compiles once for at most 128
+    keys and once for more."""
     if query.device.type != "cpu":
         return False
     if attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2]):

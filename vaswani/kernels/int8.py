@@ -140,7 +140,8 @@ def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> to
 def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`, on
     a CPU whose int8 GEMM is exact (`_exact`)."""
-    return not is_torchdynamo_compiling() and x.device.type == "cpu" and x.dtype == torch.float32 and exact_int8_products()
+    cpu_float32 = x.device.type == "cpu" and x.dtype == torch.float32
+    return not is_torchdynamo_compiling() and cpu_float32 and exact_int8_products()
 
 
 def _identity(tensor: torch.Tensor) -> tuple[int, int]:

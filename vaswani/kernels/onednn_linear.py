@@ -42,8 +42,8 @@ _ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.m
 # On an Intel CPU, MKL's float32 GEMM (torch's own, `F.linear`) runs its AVX-512 kernels and beats oneDNN's on a few
 # rows: 1.1-4.5x below 16 rows for weights up to 4M entries; for larger ones (an output projection over a vocabulary)
 # 1.6x at 2 rows, 0.93x at 1, and slower from 4 rows on. From 16 rows on oneDNN's is as fast or up to 1.8x faster
-# (`python -m bench kernels --what linear`, 2 threads, Intel Xeon). Those few rows are the decoding steps of one sentence
-# (greedy, or its 4 beams).
+# (`python -m bench kernels --what linear`, 2 threads, Intel Xeon). Those few rows are the decoding steps of one
+# sentence (greedy, or its 4 beams).
 MKL_FEWER_ROWS = 16
 MKL_FEWER_ROWS_LARGE = 4
 MKL_LARGE_WEIGHT = 1 << 22
@@ -83,7 +83,10 @@ def cpu_flags() -> frozenset[str]:
 # it oneDNN's int8 kernels add byte products in saturating 16-bit pairs.
 _ONEDNN_FEATURES = {
     "avx512": (("avx512f",), ("AVX512", "AVX10")),
-    "vnni": (("avx512_vnni", "avx_vnni", "amx_int8"), ("VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10", "AMX")),
+    "vnni": (
+        ("avx512_vnni", "avx_vnni", "amx_int8"),
+        ("VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10", "AMX"),
+    ),
     "amx_int8": (("amx_int8",), ("AMX",)),
 }
 
