@@ -238,9 +238,10 @@ def profiled_run(args) -> StepProfiler:
         DataArguments,
         FinishArguments,
         ModelArguments,
+        ModelConfigArguments,
         PaperTrainingArguments,
+        config_overrides,
     )
-    from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
     from vaswani.recipe.run_folder import release_output_dir
 
     profiler = StepProfiler(args.warmup, args.repeats)

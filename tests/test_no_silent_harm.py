@@ -18,8 +18,8 @@ from tiny_translation_assets import tiny_model, tiny_tokenizer
 from vaswani.commands import train as train_command
 from vaswani.common.errors import UsageError
 from vaswani.common.fileio import atomic_folder, write_text
+from vaswani.recipe.arguments import resolve_peak_learning_rate
 from vaswani.recipe.averaging import average_checkpoints
-from vaswani.recipe.flags import resolve_peak_learning_rate
 from vaswani.recipe.schedule import warmup_factor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

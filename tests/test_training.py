@@ -23,11 +23,10 @@ from vaswani.configuration_vaswani import (
     SINUSOID_FREQUENCIES,
     SINUSOID_LAYOUTS,
 )
-from vaswani.recipe.arguments import PaperTrainingArguments
+from vaswani.recipe.arguments import PaperTrainingArguments, resolve_peak_learning_rate
 from vaswani.recipe.batching import TokenBudgetBatchSampler
 from vaswani.recipe.callbacks import TimeBudget
 from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
-from vaswani.recipe.flags import resolve_peak_learning_rate
 from vaswani.recipe.schedule import (
     cooldown_factor,
     paper_learning_rate,
@@ -312,7 +311,7 @@ def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():
 def test_config_fields_on_the_command_line():
     from vaswani.commands.cli import parse_args
     from vaswani.common.errors import UsageError
-    from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
+    from vaswani.recipe.arguments import ModelConfigArguments, config_overrides
 
     def overrides(argv):
         (config_args,) = parse_args(ModelConfigArguments, argv, description="")
@@ -338,13 +337,14 @@ def test_config_fields_on_the_command_line():
 
 
 def test_every_config_parameter_is_a_flag_or_named_as_not_one():
-    """`ModelConfigArguments` is written out by hand: a new `VaswaniConfig.__init__` parameter must become a field of
-    it (with the parameter's type, optional, default None, and a help text) or join `CONFIG_FIELDS_NOT_FLAGS`."""
+    """`ModelConfigArguments` is built from `VaswaniConfig`: each of its parameters is a flag (with the parameter's
+    type, optional, default None, and the parameter's text in the config's docstring as its help) or is named in
+    `CONFIG_FIELDS_NOT_FLAGS`."""
     import dataclasses
     import inspect
     import typing
 
-    from vaswani.recipe.config_arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
+    from vaswani.recipe.arguments import CONFIG_FIELDS_NOT_FLAGS, ModelConfigArguments
 
     # the dataclass's own fields, not those of transformers' base class
     own = set(VaswaniConfig.__annotations__)
@@ -376,6 +376,13 @@ def test_every_config_parameter_is_a_flag_or_named_as_not_one():
     }
     for name, values in choices.items():
         assert fields[name].metadata["choices"] == list(values), name
+    # --help shows each field's docstring text, written once, in VaswaniConfig
+    from vaswani.commands.cli import build_parser
+
+    help_text = " ".join(build_parser(ModelConfigArguments, description="").format_help().split())
+    assert "--qkv_init_gain QKV_INIT_GAIN The gain of the Xavier-uniform initialisation" in help_text
+    assert "fairseq uses 1/sqrt(2)" in help_text and "`" not in help_text
+    assert "--normalize_before [NORMALIZE_BEFORE] False is the paper's post-norm residual block" in help_text
 
 
 # ---- the size of an update (§5.1: ~25,000 source and target tokens, whatever the hardware) ------------------------

@@ -14,10 +14,16 @@ from transformers.trainer_utils import IntervalStrategy
 
 from bench.synthetic_corpus import write_corpus
 from vaswani.commands.cli import parse_args, read_arguments_file
-from vaswani.recipe.arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
+from vaswani.recipe.arguments import (
+    DataArguments,
+    FinishArguments,
+    ModelArguments,
+    ModelConfigArguments,
+    PaperTrainingArguments,
+    config_overrides,
+)
 from vaswani.recipe.callbacks import TimeBudget, TimedCheckpoints
 from vaswani.recipe.checkpoints import checkpoints
-from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrides
 from vaswani.recipe.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
 from vaswani.recipe.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
 

@@ -4,8 +4,15 @@ Seq2SeqTrainingArguments', all of which work."""
 
 from __future__ import annotations
 
-from ..recipe.arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
-from ..recipe.config_arguments import ModelConfigArguments, config_overrides
+from ..recipe.arguments import (
+    RENAMED,
+    DataArguments,
+    FinishArguments,
+    ModelArguments,
+    ModelConfigArguments,
+    PaperTrainingArguments,
+    config_overrides,
+)
 from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = """\
@@ -23,17 +30,6 @@ examples:
   torchrun --nproc_per_node 8 -m vaswani.commands.train recipes/wmt14_en_de_base.yaml
                                                 (the paper's WMT 2014 en-de base run; recipes/README.md)
 """
-
-# Old flag names, still accepted with a warning.
-RENAMED = {
-    "data": "dataset_name",
-    "data_config": "dataset_config_name",
-    "tokenizer": "tokenizer_name",
-    "max_length": "max_source_length",
-    "num_proc": "preprocessing_num_workers",
-    "init_from": "model_name_or_path",
-}
-
 
 # The Hub's WMT 2014 datasets, whose test split is the paper's newstest2014.
 WMT14 = ("wmt14", "wmt/wmt14")

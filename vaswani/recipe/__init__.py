@@ -2,7 +2,7 @@
 
 | stage | modules |
 |---|---|
-| the command's flags | `arguments` (data, model, training), `config_arguments` (the model's fields), `flags` (the meaning of transformers' and fairseq's flags), `checks` (everything checked before any data is read) |
+| the command's flags | `arguments` (data, model, the model's fields, training, and what transformers' and fairseq's flags mean here), `checks` (everything checked before any data is read) |
 | data (§5.1) | `data` (parallel text through `datasets`), `tokenization` (joint BPE), `batching` (token-budget batches) |
 | training (§5.2–5.4) | `trainer` (`VaswaniTrainer`), `schedule` (warm-up), `losses` (label smoothing), `callbacks`, `distributed`, `checkpoints` (resuming) |
 | after training (§6.1) | `averaging`, `translation` (beam search), `model_folders` (a model folder and its languages, checked before loading), `evaluation`, `metrics` (sacreBLEU), `plotting` |

@@ -33,6 +33,7 @@ from .arguments import (
     FinishArguments,
     ModelArguments,
     PaperTrainingArguments,
+    log_recipe,
 )
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
@@ -47,7 +48,6 @@ from .evaluation import (
     seconds_per_decoder_step,
     sort_by_source_length,
 )
-from .flags import log_recipe
 from .metrics import bleu_metric_fn
 from .model_folders import load_model
 from .summary import training_summary
