@@ -91,6 +91,23 @@ def test_an_arguments_file_is_checked_and_its_values_converted_as_flags_are(tmp_
         parse_args(train.ModelArguments, [str(values)], description="")
 
 
+def test_an_arguments_file_names_its_mistakes_and_keeps_its_values_whole(tmp_path, caplog):
+    config = tmp_path / "run.yaml"
+    config.write_text("num_beams: [1, 2]\n")  # a list for a flag of one value
+    with pytest.raises(
+        UsageError, match=r"argument --num_beams: expected one argument, got 2 \(.*run.yaml\)"
+    ):
+        parse_args(Example, [str(config)], description="")
+    config.write_text("no_plots: true\n")  # the negative spelling of a switch is no entry of a file
+    with pytest.raises(UsageError, match="run.yaml: no_plots is not a flag of"):
+        parse_args(train.FinishArguments, [str(config)], description="")
+    config.write_text("source_lang: -x\nbeams: 3\n")  # a value that starts with a dash; a renamed flag
+    with caplog.at_level(logging.WARNING, logger="vaswani.commands.arguments_files"):
+        (args,) = parse_args(Example, [str(config)], description="", renamed={"beams": "num_beams"})
+    assert (args.source_lang, args.num_beams) == ("-x", 3)
+    assert "run.yaml: beams is deprecated; use num_beams" in caplog.text
+
+
 def test_a_yaml_learning_rate_arrives_as_a_float_and_the_command_line_wins(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("learning_rate: 1e-3\nwarmup_steps: 10\nbf16: false\naverage_last: [5, 10]\n")
@@ -453,6 +470,9 @@ def test_two_names_of_one_flag_with_different_values_are_refused(tmp_path, capsy
     with pytest.raises(SystemExit) as exit:
         train.main([str(config), "--output_dir", str(run)])
     assert exit.value.code == 2 and "run.yaml: lr and learning_rate are two names" in capsys.readouterr().err
+    config.write_text("lenpen: 1.5\n")  # fairseq's length penalty in a file, as on the command line
+    (finish,) = parse_args([train.FinishArguments], [str(config)], description="")
+    assert (finish.length_penalty, finish.length_penalty_form) == ([1.5], "power")
     config.write_text("lenpen: 1.0\nlength_penalty: 0.6\n")
     with pytest.raises(UsageError, match="lenpen is fairseq's name of length_penalty"):
         parse_args([train.FinishArguments], [str(config)], description="")

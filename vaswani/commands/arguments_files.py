@@ -1,20 +1,18 @@
 """Arguments files: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads a tool's flags from a JSON or YAML
 mapping `{flag_name: value}`, and flags given on the command line override it (`vaswani.commands.cli.parse_args`
-calls `split_arguments_files`, then `apply_arguments_files`). Values are converted as argparse converts the same flag
-on the command line, and a file's mistakes (a flag the tool lacks, a value outside its choices, two names of one flag
-with different values) are named with the file before any work starts."""
+calls `split_arguments_files`, then puts each file's `file_flags` before the command line). `HfArgumentParser` parses
+a file's flags as it parses the command line's, so a value is converted, and refused, as the same flag on the command
+line would be; a file's own mistakes (a flag the tool lacks, two names of one flag with different values) are named
+with the file before any work starts."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import json
 import logging
 import math
 import os
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -117,118 +115,50 @@ def split_arguments_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return files, rest
 
 
-def flag_fields(dataclass_types: Sequence[type]) -> dict[str, tuple[dataclasses.Field, object]]:
-    """Every flag of the dataclasses: its field and its resolved annotation."""
-    found = {}
-    for dtype in dataclass_types:
-        hints = typing.get_type_hints(dtype)
-        for item in dataclasses.fields(dtype):
-            if item.init:
-                found[item.name] = (item, hints[item.name])
-    return found
-
-
-def _aliases(fields: Mapping[str, tuple[dataclasses.Field, object]]) -> dict[str, str]:
-    """Each flag's other names (a field's `aliases` metadata, e.g. fairseq's `--lr`): alias -> field name."""
-    found = {}
-    for name, (item, _) in fields.items():
-        aliases = item.metadata.get("aliases", ())
-        for alias in [aliases] if isinstance(aliases, str) else aliases:
-            found[alias.lstrip("-").replace("-", "_")] = name
-    return found
-
-
-def _members(hint) -> tuple:
-    """The types of an annotation, `X | Y | None` taken apart."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return typing.get_args(hint)
-    return (hint,)
-
-
-def _takes_a_list(hint) -> bool:
-    return any(typing.get_origin(member) is list for member in _members(hint))
-
-
-def _choices(item: dataclasses.Field, hint) -> list[str] | None:
-    """The values a flag accepts, as `HfArgumentParser` restricts them: its `choices`, or an Enum's values."""
-    if "choices" in item.metadata:
-        return [str(choice) for choice in item.metadata["choices"]]
-    for member in _members(hint):
-        if isinstance(member, type) and issubclass(member, enum.Enum):
-            return [str(choice.value) for choice in member]
-        if typing.get_origin(member) is typing.Literal:
-            return [str(choice) for choice in typing.get_args(member)]
-    return None
-
-
-def apply_arguments_files(
-    parser: HfArgumentParser, files: Sequence[str], argv: Sequence[str], renamed: Mapping[str, str]
-) -> list[str]:
-    """Give the flags of the arguments `files` (later files first) to `parser`, so that `argv`'s flags override
-    them; returns the command line to parse.
-
-    `HfArgumentParser.parse_yaml_file`/`parse_json_file` fill the dataclasses without argparse: no type conversion
-    (YAML reads `1e-3` as a string) and no command line over the file. Here the values become the parser's defaults
-    (`set_defaults`): argparse converts a string default with the flag's type, as it converts a command-line value,
-    and any flag on the command line wins. A flag the parser requires, or one that takes several values, is put in
-    front of the command line instead (argparse reads those only there), where a later flag still wins.
-    """
-    fields = flag_fields(parser.dataclass_types)
-    aliases = _aliases(fields)
-    defaults: dict[str, str] = {}
-    tokens: dict[str, list[str]] = {}
-    for path in files:
-        values = read_arguments_file(path)
-        if "lenpen" in values and "length_penalty" in values:
+def file_flags(parser: HfArgumentParser, path: str, renamed: Mapping[str, str]) -> list[str]:
+    """The command line that the arguments file `path` stands for, `--flag=value` (`--flag value ...` for a flag that
+    takes several) per entry, for `parser` to parse before the flags given on the command line, which then win.
+    Raises `UsageError` naming the file for an entry that is no flag of the tool's dataclasses, a list for a flag
+    of one value, two names of one flag with different values, and fairseq's `lenpen` beside `length_penalty`."""
+    values = read_arguments_file(path)
+    fields = {item.name for dtype in parser.dataclass_types for item in dataclasses.fields(dtype)}
+    if "lenpen" in values and "length_penalty" in values:
+        raise UsageError(
+            f"Arguments file {path}: lenpen is fairseq's name of length_penalty: give one of them"
+        )
+    if "lenpen" in values and "length_penalty_form" in fields:
+        form = values.get("length_penalty_form", "power")
+        if form != "power":
             raise UsageError(
-                f"Arguments file {path}: lenpen is fairseq's name of length_penalty: give one of them"
+                f"Arguments file {path}: lenpen is fairseq's length penalty |Y| ** alpha "
+                f"(length_penalty_form power), but length_penalty_form is {form!r}"
             )
-        if "lenpen" in values and "length_penalty_form" in fields:
-            form = values.get("length_penalty_form", "power")
-            if form != "power":
-                raise UsageError(
-                    f"Arguments file {path}: lenpen is fairseq's length penalty |Y| ** alpha "
-                    f"(length_penalty_form power), but length_penalty_form is {form!r}"
-                )
-            values = {**values, "length_penalty": values.pop("lenpen"), "length_penalty_form": "power"}
-        given: dict[str, tuple[str, object]] = {}  # this file's flags: name -> (key, value)
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            name = aliases.get(name, name)
-            if name in renamed:
-                logger.warning("%s: %s is deprecated; use %s", path, name, renamed[name])
-                name = renamed[name]
-            if name not in fields:
-                raise UsageError(
-                    f"Arguments file {path}: {key} is not a flag of {parser.prog} "
-                    f"({parser.prog} --help lists the flags)"
-                )
-            item, hint = fields[name]
-            texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
-            typed = typed_value(parser._option_string_actions[f"--{name}"], texts)
-            if name in given and given[name][1] != typed:
-                raise UsageError(
-                    f"Arguments file {path}: {given[name][0]} and {key} are two names of one flag with different "
-                    "values: give one of them"
-                )
-            given[name] = (key, typed)
-            required = item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
-            defaults.pop(name, None)
-            tokens.pop(name, None)
-            if required or _takes_a_list(hint):
-                tokens[name] = [f"--{name}", *texts]
-                continue
-            if len(texts) > 1:
-                parser.error(f"argument --{name}: expected one argument, got {len(texts)} ({path})")
-            choices = _choices(item, hint)
-            if choices is not None and texts[0] not in choices:
-                parser.error(
-                    f"argument --{name}: invalid choice: {texts[0]!r} (choose from "
-                    f"{', '.join(map(repr, choices))})"
-                )
-            defaults[name] = texts[0]
-    parser.set_defaults(**defaults)
-    return [token for flag in tokens.values() for token in flag] + list(argv)
+        values["length_penalty"], values["length_penalty_form"] = values.pop("lenpen"), "power"
+    given: dict[str, tuple[str, object]] = {}  # this file's flags: field name -> (key, value)
+    tokens = []
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name in renamed:
+            logger.warning("%s: %s is deprecated; use %s", path, name, renamed[name])
+            name = renamed[name]
+        action = parser._option_string_actions.get(f"--{name}")  # a field, or its alias (fairseq's `--lr`)
+        if action is None or action.dest not in fields or action.nargs == 0:
+            raise UsageError(
+                f"Arguments file {path}: {key} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
+            )
+        texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
+        if len(texts) > 1 and action.nargs in (None, "?"):
+            parser.error(f"argument --{action.dest}: expected one argument, got {len(texts)} ({path})")
+        typed = typed_value(action, texts)
+        if action.dest in given and given[action.dest][1] != typed:
+            raise UsageError(
+                f"Arguments file {path}: {given[action.dest][0]} and {key} are two names of one flag with "
+                "different values: give one of them"
+            )
+        given[action.dest] = (key, typed)
+        one = action.nargs in (None, "?")
+        tokens += [f"--{action.dest}={texts[0]}"] if one else [f"--{action.dest}", *texts]
+    return tokens
 
 
 def typed_value(action: argparse.Action, texts: Sequence[str]):

@@ -51,8 +51,7 @@ from transformers import HfArgumentParser  # transformers.hf_argparser: light, w
 from ..common.errors import UsageError, describe_error
 from .arguments_files import (
     ARGS_FILE_FLAG,
-    apply_arguments_files,
-    flag_fields,
+    file_flags,
     read_arguments_file,
     split_arguments_files,
     typed_value,
@@ -348,9 +347,8 @@ def build_parser(
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
         allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
     )
-    trainer_debug = "debug" in flag_fields(
-        types_
-    )  # transformers' --debug takes a value; a bare --debug is ours
+    fields = {item.name for dtype in types_ for item in dataclasses.fields(dtype)}
+    trainer_debug = "debug" in fields  # transformers' --debug takes a value; a bare --debug is ours
     common = parser.add_argument_group(
         "common to every vaswani tool",
         "a bare --debug shows the traceback of an error (--debug with a value is transformers')"
@@ -365,7 +363,7 @@ def build_parser(
     if not trainer_debug:
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
-    if {"length_penalty", "length_penalty_form"} <= flag_fields(types_).keys():
+    if {"length_penalty", "length_penalty_form"} <= fields:
         common.add_argument(  # expanded before parsing (`expand_lenpen`); listed here for --help
             LENPEN_FLAG,
             metavar="ALPHA",
@@ -403,8 +401,8 @@ def parse_args(
 ) -> tuple:
     """Parse `argv` (None: `sys.argv[1:]`) into instances of `dataclass_types`, in their order.
 
-    Renamed flags are translated (`renamed`: old -> new name), arguments files give their flags to the parser
-    (`apply_arguments_files`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
+    Renamed flags are translated (`renamed`: old -> new name), arguments files' flags go before the command line's
+    (`file_flags`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
     flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
     `ValueError`. `--help_all` is `--help`.
     """
@@ -413,9 +411,9 @@ def parse_args(
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
     refuse_conflicting_names(parser, argv, renamed)
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
-    if {"length_penalty", "length_penalty_form"} <= flag_fields(parser.dataclass_types).keys():
+    if LENPEN_FLAG in parser._option_string_actions:
         argv = expand_lenpen(argv)
-    argv = apply_arguments_files(parser, files, argv, renamed or {})
+    argv = [token for path in files for token in file_flags(parser, path, renamed or {})] + argv
     # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
     _, remaining = parser.parse_known_args(argv)
     if remaining:
@@ -473,7 +471,6 @@ def setup_logging(main_process: bool = True) -> None:
 
 
 __all__ = [
-    "apply_arguments_files",
     "build_parser",
     "command",
     "current_prog",
