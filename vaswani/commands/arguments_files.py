@@ -1,14 +1,13 @@
 """Arguments files: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads a tool's flags from a JSON or YAML
 mapping `{flag_name: value}`, and flags given on the command line override it (`vaswani.commands.cli.parse_args`
-calls `split_arguments_files`, then puts each file's `file_flags` before the command line). `HfArgumentParser` parses
-a file's flags as it parses the command line's, so a value is converted, and refused, as the same flag on the command
-line would be; a file's own mistakes (a flag the tool lacks, two names of one flag with different values) are named
-with the file before any work starts."""
+calls `split_arguments_files`, then puts each file's flags, `file_tokens`, before the command line). A file's flags
+are read as the command line's: `HfArgumentParser` converts and refuses a value as it does the same flag typed, and a
+file's own mistakes (a flag the tool lacks, two names of one flag with different values) are named with the file
+before any work starts."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -17,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
-from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
 from ..common.errors import UsageError
 
@@ -115,60 +113,14 @@ def split_arguments_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return files, rest
 
 
-def file_flags(parser: HfArgumentParser, path: str, renamed: Mapping[str, str]) -> list[str]:
-    """The command line that the arguments file `path` stands for, `--flag=value` (`--flag value ...` for a flag that
-    takes several) per entry, for `parser` to parse before the flags given on the command line, which then win.
-    Raises `UsageError` naming the file for an entry that is no flag of the tool's dataclasses, a list for a flag
-    of one value, two names of one flag with different values, and fairseq's `lenpen` beside `length_penalty`."""
-    values = read_arguments_file(path)
-    fields = {item.name for dtype in parser.dataclass_types for item in dataclasses.fields(dtype)}
-    if "lenpen" in values and "length_penalty" in values:
-        raise UsageError(
-            f"Arguments file {path}: lenpen is fairseq's name of length_penalty: give one of them"
-        )
-    if "lenpen" in values and "length_penalty_form" in fields:
-        form = values.get("length_penalty_form", "power")
-        if form != "power":
-            raise UsageError(
-                f"Arguments file {path}: lenpen is fairseq's length penalty |Y| ** alpha "
-                f"(length_penalty_form power), but length_penalty_form is {form!r}"
-            )
-        values["length_penalty"], values["length_penalty_form"] = values.pop("lenpen"), "power"
-    given: dict[str, tuple[str, object]] = {}  # this file's flags: field name -> (key, value)
+def file_tokens(parser: argparse.ArgumentParser, path: str, renamed: Mapping[str, str]) -> list[str]:
+    """The flags of the arguments file `path` as a command line: `--flag=value`, or `--flag value ...` for a flag that
+    takes several values; a list for a flag of one value is refused."""
     tokens = []
-    for key, value in values.items():
-        name = key.replace("-", "_")
-        if name in renamed:
-            logger.warning("%s: %s is deprecated; use %s", path, name, renamed[name])
-            name = renamed[name]
-        action = parser._option_string_actions.get(f"--{name}")  # a field, or its alias (fairseq's `--lr`)
-        if action is None or action.dest not in fields or action.nargs == 0:
-            raise UsageError(
-                f"Arguments file {path}: {key} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
-            )
+    for key, value in read_arguments_file(path).items():
         texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
-        if len(texts) > 1 and action.nargs in (None, "?"):
+        action = parser._option_string_actions.get(f"--{renamed.get(key, key)}")
+        if len(texts) > 1 and action is not None and action.nargs in (None, "?"):
             parser.error(f"argument --{action.dest}: expected one argument, got {len(texts)} ({path})")
-        typed = typed_value(action, texts)
-        if action.dest in given and given[action.dest][1] != typed:
-            raise UsageError(
-                f"Arguments file {path}: {given[action.dest][0]} and {key} are two names of one flag with "
-                "different values: give one of them"
-            )
-        given[action.dest] = (key, typed)
-        one = action.nargs in (None, "?")
-        tokens += [f"--{action.dest}={texts[0]}"] if one else [f"--{action.dest}", *texts]
+        tokens += [f"--{key}={texts[0]}"] if len(texts) == 1 else [f"--{key}", *texts]
     return tokens
-
-
-def typed_value(action: argparse.Action, texts: Sequence[str]):
-    """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
-    texts themselves when a value does not convert: argparse reports that later)."""
-    if not texts:
-        return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
-    convert = action.type if callable(action.type) else str
-    try:
-        values = [convert(text) for text in texts]
-    except (TypeError, ValueError, argparse.ArgumentTypeError):
-        values = list(texts)
-    return values[0] if action.nargs in (None, "?") else tuple(values)

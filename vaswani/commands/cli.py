@@ -49,13 +49,7 @@ from pathlib import Path
 from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
 from ..common.errors import UsageError, describe_error
-from .arguments_files import (
-    ARGS_FILE_FLAG,
-    file_flags,
-    read_arguments_file,
-    split_arguments_files,
-    typed_value,
-)
+from .arguments_files import ARGS_FILE_FLAG, file_tokens, read_arguments_file, split_arguments_files
 
 logger = logging.getLogger(__name__)
 
@@ -169,129 +163,147 @@ def command(prog: str) -> Callable:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Renamed flags
-# ---------------------------------------------------------------------------------------------------------------------
-def rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
-    """`argv` with deprecated flag names (`renamed`: old name -> new name, without dashes) replaced, each with a
-    warning. `--old`, `--old=value`, `--old-name` and `--no_old` (for a boolean) are all recognised."""
-    if not renamed:
-        return list(argv)
-    result = []
-    for token in argv:
-        if token.startswith("--") and len(token) > 2:
-            name, equals, value = token[2:].partition("=")
-            key = name.replace("-", "_")
-            negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
-            old = key[3:] if negated else key
-            if old in renamed:
-                new = ("no_" if negated else "") + renamed[old]
-                logger.warning("--%s is deprecated; use --%s", key, new)
-                token = f"--{new}{equals}{value}"
-        result.append(token)
-    return result
-
-
-def expand_lenpen(argv: Sequence[str]) -> list[str]:
-    """fairseq's `--lenpen A` as this package's flags: `--length_penalty A --length_penalty_form power` (fairseq
-    divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form` other than power
-    beside it is refused, as is `--lenpen` beside `--length_penalty`."""
-    argv = list(argv)
-    if not any(token == LENPEN_FLAG or token.startswith(LENPEN_FLAG + "=") for token in argv):
-        return argv
-    result, i = [], 0
-    for flag in ("--length_penalty", "--length-penalty"):
-        if any(token == flag or token.startswith(flag + "=") for token in argv):
-            raise UsageError(f"{LENPEN_FLAG} is fairseq's name of --length_penalty: give one of them")
-    while i < len(argv):
-        token = argv[i]
-        if token == LENPEN_FLAG or token.startswith(LENPEN_FLAG + "="):
-            if "=" in token:
-                values, i = [token.split("=", 1)[1]], i + 1
-            else:
-                i += 1
-                values = []
-                while i < len(argv) and not (argv[i].startswith("--") and len(argv[i]) > 2):
-                    values.append(argv[i])
-                    i += 1
-                if not values:
-                    raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
-            result += ["--length_penalty", *values, "--length_penalty_form", "power"]
-            continue
-        if token.startswith(("--length_penalty_form", "--length-penalty-form")):
-            value = token.split("=", 1)[1] if "=" in token else (argv[i + 1] if i + 1 < len(argv) else "")
-            if value != "power":
-                raise UsageError(
-                    f"{LENPEN_FLAG} is fairseq's length penalty |Y| ** alpha (--length_penalty_form power), "
-                    f"but --length_penalty_form is {value!r}: give --length_penalty with it instead"
-                )
-        result.append(token)
-        i += 1
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Two names of one flag
+# Renamed flags, fairseq's --lenpen, two names of one flag
 # ---------------------------------------------------------------------------------------------------------------------
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse reads `-1` after a flag
 
 
-def _spelling(parser: argparse.ArgumentParser, token: str, renamed: Mapping[str, str]):
-    """The parser's action that the flag `token` (`--name`, without its `=value`) sets, renamed flags included."""
-    actions = parser._option_string_actions
-    if token in actions:
-        return actions[token]
-    key = token[2:].replace("-", "_")
-    negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
-    old = key[3:] if negated else key
-    if old in renamed:
-        return actions.get(f"--{'no_' if negated else ''}{renamed[old]}")
-    return None
+@dataclasses.dataclass
+class _Flag:
+    """A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed
+    flag, the parser's action it sets (None: a flag the parser lacks) and the texts of its values."""
+
+    start: int
+    end: int
+    name: str
+    new: str | None
+    action: argparse.Action | None
+    texts: list[str]
 
 
-def refuse_conflicting_names(
-    parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str] | None = None
-) -> None:
-    """Raise `UsageError` naming both flags when two names of one flag are given different values in `argv`:
-    fairseq's and transformers' names (`--lr` and `--learning_rate`), a renamed flag and its new name, `--flag-name`
-    and `--flag_name`, `--flag` and `--no_flag`. The same value under both names is accepted; the same name given
-    twice keeps argparse's rule (the last one wins)."""
-    renamed = renamed or {}
-    seen: dict[str, list[tuple[str, str, object]]] = {}
-    i = 0
-    while i < len(argv):
-        token = argv[i]
+def _flags(parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str]) -> list[_Flag]:
+    """The flags of `argv` (up to a `--`), each with the values that argparse would give it. A renamed flag is
+    recognised as `--old`, `--old=value`, `--old-name` and `--no_old` (for a boolean)."""
+    found, i = [], 0
+    while i < len(argv) and argv[i] != "--":
+        token, start = argv[i], i
         i += 1
-        if token == "--":
-            break
         if not token.startswith("--") or len(token) == 2:
             continue
         name, equals, value = token.partition("=")
-        action = _spelling(parser, name, renamed)
-        if action is None or action.nargs == argparse.SUPPRESS:
-            continue
-        if equals:
-            texts = [value]
-        else:
-            most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(action.nargs, action.nargs)
-            texts = []
-            while len(texts) < most and i < len(argv):
-                following = argv[i]
-                if following.startswith("-") and not _NEGATIVE_NUMBER.match(following):
-                    break
-                texts.append(following)
-                i += 1
-            if not texts and action.nargs not in (0, "?", "*"):
-                continue  # a flag without its value: argparse says so
-        shown = " ".join([name, *texts]) if not equals else token
-        seen.setdefault(action.dest, []).append((name, shown, typed_value(action, texts)))
+        key = name[2:].replace("-", "_")
+        negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
+        old = key[3:] if negated else key
+        new = f"--{'no_' if negated else ''}{renamed[old]}" if old in renamed else None
+        action = parser._option_string_actions.get(new or name)
+        texts = [value] if equals else []
+        nargs = 0 if action is None else action.nargs
+        most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(nargs, nargs)
+        while not equals and len(texts) < most and i < len(argv):
+            if argv[i].startswith("-") and not _NEGATIVE_NUMBER.match(argv[i]):
+                break
+            texts.append(argv[i])
+            i += 1
+        found.append(_Flag(start, i, name, new, action, texts))
+    return found
+
+
+def typed_value(action: argparse.Action, texts: Sequence[str]):
+    """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
+    texts themselves when a value does not convert: argparse reports that later)."""
+    if not texts:
+        return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
+    convert = action.type if callable(action.type) else str
+    try:
+        values = [convert(text) for text in texts]
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        values = list(texts)
+    return values[0] if action.nargs in (None, "?") else tuple(values)
+
+
+def _refuse_two_names(flags: Sequence[_Flag], argv: Sequence[str], where: str | None) -> None:
+    """Raise `UsageError` naming both flags when two names of one flag have different values: fairseq's and
+    transformers' (`--lr` and `--learning_rate`), a renamed flag and its new name, `--flag-name` and `--flag_name`,
+    `--flag` and `--no_flag`. The same value under both names is accepted; the same name given twice keeps argparse's
+    rule (the last one wins)."""
+    seen: dict[str, list[tuple[str, str, object]]] = {}
+    for flag in flags:
+        if flag.action is None or (not flag.texts and flag.action.nargs not in (0, "?", "*")):
+            continue  # a flag the parser lacks, or one without its value: argparse says so
+        shown = flag.name[2:] if where else " ".join(argv[flag.start : flag.end])
+        seen.setdefault(flag.action.dest, []).append((flag.name, shown, typed_value(flag.action, flag.texts)))
     for occurrences in seen.values():
         for index, (name, shown, value) in enumerate(occurrences):
             for other_name, other_shown, other_value in occurrences[index + 1 :]:
                 if other_name != name and other_value != value:
                     raise UsageError(
-                        f"{shown} and {other_shown} are two names of one flag with different values: give one of "
-                        "them"
+                        f"{_in(where)}{shown} and {other_shown} are two names of one flag with different values: "
+                        "give one of them"
                     )
+
+
+def _in(where: str | None) -> str:
+    return f"Arguments file {where}: " if where else ""
+
+
+def _lenpen(flags: Sequence[_Flag], where: str | None) -> list[str]:
+    """fairseq's `--lenpen A` as this package's flags: `--length_penalty A --length_penalty_form power` (fairseq
+    divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form` other than power
+    beside it is refused, as is `--lenpen` beside `--length_penalty`."""
+    dashes = "" if where else "--"
+    dests = {flag.action.dest: flag for flag in flags if flag.action is not None}
+    if "lenpen" not in dests:
+        return []
+    if "length_penalty" in dests:
+        raise UsageError(
+            f"{_in(where)}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
+        )
+    if not dests["lenpen"].texts:
+        raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
+    form = dests.get("length_penalty_form")
+    if form is not None and form.texts[:1] != ["power"]:
+        raise UsageError(
+            f"{_in(where)}{dashes}lenpen is fairseq's length penalty |Y| ** alpha ({dashes}length_penalty_form "
+            f"power), but {dashes}length_penalty_form is {''.join(form.texts[:1])!r}: give {dashes}length_penalty "
+            "with it instead"
+        )
+    return dests["lenpen"].texts
+
+
+def read_flags(
+    parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str], where: str | None = None
+) -> list[str]:
+    """`argv` (a command line, or the flags of the arguments file `where`) for `parser`: refused when two names of one
+    flag have different values, renamed flags under their new names (each with a warning), `--lenpen A` as
+    `--length_penalty A --length_penalty_form power`. An arguments file's flags must all be flags of the tool."""
+    flags = _flags(parser, argv, renamed)
+    fields = {item.name for dtype in parser.dataclass_types for item in dataclasses.fields(dtype)} | {
+        "lenpen"
+    }
+    for flag in flags:
+        if where and (flag.action is None or flag.action.nargs == 0 or flag.action.dest not in fields):
+            raise UsageError(
+                f"Arguments file {where}: {flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists "
+                "the flags)"
+            )
+    _refuse_two_names(flags, argv, where)
+    lenpen = _lenpen(flags, where)
+    result, position = [], 0
+    for flag in flags:
+        result += argv[position : flag.start]
+        position = flag.end
+        if flag.new:
+            old, new = flag.name[2:].replace("-", "_"), flag.new[2:]
+            logger.warning(
+                "%s%s is deprecated; use %s", f"{where}: " if where else "--", old, new if where else flag.new
+            )
+            result.append(flag.new + argv[flag.start][len(flag.name) :])
+            result += argv[flag.start + 1 : flag.end]
+        elif flag.action is not None and flag.action.dest == "lenpen":
+            result += ["--length_penalty", *lenpen, "--length_penalty_form", "power"]
+        else:
+            result += argv[flag.start : flag.end]
+    return result + list(argv[position:])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -406,14 +418,12 @@ def parse_args(
     flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
     `ValueError`. `--help_all` is `--help`.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    files, argv = split_arguments_files(argv)
+    files, argv = split_arguments_files(sys.argv[1:] if argv is None else argv)
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
-    refuse_conflicting_names(parser, argv, renamed)
-    argv = ["--help" if token == HELP_ALL_FLAG else token for token in rename_flags(argv, renamed or {})]
-    if LENPEN_FLAG in parser._option_string_actions:
-        argv = expand_lenpen(argv)
-    argv = [token for path in files for token in file_flags(parser, path, renamed or {})] + argv
+    renamed = renamed or {}
+    argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
+    files = [read_flags(parser, file_tokens(parser, path, renamed), renamed, where=path) for path in files]
+    argv = [token for flags in files for token in flags] + argv  # the command line last: its flags win
     # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
     _, remaining = parser.parse_known_args(argv)
     if remaining:
@@ -474,11 +484,9 @@ __all__ = [
     "build_parser",
     "command",
     "current_prog",
-    "expand_lenpen",
     "parse_args",
     "read_arguments_file",
-    "refuse_conflicting_names",
-    "rename_flags",
+    "read_flags",
     "setup_logging",
     "split_arguments_files",
     "verbose",
