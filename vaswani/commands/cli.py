@@ -37,8 +37,10 @@ The conventions, the same in every tool:
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 import re
@@ -168,17 +170,9 @@ def command(prog: str) -> Callable:
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse reads `-1` after a flag
 
 
-@dataclasses.dataclass
-class _Flag:
-    """A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed
-    flag, the parser's action it sets (None: a flag the parser lacks) and the texts of its values."""
-
-    start: int
-    end: int
-    name: str
-    new: str | None
-    action: argparse.Action | None
-    texts: list[str]
+# A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed flag,
+# the parser's action it sets (None: a flag the parser lacks) and the texts of its values.
+_Flag = collections.namedtuple("_Flag", "start end name new action texts")
 
 
 def _flags(parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str]) -> list[_Flag]:
@@ -197,11 +191,13 @@ def _flags(parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mappin
         new = f"--{'no_' if negated else ''}{renamed[old]}" if old in renamed else None
         action = parser._option_string_actions.get(new or name)
         texts = [value] if equals else []
-        nargs = 0 if action is None else action.nargs
+        nargs = 0 if action is None or equals else action.nargs
         most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(nargs, nargs)
-        while not equals and len(texts) < most and i < len(argv):
-            if argv[i].startswith("-") and not _NEGATIVE_NUMBER.match(argv[i]):
-                break
+        while (
+            len(texts) < most
+            and i < len(argv)
+            and not (argv[i][:1] == "-" and not _NEGATIVE_NUMBER.match(argv[i]))
+        ):
             texts.append(argv[i])
             i += 1
         found.append(_Flag(start, i, name, new, action, texts))
@@ -221,84 +217,65 @@ def typed_value(action: argparse.Action, texts: Sequence[str]):
     return values[0] if action.nargs in (None, "?") else tuple(values)
 
 
-def _refuse_two_names(flags: Sequence[_Flag], argv: Sequence[str], where: str | None) -> None:
-    """Raise `UsageError` naming both flags when two names of one flag have different values: fairseq's and
-    transformers' (`--lr` and `--learning_rate`), a renamed flag and its new name, `--flag-name` and `--flag_name`,
-    `--flag` and `--no_flag`. The same value under both names is accepted; the same name given twice keeps argparse's
-    rule (the last one wins)."""
-    seen: dict[str, list[tuple[str, str, object]]] = {}
-    for flag in flags:
-        if flag.action is None or (not flag.texts and flag.action.nargs not in (0, "?", "*")):
-            continue  # a flag the parser lacks, or one without its value: argparse says so
-        shown = flag.name[2:] if where else " ".join(argv[flag.start : flag.end])
-        seen.setdefault(flag.action.dest, []).append((flag.name, shown, typed_value(flag.action, flag.texts)))
-    for occurrences in seen.values():
-        for index, (name, shown, value) in enumerate(occurrences):
-            for other_name, other_shown, other_value in occurrences[index + 1 :]:
-                if other_name != name and other_value != value:
-                    raise UsageError(
-                        f"{_in(where)}{shown} and {other_shown} are two names of one flag with different values: "
-                        "give one of them"
-                    )
-
-
-def _in(where: str | None) -> str:
-    return f"Arguments file {where}: " if where else ""
-
-
-def _lenpen(flags: Sequence[_Flag], where: str | None) -> list[str]:
-    """fairseq's `--lenpen A` as this package's flags: `--length_penalty A --length_penalty_form power` (fairseq
-    divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form` other than power
-    beside it is refused, as is `--lenpen` beside `--length_penalty`."""
-    dashes = "" if where else "--"
+def _lenpen(flags: Sequence[_Flag], where: str, dashes: str) -> list[str]:
+    """The values of fairseq's `--lenpen A` (none without it), which is `--length_penalty A --length_penalty_form
+    power` (fairseq divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form`
+    other than power beside it is refused, as is `--lenpen` beside `--length_penalty`."""
     dests = {flag.action.dest: flag for flag in flags if flag.action is not None}
     if "lenpen" not in dests:
         return []
     if "length_penalty" in dests:
         raise UsageError(
-            f"{_in(where)}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
+            f"{where}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
         )
     if not dests["lenpen"].texts:
         raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
-    form = dests.get("length_penalty_form")
-    if form is not None and form.texts[:1] != ["power"]:
+    form = dests["length_penalty_form"].texts[:1] if "length_penalty_form" in dests else ["power"]
+    if form != ["power"]:
         raise UsageError(
-            f"{_in(where)}{dashes}lenpen is fairseq's length penalty |Y| ** alpha ({dashes}length_penalty_form "
-            f"power), but {dashes}length_penalty_form is {''.join(form.texts[:1])!r}: give {dashes}length_penalty "
-            "with it instead"
+            f"{where}{dashes}lenpen is fairseq's length penalty |Y| ** alpha ({dashes}length_penalty_form power), but "
+            f"{dashes}length_penalty_form is {''.join(form)!r}: give {dashes}length_penalty with it instead"
         )
     return dests["lenpen"].texts
 
 
 def read_flags(
-    parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str], where: str | None = None
+    parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str], path: str | None = None
 ) -> list[str]:
-    """`argv` (a command line, or the flags of the arguments file `where`) for `parser`: refused when two names of one
-    flag have different values, renamed flags under their new names (each with a warning), `--lenpen A` as
-    `--length_penalty A --length_penalty_form power`. An arguments file's flags must all be flags of the tool."""
+    """`argv` (a command line, or the flags of the arguments file `path`) for `parser`: renamed flags under their new
+    names (each with a warning), `--lenpen A` as `--length_penalty A --length_penalty_form power`. Raises `UsageError`
+    naming both flags when two names of one flag have different values: fairseq's and transformers' (`--lr` and
+    `--learning_rate`), a renamed flag and its new name, `--flag-name` and `--flag_name`, `--flag` and `--no_flag`.
+    The same value under both names is accepted; the same name given twice keeps argparse's rule (the last one wins).
+    An arguments file's flags must all be flags of the tool's dataclasses."""
     flags = _flags(parser, argv, renamed)
+    where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
     fields = {item.name for dtype in parser.dataclass_types for item in dataclasses.fields(dtype)} | {
         "lenpen"
     }
     for flag in flags:
-        if where and (flag.action is None or flag.action.nargs == 0 or flag.action.dest not in fields):
+        if path and (flag.action is None or flag.action.nargs == 0 or flag.action.dest not in fields):
             raise UsageError(
-                f"Arguments file {where}: {flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists "
-                "the flags)"
+                f"{where}{flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
             )
-    _refuse_two_names(flags, argv, where)
-    lenpen = _lenpen(flags, where)
-    result, position = [], 0
+    given = [flag for flag in flags if flag.action and (flag.texts or flag.action.nargs in (0, "?", "*"))]
+    for a, b in itertools.combinations(given, 2):
+        if a.action.dest == b.action.dest and a.name != b.name:
+            if typed_value(a.action, a.texts) != typed_value(b.action, b.texts):
+                shown = [flag.name[2:] if path else " ".join(argv[flag.start : flag.end]) for flag in (a, b)]
+                raise UsageError(
+                    f"{where}{shown[0]} and {shown[1]} are two names of one flag with different values: give one of them"
+                )
+    lenpen, result, position = _lenpen(flags, where, dashes), [], 0
     for flag in flags:
         result += argv[position : flag.start]
         position = flag.end
         if flag.new:
             old, new = flag.name[2:].replace("-", "_"), flag.new[2:]
             logger.warning(
-                "%s%s is deprecated; use %s", f"{where}: " if where else "--", old, new if where else flag.new
+                "%s%s%s is deprecated; use %s%s", f"{path}: " if path else "", dashes, old, dashes, new
             )
-            result.append(flag.new + argv[flag.start][len(flag.name) :])
-            result += argv[flag.start + 1 : flag.end]
+            result += [flag.new + argv[flag.start][len(flag.name) :], *argv[flag.start + 1 : flag.end]]
         elif flag.action is not None and flag.action.dest == "lenpen":
             result += ["--length_penalty", *lenpen, "--length_penalty_form", "power"]
         else:
@@ -422,7 +399,7 @@ def parse_args(
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
     renamed = renamed or {}
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
-    files = [read_flags(parser, file_tokens(parser, path, renamed), renamed, where=path) for path in files]
+    files = [read_flags(parser, file_tokens(parser, path, renamed), renamed, path) for path in files]
     argv = [token for flags in files for token in flags] + argv  # the command line last: its flags win
     # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
     _, remaining = parser.parse_known_args(argv)
