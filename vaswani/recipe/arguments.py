@@ -28,12 +28,13 @@ import os
 import re
 import time
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import transformers
 from packaging import version
 from transformers import Seq2SeqTrainingArguments, TrainerCallback
+from transformers.hf_argparser import HfArg
 
 from ..common.errors import UsageError
 from ..configuration_vaswani import (
@@ -92,102 +93,72 @@ class DataArguments:
 
     _argument_group_name = "data"
 
-    dataset_name: str | None = field(
+    dataset_name: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "A Hub dataset (a `translation` column as in wmt14, or one column per language as in "
-            "bentrevett/multi30k), or a local folder of {split}.{lang}[.gz] text files, JSON lines or save_to_disk."
-        },
+        help="A Hub dataset (a `translation` column as in wmt14, or one column per language as in "
+        "bentrevett/multi30k), or a local folder of {split}.{lang}[.gz] text files, JSON lines or save_to_disk.",
     )
-    dataset_config_name: str | None = field(
-        default=None, metadata={"help": "The Hub dataset's configuration, e.g. de-en for wmt14."}
+    dataset_config_name: str | None = HfArg(
+        default=None, help="The Hub dataset's configuration, e.g. de-en for wmt14."
     )
-    train_file: str | None = field(
+    train_file: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Training pairs from files: a JSON-lines file, or the prefix P of the text files P.<source_lang> "
-            "and P.<target_lang> (.gz allowed). Instead of, or over, --dataset_name's train split."
-        },
+        help="Training pairs from files: a JSON-lines file, or the prefix P of the text files P.<source_lang> "
+        "and P.<target_lang> (.gz allowed). Instead of, or over, --dataset_name's train split.",
     )
-    validation_file: str | None = field(
-        default=None, metadata={"help": "Validation pairs from files, as --train_file."}
+    validation_file: str | None = HfArg(default=None, help="Validation pairs from files, as --train_file.")
+    test_file: str | None = HfArg(
+        default=None, help="Test pairs from files, as --train_file (translated after training)."
     )
-    test_file: str | None = field(
-        default=None, metadata={"help": "Test pairs from files, as --train_file (translated after training)."}
+    source_lang: str = HfArg(default="de", help="Source language code.")
+    target_lang: str = HfArg(default="en", help="Target language code.")
+    train_split: str = HfArg(default="train", help="Name of the training split of --dataset_name.")
+    validation_split: str = HfArg(
+        default="validation", help="Validation split of --dataset_name (multi30k files: val)."
     )
-    source_lang: str = field(default="de", metadata={"help": "Source language code."})
-    target_lang: str = field(default="en", metadata={"help": "Target language code."})
-    train_split: str = field(
-        default="train", metadata={"help": "Name of the training split of --dataset_name."}
-    )
-    validation_split: str = field(
-        default="validation", metadata={"help": "Validation split of --dataset_name (multi30k files: val)."}
-    )
-    test_split: str | None = field(
+    test_split: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Translate this split of --dataset_name with beam search after training and score it "
-            "(e.g. test; multi30k files: test_2016_flickr)."
-        },
+        help="Translate this split of --dataset_name with beam search after training and score it "
+        "(e.g. test; multi30k files: test_2016_flickr).",
     )
-    tokenizer_name: str | None = field(
+    tokenizer_name: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "A trained tokenizer folder; default: the --model_name_or_path folder's, else one trained "
-            "into <output_dir>/tokenizer."
-        },
+        help="A trained tokenizer folder; default: the --model_name_or_path folder's, else one trained "
+        "into <output_dir>/tokenizer.",
     )
-    vocab_size: int | None = field(
+    vocab_size: int | None = HfArg(
         default=None,
-        metadata={
-            "help": f"BPE vocabulary size when training one (§5.1: {PAPER_VOCAB_SIZE}, the default). A --tokenizer_name "
-            "or --model_name_or_path brings its own vocabulary, which the run trains with: one larger is refused."
-        },
+        help=f"BPE vocabulary size when training one (§5.1: {PAPER_VOCAB_SIZE}, the default). A --tokenizer_name "
+        "or --model_name_or_path brings its own vocabulary, which the run trains with: one larger is refused.",
     )
-    separate_vocabularies: bool = field(
-        default=False, metadata={"help": "Separate source and target vocabularies (not the paper)."}
+    separate_vocabularies: bool = HfArg(
+        default=False, help="Separate source and target vocabularies (not the paper)."
     )
-    lowercase: bool = field(
+    lowercase: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Train the BPE on lowercased text, with a tokenizer that lowercases what it encodes, so the "
-            "model reads and writes lowercase (not the paper; the form of published Multi30k results)."
-        },
+        help="Train the BPE on lowercased text, with a tokenizer that lowercases what it encodes, so the "
+        "model reads and writes lowercase (not the paper; the form of published Multi30k results).",
     )
-    max_source_length: int = field(
-        default=256,
-        metadata={
-            "help": "Drop training pairs whose source has more tokens than this (nothing is truncated)."
-        },
+    max_source_length: int = HfArg(
+        default=256, help="Drop training pairs whose source has more tokens than this (nothing is truncated)."
     )
-    max_target_length: int | None = field(
+    max_target_length: int | None = HfArg(
+        default=None, help="Drop training pairs whose target has more tokens (default: --max_source_length)."
+    )
+    max_train_samples: int | None = HfArg(default=None, help="Use only the first N training pairs.")
+    max_eval_samples: int | None = HfArg(default=None, help="Evaluate on the first N pairs only.")
+    max_predict_samples: int | None = HfArg(
         default=None,
-        metadata={"help": "Drop training pairs whose target has more tokens (default: --max_source_length)."},
+        help="Translate and score the first N test pairs only (run_translation.py's flag); the scores then "
+        "name the split as test[:N], not the test set's figure.",
     )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Use only the first N training pairs."}
-    )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Evaluate on the first N pairs only."}
-    )
-    max_predict_samples: int | None = field(
+    max_tokenizer_samples: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Translate and score the first N test pairs only (run_translation.py's flag); the scores then "
-            "name the split as test[:N], not the test set's figure."
-        },
+        help="Train the BPE vocabulary on N training pairs drawn uniformly at random (a fixed seed: the same "
+        "sample every run) instead of the whole split; for WMT-sized corpora, e.g. 1000000.",
     )
-    max_tokenizer_samples: int | None = field(
-        default=None,
-        metadata={
-            "help": "Train the BPE vocabulary on N training pairs drawn uniformly at random (a fixed seed: the same "
-            "sample every run) instead of the whole split; for WMT-sized corpora, e.g. 1000000."
-        },
-    )
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for tokenization."}
-    )
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache folder of the datasets library."})
+    preprocessing_num_workers: int | None = HfArg(default=None, help="Processes for tokenization.")
+    cache_dir: str | None = HfArg(default=None, help="Cache folder of the datasets library.")
 
     def __post_init__(self):
         check_languages(self.source_lang or "", self.target_lang or "")  # both required here
@@ -218,20 +189,18 @@ class DataArguments:
 class ModelArguments:
     _argument_group_name = "model"
 
-    preset: str = field(
+    preset: str = HfArg(
         default="base",
-        metadata={"help": "base or big (Table 3), or small or tiny (CPU).", "choices": sorted(PRESETS)},
+        help="base or big (Table 3), or small or tiny (CPU).",
+        metadata={"choices": sorted(PRESETS)},
     )
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "Fine-tune this model (a folder or Hub id) instead of training one from scratch."},
+    model_name_or_path: str | None = HfArg(
+        default=None, help="Fine-tune this model (a folder or Hub id) instead of training one from scratch."
     )
-    attn_implementation: str | None = field(
+    attn_implementation: str | None = HfArg(
         default=None,
-        metadata={
-            "help": f"Attention kernel: eager, sdpa, {FAST_ATTENTION}, ... Default: {FAST_ATTENTION} on the CPU "
-            "(this package's faster CPU path), sdpa elsewhere."
-        },
+        help=f"Attention kernel: eager, sdpa, {FAST_ATTENTION}, ... Default: {FAST_ATTENTION} on the CPU "
+        "(this package's faster CPU path), sdpa elsewhere.",
     )
 
 
@@ -287,7 +256,7 @@ def _config_flags() -> list[tuple]:
             metadata["choices"] = list(CONFIG_CHOICES[name])
         if base is bool:
             metadata.update(nargs="?", const=True)
-        flags.append((name, base | None, field(default=None, metadata=metadata)))
+        flags.append((name, base | None, HfArg(default=None, metadata=metadata)))
     return flags
 
 
@@ -313,37 +282,32 @@ class FinishArguments:
 
     _argument_group_name = "after training (§6.1)"
 
-    average_last: list[int] = field(
+    average_last: list[int] = HfArg(
         default_factory=lambda: [0],
-        metadata={
-            "help": "Average the last N checkpoints (§6.1: 5 for base, 20 for big); 0: none. Several numbers "
-            "(--average_last 10 20 40; not the paper, which fixes N) average each, translate the validation split "
-            "with the test's beam search, and keep the average of the highest BLEU."
-        },
+        help="Average the last N checkpoints (§6.1: 5 for base, 20 for big); 0: none. Several numbers "
+        "(--average_last 10 20 40; not the paper, which fixes N) average each, translate the validation split "
+        "with the test's beam search, and keep the average of the highest BLEU.",
     )
-    num_beams: int = field(
+    num_beams: int = HfArg(
         default=PAPER_NUM_BEAMS,
-        metadata={"help": "Beam size for the test set (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]},
+        help="Beam size for the test set (§6.1: 4; fairseq: --beam).",
+        aliases=["--beam"],
     )
-    length_penalty: list[float] = field(
+    length_penalty: list[float] = HfArg(
         default_factory=lambda: [PAPER_LENGTH_PENALTY],
-        metadata={
-            "help": "Length penalty alpha of the test's beam search, saved in the final model's generation config "
-            "(§6.1: 0.6). Several values (--length_penalty 0.6 1.0 1.5 2.0; not the paper, which fixes alpha) "
-            "each translate the validation split with the final model, and the highest BLEU is kept (the first "
-            "given among equals); averages chosen on validation are compared with the first. fairseq's --lenpen A "
-            "is --length_penalty A --length_penalty_form power."
-        },
+        help="Length penalty alpha of the test's beam search, saved in the final model's generation config "
+        "(§6.1: 0.6). Several values (--length_penalty 0.6 1.0 1.5 2.0; not the paper, which fixes alpha) "
+        "each translate the validation split with the final model, and the highest BLEU is kept (the first "
+        "given among equals); averages chosen on validation are compared with the first. fairseq's --lenpen A "
+        "is --length_penalty A --length_penalty_form power.",
     )
-    length_penalty_form: str = field(
+    length_penalty_form: str = HfArg(
         default=PAPER_LENGTH_PENALTY_FORM,
-        metadata={
-            "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha.",
-            "choices": list(LENGTH_PENALTY_FORMS),
-        },
+        help="gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha.",
+        metadata={"choices": list(LENGTH_PENALTY_FORMS)},
     )
-    translate_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
-    plots: bool = field(default=True, metadata={"help": "Draw learning curves and an attention map."})
+    translate_batch_size: int = HfArg(default=64, help="Sentences per generate() call.")
+    plots: bool = HfArg(default=True, help="Draw learning curves and an attention map.")
 
     def __post_init__(self):
         if isinstance(self.average_last, int):  # FinishArguments(average_last=5) in code
@@ -395,192 +359,141 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         "the rest of transformers' Seq2SeqTrainingArguments (each works as in transformers' Trainer)"
     )
 
-    output_dir: str | None = field(
+    output_dir: str | None = HfArg(
         default="runs/vaswani",
-        metadata={"help": "The run's folder: checkpoints, the final and averaged models, scores, pictures."},
+        help="The run's folder: checkpoints, the final and averaged models, scores, pictures.",
     )
-    overwrite_output_dir: bool = field(
+    overwrite_output_dir: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Replace the run in --output_dir (its checkpoints, models, scores); without it a folder that "
-            "holds anything is refused unless --resume_from_checkpoint continues its run."
-        },
+        help="Replace the run in --output_dir (its checkpoints, models, scores); without it a folder that "
+        "holds anything is refused unless --resume_from_checkpoint continues its run.",
     )
-    do_train: bool = field(default=True, metadata={"help": "Always true: this tool trains."})
-    do_eval: bool = field(
+    do_train: bool = HfArg(default=True, help="Always true: this tool trains.")
+    do_eval: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Evaluate (loss, BLEU) on the validation data at the end of training; with --eval_strategy "
-            "steps it also runs every --eval_steps."
-        },
+        help="Evaluate (loss, BLEU) on the validation data at the end of training; with --eval_strategy "
+        "steps it also runs every --eval_steps.",
     )
-    do_predict: bool | None = field(
+    do_predict: bool | None = HfArg(
         default=None,
-        metadata={
-            "help": "Translate and score the test data after training (--test_split, default 'test'). Not given: "
-            "when --test_split or --test_file is; false: never (the log says what it skips).",
-            # --do_predict alone is true, as for transformers' boolean flags (HfArgumentParser sets this only for a
-            # default that is not None)
-            "nargs": "?",
-            "const": True,
-        },
+        help="Translate and score the test data after training (--test_split, default 'test'). Not given: "
+        "when --test_split or --test_file is; false: never (the log says what it skips).",
+        metadata={"nargs": "?", "const": True},
     )
-    learning_rate: float | None = field(
+    learning_rate: float | None = HfArg(
         default=None,
-        metadata={
-            "help": "The peak learning rate, as in transformers (fairseq: --lr). With the §5.3 schedule the rate "
-            "rises linearly to it over --warmup_steps, then falls as step^-0.5. Default: the paper's own peak, "
-            "d_model^-0.5 * warmup_steps^-0.5 (7.0e-4 for base with 4000 warm-up steps), times "
-            "--learning_rate_constant; without the §5.3 schedule transformers' 5e-5.",
-            "aliases": ["--lr"],
-        },
+        help="The peak learning rate, as in transformers (fairseq: --lr). With the §5.3 schedule the rate "
+        "rises linearly to it over --warmup_steps, then falls as step^-0.5. Default: the paper's own peak, "
+        "d_model^-0.5 * warmup_steps^-0.5 (7.0e-4 for base with 4000 warm-up steps), times "
+        "--learning_rate_constant; without the §5.3 schedule transformers' 5e-5.",
+        aliases=["--lr"],
     )
-    learning_rate_constant: float | None = field(
+    learning_rate_constant: float | None = HfArg(
         default=None,
-        metadata={
-            "help": "tensor2tensor's learning_rate_constant C, the other way to set the §5.3 schedule's peak: lrate "
-            "= C * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); 1.0 (default) is the paper. Not with "
-            "--learning_rate."
-        },
+        help="tensor2tensor's learning_rate_constant C, the other way to set the §5.3 schedule's peak: lrate "
+        "= C * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); 1.0 (default) is the paper. Not with "
+        "--learning_rate.",
     )
-    warmup_steps: int = field(default=4000, metadata={"help": "warmup_steps of §5.3 (the paper: 4000)."})
-    adam_beta1: float = field(default=0.9, metadata={"help": "Adam beta1 (§5.3: 0.9)."})
-    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (§5.3: 0.98)."})
-    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (§5.3: 1e-9)."})
-    weight_decay: float = field(default=0.0, metadata={"help": "No weight decay in the paper."})
-    max_grad_norm: float = field(
+    warmup_steps: int = HfArg(default=4000, help="warmup_steps of §5.3 (the paper: 4000).")
+    adam_beta1: float = HfArg(default=0.9, help="Adam beta1 (§5.3: 0.9).")
+    adam_beta2: float = HfArg(default=0.98, help="Adam beta2 (§5.3: 0.98).")
+    adam_epsilon: float = HfArg(default=1e-9, help="Adam epsilon (§5.3: 1e-9).")
+    weight_decay: float = HfArg(default=0.0, help="No weight decay in the paper.")
+    max_grad_norm: float = HfArg(
         default=0.0,
-        metadata={
-            "help": "Gradient-norm clipping threshold; 0 disables it. The paper clips nothing (§5.3); transformers' "
-            "Trainer defaults to 1.0, so clipping is a departure to ask for by setting this."
-        },
+        help="Gradient-norm clipping threshold; 0 disables it. The paper clips nothing (§5.3); transformers' "
+        "Trainer defaults to 1.0, so clipping is a departure to ask for by setting this.",
     )
-    optim: str = field(
-        # transformers' own default: its fused AdamW where torch has it for every device (torch >= 2.8), one
-        # kernel per step on the CPU too, against the for-loop's dozen operators per parameter
-        # (`bench/ab_training_kernels.py` at commit 7c3468a)
+    optim: str = HfArg(
         default=getattr(Seq2SeqTrainingArguments, "default_optim", "adamw_torch"),
-        metadata={
-            "help": "Adam (weight decay 0 makes AdamW plain Adam). Default: transformers' default, the fused AdamW "
-            "kernel (adamw_torch_fused) with torch >= 2.8, else adamw_torch."
-        },
+        help="Adam (weight decay 0 makes AdamW plain Adam). Default: transformers' default, the fused AdamW "
+        "kernel (adamw_torch_fused) with torch >= 2.8, else adamw_torch.",
     )
-    label_smoothing_factor: float = field(
-        default=0.1, metadata={"help": "eps_ls of §5.4 (0.1), applied by the recipe's loss."}
+    label_smoothing_factor: float = HfArg(
+        default=0.1, help="eps_ls of §5.4 (0.1), applied by the recipe's loss."
     )
-    fused_output_loss: bool = field(
+    fused_output_loss: bool = HfArg(
         default=True,
-        metadata={
-            "help": "In CPU training under bf16/fp16 autocast with the recipe's label-smoothed loss, compute the "
-            "output projection and the loss together, chunk by chunk, without the (tokens x vocabulary) logits "
-            "(kernels.linear_label_smoothed_cross_entropy): the same loss and gradients to rounding, "
-            "faster. False computes the logits, then the loss."
-        },
+        help="In CPU training under bf16/fp16 autocast with the recipe's label-smoothed loss, compute the "
+        "output projection and the loss together, chunk by chunk, without the (tokens x vocabulary) logits "
+        "(kernels.linear_label_smoothed_cross_entropy): the same loss and gradients to rounding, "
+        "faster. False computes the logits, then the loss.",
     )
-    paper_lr_schedule: bool = field(
+    paper_lr_schedule: bool = HfArg(
         default=True,
-        metadata={
-            "help": "Use the §5.3 schedule; false falls back to --lr_scheduler_type with --learning_rate."
-        },
+        help="Use the §5.3 schedule; false falls back to --lr_scheduler_type with --learning_rate.",
     )
-    lr_scheduler_type: str | None = field(
+    lr_scheduler_type: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "transformers' schedule (linear, cosine, ...), with --paper_lr_schedule false only."
-        },
+        help="transformers' schedule (linear, cosine, ...), with --paper_lr_schedule false only.",
     )
-    lr_cooldown_fraction: float = field(
+    lr_cooldown_fraction: float = HfArg(
         default=0.0,
-        metadata={
-            "help": "A departure from §5.3 for runs of a known length: over the last FRACTION of the run "
-            "(of --max_steps, or of --max_train_minutes when that ends it first) the learning rate falls "
-            "linearly to 0. 0 (default) is the paper's schedule."
-        },
+        help="A departure from §5.3 for runs of a known length: over the last FRACTION of the run "
+        "(of --max_steps, or of --max_train_minutes when that ends it first) the learning rate falls "
+        "linearly to 0. 0 (default) is the paper's schedule.",
     )
-    per_device_train_batch_size: int | None = field(
+    per_device_train_batch_size: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Sentences per batch and device, as in transformers; with --max_tokens, the most sentences of a "
-            "token-budget batch (fairseq's --batch-size with --max-tokens)."
-        },
+        help="Sentences per batch and device, as in transformers; with --max_tokens, the most sentences of a "
+        "token-budget batch (fairseq's --batch-size with --max-tokens).",
     )
-    max_tokens: int | None = field(
+    max_tokens: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). Default: "
-            f"{PAPER_MAX_TOKENS}, unless --per_device_train_batch_size is given alone."
-        },
+        help="Token budget of one micro-batch per device (padded tokens of the longer side, §5.1). Default: "
+        f"{PAPER_MAX_TOKENS}, unless --per_device_train_batch_size is given alone.",
     )
-    pad_to_multiple_of: int | None = field(
+    pad_to_multiple_of: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Pad each training and evaluation batch's source and target to a multiple of N tokens "
-            "(DataCollatorForSeq2Seq's pad_to_multiple_of); token-budget batches count the padded lengths. The "
-            "batches then take a few shapes only, so that a --torch_compile run compiles a bounded number of "
-            "times. Default: none, the paper's padding to each batch's longest sentence."
-        },
+        help="Pad each training and evaluation batch's source and target to a multiple of N tokens "
+        "(DataCollatorForSeq2Seq's pad_to_multiple_of); token-budget batches count the padded lengths. The "
+        "batches then take a few shapes only, so that a --torch_compile run compiles a bounded number of "
+        "times. Default: none, the paper's padding to each batch's longest sentence.",
     )
-    batch_tokens: int | None = field(
+    batch_tokens: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "Tokens per optimizer step across devices and accumulation; sets --gradient_accumulation_steps "
-            "to ceil(batch_tokens / (max_tokens * world_size)). The paper: about 25000."
-        },
+        help="Tokens per optimizer step across devices and accumulation; sets --gradient_accumulation_steps "
+        "to ceil(batch_tokens / (max_tokens * world_size)). The paper: about 25000.",
     )
-    predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
-    generation_num_beams: int | None = field(
-        default=1,
-        metadata={"help": "Beams for BLEU during training (greedy for speed; the final test uses 4)."},
+    predict_with_generate: bool = HfArg(default=True, help="Evaluate BLEU with generate().")
+    generation_num_beams: int | None = HfArg(
+        default=1, help="Beams for BLEU during training (greedy for speed; the final test uses 4)."
     )
-    generation_max_length: int | None = field(
-        default=None, metadata={"help": "Max length for eval generation."}
-    )
-    per_device_eval_batch_size: int = field(
+    generation_max_length: int | None = HfArg(default=None, help="Max length for eval generation.")
+    per_device_eval_batch_size: int = HfArg(
         default=64,
-        metadata={
-            "help": "Validation pairs per generate() call and device (transformers' default is 8); the validation "
-            "split is decoded longest first, so that a batch holds sources of similar length."
-        },
+        help="Validation pairs per generate() call and device (transformers' default is 8); the validation "
+        "split is decoded longest first, so that a batch holds sources of similar length.",
     )
-    save_strategy: str = field(
+    save_strategy: str = HfArg(
         default="steps",
-        metadata={
-            "help": "steps: a checkpoint every --save_steps; no: only those of --save_minutes (and of a "
-            "--max_train_minutes stop)."
-        },
+        help="steps: a checkpoint every --save_steps; no: only those of --save_minutes (and of a "
+        "--max_train_minutes stop).",
     )
-    save_steps: float = field(default=500, metadata={"help": "Checkpoint interval in optimizer steps."})
-    save_minutes: float | None = field(
+    save_steps: float = HfArg(default=500, help="Checkpoint interval in optimizer steps.")
+    save_minutes: float | None = HfArg(
         default=None,
-        metadata={
-            "help": "Also write a checkpoint whenever this many minutes of training have passed since the last one "
-            "(§6.1: 10), and at the last step; a resumed run continues the interval. In addition to --save_steps: "
-            "--save_strategy no leaves the time alone."
-        },
+        help="Also write a checkpoint whenever this many minutes of training have passed since the last one "
+        "(§6.1: 10), and at the last step; a resumed run continues the interval. In addition to --save_steps: "
+        "--save_strategy no leaves the time alone.",
     )
-    eval_strategy: str = field(default="steps", metadata={"help": "Evaluate with BLEU at a fixed interval."})
-    eval_steps: float | None = field(
-        default=500, metadata={"help": "Evaluation interval in optimizer steps."}
-    )
-    logging_steps: float = field(default=50, metadata={"help": "Log loss and learning rate every N steps."})
-    report_to: str = field(default="none", metadata={"help": "Trackers (none by default)."})
-    save_safetensors: bool = field(default=True, metadata={"help": "Checkpoints as safetensors."})
+    eval_strategy: str = HfArg(default="steps", help="Evaluate with BLEU at a fixed interval.")
+    eval_steps: float | None = HfArg(default=500, help="Evaluation interval in optimizer steps.")
+    logging_steps: float = HfArg(default=50, help="Log loss and learning rate every N steps.")
+    report_to: str = HfArg(default="none", help="Trackers (none by default).")
+    save_safetensors: bool = HfArg(default=True, help="Checkpoints as safetensors.")
 
-    max_train_minutes: float | None = field(
+    max_train_minutes: float | None = HfArg(
         default=None,
-        metadata={
-            "help": "Stop (with a checkpoint) once training has run this long; the schedule does not care. It bounds "
-            "training only (fairseq's --stop-time-hours): the log says before training how long the final "
-            "evaluation, averaging and test translation after it may take (--max_predict_samples and --do_predict "
-            "false shorten the test translation). Alone, it is the run's only bound: no number of epochs caps it."
-        },
+        help="Stop (with a checkpoint) once training has run this long; the schedule does not care. It bounds "
+        "training only (fairseq's --stop-time-hours): the log says before training how long the final "
+        "evaluation, averaging and test translation after it may take (--max_predict_samples and --do_predict "
+        "false shorten the test translation). Alone, it is the run's only bound: no number of epochs caps it.",
     )
-    num_train_epochs: float | None = field(
+    num_train_epochs: float | None = HfArg(
         default=None,
-        metadata={
-            "help": "Epochs to train when --max_steps is not given (transformers' default: 3); not given with "
-            "--max_train_minutes, the time budget alone ends the run."
-        },
+        help="Epochs to train when --max_steps is not given (transformers' default: 3); not given with "
+        "--max_train_minutes, the time budget alone ends the run.",
     )
 
     @property
