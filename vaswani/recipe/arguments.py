@@ -170,14 +170,11 @@ class DataArguments:
             "max_eval_samples",
             "max_predict_samples",
             "max_tokenizer_samples",
+            "preprocessing_num_workers",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UsageError(f"--{name} must be positive, got {value}")
-        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 1:
-            raise UsageError(
-                f"--preprocessing_num_workers must be positive, got {self.preprocessing_num_workers}"
-            )
 
     @property
     def source(self) -> str:
@@ -505,71 +502,51 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         if self.num_train_epochs is None:
             timed = self.max_train_minutes is not None and self.max_steps == -1
             self.num_train_epochs = TIMED_RUN_EPOCHS if timed else 3.0
-        _check_training_length(self)
-        if not self.do_train:
-            raise ValueError(
-                "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
-            )
         check_recipe_values(self)
         choose_batches(self)
         choose_learning_rate(self)
         check_launch()
-        if self.fp16 and (self.use_cpu or not torch.accelerator.is_available()):
-            raise UsageError(
-                "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
-                "float32; --bf16 is the CPU's mixed precision"
-            )
-        if self.deepspeed and not torch.cuda.is_available():
-            raise ValueError(
-                "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
-                "processes with --fsdp instead"
-            )
-        if (
-            self.fsdp
-            and not torch.cuda.is_available()
-            and version.parse(transformers.__version__) < version.parse("5.8")
-        ):
-            raise ValueError(  # before 5.8, transformers' --fsdp is FSDP1, which has no CPU support, by default
-                "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
-                f"(found {transformers.__version__}); upgrade transformers"
-            )
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
-            # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
-            # gloo process group only when asked for the CPU; otherwise every rank would train alone.
-            self.use_cpu = True
-        if not torch.cuda.is_available():
-            self.dataloader_pin_memory = False  # pinning needs an accelerator
+        _check_devices(self)
         super().__post_init__()
-        if not 0.0 <= self.lr_cooldown_fraction < 1.0 or not math.isfinite(self.lr_cooldown_fraction):
-            raise ValueError(
-                f"--lr_cooldown_fraction must be at least 0 and below 1 (the share of the run over which the "
-                f"learning rate falls to 0), got {self.lr_cooldown_fraction}"
-            )
-        if self.lr_cooldown_fraction and not self.paper_lr_schedule:
-            raise ValueError(
-                "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
-                "--lr_scheduler_type (linear, cosine) instead"
-            )
-        if self.save_minutes is not None and not (self.save_minutes > 0 and math.isfinite(self.save_minutes)):
-            raise UsageError(f"--save_minutes must be a positive number of minutes, got {self.save_minutes}")
-        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
-            raise UsageError(
-                f"--pad_to_multiple_of must be a positive number of tokens, got {self.pad_to_multiple_of}"
-            )
         if self.batch_tokens is not None:
-            if self.max_tokens is None:
-                raise ValueError(
-                    "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size "
-                    "alone batches sentences)"
-                )
             self.gradient_accumulation_steps = max(
                 1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
             )
 
 
-def _check_training_length(args) -> None:
-    """Raise `ValueError` naming the flag unless the run has a length: a run of 0 or -5 steps would save an untrained
-    model as if it were trained."""
+def _check_devices(args) -> None:
+    """Raise naming the flag for a precision or a sharding the machine cannot run; fit the Trainer's device flags to
+    a machine without GPUs."""
+    if args.fp16 and (args.use_cpu or not torch.accelerator.is_available()):
+        raise UsageError(
+            "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
+            "float32; --bf16 is the CPU's mixed precision"
+        )
+    if args.deepspeed and not torch.cuda.is_available():
+        raise ValueError(
+            "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
+            "processes with --fsdp instead"
+        )
+    if (
+        args.fsdp
+        and not torch.cuda.is_available()
+        and version.parse(transformers.__version__) < version.parse("5.8")
+    ):
+        raise ValueError(  # before 5.8, transformers' --fsdp is FSDP1, which has no CPU support, by default
+            "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
+            f"(found {transformers.__version__}); upgrade transformers"
+        )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+        # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
+        # gloo process group only when asked for the CPU; otherwise every rank would train alone.
+        args.use_cpu = True
+    if not torch.cuda.is_available():
+        args.dataloader_pin_memory = False  # pinning needs an accelerator
+
+
+def check_recipe_values(args) -> None:
+    """Raise naming the flag for values transformers accepts but that cannot train: a run of 0 or -5 steps would save
+    an untrained model as if it were trained."""
     if args.max_steps == 0 or args.max_steps < -1:
         raise ValueError(
             f"--max_steps must be a positive number of optimizer steps (or -1 to train for --num_train_epochs), "
@@ -579,13 +556,13 @@ def _check_training_length(args) -> None:
         raise ValueError(
             f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
         )
-    minutes = getattr(args, "max_train_minutes", None)
+    minutes = args.max_train_minutes
     if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
         raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")
-
-
-def check_recipe_values(args) -> None:
-    """Raise `ValueError` naming the flag for values transformers accepts but that cannot train."""
+    if not args.do_train:
+        raise ValueError(
+            "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
+        )
     smoothing = args.label_smoothing_factor
     if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
         raise ValueError(
@@ -596,6 +573,22 @@ def check_recipe_values(args) -> None:
         raise ValueError(
             f"--save_steps must be positive with --save_strategy steps (a checkpoint every N steps), got "
             f"{args.save_steps}; --save_strategy no saves none"
+        )
+    if not 0.0 <= args.lr_cooldown_fraction < 1.0 or not math.isfinite(args.lr_cooldown_fraction):
+        raise ValueError(
+            f"--lr_cooldown_fraction must be at least 0 and below 1 (the share of the run over which the "
+            f"learning rate falls to 0), got {args.lr_cooldown_fraction}"
+        )
+    if args.lr_cooldown_fraction and not args.paper_lr_schedule:
+        raise ValueError(
+            "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
+            "--lr_scheduler_type (linear, cosine) instead"
+        )
+    if args.save_minutes is not None and not (args.save_minutes > 0 and math.isfinite(args.save_minutes)):
+        raise UsageError(f"--save_minutes must be a positive number of minutes, got {args.save_minutes}")
+    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
+        raise UsageError(
+            f"--pad_to_multiple_of must be a positive number of tokens, got {args.pad_to_multiple_of}"
         )
 
 
@@ -614,6 +607,11 @@ def choose_batches(args) -> None:
             args.max_tokens = PAPER_MAX_TOKENS
     elif args.max_tokens is not None:
         args.max_sentences = args.per_device_train_batch_size
+    if args.batch_tokens is not None and args.max_tokens is None:
+        raise ValueError(
+            "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size alone "
+            "batches sentences)"
+        )
 
 
 def choose_learning_rate(args) -> None:
