@@ -326,9 +326,8 @@ def build_parser(
 ) -> HfArgumentParser:
     """The parser of a tool: a flag per field of `dataclass_types`, grouped in `--help` by each dataclass's
     `_argument_group_name`, and the flags common to every tool. `description` and `epilog` are printed as written."""
-    types_ = list(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else [dataclass_types]
     parser = _Parser(
-        types_,
+        dataclass_types,
         prog=current_prog(),
         description=description,
         epilog=epilog,
@@ -336,7 +335,7 @@ def build_parser(
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
         allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
     )
-    fields = {item.name for dtype in types_ for item in dataclasses.fields(dtype)}
+    fields = {item.name for dtype in parser.dataclass_types for item in dataclasses.fields(dtype)}
     trainer_debug = "debug" in fields  # transformers' --debug takes a value; a bare --debug is ours
     common = parser.add_argument_group(
         "common to every vaswani tool",
@@ -353,14 +352,14 @@ def build_parser(
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
     if {"length_penalty", "length_penalty_form"} <= fields:
-        common.add_argument(  # expanded before parsing (`expand_lenpen`); listed here for --help
+        common.add_argument(  # read as --length_penalty before parsing (`read_flags`)
             LENPEN_FLAG,
             metavar="ALPHA",
             nargs="+",
             type=float,
             help="fairseq's length penalty: --length_penalty ALPHA --length_penalty_form power (|Y| ** ALPHA)",
         )
-    for dtype in types_:
+    for dtype in parser.dataclass_types:
         _list_inherited_flags_last(parser, dtype)
     return parser
 
@@ -391,7 +390,7 @@ def parse_args(
     """Parse `argv` (None: `sys.argv[1:]`) into instances of `dataclass_types`, in their order.
 
     Renamed flags are translated (`renamed`: old -> new name), arguments files' flags go before the command line's
-    (`file_flags`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
+    (`file_tokens`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
     flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
     `ValueError`. `--help_all` is `--help`.
     """
@@ -416,9 +415,6 @@ def parse_args(
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is at the time of each message (a tool called twice in one process, or under
     a test's capture, logs where standard error is now)."""
-
-    def __init__(self):
-        super().__init__()
 
     @property
     def stream(self):

@@ -676,12 +676,11 @@ def log_recipe(args) -> None:
             getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
         )
         return
-    warmup = int(args.warmup_steps)
     logger.info(
         "Learning rate: the §5.3 schedule, rising to its peak %.3g at step %d (--warmup_steps), then falling as "
         "step^-0.5",
         args.learning_rate,
-        warmup,
+        int(args.warmup_steps),
     )
 
 
