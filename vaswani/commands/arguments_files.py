@@ -1,9 +1,8 @@
 """Arguments files: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads a tool's flags from a JSON or YAML
-mapping `{flag_name: value}`, and flags given on the command line override it (`vaswani.commands.cli.parse_args`
-calls `split_arguments_files`, then puts each file's flags, `file_tokens`, before the command line). A file's flags
-are read as the command line's: `HfArgumentParser` converts and refuses a value as it does the same flag typed, and a
-file's own mistakes (a flag the tool lacks, two names of one flag with different values) are named with the file
-before any work starts."""
+mapping `{flag_name: value}`, and flags given on the command line override it (`vaswani.commands.cli.parse_args` puts
+each file's flags, `file_tokens`, before the command line). A file's flags are read as the command line's:
+`HfArgumentParser` converts and refuses a value as it does the same flag typed, and a file's own mistakes (a flag the
+tool lacks, two names of one flag with different values) are named with the file before any work starts."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -85,32 +84,6 @@ def _as_text(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return json.dumps(value) if isinstance(value, dict) else str(value)
-
-
-def split_arguments_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The arguments files of `argv` (a first argument ending in .json/.yaml/.yml, and every `--args_file FILE`),
-    and the rest of `argv`."""
-    argv = list(argv)
-    files = []
-    if argv and not argv[0].startswith("-") and argv[0].endswith(ARGS_FILE_SUFFIXES):
-        files.append(argv.pop(0))
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token == ARGS_FILE_FLAG or token.startswith(ARGS_FILE_FLAG + "="):
-            if "=" in token:
-                files.append(token.split("=", 1)[1])
-                i += 1
-            elif i + 1 < len(argv):
-                files.append(argv[i + 1])
-                i += 2
-            else:
-                raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
-            continue
-        rest.append(token)
-        i += 1
-    return files, rest
 
 
 def file_tokens(parser: argparse.ArgumentParser, path: str, renamed: Mapping[str, str]) -> list[str]:

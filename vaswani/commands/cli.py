@@ -51,7 +51,7 @@ from pathlib import Path
 from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
 from ..common.errors import UsageError, describe_error
-from .arguments_files import ARGS_FILE_FLAG, file_tokens, read_arguments_file, split_arguments_files
+from .arguments_files import ARGS_FILE_FLAG, ARGS_FILE_SUFFIXES, file_tokens, read_arguments_file
 
 logger = logging.getLogger(__name__)
 
@@ -394,9 +394,15 @@ def parse_args(
     flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
     `ValueError`. `--help_all` is `--help`.
     """
-    files, argv = split_arguments_files(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    files = [argv.pop(0)] if argv and argv[0][:1] != "-" and argv[0].endswith(ARGS_FILE_SUFFIXES) else []
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
     renamed = renamed or {}
+    for flag in _flags(parser, argv, renamed):
+        if flag.action is not None and flag.action.dest == "args_file":
+            if not flag.texts:
+                raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
+            files.append(flag.texts[0])
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
     files = [read_flags(parser, file_tokens(parser, path, renamed), renamed, path) for path in files]
     argv = [token for flags in files for token in flags] + argv  # the command line last: its flags win
@@ -461,6 +467,5 @@ __all__ = [
     "read_arguments_file",
     "read_flags",
     "setup_logging",
-    "split_arguments_files",
     "verbose",
 ]
