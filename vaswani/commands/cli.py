@@ -69,7 +69,6 @@ _TRAINER_DEBUG_VALUES = ("underflow_overflow", "tpu_metrics_debug")
 @dataclasses.dataclass
 class _Invocation:
     prog: str
-    debug: bool = False
     verbose: bool = False
 
 
@@ -139,7 +138,7 @@ def command(prog: str) -> Callable:
             debug = _take_flag(arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES)
             debug = debug or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
             previous = _current
-            _current = _Invocation(prog=prog, debug=debug, verbose=_take_flag(arguments, VERBOSE_FLAG))
+            _current = _Invocation(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
             for name in NOISE:  # before anything imports torchao (transformers' model loading does)
                 if _not_noise not in logging.getLogger(name).filters:
                     logging.getLogger(name).addFilter(_not_noise)
