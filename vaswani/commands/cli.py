@@ -24,7 +24,7 @@ The conventions, the same in every tool:
   same too (`--lr`, `--beam`, `--nbest`; `--lenpen A` is `--length_penalty A --length_penalty_form power`, fairseq's
   |Y| ** A). A renamed flag keeps working under its old name, with a warning naming the new one. Two names of one
   flag given different values (`--lr 1e-4 --learning_rate 2e-4`, in one arguments file too) are refused by name
-  (`refuse_conflicting_names`); one name given twice keeps argparse's rule, the last wins.
+  (`read_flags`); one name given twice keeps argparse's rule, the last wins.
 - Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
   `{flag_name: value}`; flags given on the command line override it (`arguments_files.py`).
 - `--help` lists every flag, grouped by dataclass (`_argument_group_name`), in the order of the dataclasses, then the
