@@ -534,6 +534,24 @@ def test_pipeline_outputs_batching_and_generation_settings(trained_dir):
         pipe(123)
 
 
+
+def test_pipeline_from_a_folder_in_this_process_without_trusting_its_code(published):
+    """With the package installed, `pipeline_class=vaswani.VaswaniTranslationPipeline` builds the translation pipeline
+    of a folder from this process's classes; transformers (5 removed its own `translation` task) otherwise builds a task
+    named in the config's `custom_pipelines` only from the folder's code, with `trust_remote_code=True`."""
+    from transformers import pipeline
+
+    import vaswani
+
+    translator = pipeline("translation", model=str(published), pipeline_class=vaswani.VaswaniTranslationPipeline)
+    assert type(translator) is VaswaniTranslationPipeline
+    assert type(translator.model) is VaswaniForConditionalGeneration  # the registered class, not the folder's copy
+    model = VaswaniForConditionalGeneration.from_pretrained(published).eval()
+    direct = VaswaniTranslationPipeline(model=model, tokenizer=translator.tokenizer, device="cpu")
+    assert translator(SOURCES, max_new_tokens=6) == direct(SOURCES, max_new_tokens=6)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("translation", model=str(published))
+
 # --------------------------------------------------------------------------------------------------------------------
 # The published folder in a fresh interpreter, where `vaswani` cannot be imported
 # --------------------------------------------------------------------------------------------------------------------
