@@ -272,7 +272,7 @@ def folders(one_thread, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     return result
 
 
-# FSMT's generate() computes its model from transformers 5.18 on. Before, `DecoderFSMT.forward`
+# FSMT's generate() computes its model from transformers 5.18 on. Before, `FSMTDecoder.forward`
 # (models/fsmt/modeling_fsmt.py) embeds the positions of the one new token that a cached generate() passes, so every
 # step is at the first position (5.18 adds the cache's length); without a cache, `FSMTModel.forward` makes no causal
 # mask (only from `input_ids`, which generate() does not pass). There, FSMT's forward is the reference.
