@@ -184,29 +184,25 @@ def take_run_folder(training_args: PaperTrainingArguments, claim: bool = True) -
     """The checkpoint to resume from, chosen under the run's lock on `--output_dir` (`run_folder.take_output_dir`),
     which the main process takes (`claim`) once the data is read: a command refused before that creates nothing.
     A refused checkpoint leaves the folder as it was."""
-
-    def resume_checkpoint() -> str | None:
-        try:
-            return resolve_resume_checkpoint(
-                training_args.resume_from_checkpoint,
-                training_args.output_dir,
-                has_training_state(training_args),
-            )
-        except (ValueError, FileNotFoundError) as error:
-            raise UsageError(f"--resume_from_checkpoint: {error}") from None
-
     if training_args.process_index != 0:
-        return resume_checkpoint()
+        return resume_checkpoint(training_args)
     return take_output_dir(
         training_args.output_dir,
         training_args.overwrite_output_dir,
         asks_to_resume(training_args.resume_from_checkpoint),
-        check=resume_checkpoint,
+        check=lambda: resume_checkpoint(training_args),
         claim=claim,
     )
 
 
-def has_training_state(training_args) -> bool:
-    """Whether the run's checkpoints hold the optimizer's, schedule's and random state that a resumed run needs
-    (not with --save_only_model; DeepSpeed keeps its own)."""
-    return not training_args.save_only_model and not training_args.deepspeed
+def resume_checkpoint(training_args: PaperTrainingArguments, tokenizer_digest: str | None = None) -> str | None:
+    """The checkpoint `--resume_from_checkpoint` names or finds (`checkpoints.resolve_resume_checkpoint`), one of the
+    tokenizers of `tokenizer_digest` when given; its checkpoints hold the optimizer's, schedule's and random state
+    that a resumed run needs but with --save_only_model (DeepSpeed keeps its own)."""
+    training_state = not training_args.save_only_model and not training_args.deepspeed
+    try:
+        return resolve_resume_checkpoint(
+            training_args.resume_from_checkpoint, training_args.output_dir, training_state, tokenizer_digest
+        )
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(f"--resume_from_checkpoint: {error}") from None

@@ -15,15 +15,14 @@ from .callbacks import TrainingClock
 def training_summary(
     trainer,
     result,
-    model,
     model_args: ModelArguments,
     data_args: DataArguments,
     parameters: int,
     dropped: dict,
     started: float,
 ) -> dict:
-    """The summary of the run `trainer` has just trained (`result`: its `TrainOutput`) into `model` (of `parameters`
-    parameters); `dropped`: the pairs filtering dropped, `started`: the run's start (`time.time()`)."""
+    """The summary of the run `trainer` has just trained (`result`: its `TrainOutput`) into a model of `parameters`
+    parameters; `dropped`: the pairs filtering dropped, `started`: the run's start (`time.time()`)."""
     training_args: PaperTrainingArguments = trainer.args
     tokens_per_step = (
         (training_args.max_tokens or 0)
