@@ -72,16 +72,13 @@ logger = logging.getLogger(__name__)
 def load_split(data_args: DataArguments, split: str):
     """One split ("train", "validation" or "test") as a `Dataset` with the two language columns: from
     `--{split}_file`, else from `--dataset_name`'s `--{split}_split`."""
-    path = getattr(data_args, f"{split}_file")
-    src, tgt = data_args.source_lang, data_args.target_lang
+    path, languages = getattr(data_args, f"{split}_file"), (data_args.source_lang, data_args.target_lang)
     if path:
-        return load_parallel_file(path, src, tgt, cache_dir=data_args.cache_dir)
-    name = getattr(data_args, f"{split}_split")
+        return load_parallel_file(path, *languages, cache_dir=data_args.cache_dir)
     return load_parallel_dataset(
         data_args.dataset_name,
-        src,
-        tgt,
-        splits={split: name},
+        *languages,
+        splits={split: getattr(data_args, f"{split}_split")},
         config_name=data_args.dataset_config_name,
         cache_dir=data_args.cache_dir,
     )[split]
@@ -90,10 +87,7 @@ def load_split(data_args: DataArguments, split: str):
 def load_test_split(data_args: DataArguments):
     """The test pairs translated after training: `--test_file`, else `--test_split`; the first
     `--max_predict_samples` of them when given (run_translation.py's flag)."""
-    test = load_split(data_args, "test")
-    if data_args.max_predict_samples and data_args.max_predict_samples < len(test):
-        test = test.select(range(data_args.max_predict_samples))
-    return test
+    return _first(load_split(data_args, "test"), data_args.max_predict_samples)
 
 
 def test_split_name(data_args: DataArguments, pairs: int | None = None) -> str:
@@ -103,20 +97,6 @@ def test_split_name(data_args: DataArguments, pairs: int | None = None) -> str:
     if data_args.max_predict_samples and pairs is not None and pairs >= data_args.max_predict_samples:
         return f"{name}[:{data_args.max_predict_samples}]"
     return name
-
-
-def _tokenizer_source(
-    data_args: DataArguments, model_args: ModelArguments | None, output_dir
-) -> Path | str | None:
-    if data_args.tokenizer_name:
-        return data_args.tokenizer_name
-    model = model_args.model_name_or_path if model_args else None
-    if model and Path(model).is_dir():
-        folder = Path(model)
-        if (folder / "tokenizer.json").is_file() or (folder / "source" / "tokenizer.json").is_file():
-            return folder
-    saved = Path(output_dir) / "tokenizer"
-    return saved if saved.is_dir() else None
 
 
 def train_new_tokenizers(data_args: DataArguments, train, show_progress: bool = True, **options):
@@ -160,31 +140,31 @@ def prepare_tokenizers(
     """The given tokenizer, else the fine-tuned model's, else the one a previous (resumed) run trained, else a new
     one (main process only, with a progress bar when `show_progress`; the others load what it saved). A new
     tokenizer is written whole or not at all."""
-    path = _tokenizer_source(data_args, model_args, output_dir)
-    if path is not None or not is_main_process:
-        path = path or Path(output_dir) / "tokenizer"
+    saved = Path(output_dir) / "tokenizer"
+    model = Path(model_args.model_name_or_path) if model_args and model_args.model_name_or_path else None
+    own = model and any((model / name).is_file() for name in ("tokenizer.json", "source/tokenizer.json"))
+    path = data_args.tokenizer_name or (model if own else None)
+    if path or saved.is_dir() or not is_main_process:
+        path = path or saved
         source, target = load_tokenizers(path)
         check_lowercase(data_args, source, target, path)
         return source, target
     source, target = train_new_tokenizers(data_args, raw["train"], show_progress=show_progress)
-    with atomic_folder(Path(output_dir) / "tokenizer") as folder:
+    with atomic_folder(saved) as folder:
         save_tokenizers(source, target, folder)
-    logger.info("Saved the new tokenizer to %s", Path(output_dir) / "tokenizer")
+    logger.info("Saved the new tokenizer to %s", saved)
     return source, target
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------------------------------
-def default_attention(device: torch.device | str) -> str:
-    """The attention kernel of a model that runs on `device`: this package's faster CPU path on the CPU."""
-    return FAST_ATTENTION if torch.device(device).type == "cpu" else "sdpa"
-
-
 def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_tok, training_args):
     """The model to train: the preset with the command line's fields over it and the tokenizer's vocabulary, or the
-    `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config."""
-    attention = model_args.attn_implementation or default_attention(training_args.device)
+    `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config. Its attention is
+    `--attn_implementation`, else this package's faster CPU path on the CPU and SDPA elsewhere."""
+    on_cpu = torch.device(training_args.device).type == "cpu"
+    attention = model_args.attn_implementation or (FAST_ATTENTION if on_cpu else "sdpa")
     if model_args.model_name_or_path:
         model = load_model(
             model_args.model_name_or_path,
@@ -202,17 +182,15 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
                     f"({model_args.model_name_or_path}) only {size}: pass its own tokenizer (--tokenizer_name)"
                 )
     else:
-        joint = source_tok is target_tok
         fields = dict(
             vocab_size=len(source_tok),
             decoder_vocab_size=len(target_tok),
-            share_encoder_decoder_embeddings=joint,
+            share_encoder_decoder_embeddings=source_tok is target_tok,
         )
-        fields.update(overrides)
-        config = VaswaniConfig.from_preset(model_args.preset, attn_implementation=attention, **fields)
+        config = VaswaniConfig.from_preset(model_args.preset, attn_implementation=attention, **{**fields, **overrides})
         model = VaswaniForConditionalGeneration(config)
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
-    if torch.device(training_args.device).type == "cpu":
+    if on_cpu:
         use_cpu_kernels(model, attention=False)  # the attention was chosen above
     name = model_args.model_name_or_path or f"{model_args.preset} preset"
     parameters = f"{sum(p.numel() for p in model.parameters()):,}"
