@@ -187,7 +187,9 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
             decoder_vocab_size=len(target_tok),
             share_encoder_decoder_embeddings=source_tok is target_tok,
         )
-        config = VaswaniConfig.from_preset(model_args.preset, attn_implementation=attention, **{**fields, **overrides})
+        config = VaswaniConfig.from_preset(
+            model_args.preset, attn_implementation=attention, **{**fields, **overrides}
+        )
         model = VaswaniForConditionalGeneration(config)
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
     if on_cpu:
@@ -291,7 +293,9 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
     timed = trainer.is_world_process_zero()
 
     def bound(ids, batch, beams, *options, **keywords):  # timed by the main process; the others train on
-        return seconds_to_decode(trainer.model, ids, batch, pad, beams, *options, **keywords) if timed else None
+        return (
+            seconds_to_decode(trainer.model, ids, batch, pad, beams, *options, **keywords) if timed else None
+        )
 
     def beam_bound(sources):  # with the test's decoding; empty sources are not decoded
         ids = source_tok([s for s in sources if s.strip()])["input_ids"] if timed else []
@@ -322,7 +326,9 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
         parts.append((f"{text} averages or length penalties", pairs, seconds and choices * seconds))
     if test_sources:
         what = describe_decoding(len(test_sources), finish_args.num_beams, finish_args.translate_batch_size)
-        parts.append((f"the test translation of {what}", len(test_sources) * per_pair, beam_bound(test_sources)))
+        parts.append(
+            (f"the test translation of {what}", len(test_sources) * per_pair, beam_bound(test_sources))
+        )
     plan = AfterTraining(when, parts)
     logger.info(plan.describe())
     if budget:

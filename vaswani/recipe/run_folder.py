@@ -179,7 +179,11 @@ def _write_holder(path: Path) -> None:
     descriptor = _held.get(str(path.resolve()))
     if descriptor is not None:
         os.ftruncate(descriptor, 0)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
 
 
@@ -218,7 +222,9 @@ def take_output_dir(
     refuses what it would refuse (a folder another run holds included) and returns `check()` without creating or
     writing anything: the check before any data is read."""
     if overwrite and resuming:
-        raise UsageError("--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one")
+        raise UsageError(
+            "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
+        )
     path = Path(output_dir)
     _entries(path, overwrite)  # a folder of the user's is refused before a lock file is written into it
     created = _lock(path, create=claim)
@@ -278,9 +284,13 @@ def _entries(path: Path, overwrite: bool) -> list[str]:
     folder that holds things but no run."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"--output_dir {path} is a file, not a folder")
-    entries = sorted(p.name for p in path.iterdir() if p.name not in (MARKER, LOCK_FILE)) if path.is_dir() else []
+    entries = (
+        sorted(p.name for p in path.iterdir() if p.name not in (MARKER, LOCK_FILE)) if path.is_dir() else []
+    )
     if entries and not holds_run(path):
-        extra = " (--overwrite_output_dir removes only what a run wrote, never other files)" if overwrite else ""
+        extra = (
+            " (--overwrite_output_dir removes only what a run wrote, never other files)" if overwrite else ""
+        )
         raise UsageError(
             f"--output_dir {path} holds files that are not a vaswani run ({_shown(entries)}): a run trains into "
             f"an empty folder or its own; choose another --output_dir{extra}"
@@ -311,7 +321,9 @@ def _run_patterns(entry: Path) -> tuple[str, ...] | bool | None:
     if entry.is_dir() and not entry.is_symlink():
         if name in ("source", "target") and not (entry / "tokenizer.json").is_file():
             return None  # a folder of that name without a tokenizer is not the run's
-        return next((files for pattern, files in RUN_FOLDERS.items() if fnmatch.fnmatchcase(name, pattern)), None)
+        return next(
+            (files for pattern, files in RUN_FOLDERS.items() if fnmatch.fnmatchcase(name, pattern)), None
+        )
     if name == "config.json" and not entry.is_symlink():
         try:
             return json.loads(entry.read_text(encoding="utf-8")).get("model_type") == "vaswani" or None
@@ -338,7 +350,9 @@ def _remove_run(path: Path, why: str) -> None:
             for item, relative in _files(entry):
                 if _matches(relative, patterns):
                     item.unlink()
-                    emptied.update(parent for parent in item.parents if parent == entry or entry in parent.parents)
+                    emptied.update(
+                        parent for parent in item.parents if parent == entry or entry in parent.parents
+                    )
                 else:
                     left.append(relative)
             for folder in sorted(emptied, key=lambda p: len(p.parts), reverse=True):

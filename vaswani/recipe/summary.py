@@ -56,7 +56,9 @@ def training_summary(
         "parameters": parameters,
         "wall_time_s": time.time() - started,
         "max_tokens_per_device": args.max_tokens,
-        "sentences_per_device": args.max_sentences if args.max_tokens is not None else args.per_device_train_batch_size,
+        "sentences_per_device": args.max_sentences
+        if args.max_tokens is not None
+        else args.per_device_train_batch_size,
         "learning_rate_constant": args.learning_rate_constant,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "label_smoothing": args.label_smoothing_factor,
