@@ -146,8 +146,6 @@ def _lock(path: Path, create: bool = True) -> list[Path]:
     """Take the lock on `path`, writing nothing into it but what is missing (the folder, an empty lock file), which is
     returned, newest first, so that a refusal can remove it again; `_write_holder` then names this process in the
     lock file. With `create` false, only refuse a folder another process holds, creating and keeping nothing."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--output_dir {path} is a file, not a folder")
     lock, key = path / LOCK_FILE, str(path.resolve())
     created = [item for item in (lock, path, *path.parents) if create and not item.exists()]
     if create:
