@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tool_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tiny_translation_assets import tiny_model, tiny_tokenizer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani import VaswaniForConditionalGeneration
@@ -28,7 +28,7 @@ VOCAB = 280
 def write_checkpoint(run_dir: Path, step: int, seed: int, tokenizer=None, **overrides) -> Path:
     """A Trainer-like checkpoint folder: weights, config, generation config, tokenizer, training state."""
     folder = run_dir / f"checkpoint-{step}"
-    model = tiny_model(VOCAB, seed=seed, **overrides)
+    model = tool_model(VOCAB, seed=seed, **overrides)
     model.generation_config.max_new_tokens = step  # marks which checkpoint the generation config came from
     model.save_pretrained(folder)
     if tokenizer is not None:
@@ -36,11 +36,6 @@ def write_checkpoint(run_dir: Path, step: int, seed: int, tokenizer=None, **over
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
     torch.save({"state": {}}, folder / "optimizer.pt")
     return folder
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture
@@ -136,10 +131,10 @@ def test_separate_tokenizers_and_extra_code_are_copied(tmp_path, tokenizer):
 def test_sharded_checkpoints(tmp_path):
     run = tmp_path / "run"
     for seed, step in enumerate([1, 2]):
-        tiny_model(VOCAB, seed=seed).save_pretrained(run / f"checkpoint-{step}", max_shard_size="20KB")
+        tool_model(VOCAB, seed=seed).save_pretrained(run / f"checkpoint-{step}", max_shard_size="20KB")
     assert (run / "checkpoint-1" / "model.safetensors.index.json").is_file()
     out = average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
-    a, b = (tiny_model(VOCAB, seed=seed) for seed in (0, 1))
+    a, b = (tool_model(VOCAB, seed=seed) for seed in (0, 1))
     averaged = VaswaniForConditionalGeneration.from_pretrained(out)
     torch.testing.assert_close(
         averaged.model.shared.weight, (a.model.shared.weight + b.model.shared.weight) / 2

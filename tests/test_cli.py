@@ -328,7 +328,7 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-3000:]
-    from tiny_translation_assets import tiny_tokenizer, translation_model
+    from helpers import tiny_tokenizer, translation_model
 
     model_dir = tmp_path / "model"
     tokenizer = tiny_tokenizer()

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import SHAPES
-from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+from helpers import SENTENCES, SHAPES, tiny_tokenizer, translation_model
 
 from vaswani.commands.export import main
 from vaswani.generation_vaswani import BEAM_SEARCH_OVER_ANY_VOCABULARY
@@ -49,11 +48,6 @@ def save_model(folder: Path, tokenizer, target_tokenizer=None, **overrides):
     model.save_pretrained(folder)
     save_tokenizers(tokenizer, target_tokenizer, folder)
     return model
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from helpers import tiny_config
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_tool_faults import assert_one_line_error, invoke, run_args, write_corpus
-from tiny_translation_assets import tiny_model, tiny_tokenizer
+from helpers import assert_one_line_error, invoke, run_args, tiny_tokenizer, tool_model
 
 from vaswani.commands import train as train_command
 from vaswani.common.errors import UsageError
@@ -29,11 +28,11 @@ def test_averaging_refuses_an_index_that_points_outside_its_checkpoint(tmp_path)
     """A safetensors index naming `../elsewhere/model.safetensors` would average weights from another folder."""
     tokenizer = tiny_tokenizer()
     elsewhere = tmp_path / "elsewhere"
-    tiny_model(len(tokenizer)).save_pretrained(elsewhere)
+    tool_model(len(tokenizer)).save_pretrained(elsewhere)
     checkpoints = []
     for step in (1, 2):
         folder = tmp_path / "run" / f"checkpoint-{step}"
-        tiny_model(len(tokenizer), seed=step).save_pretrained(folder)
+        tool_model(len(tokenizer), seed=step).save_pretrained(folder)
         checkpoints.append(folder)
     (checkpoints[1] / "model.safetensors").unlink()
     index = {"metadata": {}, "weight_map": {"lm_head.weight": "../../elsewhere/model.safetensors"}}
@@ -63,7 +62,7 @@ def test_vaswani_average_checkpoints_folder_is_readable_by_others(tmp_path):
     checkpoints = []
     for step in (1, 2):
         folder = tmp_path / "run" / f"checkpoint-{step}"
-        tiny_model(len(tokenizer), seed=step).save_pretrained(folder)
+        tool_model(len(tokenizer), seed=step).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         checkpoints.append(str(folder))
     out = tmp_path / "averaged"
@@ -194,7 +193,7 @@ def test_the_tokenizer_of_a_model_folder_loads_silently(tmp_path):
     or a warning; where the package is missing, `PreTrainedTokenizerFast` does (AutoTokenizer reads the model's
     config.json first, which is custom code there, so it asks for `trust_remote_code=True` as for any such model)."""
     tokenizer = tiny_tokenizer()
-    tiny_model(len(tokenizer)).save_pretrained(tmp_path)
+    tool_model(len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     expected = tokenizer("Ein Mann fährt Fahrrad.")["input_ids"]
     env = {
@@ -229,11 +228,6 @@ def test_the_tokenizer_of_a_model_folder_loads_silently(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # vaswani-train with the habits of transformers' examples and fairseq
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
 @pytest.fixture(scope="module")
 def finished(corpus, tmp_path_factory):
     """A finished run of 8 steps (checkpoints at 4 and 8) that translated its val split: (folder, trainer, what it

@@ -19,12 +19,12 @@ def test_readme_python_example_runs():
 def test_the_seq2seq_trainer_example_runs_offline(tmp_path, monkeypatch):
     """The fine-tuning example of docs/recipe.md, on a tiny model folder in place of a trained run's: the metric loads without
     the network (transformers' guide's `evaluate.load("sacrebleu")` does not), and evaluation gives BLEU and chrF."""
-    from tiny_translation_assets import tiny_model, tiny_tokenizer
+    from helpers import tiny_tokenizer, tool_model
 
     text = (ROOT / "docs" / "recipe.md").read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "Seq2SeqTrainer(" in b]
     tokenizer = tiny_tokenizer()
-    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
+    tool_model(len(tokenizer)).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

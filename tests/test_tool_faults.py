@@ -3,7 +3,6 @@ that names the file, line or flag (no traceback unless --debug)."""
 
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -15,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from helpers import SENTENCES, TOKEN, assert_one_line_error, invoke, run_args, tiny_tokenizer
 from packaging import version
 from safetensors.torch import load_file
-from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
 
 from vaswani.commands import average_checkpoints as average_command
 from vaswani.commands import evaluate as evaluate_command
@@ -29,71 +28,6 @@ from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, v
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DE = "ein eine mann frau kind hund läuft über die straße wiese spielt ball im park große rote".split()
-EN = "a an man woman child dog runs across the street meadow plays ball in park big red".split()
-TOKEN = "hf_NotARealToken0123456789abcdef"
-
-
-def invoke(main, argv, capsys) -> tuple[int, str, str]:
-    """Run a tool's main in this process: (exit status, stdout, stderr)."""
-    try:
-        main(list(map(str, argv)))
-        code = 0
-    except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, *expected):
-    assert code != 0
-    errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    for text in expected:
-        assert text in errors[0], errors[0]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-def write_corpus(folder: Path) -> Path:
-    """120 training and 8 validation pairs of made-up German and English captions, as {split}.{de,en} files."""
-    rng = random.Random(1)
-    for split, n in (("train", 120), ("val", 8)):
-        src, tgt = [], []
-        for _ in range(n):
-            idx = [rng.randrange(len(DE)) for _ in range(rng.randint(3, 7))]
-            src.append(" ".join(DE[i] for i in idx).capitalize() + " .")
-            tgt.append(" ".join(EN[i] for i in idx).capitalize() + " .")
-        (folder / f"{split}.de").write_text("\n".join(src) + "\n")
-        (folder / f"{split}.en").write_text("\n".join(tgt) + "\n")
-    return folder
-
-
-def run_args(corpus, output_dir, *extra):
-    return [str(arg) for arg in [
-        "--dataset_name", corpus, "--validation_split", "val", "--source_lang", "de", "--target_lang", "en",
-        "--preset", "small", "--vocab_size", "300", "--d_model", "16", "--encoder_layers", "1",
-        "--decoder_layers", "1", "--encoder_attention_heads", "2", "--decoder_attention_heads", "2",
-        "--encoder_ffn_dim", "16", "--decoder_ffn_dim", "16", "--max_tokens", "96", "--warmup_steps", "4",
-        "--logging_steps", "2", "--eval_strategy", "no", "--plots", "false", "--seed", "3",
-        "--output_dir", output_dir, *extra,
-    ]]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def finished_run(corpus, tmp_path_factory):
-    """A finished run: 8 steps, checkpoints at 4 and 8, their average, scores of the val split; the Hub token given
-    on the command line (no push)."""
-    out = tmp_path_factory.mktemp("runs") / "run"
-    train_command.main(
-        run_args(corpus, out, "--max_steps", "8", "--save_steps", "4", "--average_last", "2")
-        + ["--test_split", "val", "--hub_token", TOKEN]
-    )
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -331,24 +265,6 @@ def test_the_hub_token_is_never_written_to_disk(finished_run):
 # ---------------------------------------------------------------------------------------------------------------------
 # Errors that name the problem
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("model")
-    tokenizer = tiny_tokenizer()
-    translation_model(len(tokenizer)).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def _files(tmp_path, **contents) -> dict:
-    paths = {}
-    for name, data in contents.items():
-        path = tmp_path / name.replace("_", ".")
-        path.write_bytes(data if isinstance(data, bytes) else data.encode())
-        paths[name] = path
-    return paths
-
-
 def test_bad_data_files_are_named(corpus, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -249,7 +249,7 @@ def test_training_arguments_default_to_the_paper(tmp_path):
 
 
 def test_the_optimizer_is_transformers_default_adam_and_a_given_one_is_kept(tmp_path):
-    from conftest import tiny_model
+    from helpers import tiny_model
     from transformers import Seq2SeqTrainingArguments
 
     from vaswani.recipe.trainer import VaswaniTrainer
@@ -420,14 +420,14 @@ def _pairs(lengths: list[tuple[int, int]], vocab_size: int, seed: int = 0):
 
 
 def _train(tmp_path, name, dataset, tokenizer, **flags):
-    from tiny_translation_assets import tiny_model
+    from helpers import tool_model
     from transformers import DataCollatorForSeq2Seq
     from transformers.utils import logging as hf_logging
 
     from vaswani.recipe.trainer import VaswaniTrainer
 
     hf_logging.set_verbosity_error()
-    model = tiny_model(len(tokenizer))  # the same initial weights for every run, no dropout
+    model = tool_model(len(tokenizer))  # the same initial weights for every run, no dropout
     model.train()
     settings = dict(
         output_dir=str(tmp_path / name), warmup_steps=4, save_strategy="no", eval_strategy="no", seed=0,
@@ -454,7 +454,7 @@ def test_two_accumulated_half_batches_give_the_gradient_of_the_whole_batch(tmp_p
     gradient of the single batch holding both: the label-smoothed loss is summed over every target token of the
     update and divided by their number (`num_items_in_batch`), not averaged per micro-batch. The micro-batches
     differ in target tokens (12,500 and about 9,000) and in padding, which a per-micro-batch mean would show."""
-    from tiny_translation_assets import tiny_tokenizer
+    from helpers import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     rng = np.random.default_rng(1)
@@ -479,7 +479,7 @@ def test_batch_tokens_counts_updates_not_micro_batches(tmp_path):
     """With --batch_tokens the run's length (--max_steps, or the updates of an epoch), the logged steps and the §5.3
     schedule count optimizer updates: an epoch of 9 micro-batches accumulated 2 at a time is 5 updates (the last
     of one micro-batch), at the learning rates of steps 1..5."""
-    from tiny_translation_assets import tiny_tokenizer
+    from helpers import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     dataset = _pairs([(10, 10)] * 27, len(tokenizer))  # 9 micro-batches of 3 pairs at 30 tokens
@@ -734,7 +734,7 @@ def test_the_training_forward_and_loss_compile_as_one_graph(fused):
     """`torch.compile` captures a training step's forward pass and label-smoothed loss whole, as the recipe runs them
     on the CPU (the model's CPU kernels swapped in, bf16 autocast, padded source and target): no graph break, which
     would leave part of the step in eager mode and split it at every break (`torch._dynamo.explain`)."""
-    from conftest import batch as padded_batch
+    from helpers import batch as padded_batch
 
     from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels
     from vaswani.recipe import losses
@@ -967,7 +967,7 @@ def test_killed_run_resumes_to_the_same_weights(corpus, tokenizer_dir, tmp_path)
 
 
 def test_corrupt_checkpoints_are_named(tmp_path):
-    from conftest import tiny_model
+    from helpers import tiny_model
 
     folder = tmp_path / "checkpoint-5"
     model = tiny_model()

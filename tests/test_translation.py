@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model
-from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+from helpers import SENTENCES, tiny_model, tiny_tokenizer, translation_model
 
 from vaswani.publishing.model_card import EvalResults
 from vaswani.recipe.metrics import reported_scores
@@ -26,11 +25,6 @@ from vaswani.recipe.translation import (
 
 ROOT = Path(__file__).resolve().parents[1]
 MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from tiny_translation_assets import tiny_tokenizer
+from helpers import tiny_tokenizer
 from transformers import EvalPrediction, TrainerControl, TrainerState
 from transformers.trainer_utils import IntervalStrategy
 
@@ -295,7 +295,7 @@ def test_evaluate_reports_sacrebleu_and_the_papers_tokenized_bleu(tmp_path, caps
 def test_translate_with_references_reports_both_bleus(tmp_path, capsys, monkeypatch):
     """`vaswani-translate --references --moses_lang de` scores what it translated: here a model folder stands in,
     and the translation is the worked example's hypothesis."""
-    from conftest import tiny_model
+    from helpers import tiny_model
 
     from vaswani.commands import translate as translate_command
     from vaswani.recipe import translation
