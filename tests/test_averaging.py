@@ -1,6 +1,7 @@
 """Checkpoint averaging (§6.1): the mean of the last N Trainer checkpoints, written as a normal model folder."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.commands import average_checkpoints as average_command
 from vaswani.recipe.averaging import (
     average_checkpoints,
     average_last_checkpoints,
@@ -200,3 +202,23 @@ def test_script(run_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "checkpoint-1000" in result.stderr
     VaswaniForConditionalGeneration.from_pretrained(out)
+
+
+def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_path, monkeypatch, capsys):
+    """Killed (here: failing) before the new folder is complete, the output folder is still the earlier average:
+    its config and weights belong together."""
+    out = tmp_path / "averaged"
+    shutil.copytree(finished_run / "averaged", out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def killed(folder):
+        raise KeyboardInterrupt  # as a kill would stop the process here, after the weights were written
+
+    monkeypatch.setattr(
+        "vaswani.recipe.averaging._copy_companion_files", lambda newest, folder: killed(folder)
+    )
+    with pytest.raises(SystemExit):
+        average_command.main(["--checkpoints", str(finished_run / "checkpoint-4"), "--output_dir", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["averaged"]  # nothing half-built left beside it
+    capsys.readouterr()

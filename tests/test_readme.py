@@ -1,7 +1,10 @@
 """The README's Python example runs as written, and its two commands are the Makefile's."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,3 +77,34 @@ def test_the_documented_commands_translate_the_test_split_the_training_command_r
         assert inputs, page
         for path in inputs:
             assert path in (f"{data}/{split}.de.gz", f"{data}/{split}.en.gz"), (page, path)
+
+
+def test_the_readme_pipeline_works_on_every_folder_the_tools_write(finished_run, tmp_path):
+    """The `pipeline("translation", ...)` example of docs/recipe.md, run as written in an interpreter where `vaswani` cannot
+    be imported, on a checkpoint, the final model and the averaged model of a run."""
+    readme = (ROOT / "docs" / "recipe.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "pipeline(" in b]
+    assert 'model="runs/de-en/averaged"' in block
+    folders = [finished_run / "checkpoint-8", finished_run, finished_run / "averaged"]
+    script = "import sys\nsys.modules['vaswani'] = None\n"
+    for folder in folders:
+        script += block.replace('"runs/de-en/averaged"', repr(str(folder)))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": "",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [eval(line) for line in done.stdout.strip().splitlines()]  # noqa: S307 (our own child's output)
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    assert len(printed) == len(folders)
+    for folder, result in zip(folders, printed, strict=True):
+        model, tokenizer, _ = load_translation_model(folder, device="cpu")
+        expected = translate(["Ein Mann fährt Fahrrad.", ""], model, tokenizer, show_progress=False)
+        assert result == [{"translation_text": text} for text in expected], folder

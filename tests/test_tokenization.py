@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import tiny_tokenizer
 from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -278,3 +279,33 @@ def test_bpe_trains_on_a_random_sample_of_the_pairs_and_says_so(monkeypatch, cap
         assert source is target
     assert "on 80 sentences: 40 of the 96 training pairs, drawn at random" in caplog.text
     assert DataArguments(dataset_name="unused").max_tokenizer_samples is None  # default: the whole split
+
+
+def test_a_torn_tokenizer_is_never_written_and_a_bad_one_is_named(tmp_path, monkeypatch):
+    from transformers import PreTrainedTokenizerFast
+
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers
+
+    tokenizer = tiny_tokenizer()
+    save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
+    good = (tmp_path / "tokenizer" / "tokenizer.json").read_bytes()
+    original = PreTrainedTokenizerFast.save_pretrained
+
+    def killed_while_writing(self, directory, *args, **kwargs):
+        original(self, directory, *args, **kwargs)
+        written = Path(directory) / "tokenizer.json"
+        written.write_bytes(written.read_bytes()[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", killed_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
+    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer"]
+    monkeypatch.undo()
+
+    (tmp_path / "tokenizer" / "tokenizer.json").write_bytes(
+        good[: len(good) // 2]
+    )  # torn by an older version
+    with pytest.raises(ValueError, match=r"tokenizer/tokenizer\.json is corrupt or truncated"):
+        load_tokenizers(tmp_path / "tokenizer")

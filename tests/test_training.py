@@ -1082,3 +1082,40 @@ def test_time_budget_stops_training_with_a_checkpoint():
     patient.on_train_begin(None, state, control)
     patient.on_step_end(None, state, control)
     assert not control.should_training_stop
+
+
+def test_the_progress_bar_ends_where_the_run_ends():
+    from transformers import TrainerControl, TrainerState
+
+    from vaswani.recipe.callbacks import RunProgress
+
+    state, control = TrainerState(), TrainerControl()
+    state.max_steps, state.global_step = 100000, 0
+    bar = RunProgress(minutes=0.001)  # 60 ms of a run whose --max_steps would take 40 hours
+    bar.on_train_begin(None, state, control)
+    assert bar.training_bar.total == 1000  # per mille of the run
+    time.sleep(0.1)
+    state.global_step = 3
+    bar.on_step_end(None, state, control)
+    assert bar.training_bar.n == bar.training_bar.total  # the time budget is spent: the bar is full
+    bar.on_train_end(None, state, control)
+    by_steps = RunProgress()
+    by_steps.on_train_begin(None, state, control)
+    assert by_steps.training_bar.total == 100000
+    by_steps.on_train_end(None, state, control)
+
+
+def test_launch_mistakes_are_refused(monkeypatch, tmp_path):
+    from vaswani.recipe.arguments import PaperTrainingArguments
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # `accelerate launch --cpu --num_processes 2` sets these
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="starts ONE process.*--multi_gpu --num_processes N.*torchrun"):
+        PaperTrainingArguments(output_dir=str(tmp_path))
+    monkeypatch.delenv("MASTER_ADDR")
+    PaperTrainingArguments(output_dir=str(tmp_path))  # one process asked for: fine
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--deepspeed needs a GPU.*--fsdp"):
+            PaperTrainingArguments(output_dir=str(tmp_path), deepspeed=str(tmp_path / "ds.json"))
