@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tool_model
+from helpers import tiny_tokenizer, tool_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -222,3 +222,21 @@ def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_p
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["averaged"]  # nothing half-built left beside it
     capsys.readouterr()
+
+
+def test_averaging_refuses_an_index_that_points_outside_its_checkpoint(tmp_path):
+    """A safetensors index naming `../elsewhere/model.safetensors` would average weights from another folder."""
+    tokenizer = tiny_tokenizer()
+    elsewhere = tmp_path / "elsewhere"
+    tool_model(len(tokenizer)).save_pretrained(elsewhere)
+    checkpoints = []
+    for step in (1, 2):
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        tool_model(len(tokenizer), seed=step).save_pretrained(folder)
+        checkpoints.append(folder)
+    (checkpoints[1] / "model.safetensors").unlink()
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": "../../elsewhere/model.safetensors"}}
+    (checkpoints[1] / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"names weight files outside its folder: \['../../elsewhere"):
+        average_checkpoints(checkpoints, tmp_path / "averaged", show_progress=False)
+    assert not (tmp_path / "averaged").exists()

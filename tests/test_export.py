@@ -427,3 +427,12 @@ def test_vaswani_translate_runs_an_export_and_records_what_ran(
         translate_main(
             ["--model_name_or_path", str(folder), "--engine", engine, "--bf16", "--input", str(source)]
         )
+
+
+def test_a_folder_that_is_not_a_complete_export_is_named_as_such(tmp_path):
+    from vaswani.interop.engines import load_exported
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(tmp_path)  # a tokenizer, but no export
+    with pytest.raises(ValueError, match="is not a complete folder written by vaswani-export"):
+        load_exported(tmp_path)

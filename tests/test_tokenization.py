@@ -309,3 +309,27 @@ def test_a_torn_tokenizer_is_never_written_and_a_bad_one_is_named(tmp_path, monk
     )  # torn by an older version
     with pytest.raises(ValueError, match=r"tokenizer/tokenizer\.json is corrupt or truncated"):
         load_tokenizers(tmp_path / "tokenizer")
+
+
+def test_separate_tokenizers_of_two_trainings_are_not_loaded_as_one_pair(tmp_path):
+    """`vaswani-train-tokenizer --separate_vocabularies` killed between the renames of source/ and target/ would
+    leave one side of the new training beside one of the old: that folder is refused, naming both sides."""
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers, train_separate_tokenizers
+
+    sentences = ["ein mann fährt rad", "zwei hunde spielen", "a man rides a bike", "two dogs play"]
+    old = train_separate_tokenizers(
+        iter(sentences[:2]), iter(sentences[2:]), vocab_size=300, min_frequency=1, show_progress=False
+    )
+    new = train_separate_tokenizers(
+        iter(sentences), iter(sentences), vocab_size=320, min_frequency=1, show_progress=False
+    )
+    save_tokenizers(*old, tmp_path / "tok")
+    save_tokenizers(*new, tmp_path / "new")
+    load_tokenizers(tmp_path / "tok")  # a whole pair loads
+    for name in (
+        "tokenizer.json",
+        "vaswani_tokenizer_pair.json",
+    ):  # the source side of the new one arrived first
+        (tmp_path / "tok" / "source" / name).write_bytes((tmp_path / "new" / "source" / name).read_bytes())
+    with pytest.raises(ValueError, match=r"are not one pair of tokenizers"):
+        load_tokenizers(tmp_path / "tok")

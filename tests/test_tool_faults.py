@@ -3,7 +3,9 @@ tool gives the right result or a one-line error that names the file, line or fla
 A fault of one tool is tested beside that tool's other tests."""
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from vaswani.commands import evaluate as evaluate_command
 from vaswani.commands import push_to_hub as push_command
 from vaswani.commands import train as train_command
 from vaswani.commands import translate as translate_command
+from vaswani.common.fileio import atomic_folder, write_text
 from vaswani.recipe import translation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,3 +323,18 @@ def test_every_folder_the_tools_write_or_wrote_loads_through_every_tool(finished
             code, _, err = invoke(main, argv, capsys)
             assert code == 0, (folder, main.__module__, err[-3000:])
             assert "does not know" not in err and "do not match" not in err, err
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_folders_and_files_written_whole_follow_the_umask(tmp_path, umask):
+    """Built beside their destination and renamed into place, outputs get the permissions of any new file: under
+    umask 022 others on a shared machine can read the models."""
+    previous = os.umask(umask)
+    try:
+        with atomic_folder(tmp_path / "model") as building:
+            (building / "weights.bin").write_bytes(b"0")
+        write_text(tmp_path / "model" / "scores.json", "{}")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((tmp_path / "model" / "scores.json").stat().st_mode) == 0o666 & ~umask
