@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_tokenizer, tool_model
+from helpers import ROOT, tiny_tokenizer, tool_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -23,7 +23,6 @@ from vaswani.recipe.averaging import (
     last_checkpoints,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 280
 
 

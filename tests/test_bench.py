@@ -4,12 +4,9 @@ JSON result."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from helpers import run_script
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, run_script
 
 
 def test_bench_kernels(tmp_path):

@@ -10,18 +10,16 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import tomllib
+from helpers import BIN, ROOT
 
 from vaswani.commands import push_to_hub, train, translate
 from vaswani.commands import translate as translate_command
 from vaswani.commands.cli import build_parser, command, parse_args, read_arguments_file
 from vaswani.common.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 OUR_COMMANDS = {
     "vaswani-train": "vaswani.commands.train:main",
     "vaswani-train-tokenizer": "vaswani.commands.train_tokenizer:main",

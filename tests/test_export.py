@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from helpers import SENTENCES, SHAPES, tiny_tokenizer, translation_model
+from helpers import ROOT, SENTENCES, SHAPES, tiny_tokenizer, translation_model
 
 from vaswani.commands.export import main
 from vaswani.generation_vaswani import BEAM_SEARCH_OVER_ANY_VOCABULARY
@@ -24,7 +24,6 @@ from vaswani.interop.export import CTRANSLATE2_QUANTIZATIONS, export, read_metad
 from vaswani.recipe.tokenization import save_tokenizers
 from vaswani.recipe.translation import translate, translate_n_best
 
-ROOT = Path(__file__).resolve().parents[1]
 MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
 # What CTranslate2's beam search does, asked of `generate()`.
 CTRANSLATE2_SEARCH = dict(length_penalty_form="power", early_stopping=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_one_line_error, invoke, tiny_config
+from helpers import ROOT, assert_one_line_error, invoke, tiny_config
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
@@ -28,7 +28,6 @@ from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
 from vaswani.publishing.hub import AUTO_CLASSES, check_folder, publish
 from vaswani.publishing.model_card import EvalResults, TrainingSummary, render_card, validate_card
 
-ROOT = Path(__file__).resolve().parent.parent
 REPO_ID = "someone/vaswani-de-en"
 PUBLISHED_FILES = {
     "README.md",

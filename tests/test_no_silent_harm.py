@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import assert_one_line_error, invoke, run_args, tiny_tokenizer, tool_model
+from helpers import ROOT, assert_one_line_error, invoke, run_args, tiny_tokenizer, tool_model
 
 from vaswani.commands import train as train_command
 from vaswani.common.errors import UsageError
 from vaswani.recipe.flags import resolve_peak_learning_rate
 from vaswani.recipe.schedule import warmup_factor
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_vaswani_average_checkpoints_folder_is_readable_by_others(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SENTENCES, tool_model
+from helpers import ROOT, SENTENCES, tool_model
 from matplotlib.image import imread
 
 from vaswani.recipe.plotting import (
@@ -19,7 +19,6 @@ from vaswani.recipe.plotting import (
     plot_learning_curves,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 LOG_HISTORY = [

@@ -5,20 +5,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from helpers import TOKEN, assert_one_line_error, invoke, run_args
+from helpers import BIN, TOKEN, assert_one_line_error, invoke, run_args
 from packaging import version
 from safetensors.torch import load_file
 
 from vaswani.commands import train as train_command
 from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
-
-BIN = Path(sys.executable).parent
 
 
 def test_a_run_folder_belongs_to_one_run(finished_run, corpus, tmp_path, capsys):

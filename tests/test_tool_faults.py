@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SENTENCES, assert_one_line_error, invoke, run_args, tiny_tokenizer
+from helpers import ROOT, SENTENCES, assert_one_line_error, invoke, run_args, tiny_tokenizer
 
 from vaswani.commands import average_checkpoints as average_command
 from vaswani.commands import evaluate as evaluate_command
@@ -21,9 +21,6 @@ from vaswani.commands import train as train_command
 from vaswani.commands import translate as translate_command
 from vaswani.common.fileio import atomic_folder, write_text
 from vaswani.recipe import translation
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import BIN, ROOT
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -35,9 +36,7 @@ from vaswani.recipe.schedule import (
     paper_schedule,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
-BIN = Path(sys.executable).parent
 
 
 # ---- batches ----------------------------------------------------------------------------------------------------

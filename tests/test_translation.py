@@ -6,11 +6,19 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import SENTENCES, assert_one_line_error, invoke, tiny_model, tiny_tokenizer, translation_model
+from helpers import (
+    BIN,
+    ROOT,
+    SENTENCES,
+    assert_one_line_error,
+    invoke,
+    tiny_model,
+    tiny_tokenizer,
+    translation_model,
+)
 
 from vaswani.commands import translate as translate_command
 from vaswani.publishing.model_card import EvalResults
@@ -27,8 +35,6 @@ from vaswani.recipe.translation import (
     write_sentences,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from helpers import tiny_tokenizer
+from helpers import ROOT, tiny_tokenizer
 from transformers import EvalPrediction, TrainerControl, TrainerState
 from transformers.trainer_utils import IntervalStrategy
 
@@ -21,7 +21,6 @@ from vaswani.recipe.config_arguments import ModelConfigArguments, config_overrid
 from vaswani.recipe.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
 from vaswani.recipe.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {path.stem: path for path in sorted((ROOT / "recipes").glob("*.yaml"))}
 
 

@@ -14,7 +14,8 @@ from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.generation_vaswani import paper_decoding
 from vaswani.recipe.tokenization import train_bpe_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+BIN = Path(sys.executable).parent  # the console scripts of the environment the tests run in
 
 
 # ---- the tiny model ------------------------------------------------------------------------------------------------
