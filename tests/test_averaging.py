@@ -1,7 +1,9 @@
 """Checkpoint averaging (§6.1): the mean of the last N Trainer checkpoints, written as a normal model folder."""
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +241,33 @@ def test_averaging_refuses_an_index_that_points_outside_its_checkpoint(tmp_path)
     with pytest.raises(ValueError, match=r"names weight files outside its folder: \['../../elsewhere"):
         average_checkpoints(checkpoints, tmp_path / "averaged", show_progress=False)
     assert not (tmp_path / "averaged").exists()
+
+
+def test_vaswani_average_checkpoints_folder_is_readable_by_others(tmp_path):
+    tokenizer = tiny_tokenizer()
+    checkpoints = []
+    for step in (1, 2):
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        tool_model(len(tokenizer), seed=step).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        checkpoints.append(str(folder))
+    out = tmp_path / "averaged"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vaswani.commands.average_checkpoints",
+            "--checkpoints",
+            *checkpoints,
+            "--output_dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        preexec_fn=lambda: os.umask(0o022),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert all(stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 for p in out.rglob("*") if p.is_file())

@@ -1,23 +1,34 @@
-"""`vaswani-train`'s run as a user meets it: a run folder belongs to one run, resuming keeps what a run wrote, a run
-that cannot be what was asked is refused with a one-line error before any file is written, and no secret is written."""
+"""`vaswani-train`'s run as a user meets it: its flags mean what they mean in transformers' examples and
+fairseq, a run folder belongs to one run and holds nothing else of the user's, resuming keeps what a run wrote,
+a run that cannot be what was asked is refused with a one-line error before any file is written, and no secret
+is written."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from helpers import BIN, TOKEN, assert_one_line_error, invoke, run_args
+from helpers import BIN, ROOT, TOKEN, assert_one_line_error, invoke, run_args
 from packaging import version
 from safetensors.torch import load_file
 
 from vaswani.commands import train as train_command
+from vaswani.common.errors import UsageError
 from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
+from vaswani.recipe.flags import resolve_peak_learning_rate
+from vaswani.recipe.schedule import warmup_factor
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# One run per folder, refused runs, resuming, secrets
+# ---------------------------------------------------------------------------------------------------------------------
 def test_a_run_folder_belongs_to_one_run(finished_run, corpus, tmp_path, capsys):
     """Re-running into an existing run folder is refused; --overwrite_output_dir replaces the run, so that neither
     a checkpoint nor the scores of the earlier run end up beside the new model."""
@@ -250,3 +261,623 @@ def test_the_hub_token_is_never_written_to_disk(finished_run):
     assert (
         finished_run / "training_args.bin"
     ).is_file()  # the Trainer's own file is still written, without it
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# vaswani-train with the habits of transformers' examples and fairseq
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished(corpus, tmp_path_factory):
+    """A finished run of 8 steps (checkpoints at 4 and 8) that translated its val split: (folder, trainer, what it
+    printed)."""
+    out = tmp_path_factory.mktemp("runs") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        trainer = train_command.main(
+            run_args(corpus, out, "--max_steps", "8", "--save_steps", "4", "--test_split", "val")
+        )
+    return out, trainer, printed.getvalue()
+
+
+def _copy(run, tmp_path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _logged_rates(trainer) -> dict[int, float]:
+    return {e["step"]: e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e}
+
+
+def test_fine_tuning_as_run_translation_does_gets_its_learning_rate_and_batch_size(
+    finished, corpus, tmp_path, capsys
+):
+    """Issue: `--per_device_train_batch_size 16 --learning_rate 5e-5` trained at ~1e-10 on 4096-token batches. Now
+    the batches are 16 sentences and 5e-5 is the peak of the schedule; a run that ends inside the warm-up says so."""
+    model, _, _ = finished
+    argv = [
+        "--model_name_or_path", model, "--do_train", "--per_device_train_batch_size", "16", "--learning_rate", "5e-5",
+        "--max_steps", "10", "--dataset_name", corpus, "--validation_split", "val", "--source_lang", "de",
+        "--target_lang", "en", "--eval_strategy", "no", "--logging_steps", "2", "--plots", "false",
+        "--output_dir", tmp_path / "tuned",
+    ]  # fmt: skip
+    trainer = train_command.main(list(map(str, argv)))
+    err = capsys.readouterr().err
+    assert "Batches: batches of 16 sentences per device (--per_device_train_batch_size)" in err
+    assert "Token-budget" not in err
+    rates = _logged_rates(trainer)
+    assert rates == pytest.approx({step: 5e-5 * warmup_factor(step, 4000) for step in (2, 4, 6, 8, 10)})
+    assert (
+        "--max_steps 10 ends the run inside the 4000 warm-up steps" in err and "not to the peak 5e-05" in err
+    )
+    # 120 pairs: 7 batches of 16 and one of 8 an epoch; 10 steps saw 120 + 2 * 16 sentences, and say so
+    final = trainer.state.log_history[-1]
+    assert final["train_samples"] == 152
+    assert final["train_samples_per_second"] == pytest.approx(152 / final["train_runtime"], rel=1e-3)
+
+
+def test_token_budget_batches_report_what_they_trained_on(finished):
+    """`train_samples_per_second` counted 8 sentences (the unused --per_device_train_batch_size) per token-budget
+    batch; it counts the sentences of the batches, and `train_tokens_per_second` their target tokens."""
+    _, trainer, _ = finished
+    batches = trainer.token_sampler().batches()[:8]  # epoch 0: the 8 steps of the run
+    labels = trainer.train_dataset["labels"]
+    final = trainer.state.log_history[-1]
+    assert final["train_samples"] == sum(len(b) for b in batches) != 8 * 8
+    assert final["train_tokens"] == sum(len(labels[i]) for b in batches for i in b)
+    assert final["train_tokens_per_second"] == pytest.approx(
+        final["train_tokens"] / final["train_runtime"], rel=1e-3
+    )
+
+
+def test_batches_follow_the_flags_given(tmp_path, corpus, capsys):
+    from vaswani.recipe.arguments import PaperTrainingArguments
+
+    def args(**given):
+        return PaperTrainingArguments(output_dir=str(tmp_path), **given)
+
+    paper, sentences, both = (
+        args(),
+        args(per_device_train_batch_size=16),
+        args(per_device_train_batch_size=3, max_tokens=96),
+    )
+    assert (paper.max_tokens, paper.max_sentences) == (4096, None)
+    assert (sentences.max_tokens, sentences.per_device_train_batch_size) == (None, 16)
+    assert (both.max_tokens, both.max_sentences) == (96, 3)
+    trainer = train_command.main(
+        run_args(
+            corpus,
+            tmp_path / "run",
+            "--max_steps",
+            "6",
+            "--save_steps",
+            "6",
+            "--per_device_train_batch_size",
+            "3",
+        )
+    )
+    assert "token-budget batches of at most 96 tokens and 3 sentences per device" in capsys.readouterr().err
+    assert all(len(batch) <= 3 for batch in trainer.token_sampler().batches())
+    assert trainer.state.log_history[-1]["train_samples"] <= 6 * 3
+
+
+def test_the_learning_rate_flags_of_transformers_tensor2tensor_and_fairseq(tmp_path, corpus, capsys):
+    """--learning_rate is the peak (transformers), --learning_rate_constant the multiplier of Eq. 3 (tensor2tensor, and
+    this tool's --learning_rate before), --lr fairseq's name of the peak; a prefix is never another flag."""
+    from vaswani.commands.cli import parse_args
+    from vaswani.recipe.arguments import PaperTrainingArguments
+
+    def parsed(*argv):
+        return parse_args(PaperTrainingArguments, ["--output_dir", str(tmp_path), *argv], description="")[0]
+
+    assert parsed("--lr", "3e-4").learning_rate == 3e-4
+    constant = parsed("--learning_rate_constant", "0.5")
+    assert resolve_peak_learning_rate(constant, 256) == pytest.approx(0.5 * 256**-0.5 * 4000**-0.5)
+    with pytest.raises(UsageError, match="unrecognized arguments: --learning_rat"):
+        parsed("--learning_rat", "3e-4")
+    assert parsed("--paper_lr_schedule", "false").learning_rate == 5e-5  # transformers' default there
+    for argv, named in (
+        (
+            ["--learning_rate", "1e-3", "--learning_rate_constant", "2"],
+            "--learning_rate 0.001 and --learning_rate_constant 2.0",
+        ),
+        (["--learning_rate", "-1"], "--learning_rate must be a positive number"),
+        (["--label_smoothing_factor", "1.5"], "--label_smoothing_factor"),
+        (["--save_steps", "0"], "--save_steps must be positive"),
+        (["--lr_scheduler_type", "cosine"], "add --paper_lr_schedule false to use it"),  # not ignored
+    ):
+        code, _, err = invoke(
+            train_command.main, run_args(corpus, tmp_path / "run", "--max_steps", "2", *argv), capsys
+        )
+        assert_one_line_error(code, err, named)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_invalid_hub_model_id_is_refused_before_any_data_is_read(tmp_path, corpus, capsys, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was read before the flags were checked")
+
+    monkeypatch.setattr("vaswani.recipe.run.load_split", no_data)
+    argv = ["--max_steps", "2", "--push_to_hub", "--hub_model_id", "me/not a valid id"]
+    code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", *argv), capsys)
+    assert_one_line_error(code, err, "--hub_model_id", "not a valid id")
+
+
+def test_an_undertrained_run_says_its_translations_are_empty_and_where_they_are(finished):
+    out, _, printed = finished
+    hypotheses = out / "val.hyp.en"
+    empty = sum(1 for line in hypotheses.read_text().splitlines() if not line.strip())
+    assert empty > 4  # 8 steps: most translations are empty
+    assert f"translations: {hypotheses}" in printed
+    assert (
+        f"warning: {empty} of the 8 test translations are empty: the model is undertrained (8 training steps)"
+        in printed
+    )
+    assert json.loads((out / "test_results.json").read_text())["empty_translations"] == empty
+
+
+def test_a_barely_trained_run_says_up_front_what_follows_and_names_its_repeated_output(
+    corpus, tmp_path, capsys
+):
+    """Issue: `--max_train_minutes 1` trained 10 steps, then spent 7 minutes on validation and the beam-4 test
+    translation, where the model repeated one token to the length limit, and printed BLEU 0.00 without a word; the
+    estimate of that time came only after training. The plan is timed before training starts, the flags that cap or
+    skip the test pass are named, and the repeated output is warned about by name."""
+    out = tmp_path / "run"
+    argv = run_args(
+        corpus,
+        out,
+        "--max_steps",
+        "1",
+        "--save_steps",
+        "1",
+        "--test_split",
+        "val",
+        "--max_train_minutes",
+        "0.001",
+    )
+    code, printed, err = invoke(
+        train_command.main, argv + ["--eval_strategy", "steps", "--eval_steps", "1"], capsys
+    )
+    assert code == 0, err[-3000:]
+    (plan,) = [
+        line for line in err.splitlines() if "in all (decoder steps timed on the untrained model" in line
+    ]
+    assert (
+        "a final evaluation of 8 pairs, greedy" in plan and "the test translation of 8 pairs, beam 4" in plan
+    )
+    assert err.index(plan) < err.index("Evaluating: decoding")  # before training
+    assert "more than the 0.001-minute training budget" in err
+    assert "--max_predict_samples N translates the first N test pairs only, --do_predict false none" in err
+    results = json.loads((out / "test_results.json").read_text())
+    assert results["repeated_translations"] == 8 and results["empty_translations"] == 0
+    assert 'warning: 8 of the 8 test translations repeat one token over and over (the first: "' in printed
+    assert "the model is undertrained (1 training step)" in printed
+
+    code, printed, err = invoke(
+        train_command.main, argv + ["--overwrite_output_dir", "--max_predict_samples", "3"], capsys
+    )
+    assert code == 0, err[-3000:]
+    results = json.loads((out / "test_results.json").read_text())
+    assert (results["split"], results["sentences"]) == ("val[:3]", 3)  # not the val split's figure
+    assert len((out / "val.hyp.en").read_text().splitlines()) == 3
+    assert "\nval[:3]: BLEU" in printed
+
+    code, printed, err = invoke(
+        train_command.main, argv + ["--overwrite_output_dir", "--do_predict", "false"], capsys
+    )
+    assert code == 0, err[-3000:]
+    assert "--do_predict false: --test_split val is not translated after training" in err
+    assert not (out / "test_results.json").exists() and "BLEU" not in printed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A run's folder: what --overwrite_output_dir deletes, one run at a time, resuming
+# ---------------------------------------------------------------------------------------------------------------------
+USERS_FILES = {
+    "source/main.c": "int main(void) { return 0; }\n",
+    "runs/exp1/log.txt": "step 1 loss 9.1\n",
+    "paper_results.json": '{"bleu": 27.3}\n',
+    "config.json": '{"model_type": "bert", "hidden_size": 768}\n',
+}
+
+
+def _write(folder: Path, files: dict) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+def test_overwrite_output_dir_refuses_a_folder_of_the_users_own_work(corpus, tmp_path, capsys):
+    """Issue: `--overwrite_output_dir` on a folder of the user's work deleted it and exited 0."""
+    work = tmp_path / "work"
+    _write(work, USERS_FILES)
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, work, "--max_steps", "2", "--overwrite_output_dir"), capsys
+    )
+    assert_one_line_error(
+        code, err, f"--output_dir {work} holds files that are not a vaswani run", "config.json"
+    )
+    assert {p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()} == set(USERS_FILES)
+    assert all((work / name).read_text() == text for name, text in USERS_FILES.items())
+
+
+def test_overwrite_output_dir_removes_only_what_a_run_wrote(finished, corpus, tmp_path, capsys):
+    """A run's folder (here of a run from before the marker) that also holds the user's files: the earlier run's
+    files go, the user's stay, and the tool names what it kept. A user's file inside a folder that runs replace
+    whole (a checkpoint) is named and nothing is removed."""
+    out = _copy(finished[0], tmp_path)
+    (out / ".vaswani-run.json").unlink()
+    mine = {
+        name: text for name, text in USERS_FILES.items() if name != "config.json"
+    }  # the run's own is there
+    _write(out, {**mine, "checkpoint-8/notes.txt": "the best one\n"})
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))  # the earlier run's lock file too
+    argv = ["--max_steps", "2", "--save_steps", "2", "--overwrite_output_dir"]
+    code, _, err = invoke(train_command.main, run_args(corpus, out, *argv), capsys)
+    assert_one_line_error(code, err, "checkpoint-8/notes.txt", "move them out", "nothing was removed")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    (out / "checkpoint-8" / "notes.txt").rename(tmp_path / "notes.txt")
+    code, _, err = invoke(train_command.main, run_args(corpus, out, *argv), capsys)
+    assert code == 0, err[-3000:]
+    assert all((out / name).read_text() == text for name, text in mine.items())
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert not (out / "test_results.json").exists() and not (out / "val.hyp.en").exists()
+    assert "Left in" in err and "paper_results.json" in err and "runs/exp1/log.txt" in err
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_at_once(corpus, tmp_path, capsys):
+    """Issue: two runs into one folder both exited 0 with a mix of their checkpoints. The folder is locked for the
+    run (here by a process that took the tool's lock and is then killed with SIGKILL, which releases it)."""
+    out = tmp_path / "run"
+    script = (
+        "import sys, time\nfrom vaswani.recipe.run_folder import lock_output_dir\n"
+        "lock_output_dir(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        code, _, err = invoke(train_command.main, run_args(corpus, out, "--max_steps", "2"), capsys)
+        assert_one_line_error(code, err, f"--output_dir {out} is in use by another run (process {holder.pid}")
+        assert [p.name for p in out.iterdir()] == [".vaswani-run.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, out, "--max_steps", "2", "--save_steps", "2"), capsys
+    )
+    assert code == 0, err[-3000:]
+
+
+def _contents(folder: Path) -> dict[str, bytes | None]:
+    """Every entry under `folder` (relative path: a file's bytes, None for a folder), hidden ones included."""
+    return {
+        p.relative_to(folder).as_posix(): None if p.is_dir() else p.read_bytes() for p in folder.rglob("*")
+    }
+
+
+def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, tmp_path, capsys):
+    """Issue: a rerun refused with "already holds a run" had already written its own process into the folder's lock
+    file; a checkpoint that cannot be resumed from was refused after the folder was claimed (or created)."""
+    out = _copy(finished[0], tmp_path)
+    (out / ".vaswani-run.lock").write_text(
+        '{"pid": 1, "host": "elsewhere", "since": "2020-01-01 00:00:00"}\n'
+    )
+    before = _contents(out)
+    code, _, err = invoke(train_command.main, run_args(corpus, out, "--max_steps", "2"), capsys)
+    assert_one_line_error(code, err, "already holds a run")
+    assert _contents(out) == before
+    for checkpoint in (out / "checkpoint-9", out / "checkpoint-4" / "trainer_state.json"):
+        code, _, err = invoke(
+            train_command.main,
+            run_args(corpus, out, "--max_steps", "12", "--resume_from_checkpoint", checkpoint),
+            capsys,
+        )
+        assert_one_line_error(code, err, "--resume_from_checkpoint")
+        assert _contents(out) == before
+    new = tmp_path / "new" / "run"
+    argv = run_args(corpus, new, "--max_steps", "2", "--resume_from_checkpoint", out / "checkpoint-9")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--resume_from_checkpoint")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_time_budget_alone_bounds_the_run_and_a_run_inside_its_warmup_says_so(corpus, tmp_path, capfd):
+    """Issue: the README's `--max_train_minutes 10` run, without --max_steps, logged `Training (10 min or 357 steps)`:
+    the Trainer's default of 3 epochs capped it, inside its 4000 warm-up steps, without a word; its bar counted
+    seconds as steps ("103/600 s"). Here an epoch is one batch: 3 epochs would be 3 steps."""
+    argv = [str(a) for a in run_args(corpus, tmp_path / "timed", "--max_train_minutes", "0.05")]
+    argv[argv.index("--max_tokens") + 1], argv[argv.index("--warmup_steps") + 1] = "4096", "4000"
+    capfd.readouterr()
+    trainer = train_command.main(argv)
+    err = capfd.readouterr().err
+    # how many steps fit in 3 seconds depends on the machine's load; what must hold is that the plan is not 3 epochs
+    # (3 steps) and that the time budget ended the run
+    assert trainer.state.max_steps > 3 and "Time budget of 0.05 minutes reached" in err
+    assert "Training (0.05 min)" in err and " s [" not in err and "or 3 steps" not in err
+    assert "After the 0.05-minute budget:" in err
+    assert "--max_train_minutes 0.05 (about " in err and "ends the run inside the 4000 warm-up steps" in err
+    argv[argv.index("--max_train_minutes") : argv.index("--max_train_minutes") + 2] = ["--num_train_epochs", "2"]
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "epochs")
+    trainer = train_command.main(argv)
+    assert trainer.state.global_step == 2
+    assert "--num_train_epochs 2 (2 steps) ends the run inside the 4000 warm-up steps" in capfd.readouterr().err
+
+
+def test_a_run_with_separate_vocabularies_encodes_its_sources_with_the_source_tokenizer(corpus, tmp_path, capsys):
+    """The model folders of a `--separate_vocabularies` run also hold the Trainer's copy of the target tokenizer as
+    tokenizer.json, which was loaded as a joint one: the sources (the run's own test split too) were encoded with
+    the target vocabulary, without a word."""
+    from vaswani.recipe.tokenization import load_tokenizers
+    from vaswani.recipe.translation import load_translation_model
+
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "2", "--save_steps", "2", "--average_last", "1", "--separate_vocabularies")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert code == 0, err[-3000:]
+    source, target = load_tokenizers(out / "tokenizer")
+    assert source.tokenize("Ein Mann") != target.tokenize("Ein Mann")
+    for folder in (out, out / "averaged", out / "checkpoint-2"):
+        tokenizer = out / "tokenizer" if folder.name.startswith("checkpoint") else None
+        _, loaded_source, loaded_target = load_translation_model(folder, tokenizer, device="cpu")
+        assert loaded_source.tokenize("Ein Mann") == source.tokenize("Ein Mann"), folder
+        assert loaded_target.tokenize("A man") == target.tokenize("A man"), folder
+    # Publishing took that tokenizer.json for the model's only one; a published model has one shared tokenizer.
+    from vaswani.commands import push_to_hub as push_command
+
+    argv = ["--model_name_or_path", out / "averaged", "--dry_run", "--output_dir", tmp_path / "hub"]
+    code, _, err = invoke(push_command.main, argv, capsys)
+    assert_one_line_error(code, err, "holds separate source and target tokenizers")
+    argv = run_args(corpus, tmp_path / "pushed", "--max_steps", "2", "--separate_vocabularies", "--push_to_hub")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--push_to_hub publishes a model with one shared tokenizer")
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "pushed").exists()
+
+
+def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tmp_path, capsys):
+    """Issue: a run with --lenpen 1.0 translated its test split in the power form, but saved 1.0 with "gnmt" in
+    averaged/generation_config.json, so vaswani-translate (and an export) decoded the saved model otherwise."""
+    from vaswani.commands import translate as translate_command
+
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "4", "--save_steps", "2", "--average_last", "2", "--test_split", "val")
+    code, _, err = invoke(train_command.main, argv + ["--lenpen", "1.0", "--beam", "3"], capsys)
+    assert code == 0, err[-3000:]
+    results = json.loads((out / "test_results.json").read_text())
+    saved = json.loads((out / "averaged" / "generation_config.json").read_text())
+    decoding = ("num_beams", "length_penalty", "length_penalty_form")
+    assert {key: saved[key] for key in decoding} == {key: results[key] for key in decoding}
+    assert results["length_penalty_form"] == "power" and results["num_beams"] == 3
+    argv = ["--model_name_or_path", out / "averaged", "--input", corpus / "val.de", "--output", tmp_path / "hyp.en"]
+    assert invoke(translate_command.main, argv, capsys)[0] == 0
+    assert (tmp_path / "hyp.en").read_text() == Path(results["hypotheses"]).read_text()
+
+
+def test_a_command_refused_for_its_data_creates_and_writes_nothing(finished, corpus, tmp_path, capsys):
+    """Issue: `--source_lang ge` was refused, but the new --output_dir was left holding the run's marker and lock file.
+    The data is read before the folder is taken; a model to fine-tune whose weights do not match its config is
+    refused before that."""
+
+    def in_ge(out, *extra):  # the run's arguments with --source_lang ge, a language the corpus does not have
+        return ["ge" if arg == "de" else arg for arg in run_args(corpus, out, *extra)]
+
+    code, _, err = invoke(train_command.main, in_ge(tmp_path / "new" / "run", "--max_steps", "2"), capsys)
+    assert_one_line_error(code, err, "No 'ge' text for split")
+    assert not (tmp_path / "new").exists()
+    out = _copy(finished[0], tmp_path)
+    (out / ".vaswani-run.lock").write_text('{"pid": 1, "host": "elsewhere"}\n')
+    before = _contents(out)
+    resume = ["--max_steps", "12", "--resume_from_checkpoint", "last"]
+    code, _, err = invoke(train_command.main, in_ge(out, *resume), capsys)
+    assert_one_line_error(code, err, "No 'ge' text for split")
+    assert _contents(out) == before
+    wider = tmp_path / "wider"
+    shutil.copytree(out / "checkpoint-8", wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "encoder_ffn_dim": 48}))
+    argv = ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1"]
+    argv += ["--model_name_or_path", wider, "--output_dir", tmp_path / "tuned"]
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--model_name_or_path", "do not match its config.json")
+    assert not (tmp_path / "tuned").exists()
+
+
+def test_a_run_that_failed_before_training_does_not_block_its_rerun(corpus, tmp_path, capsys, monkeypatch):
+    """Issue: a corrupt test file was named only after the BPE was trained and the model built, and the same
+    command then refused to run again: "--output_dir ... already holds a run (tokenizer)". Every named input is read
+    before any work, and a run that trained no step is not a run to protect."""
+    from vaswani.recipe import run
+
+    data = tmp_path / "data"
+    shutil.copytree(corpus, data)
+    good = (data / "val.de").read_bytes()
+    lines = good.split(b"\n")
+    lines[2] = "Ein Mädchen läuft .".encode("latin-1")
+    (data / "val.de").write_bytes(b"\n".join(lines))
+    out = tmp_path / "run"
+    argv = run_args(corpus, out, "--max_steps", "2", "--save_steps", "2", "--test_file", data / "val")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "val.de, line 3: not UTF-8")
+    assert "Training the BPE" not in err and not (out / "tokenizer").exists()
+    (data / "val.de").write_bytes(good)
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert code == 0, err[-3000:]
+    assert json.loads((out / "test_results.json").read_text())["sentences"] == 8
+
+    # Failed after the tokenizer was trained: every training pair dropped by a --max_source_length too small.
+    out = tmp_path / "run2"
+    argv = run_args(corpus, out, "--max_steps", "2", "--save_steps", "2")
+    code, _, err = invoke(train_command.main, argv + ["--max_source_length", "1"], capsys)
+    assert_one_line_error(code, err, "training pairs were dropped")
+    assert (out / "tokenizer").is_dir()
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert code == 0, err[-3000:]
+    assert (
+        "Replacing a run that saved nothing of its training" in err and "Training the BPE" in err
+    )  # the earlier attempt's tokenizer replaced
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+
+    # A torn --tokenizer_name is named before any data is read.
+    (tmp_path / "torn").mkdir()
+    shutil.copy(out / "tokenizer" / "tokenizer.json", tmp_path / "torn" / "tokenizer.json")
+    text = (tmp_path / "torn" / "tokenizer.json").read_bytes()
+    (tmp_path / "torn" / "tokenizer.json").write_bytes(text[: len(text) // 2])
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was read before the tokenizer was checked")
+
+    monkeypatch.setattr(run, "load_split", no_data)
+    argv = run_args(corpus, tmp_path / "run3", "--max_steps", "2", "--tokenizer_name", tmp_path / "torn")
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, "--tokenizer_name", "corrupt or truncated")
+
+
+@pytest.mark.parametrize("damage", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "nan"])
+def test_a_damaged_checkpoint_is_refused_by_name_and_skipped_when_resuming_from_last(
+    finished, corpus, tmp_path, capsys, damage
+):
+    """Issue: without optimizer.pt or scheduler.pt the resumed run restarted Adam and the schedule, without
+    rng_state.pth its weights differed, and NaN weights were trained on and saved, all in silence."""
+    from safetensors.torch import load_file, save_file
+
+    out = _copy(finished[0], tmp_path)
+    checkpoint = out / "checkpoint-8"
+    if damage == "nan":
+        weights = load_file(checkpoint / "model.safetensors")
+        weights["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+        save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
+        reason = "holds NaN or infinite weights (model.encoder.layers.0.fc1.weight)"
+    else:
+        (checkpoint / damage).unlink()
+        reason = f"it has no {damage}"
+    argv = ["--max_steps", "10", "--save_steps", "4", "--test_split", "val"]
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", checkpoint), capsys
+    )
+    assert_one_line_error(code, err, "--resume_from_checkpoint", "checkpoint-8", reason)
+    if damage != "optimizer.pt":
+        return  # resuming from "last" skips each the same way: once is enough
+    code, _, err = invoke(
+        train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", "last"), capsys
+    )
+    assert code == 0, err[-3000:]
+    assert f"Skipping checkpoint {checkpoint}: " in err and reason in err
+    assert json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8
+    assert (out / "checkpoint-8" / "optimizer.pt").is_file()  # trained again from checkpoint-4
+
+
+def test_resuming_with_another_tokenizer_is_refused(finished, corpus, tmp_path, capsys):
+    """Issue: a run resumed with a different tokenizer of the same size trained one vocabulary's embeddings on the
+    other's ids."""
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers, train_bpe_tokenizer
+
+    out = _copy(finished[0], tmp_path)
+    own, _ = load_tokenizers(out / "tokenizer")
+    lines = (corpus / "train.en").read_text().splitlines() + (corpus / "train.de").read_text().splitlines()
+    other = train_bpe_tokenizer(
+        iter([line[::-1] for line in lines]), vocab_size=len(own), show_progress=False
+    )
+    assert len(other) == len(own)  # the same size: nothing else tells them apart
+    save_tokenizers(other, other, tmp_path / "other")
+    argv = ["--max_steps", "10", "--tokenizer_name", tmp_path / "other"]
+    for resume in (out / "checkpoint-8", "last"):
+        code, _, err = invoke(
+            train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", resume), capsys
+        )
+        # the error itself gives the reason, from "last" too, where every checkpoint is refused for it
+        assert_one_line_error(
+            code, err, "--resume_from_checkpoint", "trained with another tokenizer than this run's"
+        )
+    assert "(checkpoint-4, checkpoint-8), all for the same reason: " in err
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-8"]
+
+
+@pytest.mark.parametrize(
+    "where, field",
+    [("TrainingClock", "seconds_elapsed"), ("TimedCheckpoints", "interval"), (None, "best_bleu")],
+)
+def test_a_training_state_with_an_unknown_field_is_refused_by_file_and_field(
+    finished, corpus, tmp_path, capsys, where, field
+):
+    """Issue: a trainer_state.json with a field the run cannot take (written by another version, or edited) ended
+    the resume in `TypeError: TrainingClock.__init__() got an unexpected keyword argument`."""
+    out = _copy(finished[0], tmp_path)
+    for checkpoint in ("checkpoint-4", "checkpoint-8"):
+        path = out / checkpoint / "trainer_state.json"
+        state = json.loads(path.read_text())
+        if where is None:
+            state[field] = 1.0
+        else:
+            state["stateful_callbacks"].setdefault(where, {"args": {}, "attributes": {}})["args"][field] = 1.0
+        path.write_text(json.dumps(state))
+    argv = ["--max_steps", "10", "--save_steps", "4"]
+    for resume in (out / "checkpoint-8", "last"):
+        code, _, err = invoke(
+            train_command.main, run_args(corpus, out, *argv, "--resume_from_checkpoint", resume), capsys
+        )
+        assert_one_line_error(
+            code,
+            err,
+            "--resume_from_checkpoint",
+            "checkpoint-8/trainer_state.json",
+            f"unknown field '{field}'",
+        )
+    assert json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8
+
+
+def test_a_finished_run_killed_before_its_tokenizer_was_written_gets_it_back(
+    finished, corpus, tmp_path, capsys
+):
+    """Issue: SIGKILL after the final model but before the final tokenizer.json was renamed into place left a
+    finished run without its tokenizer, and resuming said 'nothing left to train'."""
+    out = _copy(finished[0], tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "training_summary.json"):
+        (out / name).unlink()
+    argv = ["--max_steps", "8", "--save_steps", "4", "--resume_from_checkpoint", "last"]
+    code, _, err = invoke(train_command.main, run_args(corpus, out, *argv), capsys)
+    assert code == 0, err[-3000:]
+    assert "already reached --max_steps 8" in err
+    assert (out / "tokenizer.json").read_bytes() == (out / "tokenizer" / "tokenizer.json").read_bytes()
+    assert json.loads((out / "training_summary.json").read_text())["steps"] == 8
+
+
+def _validation_loss(model_dir, corpus) -> float:
+    """The plain cross-entropy of a model folder on the corpus' val pairs."""
+    import torch
+
+    from vaswani.recipe.translation import load_translation_model
+
+    model, source, target = load_translation_model(model_dir, device="cpu")
+    sources, references = ((corpus / f"val.{lang}").read_text().splitlines() for lang in ("de", "en"))
+    inputs = source(sources, return_tensors="pt", padding=True)
+    labels = target(text_target=references, return_tensors="pt", padding=True)["input_ids"]
+    labels[labels == target.pad_token_id] = -100
+    with torch.no_grad():
+        return model(**inputs, labels=labels).loss.item()
+
+
+def test_the_readme_fine_tuning_example_lowers_the_validation_loss(finished, corpus, tmp_path, capsys):
+    """The README's fine-tuning command, with transformers' flags, on the tiny trained model and data (its paths and
+    its length made small: 16 steps, 4 of warm-up): the peak --learning_rate is reached and the loss goes down."""
+    import re
+    import shlex
+
+    readme = re.sub(r"\\\n\s*", " ", (Path(ROOT) / "README.md").read_text())
+    (line,) = [line for line in readme.splitlines() if line.startswith("vaswani-train --model_name_or_path")]
+    argv = shlex.split(line.removeprefix("vaswani-train"))
+    for flag, value in (
+        ("--model_name_or_path", finished[0]),
+        ("--dataset_name", corpus),
+        ("--output_dir", tmp_path / "tuned"),
+        ("--max_steps", 16),
+        ("--warmup_steps", 4),
+    ):
+        argv[argv.index(flag) + 1] = str(value)
+    assert {"--per_device_train_batch_size", "--learning_rate"} <= set(argv)
+    trainer = train_command.main(argv)
+    err = capsys.readouterr().err
+    assert "batches of 16 sentences per device" in err and "rising to its peak 5e-05 at step 4" in err
+    assert trainer.args.learning_rate == 5e-5
+    assert _validation_loss(tmp_path / "tuned", corpus) < _validation_loss(finished[0], corpus)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import tiny_tokenizer
+from helpers import ROOT, tiny_tokenizer, tool_model
 from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -333,3 +333,40 @@ def test_separate_tokenizers_of_two_trainings_are_not_loaded_as_one_pair(tmp_pat
         (tmp_path / "tok" / "source" / name).write_bytes((tmp_path / "new" / "source" / name).read_bytes())
     with pytest.raises(ValueError, match=r"are not one pair of tokenizers"):
         load_tokenizers(tmp_path / "tok")
+
+
+def test_the_tokenizer_of_a_model_folder_loads_silently(tmp_path):
+    """The tokenizer is a plain fast tokenizer: after `import vaswani`, `AutoTokenizer` loads it without a question
+    or a warning; where the package is missing, `PreTrainedTokenizerFast` does (AutoTokenizer reads the model's
+    config.json first, which is custom code there, so it asks for `trust_remote_code=True` as for any such model)."""
+    tokenizer = tiny_tokenizer()
+    tool_model(len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    expected = tokenizer("Ein Mann fährt Fahrrad.")["input_ids"]
+    env = {
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": ROOT,
+    }
+    for code in (
+        "import vaswani; vaswani.register(); from transformers import AutoTokenizer as T",  # README's registration
+        "import sys; sys.modules['vaswani'] = None; from transformers import PreTrainedTokenizerFast as T",
+        "import sys; sys.modules['vaswani'] = None; from functools import partial; "
+        "from transformers import AutoTokenizer; T = type('T', (), {'from_pretrained': staticmethod("
+        "partial(AutoTokenizer.from_pretrained, trust_remote_code=True))})",
+    ):
+        script = (
+            f"{code}\nprint(T.from_pretrained({str(tmp_path)!r})('Ein Mann fährt Fahrrad.')['input_ids'])"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == str(expected)
+        assert "Do you wish" not in result.stdout + result.stderr and "model of type" not in result.stderr

@@ -1,6 +1,6 @@
-"""Faults every tool meets alike (a folder that is not what it says, a missing file, a kill while writing): each
-tool gives the right result or a one-line error that names the file, line or flag (no traceback unless --debug).
-A fault of one tool is tested beside that tool's other tests."""
+"""Faults every tool meets alike (a folder that is not what it says, a missing file, a kill while writing):
+each tool gives the right result or a one-line error that names the file, line or flag (no traceback unless
+--debug). A fault of one tool is tested beside that tool's other tests."""
 
 import json
 import os

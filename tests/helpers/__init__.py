@@ -1,6 +1,7 @@
-"""What the tests share: the tiny model, tokenizer and corpus they run on, and how they run a tool and read its error.
-Test modules import from here (`from helpers import tiny_model`), never from each other; `conftest.py` holds the
-fixtures built from these. `train_runner.py` beside this file is a script the training tests run as a process."""
+"""What the tests share: the tiny model, tokenizer and corpus they run on, and how they run a tool and read
+its error. Test modules import from here (`from helpers import tiny_model`), never from each other;
+`conftest.py` holds the fixtures built from these. `train_runner.py` beside this file is a script the training
+tests run as a process."""
 
 import json
 import random
