@@ -716,3 +716,69 @@ def test_the_recipes_tools_translate_a_converted_folder(folders, tmp_path):
                 max_new_tokens=8,
             )  # the source's own length penalty, which the converted generation config keeps
         assert ours == [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+@pytest.fixture(scope="module")
+def converted_marian(tmp_path_factory):
+    """A small Marian model (sentencepiece vocabulary, no beginning-of-sentence id, a generation config without a
+    length penalty), taught to copy, and its `vaswani-convert` folder."""
+    from vaswani.interop.convert import convert
+
+    root = tmp_path_factory.mktemp("marian")
+    name = next(name for name, case in CASES.items() if case[0] == "marian")
+    source_model(name, root / "marian", steps=40)
+    convert(root / "marian", root / "converted")
+    return root / "marian", root / "converted"
+
+
+@pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
+def test_a_converted_marian_model_exports_and_translates_as_pytorch_does(converted_marian, tmp_path, engine):
+    """CTranslate2 needs a beginning-of-sentence token the Marian config lacks (the decoder start serves), and a
+    generation config without a length penalty decodes with transformers' default, 1.0."""
+    from vaswani.interop.engines import load_exported
+    from vaswani.interop.engines import translate as translate_exported
+    from vaswani.interop.export import export
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    _, converted = converted_marian
+    export(converted, tmp_path / engine, engine)
+    model, source, target = load_translation_model(converted)
+    sentences = ["▁a b c d", "c d e", "b a"]
+    expected = translate(sentences, model, source, target, show_progress=False)
+    loaded, source, target = load_exported(tmp_path / engine)
+    assert translate_exported(sentences, loaded, source, target, show_progress=False) == expected
+
+
+def test_exporting_an_unconverted_marian_folder_names_the_fix(converted_marian, tmp_path):
+    from vaswani.interop.export import export
+
+    marian, _ = converted_marian
+    with pytest.raises(ValueError, match=r"holds a 'marian' model, not a vaswani one: convert it first"):
+        export(marian, tmp_path / "out", "ctranslate2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_export_leaves_the_earlier_export_whole_and_no_folder_behind(
+    converted_marian, tmp_path, monkeypatch
+):
+    """Built beside its destination: a failure (here the exporter raises half-way) leaves the earlier export as it
+    was, and a first export that fails leaves nothing, so a retry is not refused."""
+    from vaswani.interop.export import export, to_onnx
+
+    _, converted = converted_marian
+    out = tmp_path / "onnx"
+    export(converted, out, "onnx")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+
+    def broken(model, output_dir):
+        (output_dir / to_onnx.ENCODER_FILE).write_bytes(b"half")
+        raise RuntimeError("killed half-way")
+
+    monkeypatch.setattr(to_onnx, "export_graphs", broken)
+    with pytest.raises(RuntimeError, match="half-way"):
+        export(converted, out, "onnx", force=True)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    with pytest.raises(RuntimeError, match="half-way"):
+        export(converted, tmp_path / "first", "onnx")
+    assert not (tmp_path / "first").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx"]  # no temporary folder left

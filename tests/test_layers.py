@@ -12,11 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import ROOT
+
 import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.utils_vaswani import CODE_FILES
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vaswani"
 LAYERS = ["model", "common", "publishing", "recipe", "interop", "commands"]
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset
-from tiny_translation_assets import tiny_tokenizer
+from helpers import ROOT, tiny_tokenizer
 from transformers import EvalPrediction, GenerationConfig, TrainerControl, TrainerState
 from transformers.trainer_utils import IntervalStrategy
 
@@ -23,7 +23,6 @@ from vaswani.recipe.evaluation import EvaluationClock, describe_decoding, sort_b
 from vaswani.recipe.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
 from vaswani.recipe.run import log_after_training
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {path.stem: path for path in sorted((ROOT / "recipes").glob("*.yaml"))}
 
 
@@ -297,7 +296,7 @@ def test_evaluate_reports_sacrebleu_and_the_papers_tokenized_bleu(tmp_path, caps
 def test_translate_with_references_reports_both_bleus(tmp_path, capsys, monkeypatch):
     """`vaswani-translate --references --moses_lang de` scores what it translated: here a model folder stands in,
     and the translation is the worked example's hypothesis."""
-    from conftest import tiny_model
+    from helpers import tiny_model
 
     from vaswani.commands import translate as translate_command
     from vaswani.recipe import translation
