@@ -14,8 +14,8 @@ empty, input order, `translation.Hypothesis` results.
 
 How each engine decodes, against the PyTorch model's `generate()`:
 
-- `OnnxEngine` runs the two graphs of `export.to_onnx` with ONNX Runtime: greedy search here, or the model's own beam
-  search, `generation_vaswani.BeamSearch` (transformers' beam search with either length-penalty form of
+- `OnnxEngine` runs the two graphs of `export.to_onnx` with ONNX Runtime and the model's own beam search (greedy
+  search as one beam without a length penalty, done at its first `</s>`), `generation_vaswani.BeamSearch` (transformers' beam search with either length-penalty form of
   `generation_vaswani.length_penalty_factor`: the paper's ((5 + |Y|) / 6)^alpha or |Y|^alpha), the one loop that
   `generate()` runs too. Same outputs as `generate()` with the same settings; it always computes the scores.
 - `CTranslate2Engine` runs CTranslate2's own search. Its beam search divides by |Y|^alpha only (the "power" form;
@@ -173,7 +173,7 @@ class CTranslate2Engine(Exported):
 # --------------------------------------------------------------------------------------------------------------------
 class OnnxEngine(Exported):
     """An ONNX export (encoder graph + decoder graph with its cache), run with ONNX Runtime on the CPU; the search is
-    this class's (`greedy_search`, `beam_search`)."""
+    this class's (`beam_search`, of one beam for greedy search)."""
 
     name = "onnx"
 
@@ -244,52 +244,13 @@ class OnnxEngine(Exported):
                 raise ValueError(
                     "greedy search returns one sequence per source: num_return_sequences must be 1"
                 )
-            return [[output] for output in self.greedy_search(mask, cross, max_new_tokens, min_new_tokens)]
-        decoding = self.decoding(length_penalty, length_penalty_form, early_stopping)
+            # greedy search as a beam search of one beam: without a length penalty, done at its first </s>
+            decoding = (0.0, "power", True)
+        else:
+            decoding = self.decoding(length_penalty, length_penalty_form, early_stopping)
         return self.beam_search(
             mask, cross, num_beams, max_new_tokens, *decoding, num_return_sequences, min_new_tokens
         )
-
-    def start(self, rows: int) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The decoder's first input (its start token per row) and its empty cache."""
-        return np.full((rows, 1), self.metadata["decoder_start_token_id"], dtype=np.int64), self.empty_cache(
-            rows
-        )
-
-    def next_log_probs(self, tokens, mask, past, cross, step: int, min_new_tokens: int):
-        """One step: the next token's log-probabilities (B, V), `</s>` barred before `min_new_tokens`, and the
-        extended cache."""
-        logits, past = self.decode(tokens, mask, past, cross)
-        log_probs = torch.from_numpy(logits[:, -1]).float().log_softmax(-1)
-        if step < min_new_tokens:
-            log_probs[:, self.eos] = -torch.inf
-        return log_probs, past
-
-    def greedy_search(self, mask, cross, max_new_tokens: int, min_new_tokens: int) -> list[Output]:
-        """The most probable token at each step until `</s>` or `max_new_tokens`, with each output's summed
-        log-probability (up to and with `</s>`); finished rows continue with padding."""
-        rows = mask.shape[0]
-        tokens, past = self.start(rows)
-        finished = torch.zeros(rows, dtype=torch.bool)
-        scores = torch.zeros(rows, dtype=torch.float64)
-        outputs = []
-        for step in range(max_new_tokens):
-            log_probs, past = self.next_log_probs(tokens, mask, past, cross, step, min_new_tokens)
-            chosen = log_probs.argmax(-1)
-            scores += log_probs.gather(1, chosen[:, None])[:, 0].double().masked_fill(finished, 0.0)
-            chosen = chosen.masked_fill(finished, self.metadata["pad_token_id"])
-            outputs.append(chosen)
-            finished |= chosen == self.eos
-            tokens = chosen[:, None].numpy()
-            if finished.all():
-                break
-        generated = torch.stack(outputs, dim=1).tolist()
-        return [
-            Output(self.until_eos(row), score) for row, score in zip(generated, scores.tolist(), strict=True)
-        ]
-
-    def until_eos(self, tokens: list[int]) -> list[int]:
-        return tokens[: tokens.index(self.eos) + 1] if self.eos in tokens else tokens
 
     def beam_search(
         self,
@@ -310,16 +271,21 @@ class OnnxEngine(Exported):
             raise ValueError(
                 f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
             )
+        eos, rows = self.eos, mask.shape[0] * k
         mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
         cross = [np.repeat(c, k, axis=0) for c in cross]
-        tokens, past = self.start(mask.shape[0])
+        tokens = np.full((rows, 1), self.metadata["decoder_start_token_id"], dtype=np.int64)
+        past = self.empty_cache(rows)
         beams = BeamSearch(
-            torch.from_numpy(tokens), k, 1 + max_new_tokens, self.eos, 1, alpha, form, early_stopping
+            torch.from_numpy(tokens), k, 1 + max_new_tokens, eos, 1, alpha, form, early_stopping
         )
         for step in range(max_new_tokens):
-            log_probs, past = self.next_log_probs(tokens, mask, past, cross, step, min_new_tokens)
+            logits, past = self.decode(tokens, mask, past, cross)
+            log_probs = torch.from_numpy(logits[:, -1]).float().log_softmax(-1)  # (B * k, V)
+            if step < min_new_tokens:
+                log_probs[:, eos] = -torch.inf
             candidates, scores, origins = beams.candidates(log_probs)
-            stops = (candidates[:, :, beams.cur_len] == self.eos) | (beams.cur_len + 1 == beams.max_length)
+            stops = (candidates[:, :, beams.cur_len] == eos) | (beams.cur_len + 1 == beams.max_length)
             order = beams.advance(candidates, scores, origins, stops).numpy()
             if beams.done(stops):
                 break
@@ -329,7 +295,7 @@ class OnnxEngine(Exported):
             tokens = beams.sequences()[:, -1:].numpy()
         sequences, scores, _ = beams.best(num_return_sequences)
         outputs = [
-            Output(self.until_eos(ids[1:]), score)
+            Output(ids[1 : ids.index(eos, 1) + 1] if eos in ids[1:] else ids[1:], score)
             for ids, score in zip(sequences.tolist(), scores.tolist(), strict=True)
         ]
         return [outputs[i : i + num_return_sequences] for i in range(0, len(outputs), num_return_sequences)]
