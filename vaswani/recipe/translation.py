@@ -157,20 +157,18 @@ def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep input order
     batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: ties keep input order
+        current = batches[-1] if batches else []
         # Sorted longest first, so the batch's first sentence is its longest.
-        too_many_tokens = (
-            max_tokens is not None and current and (len(current) + 1) * lengths[current[0]] > max_tokens
-        )
-        if current and (len(current) == batch_size or too_many_tokens):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
+        if (
+            current
+            and len(current) < batch_size
+            and (len(current) + 1) * lengths[current[0]] <= (max_tokens or math.inf)
+        ):
+            current.append(i)
+        else:
+            batches.append([i])
     return batches
 
 
@@ -378,20 +376,3 @@ def score_translations(
             raise ValueError(f"moses_lang reports the fixed record; drop {sorted(bleu_kwargs)}")
         return reported_scores(translations, per_segment, moses_lang, lowercase=lowercase)
     return compute_bleu(translations, per_segment, **bleu_kwargs)
-
-
-__all__ = [
-    "Hypothesis",
-    "check_decoding",
-    "format_n_best",
-    "length_penalty_of",
-    "load_translation_model",
-    "make_batches",
-    "read_sentences",
-    "score_translations",
-    "stdin_lines",
-    "translate",
-    "translate_n_best",
-    "write_lines",
-    "write_sentences",
-]
