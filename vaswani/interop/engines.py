@@ -41,7 +41,7 @@ import torch
 from ..common.fileio import read_json
 from ..generation_vaswani import BeamSearch
 from ..recipe.tokenization import load_tokenizers
-from ..recipe.translation import translate, translate_n_best  # an engine in place of the model
+from ..recipe.translation import translate, translate_n_best  # noqa: F401 (an engine in place of the model)
 from .export import ENGINES, read_metadata
 
 logger = logging.getLogger(__name__)
@@ -80,8 +80,6 @@ class Exported:
 class CTranslate2Engine(Exported):
     """A CTranslate2 export, decoded by `ctranslate2.Translator` (greedy or beam search, n-best)."""
 
-    name = "ctranslate2"
-
     def __init__(
         self, folder: str | os.PathLike, device: str = "cpu", compute_type: str = "default", threads: int = 0
     ):
@@ -91,15 +89,9 @@ class CTranslate2Engine(Exported):
         self.translator = ctranslate2.Translator(
             str(folder), device=device, compute_type=compute_type, intra_threads=threads
         )
-        shared = (
-            self.folder / "shared_vocabulary.json"
-        )  # CTranslate2 writes one file when both sides are equal
-        vocabularies = (
-            [shared] * 2
-            if shared.is_file()
-            else [self.folder / f"{s}_vocabulary.json" for s in ("source", "target")]
-        )
-        self.source_tokens, target_tokens = map(read_json, vocabularies)
+        # CTranslate2 writes one vocabulary file when both sides are equal
+        sides = ("shared", "shared") if (self.folder / "shared_vocabulary.json").is_file() else ("source", "target")
+        self.source_tokens, target_tokens = (read_json(self.folder / f"{side}_vocabulary.json") for side in sides)
         self.target_ids = {token: i for i, token in enumerate(target_tokens)}
         self.max_positions = self.metadata["max_positions"]
         self.warned = False  # about the length-penalty form, once
@@ -173,9 +165,7 @@ class CTranslate2Engine(Exported):
 # --------------------------------------------------------------------------------------------------------------------
 class OnnxEngine(Exported):
     """An ONNX export (encoder graph + decoder graph with its cache), run with ONNX Runtime on the CPU; the search is
-    this class's (`beam_search`, of one beam for greedy search)."""
-
-    name = "onnx"
+    the model's own beam search (`generate`)."""
 
     def __init__(self, folder: str | os.PathLike, threads: int = 0):
         import onnxruntime
@@ -232,53 +222,30 @@ class OnnxEngine(Exported):
         min_new_tokens: int = 0,
         with_scores: bool = True,
     ) -> list[list[Output]]:
-        """Decode a batch of sources (id lists, `</s>` included; right-padded here), as `generate()` does."""
+        """Decode a batch of sources (id lists, `</s>` included; right-padded here) as `generate()` does, with the
+        model's own beam search (`generation_vaswani.BeamSearch`): a finished hypothesis' summed log-probability is
+        divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts the generated tokens, `</s>` included); a
+        hypothesis stops at `</s>` or at `max_new_tokens`. Greedy search is one beam without a length penalty, done
+        at its first `</s>`."""
+        k, eos = num_beams, self.eos
+        if k == 1 and num_return_sequences != 1:
+            raise ValueError("greedy search returns one sequence per source: num_return_sequences must be 1")
+        if not 1 <= num_return_sequences <= k:
+            raise ValueError(f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}")
+        alpha, form, early_stopping = (
+            (0.0, "power", True) if k == 1 else self.decoding(length_penalty, length_penalty_form, early_stopping)
+        )
         longest = max(len(ids) for ids in input_ids)
         ids = np.full((len(input_ids), longest), self.metadata["pad_token_id"], dtype=np.int64)
         mask = np.zeros_like(ids)
         for row, sentence in enumerate(input_ids):
             ids[row, : len(sentence)], mask[row, : len(sentence)] = sentence, 1
         _, cross = self.encode(ids, mask)
-        if num_beams == 1:
-            if num_return_sequences != 1:
-                raise ValueError(
-                    "greedy search returns one sequence per source: num_return_sequences must be 1"
-                )
-            # greedy search as a beam search of one beam: without a length penalty, done at its first </s>
-            decoding = (0.0, "power", True)
-        else:
-            decoding = self.decoding(length_penalty, length_penalty_form, early_stopping)
-        return self.beam_search(
-            mask, cross, num_beams, max_new_tokens, *decoding, num_return_sequences, min_new_tokens
-        )
-
-    def beam_search(
-        self,
-        mask,
-        cross,
-        k: int,
-        max_new_tokens: int,
-        alpha: float,
-        form: str,
-        early_stopping: bool | str,
-        num_return_sequences: int,
-        min_new_tokens: int,
-    ) -> list[list[Output]]:
-        """The model's own beam search (`generation_vaswani.BeamSearch`, as `generate()` runs it) on the ONNX graphs:
-        a finished hypothesis' summed log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y|
-        counts the generated tokens, `</s>` included); a hypothesis stops at `</s>` or at `max_new_tokens`."""
-        if not 1 <= num_return_sequences <= k:
-            raise ValueError(
-                f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
-            )
-        eos, rows = self.eos, mask.shape[0] * k
         mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
         cross = [np.repeat(c, k, axis=0) for c in cross]
-        tokens = np.full((rows, 1), self.metadata["decoder_start_token_id"], dtype=np.int64)
-        past = self.empty_cache(rows)
-        beams = BeamSearch(
-            torch.from_numpy(tokens), k, 1 + max_new_tokens, eos, 1, alpha, form, early_stopping
-        )
+        tokens = np.full((len(mask), 1), self.metadata["decoder_start_token_id"], dtype=np.int64)
+        past = self.empty_cache(len(mask))
+        beams = BeamSearch(torch.from_numpy(tokens), k, 1 + max_new_tokens, eos, 1, alpha, form, early_stopping)
         for step in range(max_new_tokens):
             logits, past = self.decode(tokens, mask, past, cross)
             log_probs = torch.from_numpy(logits[:, -1]).float().log_softmax(-1)  # (B * k, V)
@@ -289,9 +256,8 @@ class OnnxEngine(Exported):
             order = beams.advance(candidates, scores, origins, stops).numpy()
             if beams.done(stops):
                 break
-            past = [
-                np.take(cache, order, axis=0) for cache in past
-            ]  # the cache rows each continuing beam extends
+            # the cache rows each continuing beam extends
+            past = [np.take(cache, order, axis=0) for cache in past]
             tokens = beams.sequences()[:, -1:].numpy()
         sequences, scores, _ = beams.best(num_return_sequences)
         outputs = [
@@ -324,13 +290,3 @@ def load_exported(folder: str | os.PathLike, engine: str | None = None, **option
     loaded = load_engine(folder, engine, **options)  # first: a folder that is no export is named as such
     return (loaded, *load_tokenizers(folder))
 
-
-__all__ = [
-    "CTranslate2Engine",
-    "OnnxEngine",
-    "Output",
-    "load_engine",
-    "load_exported",
-    "translate",
-    "translate_n_best",
-]
