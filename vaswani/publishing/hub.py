@@ -20,7 +20,6 @@ The card and the two JSON files it reports (evaluation results, training summary
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -188,7 +187,7 @@ def check_folder(folder: str | os.PathLike) -> None:
         required.add("model.safetensors.index.json")
     if extra := sorted(names - required - shards):
         raise PublishError(f"{str(folder)!r} holds files that should not be published: {extra}.")
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = read_json(folder / "config.json")
     if config.get("auto_map") != AUTO_CLASSES:
         raise PublishError(f"config.json has auto_map {config.get('auto_map')}, expected {AUTO_CLASSES}.")
     impl = config.get("custom_pipelines", {}).get("translation", {}).get("impl")

@@ -193,9 +193,14 @@ def _is_hub_dataset(name: str) -> bool:
     return True
 
 
-def _dataset_type(name: str) -> str:
-    """The model-index `dataset.type`: the Hub id, or the folder or file name of a local dataset."""
-    return name if _is_hub_dataset(name) else Path(name).name.split(".")[0] or "custom"
+def _dataset_id(named: str | None, dataset_tags: list[str] | None) -> str | None:
+    """How the card names a dataset (the model-index `dataset.type`, the training data): its Hub id; for a local
+    copy, the first of `dataset_tags` (the Hub ids of the data), else the folder or file name."""
+    if named and _is_hub_dataset(named):
+        return named
+    if dataset_tags:
+        return dataset_tags[0]
+    return named and (Path(named).name.split(".")[0] or "custom")
 
 
 # The license of a card whose publisher chose none: "other", with the card saying that the training data's terms
@@ -215,10 +220,8 @@ def card_metadata(
     `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
     id the card could name)."""
     eval_results = None
-    hub_name = dataset_tags[0] if dataset_tags else None
     if results is not None:
-        named = results.dataset or (summary.dataset if summary else None) or "custom"
-        dataset_type = hub_name if hub_name and not _is_hub_dataset(named) else _dataset_type(named)
+        dataset_type = _dataset_id(results.dataset or (summary.dataset if summary else None) or "custom", dataset_tags)
         common = dict(
             task_type="translation",
             task_name="Translation",
@@ -263,15 +266,6 @@ def card_metadata(
     )
 
 
-def _training_data(summary: TrainingSummary | None, dataset_tags: list[str] | None) -> str | None:
-    """How the card names the training data: its Hub id, else the name of its local folder or file."""
-    if summary is None or not summary.dataset:
-        return dataset_tags[0] if dataset_tags else None
-    if _is_hub_dataset(summary.dataset) or not dataset_tags:
-        return _dataset_type(summary.dataset)
-    return dataset_tags[0]
-
-
 def lowercases(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`)."""
     normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
@@ -313,7 +307,7 @@ def render_card(
         generation=model.generation_config,
         results=results,
         summary=summary,
-        training_data=_training_data(summary, dataset_tags),
+        training_data=_dataset_id(summary.dataset if summary else None, dataset_tags),
         license_chosen=bool(license),
         test_data=data.eval_results[0].dataset_name if data.eval_results else None,
         example_text=example_text,

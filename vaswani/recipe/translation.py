@@ -109,13 +109,10 @@ def load_translation_model(
         )
     if int8:
         model_kwargs.update(quantization_config=int8_quantization_config(), device_map="cpu")
-    model = load_model(model_path, **model_kwargs)
-    model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
+    model = load_model(model_path, **model_kwargs).to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
     if device.type == "cpu":
         use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
-    if (
-        tokenizer_path is None and not Path(model_path).is_dir()
-    ):  # a Hub model: its tokenizer files, from the cache
+    if tokenizer_path is None and not Path(model_path).is_dir():  # a Hub model: its tokenizer files, from the cache
         tokenizer_path = snapshot_download(str(model_path), allow_patterns=TOKENIZER_PATTERNS)
     source_tokenizer, target_tokenizer = load_model_tokenizers(model_path, tokenizer_path)
     logger.info(
@@ -273,39 +270,30 @@ def translate_n_best(
 
 
 def _generate(model: PreTrainedModel, tokenizer, sources: list[list[int]], with_scores: bool, settings: dict):
-    """`model.generate` on a batch of id lists: `num_return_sequences` (ids, score) rows per source."""
+    """`model.generate` on a batch of id lists: `num_return_sequences` (ids, score) rows per source. The score of
+    beam search is the beam's own; of greedy search, the summed log-probabilities of the tokens up to `</s>`."""
     inputs = tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(model.device)
-    output = model.generate(
-        **inputs, **settings, output_scores=with_scores, return_dict_in_generate=with_scores
-    )
-    sequences = output.sequences if with_scores else output
-    scores = _sequence_scores(model, output, settings["num_beams"]) if with_scores else [0.0] * len(sequences)
+    output = model.generate(**inputs, **settings, output_scores=with_scores, return_dict_in_generate=with_scores)
+    if not with_scores:
+        sequences, scores = output, [0.0] * len(output)
+    elif settings["num_beams"] > 1:
+        sequences, scores = output.sequences, output.sequences_scores.tolist()
+    else:
+        sequences = output.sequences
+        steps = model.compute_transition_scores(sequences, output.scores, normalize_logits=True)  # (B, T)
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, int) else (eos[0] if eos else -1)  # -1: no token ends a row
+        # a token counts up to and including the first </s>; after it, the rows are padding
+        is_eos = (sequences[:, -steps.shape[1] :] == eos).long()
+        scores = steps.masked_fill(is_eos.cumsum(dim=1) - is_eos > 0, 0.0).sum(dim=1).tolist()
     rows, n = list(zip(sequences.tolist(), scores, strict=True)), settings["num_return_sequences"]
     return [rows[k * n : (k + 1) * n] for k in range(len(sources))]
-
-
-def _sequence_scores(model: PreTrainedModel, output, num_beams: int) -> list[float]:
-    """Beam search: the beams' own scores. Greedy: the summed log-probabilities of the tokens up to `</s>`."""
-    if num_beams > 1:
-        return output.sequences_scores.tolist()
-    steps = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)  # (B, T)
-    generated = output.sequences[:, -steps.shape[1] :]
-    eos = model.generation_config.eos_token_id
-    eos = eos if isinstance(eos, int) else (eos[0] if eos else None)
-    # a token counts up to and including the first </s>; after it, the rows are padding
-    ended_before = torch.zeros_like(generated, dtype=torch.bool)
-    if eos is not None:
-        is_eos = (generated == eos).long()
-        ended_before = (is_eos.cumsum(dim=1) - is_eos) > 0
-    return steps.masked_fill(ended_before, 0.0).sum(dim=1).tolist()
 
 
 def read_sentences(path: str | os.PathLike | None) -> list[str]:
     """The lines of a UTF-8 file (`.gz` allowed), or of standard input for `None` or "-". A line that is not UTF-8
     raises `ValueError` naming the file (or standard input) and the line."""
-    if path is None or str(path) == "-":
-        return list(stdin_lines())
-    return list(read_lines(path))
+    return list(stdin_lines() if path is None or str(path) == "-" else read_lines(path))
 
 
 def stdin_lines() -> Iterator[str]:
