@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from helpers import ROOT, SENTENCES, SHAPES, tiny_tokenizer, translation_model
+from helpers import BIN, ROOT, SENTENCES, SHAPES, tiny_tokenizer, translation_model
 
 from vaswani.commands.export import main
 from vaswani.generation_vaswani import BEAM_SEARCH_OVER_ANY_VOCABULARY
@@ -359,6 +359,16 @@ def test_command_line_exports_and_says_what_went_wrong_in_one_line(saved, tmp_pa
         error = [line for line in capsys.readouterr().err.splitlines() if "vaswani-export: error:" in line]
         assert exit_info.value.code in (1, 2) and len(error) == 1 and named in error[0]
 
+
+
+def test_the_onnx_export_command_prints_only_what_concerns_its_user(saved, tmp_path):
+    """torch's exporter warns of its own deprecated calls and of the torchvision operators it skips; `vaswani-export`
+    silences exactly those messages."""
+    out = tmp_path / "onnx"
+    flags = ["--model_name_or_path", str(saved[1]), "--engine", "onnx", "--output_dir", str(out)]
+    done = subprocess.run([BIN / "vaswani-export", *flags], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and (out / "decoder.onnx").is_file(), done.stderr[-3000:]
+    assert "Warning" not in done.stderr and "torchvision" not in done.stderr, done.stderr[-3000:]
 
 def test_script_is_the_command_line():
     done = subprocess.run(

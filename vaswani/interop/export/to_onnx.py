@@ -133,9 +133,10 @@ def export_graphs(model, output_dir: Path) -> None:
     for module, inputs, name, input_names, output_names, dynamic_shapes in graphs:
         logger.info("Exporting %s", name)
         with warnings.catch_warnings():
-            # One Dim object names the same size in several inputs; the exporter warns that it keeps one name.
+            # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
+            # exporter itself still calls a `_pytree` name that torch deprecates.
             warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
-            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
             torch.onnx.export(
                 module.eval(),
                 inputs,
