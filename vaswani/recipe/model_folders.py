@@ -120,35 +120,30 @@ def check_hub_model(name: str) -> None:
     `_looks_local`), a name not in the cache while offline (`HF_HUB_OFFLINE=1`), a repository the Hub does not have,
     or a Hub that cannot be reached (one request, no retries: transformers' loading retries for about a minute).
     A gated repository is left to `from_pretrained`, which says how to ask for access."""
-    missing = f"No model folder at {name}"
     if _looks_local(name):
         raise FileNotFoundError(
-            f"{missing}: no such path (and {name!r} is not a Hub model id 'namespace/name')"
+            f"No model folder at {name}: no such path (and {name!r} is not a Hub model id 'namespace/name')"
         )
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return  # downloaded before: from_pretrained finds it, online or not
     if huggingface_hub.constants.HF_HUB_OFFLINE:
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub model {name} is not in the local cache "
-            "(offline: HF_HUB_OFFLINE is set)"
-        )
-    try:
-        get_hf_file_metadata(hf_hub_url(name, "config.json"))  # one HEAD request, no retries
-    except GatedRepoError:
-        return
-    except RepositoryNotFoundError:
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub has no model {name} (nor one this login may read)"
-        ) from None
-    except EntryNotFoundError:
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub repository {name} has no config.json (not a model)"
-        ) from None
-    except Exception as error:  # the HTTP client's connection errors and timeouts, a server error
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub could not be reached to look for a model of that name "
-            f"({' '.join(str(error).split()) or type(error).__name__})"
-        ) from None
+        reason = f"the Hub model {name} is not in the local cache (offline: HF_HUB_OFFLINE is set)"
+    else:
+        try:
+            get_hf_file_metadata(hf_hub_url(name, "config.json"))  # one HEAD request, no retries
+            return
+        except GatedRepoError:
+            return
+        except RepositoryNotFoundError:
+            reason = f"the Hub has no model {name} (nor one this login may read)"
+        except EntryNotFoundError:
+            reason = f"the Hub repository {name} has no config.json (not a model)"
+        except Exception as error:  # the HTTP client's connection errors and timeouts, a server error
+            reason = (
+                "the Hub could not be reached to look for a model of that name "
+                f"({' '.join(str(error).split()) or type(error).__name__})"
+            )
+    raise FileNotFoundError(f"No model folder at {name}: no such path, and {reason}")
 
 
 @dataclass(frozen=True)
