@@ -169,22 +169,14 @@ def _json_files(directory: Path) -> dict[str, Path]:
 def _to_language_columns(ds: Dataset, src_lang: str, tgt_lang: str, origin: str) -> Dataset:
     """Reduce either dataset shape to the two columns `[src_lang, tgt_lang]`."""
     if "translation" in ds.column_names and not {src_lang, tgt_lang} <= set(ds.column_names):
-        feature = ds.features["translation"]
-        if isinstance(feature, datasets.Translation):
-            languages = feature.languages
-        else:
-            languages = list(feature) if isinstance(feature, dict) else []
-        missing = [lang for lang in (src_lang, tgt_lang) if lang not in languages]
-        if missing:
+        flat = ds.select_columns(["translation"]).flatten()  # a column "translation.{lang}" per language
+        languages = [name.removeprefix("translation.") for name in flat.column_names if name != "translation"]
+        if missing := [lang for lang in (src_lang, tgt_lang) if lang not in languages]:
             raise ValueError(
                 f"{origin}: no language {missing} in its 'translation' column (it has {languages})"
             )
-        flat = ds.select_columns(["translation"]).flatten()
-        return flat.select_columns([f"translation.{src_lang}", f"translation.{tgt_lang}"]).rename_columns(
-            {f"translation.{src_lang}": src_lang, f"translation.{tgt_lang}": tgt_lang}
-        )
-    missing = [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]
-    if missing:
+        ds = flat.rename_columns({f"translation.{lang}": lang for lang in languages})
+    if missing := [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]:
         raise ValueError(
             f"{origin}: no column for language {missing} (columns: {ds.column_names}); expected a 'translation' "
             "column of {language: text} dicts or one column per language"
@@ -196,8 +188,7 @@ def _select_and_normalize(
     dataset: DatasetDict, splits: Splits, src_lang: str, tgt_lang: str, origin: str
 ) -> DatasetDict:
     mapping = _split_mapping(splits, list(dataset))
-    missing = [name for name in mapping.values() if name not in dataset]
-    if missing:
+    if missing := [name for name in mapping.values() if name not in dataset]:
         raise ValueError(f"{origin} has no split {missing} (it has {list(dataset)})")
     return DatasetDict(
         {
@@ -459,6 +450,14 @@ def _encode_split(
         desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
         **map_args,
     )
+    if limits is not None:
+        logger.info(
+            "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
+            split,
+            len(ds) - len(encoded),
+            len(ds),
+            *limits,
+        )
     return encoded.with_format(None)
 
 
@@ -508,27 +507,11 @@ def tokenize_dataset(
         raise ValueError(
             f"filter_splits names splits the dataset lacks: {sorted(unknown)} (it has {list(dataset)})"
         )
-    result, dropped = DatasetDict(), {}
+    toks, langs = (src_tok, tgt_tok), (src_lang, tgt_lang)
+    result = DatasetDict()
     for split, ds in dataset.items():
         limits = (max_length, max_target_length) if split in filtered else None
         result[split] = _encode_split(
-            ds,
-            split,
-            (src_tok, tgt_tok),
-            (src_lang, tgt_lang),
-            keep_text,
-            limits,
-            num_proc=num_proc,
-            batch_size=batch_size,
+            ds, split, toks, langs, keep_text, limits, num_proc=num_proc, batch_size=batch_size
         )
-        dropped[split] = len(ds) - len(result[split])
-        if limits is not None:
-            logger.info(
-                "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
-                split,
-                dropped[split],
-                len(ds),
-                max_length,
-                max_target_length,
-            )
-    return result, dropped
+    return result, {split: len(dataset[split]) - len(result[split]) for split in dataset}
