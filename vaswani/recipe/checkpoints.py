@@ -281,7 +281,7 @@ def restore_finished_run(trainer: Trainer, checkpoint: str) -> None:
         for path in Path(checkpoint).iterdir():
             if (
                 path.is_file()
-                and path.suffix not in (".pt", ".pth", ".bin")
+                and not path.name.endswith((".pt", ".pth", ".bin"))
                 and path.name != "trainer_state.json"
             ):
                 shutil.copy2(path, building / path.name)

@@ -228,13 +228,19 @@ def _load_json(
         raise FileNotFoundError(
             f"No JSON-lines file for split {missing[0]!r}: expected {expected} (found {files})"
         )
-    dataset = DatasetDict()
-    for wanted, name in mapping.items():
-        if not any(line.strip() for line in read_lines(files[name])):  # also checks that it is UTF-8
-            raise ValueError(f"{files[name]} is empty: no sentence pairs to load")
-        loaded = datasets.load_dataset("json", data_files={"data": str(files[name])}, cache_dir=cache_dir)
-        dataset[wanted] = _to_language_columns(loaded["data"], src_lang, tgt_lang, str(files[name]))
-    return dataset
+    return DatasetDict(
+        {
+            wanted: _load_json_file(files[name], src_lang, tgt_lang, cache_dir)
+            for wanted, name in mapping.items()
+        }
+    )
+
+
+def _load_json_file(file: Path, src_lang: str, tgt_lang: str, cache_dir: str | None) -> Dataset:
+    if not any(line.strip() for line in read_lines(file)):  # also checks that it is UTF-8
+        raise ValueError(f"{file} is empty: no sentence pairs to load")
+    loaded = datasets.load_dataset("json", data_files={"data": str(file)}, cache_dir=cache_dir)["data"]
+    return _to_language_columns(loaded, src_lang, tgt_lang, str(file))
 
 
 def load_parallel_dataset(
@@ -291,13 +297,9 @@ def load_parallel_dataset(
     if path.is_absolute() or origin.startswith(".") or origin.count("/") > 1:
         raise FileNotFoundError(f"No such file or directory: {origin}")
     loaded = datasets.load_dataset(origin, name=config_name, revision=revision, cache_dir=cache_dir)
-    return _check_not_empty(_select_and_normalize(loaded, splits, src_lang, tgt_lang, origin), origin)
-
-
-def _check_not_empty(dataset: DatasetDict, origin: str) -> DatasetDict:
-    for split, ds in dataset.items():
-        if len(ds) == 0:
-            raise ValueError(f"{origin}: split {split!r} holds no sentence pairs")
+    dataset = _select_and_normalize(loaded, splits, src_lang, tgt_lang, origin)
+    if empty := [split for split, ds in dataset.items() if len(ds) == 0]:
+        raise ValueError(f"{origin}: split {empty[0]!r} holds no sentence pairs")
     return dataset
 
 
@@ -321,7 +323,7 @@ def load_parallel_file(
     files = parallel_file_paths(path, src_lang, tgt_lang)
     cache_dir = None if cache_dir is None else str(cache_dir)
     if len(files) == 1:
-        return _load_json(files[0], src_lang, tgt_lang, ["train"], cache_dir)["train"]
+        return _load_json_file(files[0], src_lang, tgt_lang, cache_dir)
     source, target = files
     split = _load_text_split(source, target, src_lang, tgt_lang, cache_dir)
     logger.info("Loaded %d pairs from %s and %s", len(split), source, target)
