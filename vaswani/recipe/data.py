@@ -357,7 +357,7 @@ def _rust_ids(encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def _python_ids(tok, texts: list[str]) -> list[list[int]]:
-    return tok(texts, truncation=False)["input_ids"]
+    return tok(texts, truncation=False)["input_ids"] if texts else []  # a batch whose every pair was dropped
 
 
 def _encoder(tok):
