@@ -162,6 +162,7 @@ class TokenBudgetBatchSampler:
         if int(lengths.min()) < 0:
             raise ValueError(f"Example {int(lengths.argmin())} has a negative length, {int(lengths.min())}.")
         self.lengths = lengths.astype(np.min_scalar_type(longest), copy=False)
+        self._index_dtype = np.int32 if len(lengths) < 2**31 else np.int64
         self._counts = np.bincount(self.lengths)
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
@@ -191,21 +192,25 @@ class TokenBudgetBatchSampler:
             cursor += counts
         return grouped
 
+    def epoch_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """This epoch as arrays: the example indices sorted by length (random among equals), and the order in which the
+        batches `order[offsets[b]:offsets[b + 1]]` are taken."""
+        indices = np.arange(len(self.lengths), dtype=self._index_dtype)
+        if not self.shuffle:
+            return self._group_by_length(indices), np.arange(len(self), dtype=np.int64)
+        rng = np.random.default_rng([self.seed, self.epoch])
+        rng.shuffle(indices)  # the draws of rng.permutation(len(lengths)), in 4 bytes per example
+        order = self._group_by_length(indices)
+        return order, rng.permutation(len(self))
+
     def batches(self) -> list[list[int]]:
         """Every batch of this epoch as lists of indices (for inspection; training iterates the sampler)."""
         return list(self)
 
     def __iter__(self) -> Iterator[list[int]]:
-        """This epoch's batches `order[offsets[b]:offsets[b + 1]]`: the example indices sorted by length (random among
-        equals), the batches taken in a random order."""
-        indices = np.arange(len(self.lengths), dtype=np.int32 if len(self.lengths) < 2**31 else np.int64)
-        batch_order = range(len(self))
-        if self.shuffle:
-            rng = np.random.default_rng([self.seed, self.epoch])
-            rng.shuffle(indices)  # the draws of rng.permutation(len(lengths)), in 4 bytes per example
-            batch_order = rng.permutation(len(self)).tolist()
-        order, offsets = self._group_by_length(indices), self._offsets
-        for b in batch_order:
+        order, batch_order = self.epoch_order()
+        offsets = self._offsets
+        for b in batch_order.tolist():
             yield order[offsets[b] : offsets[b + 1]].tolist()
 
     def __len__(self) -> int:
