@@ -55,10 +55,6 @@ _ENCODED_FEATURES = {
 _ENCODED_COLUMNS = tuple(_ENCODED_FEATURES)
 
 
-def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (`.gz` decompressed on the fly) without their line ending.
 
@@ -71,7 +67,7 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
     path = Path(path)
     number = 0
     try:
-        with _open_binary(path) as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
                 try:
                     line = raw.decode("utf-8")
