@@ -177,23 +177,16 @@ def training_loss(
     (`losses.fused_output_loss`, unless `fused_output` is False), else the model's logits into
     `losses.label_smoothed_loss`."""
     decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
+    inputs = {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "decoder_input_ids": decoder_input_ids,
+    }
     if name == "vaswani":
-        inputs = {
-            "input_ids": batch["input_ids"],
-            "attention_mask": batch["attention_mask"],
-            "decoder_input_ids": decoder_input_ids,
-        }
         if fused_output and model.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             return fused_output_loss(model, {**inputs, "labels": batch["labels"]}, eps)
         return label_smoothed_loss(model(**inputs), batch["labels"], epsilon=eps)
-    if name == "marian":
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            decoder_input_ids=decoder_input_ids,
-        ).logits
-    else:
-        logits = model(batch["input_ids"], batch["attention_mask"], decoder_input_ids)
+    logits = model(**inputs).logits if name == "marian" else model(*inputs.values())
     return label_smoothed_ce(logits, batch["labels"], eps)
 
 

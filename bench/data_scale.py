@@ -26,7 +26,6 @@ sampler alone on `--pairs` random lengths (e.g. 36,000,000, WMT en-fr).
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -242,12 +241,6 @@ def corpus(work_dir: Path, pairs: int) -> Path:
     return folder
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(
     child: str, record: Path, processes: int, tool_args: list[str], own: tuple = ()
 ) -> tuple[list, float]:
@@ -262,11 +255,7 @@ def launch(
     }
     launcher = [sys.executable, "-m"]
     if processes > 1:
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            port = free.getsockname()[1]
-        launcher = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", str(processes)]
-        launcher += ["--master_port", str(port), "-m"]
+        launcher = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(processes), "-m"]
     launched = time.time()
     command = [*launcher, "bench", "data-scale", "--child", child, "--record", str(record), *own]
     command += ["--launched", repr(launched), "--", *tool_args]

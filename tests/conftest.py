@@ -1,58 +1,10 @@
+"""Fixtures shared by the test modules; the helpers they are built from are in `helpers/`."""
+
 import pytest
-import torch
+from helpers import TOKEN, run_args, tiny_model, tiny_tokenizer, translation_model, write_corpus
 
-from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
-
-
-def tiny_config(**overrides) -> VaswaniConfig:
-    """Odd sizes everywhere and no dropout, so shape and equality bugs cannot hide."""
-    fields = dict(
-        vocab_size=53,
-        d_model=15,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=3,
-        decoder_attention_heads=5,
-        encoder_ffn_dim=17,
-        decoder_ffn_dim=19,
-        dropout=0.0,
-        max_position_embeddings=64,
-    )
-    fields.update(overrides)
-    return VaswaniConfig(**fields)
-
-
-# The shapes of the model whose contracts are tested: the paper, and each departure on in at least one of them.
-SHAPES = {
-    "paper": {},
-    "pre-norm": {"normalize_before": True},
-    "learned-positions-attention-bias": {"position_embedding_type": "learned", "attention_bias": True},
-    "separate-vocabularies": {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 61},
-    "marian-layout": {
-        "sinusoid_layout": "concatenated",
-        "output_bias": True,
-        "activation_function": "swish",
-        "attention_bias": True,
-        "tie_word_embeddings": False,
-    },
-}
-
-
-def tiny_model(**overrides) -> VaswaniForConditionalGeneration:
-    torch.manual_seed(0)
-    return VaswaniForConditionalGeneration(tiny_config(**overrides)).eval()
-
-
-def batch(vocab_size: int = 53, batch_size: int = 3, src_len: int = 7, tgt_len: int = 6, seed: int = 0):
-    """Random source/target ids above the special ids, with right padding on the source of later rows."""
-    g = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(4, vocab_size, (batch_size, src_len), generator=g)
-    attention_mask = torch.ones_like(input_ids)
-    for row in range(1, batch_size):
-        attention_mask[row, src_len - row :] = 0
-    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
-    labels = torch.randint(4, vocab_size, (batch_size, tgt_len), generator=g)
-    return input_ids, attention_mask, labels
+# `tests/hf_common/` runs under transformers' own test tree (`make hf-common`), not in this suite.
+collect_ignore = ["hf_common"]
 
 
 @pytest.fixture
@@ -60,5 +12,35 @@ def model():
     return tiny_model()
 
 
-# `tests/hf_common/` runs under transformers' own test tree (`make hf-common`), not in this suite.
-collect_ignore = ["hf_common"]
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus, tmp_path_factory):
+    """A finished run: 8 steps, checkpoints at 4 and 8, their average, scores of the val split; the Hub token given
+    on the command line (no push)."""
+    from vaswani.commands import train as train_command
+
+    out = tmp_path_factory.mktemp("runs") / "run"
+    train_command.main(
+        run_args(corpus, out, "--max_steps", "8", "--save_steps", "4", "--average_last", "2")
+        + ["--test_split", "val", "--hub_token", TOKEN]
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny translation model and its tokenizer, saved as the tools save them."""
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = tiny_tokenizer()
+    translation_model(len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

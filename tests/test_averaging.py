@@ -1,18 +1,22 @@
 """Checkpoint averaging (§6.1): the mean of the last N Trainer checkpoints, written as a normal model folder."""
 
 import json
+import os
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, tiny_tokenizer, tool_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tiny_translation_assets import tiny_model, tiny_tokenizer
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.commands import average_checkpoints as average_command
 from vaswani.recipe.averaging import (
     average_checkpoints,
     average_last_checkpoints,
@@ -21,14 +25,13 @@ from vaswani.recipe.averaging import (
     last_checkpoints,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 280
 
 
 def write_checkpoint(run_dir: Path, step: int, seed: int, tokenizer=None, **overrides) -> Path:
     """A Trainer-like checkpoint folder: weights, config, generation config, tokenizer, training state."""
     folder = run_dir / f"checkpoint-{step}"
-    model = tiny_model(VOCAB, seed=seed, **overrides)
+    model = tool_model(VOCAB, seed=seed, **overrides)
     model.generation_config.max_new_tokens = step  # marks which checkpoint the generation config came from
     model.save_pretrained(folder)
     if tokenizer is not None:
@@ -36,11 +39,6 @@ def write_checkpoint(run_dir: Path, step: int, seed: int, tokenizer=None, **over
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
     torch.save({"state": {}}, folder / "optimizer.pt")
     return folder
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture
@@ -136,10 +134,10 @@ def test_separate_tokenizers_and_extra_code_are_copied(tmp_path, tokenizer):
 def test_sharded_checkpoints(tmp_path):
     run = tmp_path / "run"
     for seed, step in enumerate([1, 2]):
-        tiny_model(VOCAB, seed=seed).save_pretrained(run / f"checkpoint-{step}", max_shard_size="20KB")
+        tool_model(VOCAB, seed=seed).save_pretrained(run / f"checkpoint-{step}", max_shard_size="20KB")
     assert (run / "checkpoint-1" / "model.safetensors.index.json").is_file()
     out = average_last_checkpoints(run, tmp_path / "avg", num_checkpoints=2, show_progress=False)
-    a, b = (tiny_model(VOCAB, seed=seed) for seed in (0, 1))
+    a, b = (tool_model(VOCAB, seed=seed) for seed in (0, 1))
     averaged = VaswaniForConditionalGeneration.from_pretrained(out)
     torch.testing.assert_close(
         averaged.model.shared.weight, (a.model.shared.weight + b.model.shared.weight) / 2
@@ -205,3 +203,71 @@ def test_script(run_dir, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "checkpoint-1000" in result.stderr
     VaswaniForConditionalGeneration.from_pretrained(out)
+
+
+def test_averaging_into_an_existing_folder_is_all_or_nothing(finished_run, tmp_path, monkeypatch, capsys):
+    """Killed (here: failing) before the new folder is complete, the output folder is still the earlier average:
+    its config and weights belong together."""
+    out = tmp_path / "averaged"
+    shutil.copytree(finished_run / "averaged", out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def killed(folder):
+        raise KeyboardInterrupt  # as a kill would stop the process here, after the weights were written
+
+    monkeypatch.setattr(
+        "vaswani.recipe.averaging._copy_companion_files", lambda newest, folder: killed(folder)
+    )
+    with pytest.raises(SystemExit):
+        average_command.main(["--checkpoints", str(finished_run / "checkpoint-4"), "--output_dir", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["averaged"]  # nothing half-built left beside it
+    capsys.readouterr()
+
+
+def test_averaging_refuses_an_index_that_points_outside_its_checkpoint(tmp_path):
+    """A safetensors index naming `../elsewhere/model.safetensors` would average weights from another folder."""
+    tokenizer = tiny_tokenizer()
+    elsewhere = tmp_path / "elsewhere"
+    tool_model(len(tokenizer)).save_pretrained(elsewhere)
+    checkpoints = []
+    for step in (1, 2):
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        tool_model(len(tokenizer), seed=step).save_pretrained(folder)
+        checkpoints.append(folder)
+    (checkpoints[1] / "model.safetensors").unlink()
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": "../../elsewhere/model.safetensors"}}
+    (checkpoints[1] / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"names weight files outside its folder: \['../../elsewhere"):
+        average_checkpoints(checkpoints, tmp_path / "averaged", show_progress=False)
+    assert not (tmp_path / "averaged").exists()
+
+
+def test_vaswani_average_checkpoints_folder_is_readable_by_others(tmp_path):
+    tokenizer = tiny_tokenizer()
+    checkpoints = []
+    for step in (1, 2):
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        tool_model(len(tokenizer), seed=step).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        checkpoints.append(str(folder))
+    out = tmp_path / "averaged"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vaswani.commands.average_checkpoints",
+            "--checkpoints",
+            *checkpoints,
+            "--output_dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        preexec_fn=lambda: os.umask(0o022),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert all(stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 for p in out.rglob("*") if p.is_file())

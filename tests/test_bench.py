@@ -4,30 +4,9 @@ JSON result."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_script(what: str, tmp_path: Path, *extra: str) -> tuple[str, dict]:
-    out = tmp_path / "out.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", what, "--quick", "--json", str(out), *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert (
-        result["machine"]["command"]
-        == f"python -m bench {what} --quick --json {out} {' '.join(extra)}".rstrip()
-    )
-    return done.stdout, result
+from helpers import ROOT, run_script
 
 
 def test_bench_kernels(tmp_path):

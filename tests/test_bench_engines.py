@@ -1,7 +1,7 @@
 """Smoke tests of the export benchmarks: `python -m bench engines` (speed and memory) and `python -m bench int8`
 (int8 in PyTorch against CTranslate2)."""
 
-from test_bench import run_script
+from helpers import run_script
 
 
 def test_bench_engines_times_every_engine_against_its_peer(tmp_path):

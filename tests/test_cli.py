@@ -10,17 +10,16 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import tomllib
+from helpers import BIN, ROOT
 
 from vaswani.commands import push_to_hub, train, translate
+from vaswani.commands import translate as translate_command
 from vaswani.commands.cli import build_parser, command, parse_args, read_arguments_file
 from vaswani.common.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 OUR_COMMANDS = {
     "vaswani-train": "vaswani.commands.train:main",
     "vaswani-train-tokenizer": "vaswani.commands.train_tokenizer:main",
@@ -345,7 +344,7 @@ def test_a_wheel_ships_the_commands_and_the_card_template(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-3000:]
-    from tiny_translation_assets import tiny_tokenizer, translation_model
+    from helpers import tiny_tokenizer, translation_model
 
     model_dir = tmp_path / "model"
     tokenizer = tiny_tokenizer()
@@ -490,3 +489,25 @@ def test_two_names_of_one_flag_with_different_values_are_refused(tmp_path, capsy
         description="",
     )
     assert (training.learning_rate, training.warmup_steps) == (1e-4, 6)
+
+
+def test_debug_shows_the_traceback(model_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="No model folder"):
+        translate_command.main(["--model_name_or_path", str(tmp_path / "nowhere"), "--debug"])
+
+
+def test_a_tool_prints_nothing_of_what_its_libraries_say_to_their_developers(model_dir, tmp_path):
+    """Every tool printed torchao's failure to load extensions built for Python 3.10 and CUDA sm_90a, torch's
+    deprecation of torchao's `register_constant` calls, and (int8) torchao's missing Triton: each is silenced by its
+    exact text (`cli.NOISE`), and the tool logs only its own lines."""
+    source = tmp_path / "src.de"
+    source.write_text("Ein Mann .\n")
+    for extra in ([], ["--quantization", "int8"]):
+        done = subprocess.run(
+            [BIN / "vaswani-translate", "--model_name_or_path", model_dir, "--input", source, "--no_progress", *extra],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        for noise in ("Failed to load", "register_constant", "Detected no triton"):
+            assert noise not in done.stderr, done.stderr
+        assert [line for line in done.stderr.splitlines() if " INFO vaswani." not in line] == [], done.stderr

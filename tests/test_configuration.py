@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_config
+from helpers import tiny_config
 from huggingface_hub.errors import StrictDataclassFieldValidationError
 
 from vaswani import PRESETS, VaswaniConfig, VaswaniForConditionalGeneration

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import sentencepiece
 import torch
+import transformers
+from packaging.version import Version
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -28,6 +30,7 @@ from transformers import (
 
 from vaswani import VaswaniForConditionalGeneration
 from vaswani.commands.convert import main
+from vaswani.generation_vaswani import BEAM_SEARCH_OVER_ANY_VOCABULARY
 from vaswani.interop.convert import (
     check_parity,
     check_source_config,
@@ -269,6 +272,24 @@ def folders(one_thread, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     return result
 
 
+# FSMT's generate() computes its model from transformers 5.18 on. Before, `FSMTDecoder.forward`
+# (models/fsmt/modeling_fsmt.py) embeds the positions of the one new token that a cached generate() passes, so every
+# step is at the first position (5.18 adds the cache's length); without a cache, `FSMTModel.forward` makes no causal
+# mask (only from `input_ids`, which generate() does not pass). There, FSMT's forward is the reference.
+FSMT_GENERATES_ITS_MODEL = Version(transformers.__version__) >= Version("5.18.0")
+
+
+def generates_its_model(name: str) -> bool:
+    return CASES[name][0] == "marian" or FSMT_GENERATES_ITS_MODEL
+
+
+def beams(config, num_beams: int) -> int:
+    """`num_beams`, or greedy search where transformers < 5.18 cannot beam search over a target vocabulary of another
+    size (it sizes beams by `config.vocab_size`: Marian's own fails with a reshape error, ours refuses by name)."""
+    old = Version(transformers.__version__) < Version(BEAM_SEARCH_OVER_ANY_VOCABULARY)
+    return 1 if old and config.vocab_size != config.decoder_vocab_size else num_beams
+
+
 def load_pair(folders, name):
     source_dir, output = folders[name]
     source = AutoModelForSeq2SeqLM.from_pretrained(source_dir).eval()
@@ -330,6 +351,24 @@ BEAM_SETTINGS = (
 def test_beam_search_gives_the_source_models_outputs_and_scores(folders, name):
     source, converted = load_pair(folders, name)
     input_ids, attention_mask, _, _ = right_padded_batch(converted.config, converted.config.pad_token_id)
+    if not generates_its_model(name):  # the source's forward is the reference: greedy takes its argmax
+        with torch.no_grad():
+            ids = converted.generate(input_ids, attention_mask=attention_mask, num_beams=1, max_new_tokens=16)
+            inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=ids[:, :-1])
+            argmax = source(**inputs, use_cache=False).logits.argmax(-1)
+        chosen, eos = ids[:, 1:], ids[:, 1:] == converted.config.eos_token_id
+        real = eos.cumsum(1) - eos.long() == 0  # up to each row's end of sentence
+        real[:, 15:] = False  # the 16th token is FSMT's forced_eos_token_id, not an argmax
+        assert real.sum() > 2 * len(ids) and torch.equal(argmax[real], chosen[real])
+        return
+    if beams(converted.config, 2) == 1:  # no beam search over these vocabularies here: refused by name
+        with pytest.raises(ValueError, match=f"needs transformers >= {BEAM_SEARCH_OVER_ANY_VOCABULARY}"):
+            converted.generate(input_ids, attention_mask=attention_mask)
+        greedy = dict(attention_mask=attention_mask, num_beams=1, max_new_tokens=16)
+        with torch.no_grad():
+            expected = source.generate(input_ids, **greedy)
+            assert torch.equal(converted.generate(input_ids, **greedy), expected)
+        return
     lengths = set()
     for settings in BEAM_SETTINGS:
         kwargs = dict(
@@ -349,11 +388,14 @@ def test_beam_search_gives_the_source_models_outputs_and_scores(folders, name):
 def test_the_paper_length_penalty_form_would_change_the_outputs(folders):
     """The converted models decode with transformers' |Y|^alpha, as their sources do; the paper's form would choose
     other hypotheses, so the test above can tell the two apart."""
-    for name in CASES:
+    for name in filter(generates_its_model, CASES):
         source, converted = load_pair(folders, name)
         assert converted.generation_config.length_penalty_form == "power"
         input_ids, attention_mask, _, _ = right_padded_batch(converted.config, converted.config.pad_token_id)
         settings = dict(attention_mask=attention_mask, **BEAM_SETTINGS[-1])
+        settings["num_beams"] = beams(converted.config, settings["num_beams"])
+        if settings["num_beams"] == 1:
+            continue  # greedy search has no length penalty to compare (`beams`: transformers < 5.18)
         with torch.no_grad():
             paper = converted.generate(input_ids, length_penalty_form="gnmt", **settings)
             assert not torch.equal(paper, source.generate(input_ids, **settings)), name
@@ -460,8 +502,9 @@ CHILD = textwrap.dedent(
 
 
 def test_converted_folders_translate_through_the_pipeline_without_the_package(folders, tmp_path):
-    settings = dict(num_beams=4, max_new_tokens=12)
-    names = ("marian-separate-gelu", "fsmt-separate-relu")
+    two_vocabularies = ("marian-separate-gelu", "fsmt-separate-relu")
+    names = list(filter(generates_its_model, two_vocabularies))
+    settings = dict(num_beams=beams(load_pair(folders, names[0])[1].config, 4), max_new_tokens=12)
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     outputs = [str(folders[name][1]) for name in names]
@@ -642,9 +685,10 @@ def test_the_recipes_tools_translate_a_converted_folder(folders, tmp_path):
     folder: its own tokenizer encodes the source and decodes the target, as the source model's generate() does."""
     from vaswani.commands.translate import main as translate_main
 
-    for name in ("marian-separate-gelu", "fsmt-separate-relu"):
+    for name in filter(generates_its_model, ("marian-separate-gelu", "fsmt-separate-relu")):
         source_dir, converted = folders[name]
-        source = AutoModelForSeq2SeqLM.from_pretrained(source_dir).eval()
+        source, model = load_pair(folders, name)
+        num_beams = beams(model.config, 2)
         tokenizer = AutoTokenizer.from_pretrained(source_dir)
         inputs = tmp_path / f"{name}.txt"
         inputs.write_text("\n".join(SOURCE) + "\n")
@@ -659,7 +703,7 @@ def test_the_recipes_tools_translate_a_converted_folder(folders, tmp_path):
                 "--length_penalty_form",
                 "power",
                 "--num_beams",
-                "2",
+                str(num_beams),
                 "--max_new_tokens",
                 "8",
                 "--no_progress",
@@ -668,7 +712,73 @@ def test_the_recipes_tools_translate_a_converted_folder(folders, tmp_path):
         with torch.no_grad():
             ids = source.generate(
                 **tokenizer(SOURCE, return_tensors="pt", padding=True),
-                num_beams=2,
+                num_beams=num_beams,
                 max_new_tokens=8,
             )  # the source's own length penalty, which the converted generation config keeps
         assert ours == [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+@pytest.fixture(scope="module")
+def converted_marian(tmp_path_factory):
+    """A small Marian model (sentencepiece vocabulary, no beginning-of-sentence id, a generation config without a
+    length penalty), taught to copy, and its `vaswani-convert` folder."""
+    from vaswani.interop.convert import convert
+
+    root = tmp_path_factory.mktemp("marian")
+    name = next(name for name, case in CASES.items() if case[0] == "marian")
+    source_model(name, root / "marian", steps=40)
+    convert(root / "marian", root / "converted")
+    return root / "marian", root / "converted"
+
+
+@pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
+def test_a_converted_marian_model_exports_and_translates_as_pytorch_does(converted_marian, tmp_path, engine):
+    """CTranslate2 needs a beginning-of-sentence token the Marian config lacks (the decoder start serves), and a
+    generation config without a length penalty decodes with transformers' default, 1.0."""
+    from vaswani.interop.engines import load_exported
+    from vaswani.interop.engines import translate as translate_exported
+    from vaswani.interop.export import export
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    _, converted = converted_marian
+    export(converted, tmp_path / engine, engine)
+    model, source, target = load_translation_model(converted)
+    sentences = ["▁a b c d", "c d e", "b a"]
+    expected = translate(sentences, model, source, target, show_progress=False)
+    loaded, source, target = load_exported(tmp_path / engine)
+    assert translate_exported(sentences, loaded, source, target, show_progress=False) == expected
+
+
+def test_exporting_an_unconverted_marian_folder_names_the_fix(converted_marian, tmp_path):
+    from vaswani.interop.export import export
+
+    marian, _ = converted_marian
+    with pytest.raises(ValueError, match=r"holds a 'marian' model, not a vaswani one: convert it first"):
+        export(marian, tmp_path / "out", "ctranslate2")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_export_leaves_the_earlier_export_whole_and_no_folder_behind(
+    converted_marian, tmp_path, monkeypatch
+):
+    """Built beside its destination: a failure (here the exporter raises half-way) leaves the earlier export as it
+    was, and a first export that fails leaves nothing, so a retry is not refused."""
+    from vaswani.interop.export import export, to_onnx
+
+    _, converted = converted_marian
+    out = tmp_path / "onnx"
+    export(converted, out, "onnx")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+
+    def broken(model, output_dir):
+        (output_dir / to_onnx.ENCODER_FILE).write_bytes(b"half")
+        raise RuntimeError("killed half-way")
+
+    monkeypatch.setattr(to_onnx, "export_graphs", broken)
+    with pytest.raises(RuntimeError, match="half-way"):
+        export(converted, out, "onnx", force=True)
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    with pytest.raises(RuntimeError, match="half-way"):
+        export(converted, tmp_path / "first", "onnx")
+    assert not (tmp_path / "first").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx"]  # no temporary folder left

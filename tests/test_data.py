@@ -401,7 +401,7 @@ def test_the_training_text_is_released_once_tokenized(tmp_path, monkeypatch):
     import gc
     import weakref
 
-    from test_tool_faults import run_args, write_corpus
+    from helpers import run_args, write_corpus
 
     from vaswani.commands import train as train_command
     from vaswani.recipe import run

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import SHAPES
-from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+from helpers import BIN, ROOT, SENTENCES, SHAPES, tiny_tokenizer, translation_model
 
 from vaswani.commands.export import main
 from vaswani.generation_vaswani import BEAM_SEARCH_OVER_ANY_VOCABULARY
@@ -25,7 +24,6 @@ from vaswani.interop.export import CTRANSLATE2_QUANTIZATIONS, export, read_metad
 from vaswani.recipe.tokenization import save_tokenizers
 from vaswani.recipe.translation import translate, translate_n_best
 
-ROOT = Path(__file__).resolve().parents[1]
 MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
 # What CTranslate2's beam search does, asked of `generate()`.
 CTRANSLATE2_SEARCH = dict(length_penalty_form="power", early_stopping=True)
@@ -49,11 +47,6 @@ def save_model(folder: Path, tokenizer, target_tokenizer=None, **overrides):
     model.save_pretrained(folder)
     save_tokenizers(tokenizer, target_tokenizer, folder)
     return model
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -367,6 +360,16 @@ def test_command_line_exports_and_says_what_went_wrong_in_one_line(saved, tmp_pa
         assert exit_info.value.code in (1, 2) and len(error) == 1 and named in error[0]
 
 
+
+def test_the_onnx_export_command_prints_only_what_concerns_its_user(saved, tmp_path):
+    """torch's exporter warns of its own deprecated calls and of the torchvision operators it skips; `vaswani-export`
+    silences exactly those messages."""
+    out = tmp_path / "onnx"
+    flags = ["--model_name_or_path", str(saved[1]), "--engine", "onnx", "--output_dir", str(out)]
+    done = subprocess.run([BIN / "vaswani-export", *flags], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and (out / "decoder.onnx").is_file(), done.stderr[-3000:]
+    assert "Warning" not in done.stderr and "torchvision" not in done.stderr, done.stderr[-3000:]
+
 def test_script_is_the_command_line():
     done = subprocess.run(
         [sys.executable, "scripts/export.py", "--help"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -433,3 +436,12 @@ def test_vaswani_translate_runs_an_export_and_records_what_ran(
         translate_main(
             ["--model_name_or_path", str(folder), "--engine", engine, "--bf16", "--input", str(source)]
         )
+
+
+def test_a_folder_that_is_not_a_complete_export_is_named_as_such(tmp_path):
+    from vaswani.interop.engines import load_exported
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(tmp_path)  # a tokenizer, but no export
+    with pytest.raises(ValueError, match="is not a complete folder written by vaswani-export"):
+        load_exported(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from packaging.version import Version
 from transformers import GenerationConfig, GenerationMixin
 

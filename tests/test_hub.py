@@ -14,20 +14,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from helpers import ROOT, assert_one_line_error, invoke, tiny_config
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from vaswani import VaswaniForConditionalGeneration
+from vaswani.commands import push_to_hub as push_command
 from vaswani.common.errors import PublishError
 from vaswani.generation_vaswani import EXTRA_OUTPUT_TOKENS, paper_decoding
 from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
 from vaswani.publishing.hub import AUTO_CLASSES, check_folder, publish
 from vaswani.publishing.model_card import EvalResults, TrainingSummary, render_card, validate_card
 
-ROOT = Path(__file__).resolve().parent.parent
 REPO_ID = "someone/vaswani-de-en"
 PUBLISHED_FILES = {
     "README.md",
@@ -534,6 +534,24 @@ def test_pipeline_outputs_batching_and_generation_settings(trained_dir):
         pipe(123)
 
 
+
+def test_pipeline_from_a_folder_in_this_process_without_trusting_its_code(published):
+    """With the package installed, `pipeline_class=vaswani.VaswaniTranslationPipeline` builds the translation pipeline
+    of a folder from this process's classes; transformers (5 removed its own `translation` task) otherwise builds a task
+    named in the config's `custom_pipelines` only from the folder's code, with `trust_remote_code=True`."""
+    from transformers import pipeline
+
+    import vaswani
+
+    translator = pipeline("translation", model=str(published), pipeline_class=vaswani.VaswaniTranslationPipeline)
+    assert type(translator) is VaswaniTranslationPipeline
+    assert type(translator.model) is VaswaniForConditionalGeneration  # the registered class, not the folder's copy
+    model = VaswaniForConditionalGeneration.from_pretrained(published).eval()
+    direct = VaswaniTranslationPipeline(model=model, tokenizer=translator.tokenizer, device="cpu")
+    assert translator(SOURCES, max_new_tokens=6) == direct(SOURCES, max_new_tokens=6)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("translation", model=str(published))
+
 # --------------------------------------------------------------------------------------------------------------------
 # The published folder in a fresh interpreter, where `vaswani` cannot be imported
 # --------------------------------------------------------------------------------------------------------------------
@@ -695,3 +713,13 @@ def test_training_with_push_to_hub_publishes_once_with_the_run_results(hub, monk
     scores = json.loads((out / "test_results.json").read_text())
     assert card.data.eval_results[0].metric_value == pytest.approx(scores["bleu"], abs=0.01)
     assert "| Steps | 4 |" in hub.uploaded_card
+
+
+@pytest.mark.parametrize("bleu", ['"high"', "NaN", "250.0"])
+def test_results_that_a_card_cannot_state_are_refused(bleu, model_dir, tmp_path, capsys):
+    results = tmp_path / "results.json"
+    results.write_text('{"bleu": ' + bleu + ', "bleu_signature": "BLEU|nrefs:1"}')
+    argv = ["--model_name_or_path", model_dir, "--dry_run", "--output_dir", tmp_path / "hub"]
+    code, _, err = invoke(push_command.main, argv + ["--results_json", results], capsys)
+    assert_one_line_error(code, err, "results.json", "'bleu'")
+    assert not (tmp_path / "hub").exists()

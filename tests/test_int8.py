@@ -4,7 +4,7 @@ loads, generates, saves and reloads the model, and `vaswani.use_cpu_kernels` run
 
 import pytest
 import torch
-from conftest import batch, tiny_model
+from helpers import batch, tiny_model
 from torch import nn
 from transformers import AutoModelForSeq2SeqLM, TorchAoConfig
 
@@ -281,7 +281,7 @@ def test_vaswani_translate_runs_a_folder_saved_in_int8(tmp_path):
     """`vaswani-translate` on a folder saved after loading with `TorchAoConfig` (its config records the
     quantization): the command turns the CPU kernels on, as for any folder, and translates with the int8 layers
     (before, its `use_cpu_kernels` call made them oneDNN float32 layers, which failed on torchao's weights)."""
-    from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+    from helpers import SENTENCES, tiny_tokenizer, translation_model
 
     from vaswani.commands.translate import main as translate_main
     from vaswani.recipe.tokenization import save_tokenizers
@@ -299,7 +299,7 @@ def test_vaswani_translate_runs_a_folder_saved_in_int8(tmp_path):
 def test_vaswani_translate_quantization_int8_loads_a_float32_folder_in_int8(tmp_path, capsys):
     """`vaswani-translate --quantization int8` on a float32 folder: the same layers and translations as the folder
     saved after loading with `TorchAoConfig`; refused with --bf16, a GPU or an exported engine, before loading."""
-    from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+    from helpers import SENTENCES, tiny_tokenizer, translation_model
 
     from vaswani.commands.translate import main as translate_main
     from vaswani.recipe.tokenization import save_tokenizers

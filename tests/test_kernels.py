@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import batch, tiny_config, tiny_model
+from helpers import batch, tiny_config, tiny_model
 from torch import nn
 
 from vaswani import VaswaniForConditionalGeneration, kernels, shift_tokens_right

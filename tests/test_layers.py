@@ -12,11 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import ROOT
+
 import vaswani
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration
 from vaswani.utils_vaswani import CODE_FILES
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vaswani"
 LAYERS = ["model", "common", "publishing", "recipe", "interop", "commands"]
 
@@ -32,7 +33,7 @@ def _modules() -> dict[str, Path]:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
-        if "sacrebleu_chrf" in parts:  # run by `evaluate` from a copy, not a module of the package
+        if parts[-1] == "sacrebleu_chrf":  # run by `evaluate` from a copy, not a module of the package
             continue
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+from helpers import assert_one_line_error, invoke
 
+from vaswani.commands import evaluate as evaluate_command
 from vaswani.recipe.metrics import (
     METRIC_PATH,
     compute_bleu,
@@ -213,3 +215,25 @@ def test_tokenized_bleu_is_multi_bleu_on_moses_tokens_with_compounds_split():
     # multi-bleu.perl gives 0 when an n-gram order has no match (no smoothing); case counts
     assert compute_tokenized_bleu(["Ein Hund schläft."], ["Zwei Katzen schlafen."], "de")["bleu"] == 0.0
     assert compute_tokenized_bleu(["der mann ."], ["Der Mann ."], "de")["bleu"] < 100
+
+
+def test_evaluate_errors_name_the_file_or_flag(tmp_path, capsys):
+    empty, reference = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    empty.write_text("")
+    reference.write_text("")
+    code, _, err = invoke(evaluate_command.main, ["--hypotheses", empty, "--references", reference], capsys)
+    assert_one_line_error(code, err, "hyp.txt is empty")
+    empty.write_text("a b c\n")
+    reference.write_text("a b c\n")
+    code, _, err = invoke(
+        evaluate_command.main,
+        ["--hypotheses", empty, "--references", reference, "--tokenize", "bogus"],
+        capsys,
+    )
+    assert_one_line_error(code, err, "--tokenize", "bogus")
+    code, _, err = invoke(
+        evaluate_command.main,
+        ["--hypotheses", empty, "--references", reference, "--moses_lang", "xx"],
+        capsys,
+    )
+    assert_one_line_error(code, err, "--moses_lang")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import SHAPES, batch, tiny_config, tiny_model
+from helpers import SHAPES, batch, tiny_config, tiny_model
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForSeq2SeqLM

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, SENTENCES, tool_model
 from matplotlib.image import imread
-from tiny_translation_assets import SENTENCES, tiny_model, tiny_tokenizer
 
 from vaswani.recipe.plotting import (
     attention_maps,
@@ -19,7 +19,6 @@ from vaswani.recipe.plotting import (
     plot_learning_curves,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 LOG_HISTORY = [
@@ -70,14 +69,9 @@ def test_learning_curves_png_from_run_folder(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def eager_model(tokenizer, tmp_path_factory):
     folder = tmp_path_factory.mktemp("model")
-    tiny_model(len(tokenizer), encoder_layers=2, decoder_layers=2).save_pretrained(folder)
+    tool_model(len(tokenizer), encoder_layers=2, decoder_layers=2).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     model, _, _ = load_attention_model(folder, device="cpu")
     return model, folder
@@ -116,8 +110,8 @@ def test_attention_maps_are_the_models(eager_model, tokenizer):
 
 
 def test_sdpa_model_is_switched_to_eager_for_attention_maps(tokenizer):
-    model = tiny_model(len(tokenizer), attn_implementation="sdpa")
-    reference = tiny_model(len(tokenizer), attn_implementation="eager")
+    model = tool_model(len(tokenizer), attn_implementation="sdpa")
+    reference = tool_model(len(tokenizer), attn_implementation="eager")
     assert model.config._attn_implementation == "sdpa"
     maps = attention_maps(model, tokenizer, SENTENCES[0], SENTENCES[4])
     assert model.config._attn_implementation == "eager"

@@ -1,10 +1,12 @@
 """The README's Python example runs as written, and its two commands are the Makefile's."""
 
 import json
+import os
 import re
-from pathlib import Path
+import subprocess
+import sys
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_readme_python_example_runs():
@@ -19,12 +21,12 @@ def test_readme_python_example_runs():
 def test_the_seq2seq_trainer_example_runs_offline(tmp_path, monkeypatch):
     """The fine-tuning example of docs/recipe.md, on a tiny model folder in place of a trained run's: the metric loads without
     the network (transformers' guide's `evaluate.load("sacrebleu")` does not), and evaluation gives BLEU and chrF."""
-    from tiny_translation_assets import tiny_model, tiny_tokenizer
+    from helpers import tiny_tokenizer, tool_model
 
     text = (ROOT / "docs" / "recipe.md").read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "Seq2SeqTrainer(" in b]
     tokenizer = tiny_tokenizer()
-    tiny_model(len(tokenizer)).save_pretrained(tmp_path / "model")
+    tool_model(len(tokenizer)).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -74,3 +76,34 @@ def test_the_documented_commands_translate_the_test_split_the_training_command_r
         assert inputs, page
         for path in inputs:
             assert path in (f"{data}/{split}.de.gz", f"{data}/{split}.en.gz"), (page, path)
+
+
+def test_the_readme_pipeline_works_on_every_folder_the_tools_write(finished_run, tmp_path):
+    """The `pipeline("translation", ...)` example of docs/recipe.md, run as written in an interpreter where `vaswani` cannot
+    be imported, on a checkpoint, the final model and the averaged model of a run."""
+    readme = (ROOT / "docs" / "recipe.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "pipeline(" in b]
+    assert 'model="runs/de-en/averaged"' in block
+    folders = [finished_run / "checkpoint-8", finished_run, finished_run / "averaged"]
+    script = "import sys\nsys.modules['vaswani'] = None\n"
+    for folder in folders:
+        script += block.replace('"runs/de-en/averaged"', repr(str(folder)))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": "",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [eval(line) for line in done.stdout.strip().splitlines()]  # noqa: S307 (our own child's output)
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    assert len(printed) == len(folders)
+    for folder, result in zip(folders, printed, strict=True):
+        model, tokenizer, _ = load_translation_model(folder, device="cpu")
+        expected = translate(["Ein Mann fährt Fahrrad.", ""], model, tokenizer, show_progress=False)
+        assert result == [{"translation_text": text} for text in expected], folder

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import batch, tiny_config
+from helpers import batch, tiny_config
 from torch import nn
 
 from vaswani import VaswaniForConditionalGeneration, shift_tokens_right

@@ -10,7 +10,7 @@ import textwrap
 import peft
 import pytest
 import torch
-from conftest import batch, tiny_config, tiny_model
+from helpers import batch, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, GenerationConfig
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
@@ -318,12 +318,11 @@ PIPELINE_CHILD = textwrap.dedent(
 def test_a_plain_save_pretrained_folder_translates_through_the_pipeline(tmp_path):
     """`save_pretrained` alone writes the translation pipeline: a folder with its tokenizer beside it translates
     with `pipeline("translation", model=folder, trust_remote_code=True)` where the package is not installed."""
-    from tiny_translation_assets import tiny_model as translation_tiny_model
-    from tiny_translation_assets import tiny_tokenizer
+    from helpers import tiny_tokenizer, tool_model
 
     tokenizer = tiny_tokenizer()
     folder = tmp_path / "model"
-    translation_tiny_model(len(tokenizer)).save_pretrained(folder)
+    tool_model(len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_vaswani.VaswaniTranslationPipeline"
@@ -377,14 +376,13 @@ def test_a_folder_fine_tuned_with_seq2seq_trainer_where_the_package_is_missing_i
     """The transformers docs' way: load with trust_remote_code, fine-tune with Seq2SeqTrainer, `save_model()`. The
     final folder and every checkpoint carry the model's code, the pipeline and custom_generate/generate.py, so the
     translation pipeline loads from them; evaluation with generate() is not cut at transformers' 20 tokens."""
-    from tiny_translation_assets import tiny_model as translation_tiny_model
-    from tiny_translation_assets import tiny_tokenizer
+    from helpers import tiny_tokenizer, tool_model
 
     from vaswani.utils_vaswani import CODE_FILES
 
     tokenizer = tiny_tokenizer()
     folder = tmp_path / "model"
-    translation_tiny_model(len(tokenizer)).save_pretrained(folder)
+    tool_model(len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     script = tmp_path / "child.py"
     script.write_text(TRAINER_CHILD)

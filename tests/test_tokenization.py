@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, tiny_tokenizer, tool_model
 from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -278,3 +279,94 @@ def test_bpe_trains_on_a_random_sample_of_the_pairs_and_says_so(monkeypatch, cap
         assert source is target
     assert "on 80 sentences: 40 of the 96 training pairs, drawn at random" in caplog.text
     assert DataArguments(dataset_name="unused").max_tokenizer_samples is None  # default: the whole split
+
+
+def test_a_torn_tokenizer_is_never_written_and_a_bad_one_is_named(tmp_path, monkeypatch):
+    from transformers import PreTrainedTokenizerFast
+
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers
+
+    tokenizer = tiny_tokenizer()
+    save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
+    good = (tmp_path / "tokenizer" / "tokenizer.json").read_bytes()
+    original = PreTrainedTokenizerFast.save_pretrained
+
+    def killed_while_writing(self, directory, *args, **kwargs):
+        original(self, directory, *args, **kwargs)
+        written = Path(directory) / "tokenizer.json"
+        written.write_bytes(written.read_bytes()[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", killed_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
+    assert (tmp_path / "tokenizer" / "tokenizer.json").read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer"]
+    monkeypatch.undo()
+
+    (tmp_path / "tokenizer" / "tokenizer.json").write_bytes(
+        good[: len(good) // 2]
+    )  # torn by an older version
+    with pytest.raises(ValueError, match=r"tokenizer/tokenizer\.json is corrupt or truncated"):
+        load_tokenizers(tmp_path / "tokenizer")
+
+
+def test_separate_tokenizers_of_two_trainings_are_not_loaded_as_one_pair(tmp_path):
+    """`vaswani-train-tokenizer --separate_vocabularies` killed between the renames of source/ and target/ would
+    leave one side of the new training beside one of the old: that folder is refused, naming both sides."""
+    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers, train_separate_tokenizers
+
+    sentences = ["ein mann fährt rad", "zwei hunde spielen", "a man rides a bike", "two dogs play"]
+    old = train_separate_tokenizers(
+        iter(sentences[:2]), iter(sentences[2:]), vocab_size=300, min_frequency=1, show_progress=False
+    )
+    new = train_separate_tokenizers(
+        iter(sentences), iter(sentences), vocab_size=320, min_frequency=1, show_progress=False
+    )
+    save_tokenizers(*old, tmp_path / "tok")
+    save_tokenizers(*new, tmp_path / "new")
+    load_tokenizers(tmp_path / "tok")  # a whole pair loads
+    for name in (
+        "tokenizer.json",
+        "vaswani_tokenizer_pair.json",
+    ):  # the source side of the new one arrived first
+        (tmp_path / "tok" / "source" / name).write_bytes((tmp_path / "new" / "source" / name).read_bytes())
+    with pytest.raises(ValueError, match=r"are not one pair of tokenizers"):
+        load_tokenizers(tmp_path / "tok")
+
+
+def test_the_tokenizer_of_a_model_folder_loads_silently(tmp_path):
+    """The tokenizer is a plain fast tokenizer: after `import vaswani`, `AutoTokenizer` loads it without a question
+    or a warning; where the package is missing, `PreTrainedTokenizerFast` does (AutoTokenizer reads the model's
+    config.json first, which is custom code there, so it asks for `trust_remote_code=True` as for any such model)."""
+    tokenizer = tiny_tokenizer()
+    tool_model(len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    expected = tokenizer("Ein Mann fährt Fahrrad.")["input_ids"]
+    env = {
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": ROOT,
+    }
+    for code in (
+        "import vaswani; vaswani.register(); from transformers import AutoTokenizer as T",  # README's registration
+        "import sys; sys.modules['vaswani'] = None; from transformers import PreTrainedTokenizerFast as T",
+        "import sys; sys.modules['vaswani'] = None; from functools import partial; "
+        "from transformers import AutoTokenizer; T = type('T', (), {'from_pretrained': staticmethod("
+        "partial(AutoTokenizer.from_pretrained, trust_remote_code=True))})",
+    ):
+        script = (
+            f"{code}\nprint(T.from_pretrained({str(tmp_path)!r})('Ein Mann fährt Fahrrad.')['input_ids'])"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == str(expected)
+        assert "Do you wish" not in result.stdout + result.stderr and "model of type" not in result.stderr

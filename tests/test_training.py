@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import BIN, ROOT
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -34,9 +35,7 @@ from vaswani.recipe.schedule import (
     paper_schedule,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
-BIN = Path(sys.executable).parent
 
 
 # ---- batches ----------------------------------------------------------------------------------------------------
@@ -248,7 +247,7 @@ def test_training_arguments_default_to_the_paper(tmp_path):
 
 
 def test_the_optimizer_is_transformers_default_adam_and_a_given_one_is_kept(tmp_path):
-    from conftest import tiny_model
+    from helpers import tiny_model
     from transformers import Seq2SeqTrainingArguments
 
     from vaswani.recipe.trainer import VaswaniTrainer
@@ -427,14 +426,14 @@ def _pairs(lengths: list[tuple[int, int]], vocab_size: int, seed: int = 0):
 
 
 def _train(tmp_path, name, dataset, tokenizer, **flags):
-    from tiny_translation_assets import tiny_model
+    from helpers import tool_model
     from transformers import DataCollatorForSeq2Seq
     from transformers.utils import logging as hf_logging
 
     from vaswani.recipe.trainer import VaswaniTrainer
 
     hf_logging.set_verbosity_error()
-    model = tiny_model(len(tokenizer))  # the same initial weights for every run, no dropout
+    model = tool_model(len(tokenizer))  # the same initial weights for every run, no dropout
     model.train()
     settings = dict(
         output_dir=str(tmp_path / name), warmup_steps=4, save_strategy="no", eval_strategy="no", seed=0,
@@ -461,7 +460,7 @@ def test_two_accumulated_half_batches_give_the_gradient_of_the_whole_batch(tmp_p
     gradient of the single batch holding both: the label-smoothed loss is summed over every target token of the
     update and divided by their number (`num_items_in_batch`), not averaged per micro-batch. The micro-batches
     differ in target tokens (12,500 and about 9,000) and in padding, which a per-micro-batch mean would show."""
-    from tiny_translation_assets import tiny_tokenizer
+    from helpers import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     rng = np.random.default_rng(1)
@@ -486,7 +485,7 @@ def test_batch_tokens_counts_updates_not_micro_batches(tmp_path):
     """With --batch_tokens the run's length (--max_steps, or the updates of an epoch), the logged steps and the §5.3
     schedule count optimizer updates: an epoch of 9 micro-batches accumulated 2 at a time is 5 updates (the last
     of one micro-batch), at the learning rates of steps 1..5."""
-    from tiny_translation_assets import tiny_tokenizer
+    from helpers import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     dataset = _pairs([(10, 10)] * 27, len(tokenizer))  # 9 micro-batches of 3 pairs at 30 tokens
@@ -741,7 +740,7 @@ def test_the_training_forward_and_loss_compile_as_one_graph(fused):
     """`torch.compile` captures a training step's forward pass and label-smoothed loss whole, as the recipe runs them
     on the CPU (the model's CPU kernels swapped in, bf16 autocast, padded source and target): no graph break, which
     would leave part of the step in eager mode and split it at every break (`torch._dynamo.explain`)."""
-    from conftest import batch as padded_batch
+    from helpers import batch as padded_batch
 
     from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, kernels
     from vaswani.recipe import losses
@@ -974,7 +973,7 @@ def test_killed_run_resumes_to_the_same_weights(corpus, tokenizer_dir, tmp_path)
 
 
 def test_corrupt_checkpoints_are_named(tmp_path):
-    from conftest import tiny_model
+    from helpers import tiny_model
 
     folder = tmp_path / "checkpoint-5"
     model = tiny_model()
@@ -1089,3 +1088,40 @@ def test_time_budget_stops_training_with_a_checkpoint():
     patient.on_train_begin(None, state, control)
     patient.on_step_end(None, state, control)
     assert not control.should_training_stop
+
+
+def test_the_progress_bar_ends_where_the_run_ends():
+    from transformers import TrainerControl, TrainerState
+
+    from vaswani.recipe.callbacks import RunProgress
+
+    state, control = TrainerState(), TrainerControl()
+    state.max_steps, state.global_step = 100000, 0
+    bar = RunProgress(minutes=0.001)  # 60 ms of a run whose --max_steps would take 40 hours
+    bar.on_train_begin(None, state, control)
+    assert bar.training_bar.total == 1000  # per mille of the run
+    time.sleep(0.1)
+    state.global_step = 3
+    bar.on_step_end(None, state, control)
+    assert bar.training_bar.n == bar.training_bar.total  # the time budget is spent: the bar is full
+    bar.on_train_end(None, state, control)
+    by_steps = RunProgress()
+    by_steps.on_train_begin(None, state, control)
+    assert by_steps.training_bar.total == 100000
+    by_steps.on_train_end(None, state, control)
+
+
+def test_launch_mistakes_are_refused(monkeypatch, tmp_path):
+    from vaswani.recipe.arguments import PaperTrainingArguments
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # `accelerate launch --cpu --num_processes 2` sets these
+    for name in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="starts ONE process.*--multi_gpu --num_processes N.*torchrun"):
+        PaperTrainingArguments(output_dir=str(tmp_path))
+    monkeypatch.delenv("MASTER_ADDR")
+    PaperTrainingArguments(output_dir=str(tmp_path))  # one process asked for: fine
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--deepspeed needs a GPU.*--fsdp"):
+            PaperTrainingArguments(output_dir=str(tmp_path), deepspeed=str(tmp_path / "ds.json"))

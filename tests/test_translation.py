@@ -1,15 +1,26 @@
 """Batched translation: same output as one-by-one `generate`, input order kept, empty lines, stdin/stdout."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import tiny_model
-from tiny_translation_assets import SENTENCES, tiny_tokenizer, translation_model
+from helpers import (
+    BIN,
+    ROOT,
+    SENTENCES,
+    assert_one_line_error,
+    invoke,
+    tiny_model,
+    tiny_tokenizer,
+    translation_model,
+)
 
+from vaswani.commands import translate as translate_command
 from vaswani.publishing.model_card import EvalResults
 from vaswani.recipe.metrics import reported_scores
 from vaswani.recipe.tokenization import save_tokenizers
@@ -24,13 +35,7 @@ from vaswani.recipe.translation import (
     write_sentences,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 MORE = SENTENCES + ["Ein Hund.", "Die Kinder spielen im Park mit zwei Hunden und einem Ball.", "Schnee"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +279,291 @@ def test_cuda_is_the_default_device_and_bf16_runs_there(tmp_path, model, tokeniz
     loaded, src_tok, _ = load_translation_model(tmp_path, bf16=True)
     assert loaded.device.type == "cuda" and loaded.dtype == torch.bfloat16
     assert len(translate(MORE, loaded, src_tok, max_new_tokens=6, show_progress=False)) == len(MORE)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "num_beams_0",
+        "missing_model",
+        "corrupt_weights",
+        "moses_xx",
+        "non_utf8_input",
+        "n_best_over_beams",
+        "length_penalty_inf",
+        "unknown_flag",
+    ],
+)
+def test_translate_errors_name_the_flag_or_file(case, model_dir, tmp_path, capsys):
+    source = tmp_path / "src.txt"
+    source.write_text("Ein Mann .\n")
+    argv = [
+        "--model_name_or_path",
+        model_dir,
+        "--input",
+        source,
+        "--output",
+        tmp_path / "hyp.txt",
+        "--no_progress",
+    ]
+    expected: tuple
+    if case == "num_beams_0":
+        argv += ["--num_beams", "0"]
+        expected = ("--num_beams",)
+    elif case == "missing_model":
+        argv[1] = tmp_path / "no-such-model"
+        expected = ("No model folder at", "no-such-model")
+    elif case == "corrupt_weights":
+        broken = tmp_path / "broken"
+        shutil.copytree(model_dir, broken)
+        weights = broken / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-64])
+        argv[1] = broken
+        expected = ("broken/model.safetensors", "corrupt or truncated")
+    elif case == "moses_xx":
+        argv += ["--references", source, "--moses_lang", "xx"]
+        expected = ("--moses_lang", "'xx'")
+    elif case == "non_utf8_input":
+        source.write_bytes("Ein Mann .\nEin Mädchen .\n".encode("latin-1"))
+        expected = ("src.txt, line 2: not UTF-8",)
+    elif case == "n_best_over_beams":
+        argv += ["--n_best", "5", "--num_beams", "4"]
+        expected = ("--n_best",)
+    elif case == "length_penalty_inf":  # was blamed on --num_beams
+        argv += ["--length_penalty", "inf"]
+        expected = ("--length_penalty: length_penalty must be a finite number, got inf",)
+    else:  # a flag of another tool
+        argv += ["--preset", "small"]
+        expected = ("--preset",)
+    code, _, err = invoke(translate_command.main, argv, capsys)
+    assert_one_line_error(code, err, *expected)
+    assert not (tmp_path / "hyp.txt").exists()
+
+
+def test_a_hub_model_translates_with_its_own_tokenizer(model_dir, tmp_path):
+    """`vaswani-translate --model_name_or_path namespace/name` loaded the model from the Hub, then looked for its
+    tokenizer in a local folder named namespace/name. Here the Hub is a cache filled as a download fills it, offline."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub-cache" / "models--someone--tiny-de-en"
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    source = tmp_path / "src.de"
+    source.write_text(SENTENCES[0] + "\n")
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(tmp_path / "hub-cache"),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    argv = ["--input", source, "--output", tmp_path / "hyp.en", "--max_new_tokens", "6", "--no_progress"]
+    done = subprocess.run(
+        [BIN / "vaswani-translate", "--model_name_or_path", "someone/tiny-de-en", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
+    expected = translate(SENTENCES[:1], model, tokenizer, max_new_tokens=6, show_progress=False)
+    assert (tmp_path / "hyp.en").read_text().splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    "record, flags, named",
+    [
+        ("summary", ["--source_lang", "de", "--target_lang", "xx"], "--target_lang xx: the model"),
+        ("summary", ["--source_lang", "en", "--target_lang", "de"], "--source_lang en: the model"),
+        ("run", ["--target_lang", "fr"], "translates de into en"),
+        ("marian", ["--source_lang", "fr"], "translates de into en"),
+        ("fsmt", ["--target_lang", "fr"], "translates de into en"),
+        ("card", ["--source_lang", "de", "--target_lang", "xx"], "README.md"),
+        ("card", ["--source_lang", "en", "--target_lang", "de"], "translates de into en"),
+    ],
+)
+def test_a_language_the_model_does_not_know_is_refused(record, flags, named, model_dir, tmp_path, capsys):
+    """`vaswani-translate --source_lang de --target_lang xx` translated with exit 0. The languages a folder records
+    (its configs, tokenizer config, the run's training_summary.json, its model card) are checked before it loads."""
+    folder = tmp_path / "run" / "averaged" if record == "run" else tmp_path / "model"
+    shutil.copytree(model_dir, folder)
+    summary = json.dumps({"source_lang": "de", "target_lang": "en"})
+    if record == "summary":
+        (folder / "training_summary.json").write_text(summary)
+    elif record == "run":  # vaswani-train's layout: the summary in the run folder, the model in averaged/
+        (folder.parent / "training_summary.json").write_text(summary)
+    elif record in ("marian", "fsmt"):  # a converted model: its tokenizer's config says
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        if record == "marian":
+            tokenizer_config.update(source_lang="de", target_lang="en")
+        else:
+            tokenizer_config.update(langs=["de", "en"])
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    else:  # a published folder: this package's card lists [source, target]
+        (folder / "README.md").write_text("---\nlanguage:\n- de\n- en\ntags:\n- vaswani\n---\n# A model\n")
+    source = tmp_path / "src.txt"
+    source.write_text("Ein Mann .\n")
+    argv = [
+        "--model_name_or_path",
+        folder,
+        "--input",
+        source,
+        "--output",
+        tmp_path / "hyp.txt",
+        "--no_progress",
+    ]
+    code, _, err = invoke(translate_command.main, argv + flags, capsys)
+    assert_one_line_error(code, err, named)
+    assert not (tmp_path / "hyp.txt").exists()
+    code, _, err = invoke(
+        translate_command.main, argv + ["--source_lang", "de", "--target_lang", "en"], capsys
+    )
+    assert code == 0, err
+
+
+def test_languages_are_not_checked_where_nothing_records_them_and_it_is_said(model_dir, tmp_path, capsys):
+    source = tmp_path / "src.txt"
+    source.write_text("Ein Mann .\n")
+    argv = ["--input", source, "--output", tmp_path / "hyp.txt", "--no_progress"]
+    code, _, err = invoke(
+        translate_command.main,
+        ["--model_name_or_path", model_dir, *argv, "--source_lang", "de", "--target_lang", "xx"],
+        capsys,
+    )
+    assert code == 0 and "records no languages" in err, err
+    # a group of languages (Marian's opus-mt-en-ROMANCE records "ROMANCE") is no language to check against
+    group = tmp_path / "group"
+    shutil.copytree(model_dir, group)
+    tokenizer_config = json.loads((group / "tokenizer_config.json").read_text())
+    tokenizer_config.update(source_lang="en", target_lang="ROMANCE")
+    (group / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    flags = ["--source_lang", "en", "--target_lang", "fr"]
+    code, _, err = invoke(translate_command.main, ["--model_name_or_path", group, *argv, *flags], capsys)
+    assert code == 0, err
+    code, _, err = invoke(
+        translate_command.main, ["--model_name_or_path", group, *argv, "--source_lang", "de"], capsys
+    )
+    assert_one_line_error(code, err, "--source_lang de: the model", "translates en into ROMANCE")
+
+
+def test_the_pipeline_translates_an_empty_text_to_an_empty_text(model_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    from vaswani import VaswaniForConditionalGeneration
+    from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
+    from vaswani.recipe.translation import translate
+
+    model = VaswaniForConditionalGeneration.from_pretrained(model_dir).eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    pipe = VaswaniTranslationPipeline(model=model, tokenizer=tokenizer, device="cpu")
+    assert translate(["", "  "], model, tokenizer, show_progress=False) == ["", ""]
+    assert pipe("") == [{"translation_text": ""}]
+    mixed = pipe(["", SENTENCES[0], " "], max_new_tokens=5)
+    assert mixed[0] == mixed[2] == {"translation_text": ""}
+    assert mixed[1] == pipe(SENTENCES[0], max_new_tokens=5)[0] and mixed[1]["translation_text"]
+    assert pipe([""], num_return_sequences=2, num_beams=2) == [[{"translation_text": ""}] * 2]
+
+
+def test_n_best_lists_with_scores(model_dir, tmp_path, capsys):
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    source = tmp_path / "src.txt"
+    source.write_text("\n".join([SENTENCES[0], "", SENTENCES[1]]) + "\n")
+    out = tmp_path / "nbest.tsv"
+    argv = ["--model_name_or_path", model_dir, "--input", source, "--output", out, "--no_progress"]
+    code, _, err = invoke(translate_command.main, argv + ["--n_best", "3", "--max_new_tokens", "8"], capsys)
+    assert code == 0, err
+    rows = [line.split("\t") for line in out.read_text().splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
+    best = translate(
+        [SENTENCES[0], "", SENTENCES[1]], model, tokenizer, max_new_tokens=8, show_progress=False
+    )
+    assert [rows[0][2], rows[3][2], rows[6][2]] == best
+    for i in (0, 6):
+        scores = [float(rows[i + k][1]) for k in range(3)]
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
+    # the beam's score: transformers' own for the same search
+    inputs = tokenizer([SENTENCES[0]], return_tensors="pt")
+    generated = model.generate(
+        **inputs, num_beams=4, num_return_sequences=3, max_new_tokens=8, output_scores=True,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert [float(r[1]) for r in rows[:3]] == pytest.approx(generated.sequences_scores.tolist(), abs=1e-4)
+
+
+def test_interactive_translation_answers_each_line_before_the_next(model_dir):
+    """fairseq-interactive: a line in, its translation out, while standard input stays open."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [str(BIN / "vaswani-translate"), "--model_name_or_path", str(model_dir), "--interactive"]
+    process = subprocess.Popen(
+        command + ["--max_new_tokens", "6"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+        encoding="utf-8",
+    )
+    reader = ThreadPoolExecutor(max_workers=1)
+    try:
+        answers = []
+        for sentence in SENTENCES[:2]:
+            process.stdin.write(sentence + "\n")
+            process.stdin.flush()
+            # the answer comes while standard input is still open (a batch tool would wait for its end)
+            answers.append(reader.submit(process.stdout.readline).result(timeout=120))
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        reader.shutdown(wait=False)
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
+    expected = translate(SENTENCES[:2], model, tokenizer, max_new_tokens=6, show_progress=False)
+    assert [a.rstrip("\n") for a in answers] == expected
+
+
+def test_plain_translate_on_a_terminal_says_it_reads_standard_input(model_dir):
+    """Issue: `vaswani-translate` without --input waited on a terminal without a word."""
+    import pty
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    terminal, its_end = pty.openpty()
+    command = [
+        str(BIN / "vaswani-translate"),
+        "--model_name_or_path",
+        str(model_dir),
+        "--max_new_tokens",
+        "6",
+    ]
+    process = subprocess.Popen(
+        command, stdin=its_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    os.close(its_end)
+    reader = ThreadPoolExecutor(max_workers=1)
+    try:
+
+        def notice():
+            for line in process.stderr:
+                if "vaswani-translate: reading sentences from standard input" in line:
+                    return line
+
+        assert "Ctrl-D ends them" in reader.submit(notice).result(timeout=120)
+        os.write(terminal, SENTENCES[0].encode() + b"\n\x04")  # a sentence, then Ctrl-D
+        assert process.wait(timeout=120) == 0
+        output = process.stdout.read()
+    finally:
+        process.kill()
+        reader.shutdown(wait=False)
+        os.close(terminal)
+    from vaswani.recipe.translation import load_translation_model, translate
+
+    model, tokenizer, _ = load_translation_model(model_dir, device="cpu")
+    assert (
+        output == translate(SENTENCES[:1], model, tokenizer, max_new_tokens=6, show_progress=False)[0] + "\n"
+    )

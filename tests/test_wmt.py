@@ -4,12 +4,13 @@ WMT's two BLEU scores in the tools, and evaluation that says what it decodes and
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from datasets import Dataset
-from tiny_translation_assets import tiny_tokenizer
-from transformers import EvalPrediction, TrainerControl, TrainerState
+from helpers import ROOT, tiny_tokenizer
+from transformers import EvalPrediction, GenerationConfig, TrainerControl, TrainerState
 from transformers.trainer_utils import IntervalStrategy
 
 from bench.synthetic_corpus import write_corpus
@@ -24,10 +25,10 @@ from vaswani.recipe.arguments import (
 )
 from vaswani.recipe.callbacks import TimeBudget, TimedCheckpoints
 from vaswani.recipe.checkpoints import checkpoints
-from vaswani.recipe.evaluation import AfterTraining, EvaluationClock, describe_decoding, sort_by_source_length
+from vaswani.recipe.evaluation import EvaluationClock, describe_decoding, sort_by_source_length
 from vaswani.recipe.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
+from vaswani.recipe.run import log_after_training
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {path.stem: path for path in sorted((ROOT / "recipes").glob("*.yaml"))}
 
 
@@ -301,7 +302,7 @@ def test_evaluate_reports_sacrebleu_and_the_papers_tokenized_bleu(tmp_path, caps
 def test_translate_with_references_reports_both_bleus(tmp_path, capsys, monkeypatch):
     """`vaswani-translate --references --moses_lang de` scores what it translated: here a model folder stands in,
     and the translation is the worked example's hypothesis."""
-    from conftest import tiny_model
+    from helpers import tiny_model
 
     from vaswani.commands import translate as translate_command
     from vaswani.recipe import translation
@@ -375,29 +376,27 @@ def test_each_evaluation_says_what_it_decodes_and_how_long_it_should_take(caplog
     ]
 
 
-def test_what_runs_after_the_time_budget_is_said_up_front_and_timed_once_measured(caplog):
+def test_what_runs_after_the_time_budget_is_said_up_front_and_timed_once_measured(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="vaswani")
-    plan = AfterTraining(
-        budget_minutes=2,
-        max_steps=100000,
-        validation_pairs=3000,
-        eval_decoding=describe_decoding(3000, 1, 64),
-        processes=1,
-        average_last=(5,),
-        validation_translations=0,
-        choice_pairs=3000,
-        test_pairs=3003,
-        test_decoding=describe_decoding(3003, 4, 64),
+    clock = FakeClock()
+    args = PaperTrainingArguments(
+        output_dir=str(tmp_path), max_train_minutes=2, max_steps=100000, eval_strategy="steps", eval_steps=1000
     )
-    assert plan.describe() == (
+    trainer = SimpleNamespace(  # a process other than the main one, which times nothing before training
+        args=args,
+        eval_dataset=Dataset.from_dict({"input_ids": [[5, 6, 2]] * 3000}),
+        model=SimpleNamespace(generation_config=GenerationConfig()),
+        evaluation_clock=EvaluationClock(clock=clock),
+        is_world_process_zero=lambda: False,
+    )
+    log_after_training(trainer, FinishArguments(average_last=5), None, ["Ein Hund ."] * 3003, tiny_tokenizer())
+    assert caplog.records[-1].getMessage() == (
         "After the 2-minute budget (or step 100000, if sooner): a final evaluation of 3000 pairs, greedy, 64 a batch "
         "(47 batches), at most source length + 50 new tokens; the average of the last 5 checkpoints; the test "
         "translation of 3003 pairs, beam 4, 64 a batch (47 batches), at most source length + 50 new tokens. How "
         "long these take is logged once an evaluation has measured the decoding rate"
     )
-    clock = FakeClock()
-    timer = EvaluationClock(clock=clock)
-    timer.after_training = plan
+    timer = trainer.evaluation_clock
     with timer.timing(3000, "3000 pairs"):
         clock.now += 100  # 30 pairs/s greedy: beam 4 estimated at a third, 10 pairs/s
     assert caplog.records[-1].getMessage() == (

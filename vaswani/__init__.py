@@ -39,6 +39,7 @@ _LAZY = {
     "VaswaniModel": "modeling_vaswani",
     "VaswaniForConditionalGeneration": "modeling_vaswani",
     "shift_tokens_right": "modeling_vaswani",
+    "VaswaniTranslationPipeline": "pipeline_vaswani",
     "use_cpu_kernels": "kernels",  # its module registers attn_implementation="vaswani_sdpa"
     "use_plain_modules": "kernels",
 }
@@ -83,6 +84,7 @@ __all__ = [
     "VaswaniPreTrainedModel",
     "VaswaniModel",
     "VaswaniForConditionalGeneration",
+    "VaswaniTranslationPipeline",
     "register",
     "shift_tokens_right",
     "use_cpu_kernels",

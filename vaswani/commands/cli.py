@@ -103,7 +103,8 @@ def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[str] 
 # Messages of other libraries that say nothing to a tool's user, each silenced by its exact text, never a logger or a
 # category: torchao's extensions for another Python (cp310) and for CUDA's sm_90a, which it cannot load here and does
 # not need; torch's deprecation of the `register_constant` calls torchao makes on import; torchao's note that its
-# Triton (GPU) kernels are missing, which int8 decoding on the CPU does not use.
+# Triton (GPU) kernels are missing, which int8 decoding on the CPU does not use; the ONNX exporter's note that it
+# skips torchvision's operators, which no `vaswani` graph holds.
 NOISE = {
     "torchao": re.compile(
         r"Failed to load (\S+/torchao/_C_(mxfp8|cutlass_90a)\S*\.so): Could not load this library: \1"
@@ -114,6 +115,7 @@ NOISE = {
             "register_constant() on Enum subclasses is deprecated and will be an error in a future release."
         )
     ),
+    "torch.onnx._internal.exporter._registration": re.compile(re.escape("torchvision is not installed. Skipping %s")),
     "torchao.kernel.intmm": re.compile(
         re.escape("Warning: Detected no triton, on systems without Triton certain kernels will not work")
     ),

@@ -9,6 +9,7 @@ not at all. With --references, BLEU and chrF (sacreBLEU) go to standard error, n
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -244,16 +245,8 @@ def main(argv):
         raise UsageError("--interactive translates as lines arrive: --references needs a whole --input")
     _check_files(args, scoring)
     setup_logging()
-    from ..interop import engines
+    from ..recipe import translation
     from ..recipe.model_folders import check_model_languages
-    from ..recipe.translation import (
-        format_n_best,
-        load_translation_model,
-        read_sentences,
-        translate_n_best,
-        write_lines,
-        write_sentences,
-    )
 
     check_model_languages(args.model_name_or_path, args.source_lang, args.target_lang)
     if scoring.references and scoring.moses_lang is None and args.target_lang:
@@ -264,24 +257,12 @@ def main(argv):
             logger.warning(
                 "No lowercased Moses-tokenized BLEU for --target_lang %s: %s", args.target_lang, error
             )
-    if args.engine == "pytorch":
-        model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
-        model, source_tokenizer, target_tokenizer = load_translation_model(
-            args.model_name_or_path,
-            args.tokenizer_name,
-            device=args.device,
-            bf16=args.bf16,
-            int8=args.quantization == "int8",
-            **model_kwargs,
-        )
-        decode = translate_n_best
-    else:  # an exported model: the same decoding, by CTranslate2 or ONNX Runtime (vaswani.interop.engines)
-        options = {"device": args.device} if args.device else {}
-        model, source_tokenizer, target_tokenizer = engines.load_exported(
-            args.model_name_or_path, args.engine, threads=args.threads, **options
-        )
-        decode = engines.translate_n_best
-    decoding = dict(
+    model, source_tokenizer, target_tokenizer = _load(args)
+    decode = functools.partial(
+        translation.translate_n_best,
+        model=model,
+        source_tokenizer=source_tokenizer,
+        target_tokenizer=target_tokenizer,
         n_best=args.n_best or 1,
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
@@ -293,31 +274,44 @@ def main(argv):
         with_scores=args.n_best is not None,
     )
     if args.interactive:
-        return _interactive(
-            decode, model, source_tokenizer, target_tokenizer, decoding, args.n_best is not None
-        )
+        return _interactive(decode, args.n_best is not None)
     if args.input == "-" and sys.stdin.isatty():
         print(
             f"{current_prog()}: reading sentences from standard input, one a line; Ctrl-D ends them "
             "(--input FILE reads a file, --interactive answers each line at once)",
             file=sys.stderr,
         )
-    results = decode(
-        read_sentences(args.input),
-        model,
-        source_tokenizer,
-        target_tokenizer,
-        show_progress=args.progress,
-        **decoding,
-    )
+    results = decode(translation.read_sentences(args.input), show_progress=args.progress)
     translations = [hypotheses[0].text for hypotheses in results]
     if args.n_best is not None:
-        write_lines((line for i, h in enumerate(results) for line in format_n_best(i, h)), args.output)
+        lines = (line for i, h in enumerate(results) for line in translation.format_n_best(i, h))
+        translation.write_lines(lines, args.output)
     else:
-        write_sentences(translations, args.output)
+        translation.write_sentences(translations, args.output)
     if scoring.references:
         _score(translations, scoring, args, model, target_tokenizer)
     return translations
+
+
+def _load(args: TranslationArguments):
+    """`(model, source_tokenizer, target_tokenizer)`: the PyTorch model, or an exported one that decodes the same
+    way by CTranslate2 or ONNX Runtime (`vaswani.interop.engines`)."""
+    if args.engine != "pytorch":
+        from ..interop.engines import load_exported
+
+        options = {"device": args.device} if args.device else {}
+        return load_exported(args.model_name_or_path, args.engine, threads=args.threads, **options)
+    from ..recipe.translation import load_translation_model
+
+    model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
+    return load_translation_model(
+        args.model_name_or_path,
+        args.tokenizer_name,
+        device=args.device,
+        bf16=args.bf16,
+        int8=args.quantization == "int8",
+        **model_kwargs,
+    )
 
 
 def _check_files(args: TranslationArguments, scoring: ScoringArguments) -> None:
@@ -332,25 +326,19 @@ def _check_files(args: TranslationArguments, scoring: ScoringArguments) -> None:
             raise UsageError(f"--{flag} {path} is a folder: give a file")
 
 
-def _interactive(
-    decode, model, source_tokenizer, target_tokenizer, decoding: dict, with_scores: bool
-) -> None:
+def _interactive(decode, with_scores: bool) -> None:
     """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
     one is read, so that another program can hold a conversation with this one through pipes."""
-    from ..recipe.translation import format_n_best, stdin_lines
+    from ..recipe.translation import format_n_best, stdin_lines, write_lines, write_sentences
 
     if sys.stdin.isatty():
         print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
     for index, line in enumerate(stdin_lines()):
-        (hypotheses,) = decode(
-            [line], model, source_tokenizer, target_tokenizer, show_progress=False, **decoding
-        )
+        (hypotheses,) = decode([line], show_progress=False)
         if with_scores:
-            text = "\n".join(format_n_best(index, hypotheses))
+            write_lines(format_n_best(index, hypotheses), "-")
         else:
-            text = hypotheses[0].text.replace("\r", " ").replace("\n", " ")
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
+            write_sentences([hypotheses[0].text], "-")
 
 
 def _score(
@@ -359,7 +347,7 @@ def _score(
     # A model whose tokenizer lowercases writes lowercase only: its raw-text scores are case-insensitive
     # (signature case:lc), never a case-sensitive score it cannot earn.
     from ..recipe.tokenization import lowercases
-    from ..recipe.translation import score_translations
+    from ..recipe.translation import length_penalty_form_of, length_penalty_of, score_translations
 
     lowercase = lowercases(target_tokenizer)
     scores = score_translations(
@@ -373,37 +361,18 @@ def _score(
             "dataset": scoring.dataset_name,
             "split": scoring.split,
             "num_beams": args.num_beams,
-            "length_penalty": _length_penalty(model, args),
-            "length_penalty_form": _length_penalty_form(model, args),
+            # what ran: the flags, else the model's generation config (an export keeps it); CTranslate2 has only
+            # |Y| ** alpha
+            "length_penalty": length_penalty_of(model, args.length_penalty),
+            "length_penalty_form": "power"
+            if args.engine == "ctranslate2"
+            else length_penalty_form_of(model, args.length_penalty_form),
             "engine": args.engine,
             "model": args.model_name_or_path,
             "input": args.input,
             "references": scoring.references,
         }
         write_json(scoring.results_json, record)
-
-
-def _length_penalty(model, args: TranslationArguments) -> float:
-    """The alpha that ran: the flag's, else the model's generation config (an export keeps it in its metadata)."""
-    if args.length_penalty is not None:
-        return args.length_penalty
-    if args.engine != "pytorch":
-        return model.metadata["decoding"].get("length_penalty", PAPER_LENGTH_PENALTY)
-    from ..recipe.translation import length_penalty_of
-
-    return length_penalty_of(model)
-
-
-def _length_penalty_form(model, args: TranslationArguments) -> str:
-    """The form that ran: CTranslate2 has only |Y| ** alpha; an ONNX export decodes as its model's generation
-    config says (kept in the export's metadata)."""
-    if args.engine == "ctranslate2":
-        return "power"
-    if args.engine == "onnx":
-        return args.length_penalty_form or model.metadata["decoding"]["length_penalty_form"]
-    from ..recipe.translation import length_penalty_form_of
-
-    return length_penalty_form_of(model, args.length_penalty_form)
 
 
 if __name__ == "__main__":

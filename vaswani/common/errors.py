@@ -18,8 +18,6 @@ class UsageError(ValueError):
 def describe_error(error: BaseException) -> str:
     """An exception as one line: its message (with its type when that says something the message does not)."""
     message = " ".join(str(error).split()) or type(error).__name__
-    if isinstance(error, _EXPECTED_ERRORS) and not isinstance(error, (FileNotFoundError, ImportError)):
-        return message
     if isinstance(error, FileNotFoundError) and error.filename and str(error.filename) not in message:
         return f"{message}: {error.filename}"
     if isinstance(error, _EXPECTED_ERRORS):
@@ -40,6 +38,3 @@ def flag_errors(flag: str):
         raise
     except ValueError as error:
         raise UsageError(f"--{flag.lstrip('-')}: {describe_error(error)}") from error
-
-
-__all__ = ["PublishError", "UsageError", "describe_error", "flag_errors"]

@@ -34,16 +34,12 @@ TEMPORARY_SUFFIX = ".tmp"
 
 def _fsync_folder(folder: Path) -> None:
     """Make a rename in `folder` durable (a no-op where folders cannot be opened, e.g. Windows)."""
-    try:
+    with contextlib.suppress(OSError):
         descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 @contextlib.contextmanager
@@ -61,14 +57,9 @@ def atomic_write(
     descriptor, temporary = tempfile.mkstemp(
         prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent
     )
-    text = mode == "w"
+    text = {"encoding": encoding, "newline": newline} if mode == "w" else {}
     try:
-        with os.fdopen(
-            descriptor,
-            mode,
-            encoding=encoding if text else None,
-            newline=newline if text else None,
-        ) as handle:
+        with os.fdopen(descriptor, mode, **text) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -208,17 +199,3 @@ def check_input_folder(path: str | os.PathLike | None, flag: str) -> None:
         raise UsageError(f"--{flag} {path} is a file: give a folder")
     if not path.is_dir():
         raise UsageError(f"--{flag} {path}: no such folder")
-
-
-__all__ = [
-    "atomic_folder",
-    "atomic_write",
-    "check_input_file",
-    "check_input_folder",
-    "follow_umask",
-    "read_json",
-    "replace_files",
-    "temporary_sibling",
-    "write_json",
-    "write_text",
-]

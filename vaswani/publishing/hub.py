@@ -20,7 +20,6 @@ The card and the two JSON files it reports (evaluation results, training summary
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -118,12 +117,6 @@ def _check_tokenizer(tokenizer: PreTrainedTokenizerFast, model: VaswaniForCondit
 # --------------------------------------------------------------------------------------------------------------------
 # The folder that is published
 # --------------------------------------------------------------------------------------------------------------------
-def _saved_generation(model_dir) -> dict:
-    """The keys the folder's `generation_config.json` sets (empty without one)."""
-    path = Path(model_dir, "generation_config.json")
-    return read_json(path) if path.exists() else {}
-
-
 def build_folder(
     model_dir: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -131,18 +124,16 @@ def build_folder(
     tokenizer_dir: str | os.PathLike | None = None,
     results: EvalResults | None = None,
     summary: TrainingSummary | None = None,
-    template_path: str | os.PathLike | None = None,
-    license: str | None = None,
-    example_text: str | None = None,
-    dataset_tags: list[str] | None = None,
     model: PreTrainedModel | None = None,
+    **card,
 ) -> Path:
-    """Write the folder to publish into `output_dir` (which must be new or empty) and check it.
+    """Write the folder to publish into `output_dir` (which must be new or empty) and check it; `model_dir` and
+    `tokenizer_dir` were checked (`check_model_dir`).
 
     `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`. `model`:
     the folder's model loaded already (the push command loads it checked against its config), else loaded here.
+    `card`: `render_card`'s `template_path`, `license`, `example_text` and `dataset_tags`.
     """
-    check_model_dir(model_dir, tokenizer_dir)
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise PublishError(f"{str(output_dir)!r} is not empty: the published folder must hold nothing else.")
@@ -162,21 +153,14 @@ def build_folder(
     # what it does not say. setattr, not update(): a generation config saved before `length_penalty_form` existed
     # lacks the key, and update() skips keys it lacks; nor may it stay marked as made from the model config, whose
     # loading drops it.
-    saved = _saved_generation(model_dir)
+    saved = Path(model_dir, "generation_config.json")
+    saved = read_json(saved) if saved.exists() else {}
     for key, value in PAPER_DECODING.items():
         setattr(model.generation_config, key, saved.get(key, value))
     model.generation_config._from_model_config = False
 
     card = render_card(
-        model,
-        repo_id or str(output_dir.resolve()),
-        results=results,
-        summary=summary,
-        template_path=template_path,
-        license=license,
-        example_text=example_text,
-        lowercase=lowercases(tokenizer),
-        dataset_tags=dataset_tags,
+        model, repo_id or str(output_dir.resolve()), results, summary, lowercase=lowercases(tokenizer), **card
     )
     # Built beside `output_dir` and renamed into place once checked: a folder there is complete.
     with atomic_folder(output_dir) as building:
@@ -203,7 +187,7 @@ def check_folder(folder: str | os.PathLike) -> None:
         required.add("model.safetensors.index.json")
     if extra := sorted(names - required - shards):
         raise PublishError(f"{str(folder)!r} holds files that should not be published: {extra}.")
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = read_json(folder / "config.json")
     if config.get("auto_map") != AUTO_CLASSES:
         raise PublishError(f"config.json has auto_map {config.get('auto_map')}, expected {AUTO_CLASSES}.")
     impl = config.get("custom_pipelines", {}).get("translation", {}).get("impl")
@@ -269,11 +253,7 @@ def publish(
     token: str | None = None,
     commit_message: str | None = None,
     create_pr: bool = False,
-    template_path: str | os.PathLike | None = None,
-    license: str | None = None,
-    example_text: str | None = None,
-    dataset_tags: list[str] | None = None,
-    model: PreTrainedModel | None = None,
+    **card,
 ) -> Published:
     """Build the publishable folder from a trained model folder and push it to `repo_id` in one commit.
 
@@ -282,9 +262,9 @@ def publish(
     - `output_dir` only, or `dry_run=True`: build in `output_dir`, push nothing.
 
     A `repo_id` without namespace goes to the token's user (one `whoami` call). `results` and `summary` are
-    `EvalResults` / `TrainingSummary` objects or paths of their JSON files. Every check
-    (repo id, token, input folders, output folder) runs before the model is loaded, and the built folder is checked
-    before it is uploaded.
+    `EvalResults` / `TrainingSummary` objects or paths of their JSON files. `card`: `build_folder`'s `model`
+    and `render_card`'s `template_path`, `license`, `example_text` and `dataset_tags`. Every check (repo id, token, input
+    folders, output folder) runs before the model is loaded, and the built folder is checked before it is uploaded.
     """
     push = repo_id is not None and not dry_run
     if repo_id is None and output_dir is None:
@@ -302,42 +282,9 @@ def publish(
         results = EvalResults.from_json(results)
     if summary is not None and not isinstance(summary, TrainingSummary):
         summary = TrainingSummary.from_json(summary)
-    build = dict(
-        model_dir=model_dir,
-        repo_id=repo_id,
-        tokenizer_dir=tokenizer_dir,
-        results=results,
-        summary=summary,
-        template_path=template_path,
-        license=license,
-        example_text=example_text,
-        dataset_tags=dataset_tags,
-        model=model,
-    )
-    upload = dict(
-        repo_id=repo_id,
-        token=token,
-        private=private,
-        revision=revision,
-        commit_message=commit_message,
-        create_pr=create_pr,
-    )
-    if output_dir is not None:
-        folder = build_folder(output_dir=output_dir, **build)
-        commit = upload_folder(folder, **upload) if push else None
-        return Published(folder=folder, commit=commit)
     with tempfile.TemporaryDirectory(prefix="vaswani-publish-") as tmp:
-        folder = build_folder(output_dir=tmp, **build)
-        return Published(folder=None, commit=upload_folder(folder, **upload))
-
-
-__all__ = [
-    "Published",
-    "publish",
-    "build_folder",
-    "check_folder",
-    "check_model_dir",
-    "check_repo_id",
-    "resolve_token",
-    "upload_folder",
-]
+        folder = build_folder(model_dir, output_dir or tmp, repo_id, tokenizer_dir, results, summary, **card)
+        commit = None
+        if push:
+            commit = upload_folder(folder, repo_id, token, private, revision, commit_message, create_pr)
+        return Published(folder=folder if output_dir is not None else None, commit=commit)

@@ -53,20 +53,28 @@ _EXAMPLES = {
 # --------------------------------------------------------------------------------------------------------------------
 # What the run reports: evaluation results and training summary
 # --------------------------------------------------------------------------------------------------------------------
-def _from_dict(cls, values: dict, what: str, path: str | os.PathLike | None = None):
+def _from_json(cls, path: str | os.PathLike, what: str):
+    """`cls` from a JSON file of the run: keys with a `Trainer` prefix (`test_`, ...) read as theirs, other keys
+    ignored (logged); `PublishError` names the file that is missing, not a JSON object, or lacks or breaks a field."""
+    where = f"The {what} file {str(path)!r}"
+    if not Path(path).is_file():
+        raise PublishError(f"No {what} file at {str(path)!r}.")
+    try:
+        values = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise PublishError(f"{where} is not valid JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise PublishError(f"{where} must hold a JSON object.")
     known = {field.name for field in dataclasses.fields(cls)}
     kwargs, unknown = {}, []
     for key, value in values.items():
-        name = next(
-            (key[len(p) :] for p in _METRIC_PREFIXES if key.startswith(p) and key[len(p) :] in known), key
-        )
+        name = next((key[len(p) :] for p in _METRIC_PREFIXES if key.startswith(p) and key[len(p) :] in known), key)
         if name in known:
             kwargs[name] = value
         else:
             unknown.append(key)
     if unknown:
         logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
-    where = f"The {what} file {str(path)!r}" if path is not None else f"The {what}"
     try:
         return cls(**kwargs)
     except TypeError as error:  # a required field is missing
@@ -77,19 +85,6 @@ def _from_dict(cls, values: dict, what: str, path: str | os.PathLike | None = No
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _read_json(path: str | os.PathLike, what: str) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise PublishError(f"No {what} file at {str(path)!r}.")
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise PublishError(f"The {what} file {str(path)!r} is not valid JSON: {error}") from None
-    if not isinstance(values, dict):
-        raise PublishError(f"The {what} file {str(path)!r} must hold a JSON object.")
-    return values
 
 
 @dataclass
@@ -115,9 +110,7 @@ class EvalResults:
     def __post_init__(self):
         for name in ("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"):
             value = getattr(self, name)
-            if value is None and name != "bleu":
-                continue
-            if not _is_number(value) or not 0 <= value <= 100:
+            if (value is not None or name == "bleu") and not (_is_number(value) and 0 <= value <= 100):
                 raise ValueError(f"{name!r} must be a score between 0 and 100, got {value!r}")
         if self.num_beams is not None and (not isinstance(self.num_beams, int) or self.num_beams < 1):
             raise ValueError(f"'num_beams' must be a positive integer, got {self.num_beams!r}")
@@ -131,13 +124,12 @@ class EvalResults:
             "split",
             "length_penalty_form",
         ):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name!r} must be a string, got {value!r}")
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise ValueError(f"{name!r} must be a string, got {getattr(self, name)!r}")
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> EvalResults:
-        return _from_dict(cls, _read_json(path, "evaluation results"), "evaluation results", path)
+        return _from_json(cls, path, "evaluation results")
 
 
 @dataclass
@@ -160,7 +152,7 @@ class TrainingSummary:
 
     def __post_init__(self):
         for name in ("source_lang", "target_lang"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+            if not (getattr(self, name) and isinstance(getattr(self, name), str)):
                 raise ValueError(f"{name!r} must be a language code, got {getattr(self, name)!r}")
         for name in ("steps", "batch_tokens", "warmup_steps"):
             value = getattr(self, name)
@@ -173,7 +165,7 @@ class TrainingSummary:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> TrainingSummary:
-        return _from_dict(cls, _read_json(path, "training summary"), "training summary", path)
+        return _from_json(cls, path, "training summary")
 
     @property
     def train_time(self) -> str | None:
@@ -201,9 +193,14 @@ def _is_hub_dataset(name: str) -> bool:
     return True
 
 
-def _dataset_type(name: str) -> str:
-    """The model-index `dataset.type`: the Hub id, or the folder or file name of a local dataset."""
-    return name if _is_hub_dataset(name) else Path(name).name.split(".")[0] or "custom"
+def _dataset_id(named: str | None, dataset_tags: list[str] | None) -> str | None:
+    """How the card names a dataset (the model-index `dataset.type`, the training data): its Hub id; for a local
+    copy, the first of `dataset_tags` (the Hub ids of the data), else the folder or file name."""
+    if named and _is_hub_dataset(named):
+        return named
+    if dataset_tags:
+        return dataset_tags[0]
+    return named and (Path(named).name.split(".")[0] or "custom")
 
 
 # The license of a card whose publisher chose none: "other", with the card saying that the training data's terms
@@ -223,10 +220,8 @@ def card_metadata(
     `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
     id the card could name)."""
     eval_results = None
-    hub_name = dataset_tags[0] if dataset_tags else None
     if results is not None:
-        named = results.dataset or (summary.dataset if summary else None) or "custom"
-        dataset_type = hub_name if hub_name and not _is_hub_dataset(named) else _dataset_type(named)
+        dataset_type = _dataset_id(results.dataset or (summary.dataset if summary else None) or "custom", dataset_tags)
         common = dict(
             task_type="translation",
             task_name="Translation",
@@ -235,28 +230,22 @@ def card_metadata(
             dataset_config=results.dataset_config,
             dataset_split=results.split,
         )
-        scores = [
-            ("bleu", "BLEU (sacreBLEU)", results.bleu, results.bleu_signature),
-            ("chrf", "chrF (sacreBLEU)", results.chrf, results.chrf_signature),
-            (
-                "bleu",
-                "BLEU (lowercased, Moses-tokenized)",
-                results.bleu_lowercase_moses_tokenized,
-                results.bleu_lowercase_moses_tokenized_signature,
-            ),
-            (
-                "bleu",
-                "BLEU (Moses-tokenized, compounds split: the paper's)",
-                results.bleu_tokenized,
-                results.bleu_tokenized_signature,
-            ),
+        scores = [  # (metric type, name on the card, EvalResults field, whose signature is the field + "_signature")
+            ("bleu", "BLEU (sacreBLEU)", "bleu"),
+            ("chrf", "chrF (sacreBLEU)", "chrf"),
+            ("bleu", "BLEU (lowercased, Moses-tokenized)", "bleu_lowercase_moses_tokenized"),
+            ("bleu", "BLEU (Moses-tokenized, compounds split: the paper's)", "bleu_tokenized"),
         ]
         eval_results = [
             EvalResult(
-                metric_type=kind, metric_name=name, metric_value=round(value, 2), metric_config=sig, **common
+                metric_type=kind,
+                metric_name=name,
+                metric_value=round(getattr(results, key), 2),
+                metric_config=getattr(results, f"{key}_signature"),
+                **common,
             )
-            for kind, name, value, sig in scores
-            if value is not None
+            for kind, name, key in scores
+            if getattr(results, key) is not None
         ]
     named = {
         summary.dataset if summary else None,
@@ -275,15 +264,6 @@ def card_metadata(
         pipeline_tag="translation",
         eval_results=eval_results,
     )
-
-
-def _training_data(summary: TrainingSummary | None, dataset_tags: list[str] | None) -> str | None:
-    """How the card names the training data: its Hub id, else the name of its local folder or file."""
-    if summary is None or not summary.dataset:
-        return dataset_tags[0] if dataset_tags else None
-    if _is_hub_dataset(summary.dataset) or not dataset_tags:
-        return _dataset_type(summary.dataset)
-    return dataset_tags[0]
 
 
 def lowercases(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -327,7 +307,7 @@ def render_card(
         generation=model.generation_config,
         results=results,
         summary=summary,
-        training_data=_training_data(summary, dataset_tags),
+        training_data=_dataset_id(summary.dataset if summary else None, dataset_tags),
         license_chosen=bool(license),
         test_data=data.eval_results[0].dataset_name if data.eval_results else None,
         example_text=example_text,
@@ -353,13 +333,3 @@ def validate_card(text: str) -> ModelCard:
     if "{{" in card.text or "{%" in card.text:
         raise PublishError("The model card has unrendered template placeholders.")
     return card
-
-
-__all__ = [
-    "DEFAULT_TEMPLATE",
-    "EvalResults",
-    "TrainingSummary",
-    "card_metadata",
-    "render_card",
-    "validate_card",
-]

@@ -117,13 +117,12 @@ def load_safetensors_state_dict(checkpoint: str | os.PathLike) -> dict[str, torc
 def _check_compatible(
     shapes: dict[str, torch.Size], reference_name: Path, state_dict: dict[str, torch.Tensor], name: Path
 ) -> None:
-    missing = sorted(shapes.keys() - state_dict.keys())
-    extra = sorted(state_dict.keys() - shapes.keys())
+    missing, extra = sorted(shapes.keys() - state_dict.keys()), sorted(state_dict.keys() - shapes.keys())
     if missing or extra:
+        few = [f"{keys[:5]}{'...' if len(keys) > 5 else ''}" for keys in (missing, extra)]
         raise ValueError(
             f"Checkpoint {name} does not have the same tensors as {reference_name}: "
-            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-            f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}"
+            f"missing {few[0]}, unexpected {few[1]}"
         )
     for key, tensor in state_dict.items():
         if tensor.shape != shapes[key]:
@@ -145,13 +144,10 @@ def average_state_dicts(
     paths = [Path(path) for path in checkpoints]
     if not paths:
         raise ValueError("No checkpoints to average")
-    sums: dict[str, torch.Tensor] = {}
-    shapes: dict[str, torch.Size] = {}
-    for i, path in enumerate(
-        tqdm(paths, desc="Averaging checkpoints", unit="ckpt", disable=not show_progress)
-    ):
-        state_dict = load_safetensors_state_dict(path)
-        if i == 0:
+    sums, shapes = {}, None
+    for path in tqdm(paths, desc="Averaging checkpoints", unit="ckpt", disable=not show_progress):
+        state_dict = load_safetensors_state_dict(path)  # the last one read is the newest
+        if shapes is None:
             shapes = {key: tensor.shape for key, tensor in state_dict.items()}
             sums = {
                 key: torch.zeros(tensor.shape, dtype=torch.float64)
@@ -161,10 +157,9 @@ def average_state_dicts(
         _check_compatible(shapes, paths[0], state_dict, path)
         for key, total in sums.items():
             total += state_dict[key].to(torch.float64)
-        newest = state_dict  # the last one read is the newest
     return {
         key: (sums[key] / len(paths)).to(tensor.dtype) if key in sums else tensor
-        for key, tensor in newest.items()
+        for key, tensor in state_dict.items()
     }
 
 
@@ -241,13 +236,3 @@ def average_last_checkpoints(
 ) -> Path:
     """Average the last `num_checkpoints` `checkpoint-<step>` folders of `run_dir` (§6.1: 5 for base, 20 for big)."""
     return average_checkpoints(last_checkpoints(run_dir, num_checkpoints), output_dir, show_progress)
-
-
-__all__ = [
-    "average_checkpoints",
-    "average_last_checkpoints",
-    "average_state_dicts",
-    "find_checkpoints",
-    "last_checkpoints",
-    "load_safetensors_state_dict",
-]

@@ -17,6 +17,15 @@ from transformers.trainer_callback import ExportableState, ProgressCallback
 logger = logging.getLogger(__name__)
 
 
+def saved_args(stateful_callbacks: dict | None, name: str) -> dict | None:
+    """The arguments that a `trainer_state.json`'s `stateful_callbacks` keeps of the callback class `name` (None: it
+    keeps none). The Trainer stores every stateful callback's state under its class name at each checkpoint."""
+    saved = (stateful_callbacks or {}).get(name)
+    if isinstance(saved, list):
+        saved = saved[0] if saved else None
+    return saved.get("args", {}) if saved else None
+
+
 class AutocastInTheTrainer(TrainerCallback):
     """Once training begins (the model prepared by Accelerate), hands mixed precision from Accelerate's forward
     wrapper to the trainer's own autocast (`VaswaniTrainer.autocast_smart_context_manager`)."""
@@ -81,9 +90,7 @@ class TimeBudget(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if time.monotonic() - self.started >= self.seconds:
-            logger.info(
-                "Time budget of %g minutes reached at step %d", self.seconds / 60, state.global_step
-            )
+            logger.info("Time budget of %g minutes reached at step %d", self.seconds / 60, state.global_step)
             control.should_training_stop = True
             control.should_save = True
             # The last step evaluates, as at --max_steps (transformers' step-based evaluation does that there).
@@ -117,12 +124,10 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         }
 
     def on_train_begin(self, args, state, control, **kwargs):
-        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
-        if isinstance(saved, list):
-            saved = saved[-1] if saved else None
         # A resumed run continues from its checkpoint's count; a fresh one (or a checkpoint written without this
-        # callback) from zero. The Trainer stores every stateful callback's state under its name at each checkpoint.
-        self.seconds_before = float(saved["args"].get("seconds_since_save", 0.0)) if saved else 0.0
+        # callback) from zero.
+        saved = saved_args(state.stateful_callbacks, type(self).__name__) or {}
+        self.seconds_before = float(saved.get("seconds_since_save", 0.0))
         self.since = self.clock()
         if state.stateful_callbacks is not None:
             state.stateful_callbacks[type(self).__name__] = self.state()
@@ -162,17 +167,15 @@ class TrainingClock(TrainerCallback, ExportableState):
     def from_checkpoint(cls, checkpoint: str | os.PathLike) -> TrainingClock:
         """The clock as `checkpoint` saved it; from zero, with a warning, for a checkpoint written without one."""
         state = json.loads(Path(checkpoint, "trainer_state.json").read_text())
-        saved = state.get("stateful_callbacks", {}).get(cls.__name__)
-        if isinstance(saved, list):
-            saved = saved[0] if saved else None
-        if not saved:
+        saved = saved_args(state.get("stateful_callbacks"), cls.__name__)
+        if saved is None:
             logger.warning(
                 "%s holds no training clock: the training time reported counts from this resumption only",
                 checkpoint,
             )
             return cls()
         try:
-            return cls(**saved.get("args", {}))
+            return cls(**saved)
         except (TypeError, ValueError) as error:  # checkpoints.check_trainer_state names the field
             raise ValueError(
                 f"{checkpoint}/trainer_state.json holds a {cls.__name__} it cannot take: {error}"

@@ -213,35 +213,34 @@ def resolve_resume_checkpoint(
     if not asks_to_resume(resume):
         return None
     check = {"training_state": training_state, "tokenizer_digest": tokenizer_digest}
-    if resume in (True, "True", "true", "last", "yes"):
-        candidates = checkpoints(output_dir)
-        reasons = {}  # each refused checkpoint's reason, its own path left out, so that equal reasons compare equal
-        for candidate in reversed(candidates):
-            try:
-                verify_checkpoint(candidate, **check)
-            except ValueError as error:
-                logger.warning("Skipping checkpoint %s: %s", candidate, error)
-                reasons.setdefault(str(error).replace(str(candidate), ""), str(error))
-                continue
-            return str(candidate)
-        if candidates:
-            # Starting afresh would write new checkpoints among the old ones, and a later resume would mix them.
-            names = ", ".join(c.name for c in candidates)
-            if len(reasons) == 1:  # the newest one's reason, which is every one's
-                (reason,) = reasons.values()
-                same = ", all for the same reason" if len(candidates) > 1 else ""
-                raise ValueError(
-                    f"no checkpoint in {output_dir} can be resumed from ({names}){same}: {reason}; "
-                    "--overwrite_output_dir starts the run afresh"
-                )
-            raise ValueError(
-                f"no checkpoint in {output_dir} can be resumed from ({names}; the warnings above give each reason): "
-                "--overwrite_output_dir starts the run afresh"
-            )
+    if resume not in (True, "True", "true", "last", "yes"):
+        verify_checkpoint(resume, **check)
+        return str(resume)
+    candidates = checkpoints(output_dir)
+    if not candidates:
         logger.warning("No checkpoint in %s: starting from scratch.", output_dir)
         return None
-    verify_checkpoint(resume, **check)
-    return str(resume)
+    reasons = {}  # each refused checkpoint's reason, its own path left out, so that equal reasons compare equal
+    for candidate in reversed(candidates):
+        try:
+            verify_checkpoint(candidate, **check)
+            return str(candidate)
+        except ValueError as error:
+            logger.warning("Skipping checkpoint %s: %s", candidate, error)
+            reasons.setdefault(str(error).replace(str(candidate), ""), str(error))
+    # Starting afresh would write new checkpoints among the old ones, and a later resume would mix them.
+    names = ", ".join(c.name for c in candidates)
+    if len(reasons) == 1:  # the newest one's reason, which is every one's
+        (reason,) = reasons.values()
+        same = ", all for the same reason" if len(candidates) > 1 else ""
+        raise ValueError(
+            f"no checkpoint in {output_dir} can be resumed from ({names}){same}: {reason}; "
+            "--overwrite_output_dir starts the run afresh"
+        )
+    raise ValueError(
+        f"no checkpoint in {output_dir} can be resumed from ({names}; the warnings above give each reason): "
+        "--overwrite_output_dir starts the run afresh"
+    )
 
 
 def asks_to_resume(resume: str | bool | None) -> bool:
@@ -253,14 +252,15 @@ def train_or_resume(trainer: Trainer, checkpoint: str | None):
     """Train from scratch, or continue from `checkpoint` (as `resolve_resume_checkpoint` chose it) with the training
     clock it saved. Returns the Trainer's `TrainOutput`, or None when `checkpoint` had already reached
     `--max_steps`: then nothing is trained (`restore_finished_run`)."""
-    if checkpoint is not None:  # the training time counts every process of the run
-        trainer.pop_callback(TrainingClock)
-        trainer.add_callback(TrainingClock.from_checkpoint(checkpoint))
-    if checkpoint is not None and 0 < trainer.args.max_steps <= checkpoint_step(checkpoint):
+    if checkpoint is None:
+        return trainer.train()
+    trainer.pop_callback(TrainingClock)  # the training time counts every process of the run
+    trainer.add_callback(TrainingClock.from_checkpoint(checkpoint))
+    step = checkpoint_step(checkpoint)
+    if 0 < trainer.args.max_steps <= step:
         restore_finished_run(trainer, checkpoint)
         return None
-    if checkpoint is not None:
-        logger.info("Resuming from %s (step %d)", checkpoint, checkpoint_step(checkpoint))
+    logger.info("Resuming from %s (step %d)", checkpoint, step)
     return trainer.train(resume_from_checkpoint=checkpoint)
 
 

@@ -26,41 +26,39 @@ from .model_folders import check_model_path, load_model
 from .run_folder import take_output_dir
 from .tokenization import load_model_tokenizers, lowercases
 
-SPLITS = ("train", "validation", "test")
-
 logger = logging.getLogger(__name__)
 
 
 def check_model_config(model_args: ModelArguments, data_args: DataArguments, overrides: dict) -> None:
     """Build the configuration the run will train (with the flag's vocabulary size in place of the tokenizer's), so
     that a bad field is reported before any data is read."""
-    if model_args.model_name_or_path:
-        try:
-            check_model_path(model_args.model_name_or_path)
-        except (OSError, ValueError) as error:
-            raise UsageError(f"--model_name_or_path: {error}") from None
-        register()  # model_type="vaswani" loads with this package's classes
-        try:
-            config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-            if isinstance(config, VaswaniConfig):  # weights that do not match the config are named now
-                load_model(model_args.model_name_or_path, VaswaniForConditionalGeneration)
-        except (OSError, ValueError, StrictDataclassError) as error:  # the last: a field of the wrong type
-            raise UsageError(f"--model_name_or_path {model_args.model_name_or_path}: {error}") from None
-        if not isinstance(config, VaswaniConfig):
-            raise UsageError(
-                f"--model_name_or_path {model_args.model_name_or_path} holds a {config.model_type!r} model, "
-                "not a vaswani one"
-            )
-        check_vocab_size(
-            data_args,
-            max(config.vocab_size, config.decoder_vocab_size or 0),
-            f"--model_name_or_path {model_args.model_name_or_path}",
+    path = model_args.model_name_or_path
+    if not path:
+        VaswaniConfig.from_preset(
+            model_args.preset, vocab_size=max(data_args.vocab_size or 8, 8), **overrides
         )
-        for key, value in overrides.items():
-            setattr(config, key, value)
-        config.validate_fields()
         return
-    VaswaniConfig.from_preset(model_args.preset, vocab_size=max(data_args.vocab_size or 8, 8), **overrides)
+    try:
+        check_model_path(path)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--model_name_or_path: {error}") from None
+    register()  # model_type="vaswani" loads with this package's classes
+    try:
+        config = AutoConfig.from_pretrained(path)
+        if isinstance(config, VaswaniConfig):  # weights that do not match the config are named now
+            load_model(path, VaswaniForConditionalGeneration)
+    except (OSError, ValueError, StrictDataclassError) as error:  # the last: a field of the wrong type
+        raise UsageError(f"--model_name_or_path {path}: {error}") from None
+    if not isinstance(config, VaswaniConfig):
+        raise UsageError(
+            f"--model_name_or_path {path} holds a {config.model_type!r} model, not a vaswani one"
+        )
+    check_vocab_size(
+        data_args, max(config.vocab_size, config.decoder_vocab_size or 0), f"--model_name_or_path {path}"
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    config.validate_fields()
 
 
 def _check_data_sources(data_args: DataArguments, training_args, finish_args: FinishArguments) -> None:
@@ -78,22 +76,16 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
             else f"--test_file {data_args.test_file}",
         )
         data_args.test_split = data_args.test_file = None
-    for split in SPLITS:
-        path = getattr(data_args, f"{split}_file")
-        if path:
-            try:
+    for split in ("train", "validation", "test"):
+        try:
+            if path := getattr(data_args, f"{split}_file"):
                 parallel_file_paths(path, data_args.source_lang, data_args.target_lang)
-            except FileNotFoundError as error:
-                raise UsageError(f"--{split}_file: {error}") from None
-    if data_args.dataset_name:
-        path = Path(data_args.dataset_name)
-        looks_local = (
-            path.is_absolute()
-            or data_args.dataset_name.startswith(".")
-            or data_args.dataset_name.count("/") > 1
-        )
-        if looks_local and not path.exists():
-            raise UsageError(f"--dataset_name {data_args.dataset_name}: no such file or folder")
+        except FileNotFoundError as error:
+            raise UsageError(f"--{split}_file: {error}") from None
+    name = data_args.dataset_name
+    looks_local = name and (Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1)
+    if looks_local and not Path(name).exists():
+        raise UsageError(f"--dataset_name {name}: no such file or folder")
     wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
     if wants_validation and not (data_args.validation_file or data_args.dataset_name):
         raise UsageError(
@@ -165,18 +157,12 @@ def check_run(
         raise UsageError(
             "--push_to_hub publishes a model with one shared tokenizer: not with --separate_vocabularies"
         )
-    if training_args.push_to_hub:
-        repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
-        try:
-            check_repo_id(repo_id)
-        except ValueError as error:
-            flag = (
-                "--hub_model_id"
-                if training_args.hub_model_id
-                else "--push_to_hub (without --hub_model_id, the --output_dir name)"
-            )
-            raise UsageError(f"{flag}: {error}") from None
-
+    try:
+        if training_args.push_to_hub:
+            check_repo_id(training_args.hub_model_id or Path(training_args.output_dir).name)
+    except ValueError as error:
+        flag = "--push_to_hub (without --hub_model_id, the --output_dir name)"
+        raise UsageError(f"{'--hub_model_id' if training_args.hub_model_id else flag}: {error}") from None
     take_run_folder(training_args, claim=False)
 
 
@@ -184,29 +170,27 @@ def take_run_folder(training_args: PaperTrainingArguments, claim: bool = True) -
     """The checkpoint to resume from, chosen under the run's lock on `--output_dir` (`run_folder.take_output_dir`),
     which the main process takes (`claim`) once the data is read: a command refused before that creates nothing.
     A refused checkpoint leaves the folder as it was."""
-
-    def resume_checkpoint() -> str | None:
-        try:
-            return resolve_resume_checkpoint(
-                training_args.resume_from_checkpoint,
-                training_args.output_dir,
-                has_training_state(training_args),
-            )
-        except (ValueError, FileNotFoundError) as error:
-            raise UsageError(f"--resume_from_checkpoint: {error}") from None
-
     if training_args.process_index != 0:
-        return resume_checkpoint()
+        return resume_checkpoint(training_args)
     return take_output_dir(
         training_args.output_dir,
         training_args.overwrite_output_dir,
         asks_to_resume(training_args.resume_from_checkpoint),
-        check=resume_checkpoint,
+        check=lambda: resume_checkpoint(training_args),
         claim=claim,
     )
 
 
-def has_training_state(training_args) -> bool:
-    """Whether the run's checkpoints hold the optimizer's, schedule's and random state that a resumed run needs
-    (not with --save_only_model; DeepSpeed keeps its own)."""
-    return not training_args.save_only_model and not training_args.deepspeed
+def resume_checkpoint(
+    training_args: PaperTrainingArguments, tokenizer_digest: str | None = None
+) -> str | None:
+    """The checkpoint `--resume_from_checkpoint` names or finds (`checkpoints.resolve_resume_checkpoint`), one of the
+    tokenizers of `tokenizer_digest` when given; its checkpoints hold the optimizer's, schedule's and random state
+    that a resumed run needs but with --save_only_model (DeepSpeed keeps its own)."""
+    training_state = not training_args.save_only_model and not training_args.deepspeed
+    try:
+        return resolve_resume_checkpoint(
+            training_args.resume_from_checkpoint, training_args.output_dir, training_state, tokenizer_digest
+        )
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(f"--resume_from_checkpoint: {error}") from None

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 import datasets
@@ -54,10 +55,6 @@ _ENCODED_FEATURES = {
 _ENCODED_COLUMNS = tuple(_ENCODED_FEATURES)
 
 
-def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (`.gz` decompressed on the fly) without their line ending.
 
@@ -70,7 +67,7 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
     path = Path(path)
     number = 0
     try:
-        with _open_binary(path) as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
                 try:
                     line = raw.decode("utf-8")
@@ -168,22 +165,14 @@ def _json_files(directory: Path) -> dict[str, Path]:
 def _to_language_columns(ds: Dataset, src_lang: str, tgt_lang: str, origin: str) -> Dataset:
     """Reduce either dataset shape to the two columns `[src_lang, tgt_lang]`."""
     if "translation" in ds.column_names and not {src_lang, tgt_lang} <= set(ds.column_names):
-        feature = ds.features["translation"]
-        if isinstance(feature, datasets.Translation):
-            languages = feature.languages
-        else:
-            languages = list(feature) if isinstance(feature, dict) else []
-        missing = [lang for lang in (src_lang, tgt_lang) if lang not in languages]
-        if missing:
+        flat = ds.select_columns(["translation"]).flatten()  # a column "translation.{lang}" per language
+        languages = [name.removeprefix("translation.") for name in flat.column_names if name != "translation"]
+        if missing := [lang for lang in (src_lang, tgt_lang) if lang not in languages]:
             raise ValueError(
                 f"{origin}: no language {missing} in its 'translation' column (it has {languages})"
             )
-        flat = ds.select_columns(["translation"]).flatten()
-        return flat.select_columns([f"translation.{src_lang}", f"translation.{tgt_lang}"]).rename_columns(
-            {f"translation.{src_lang}": src_lang, f"translation.{tgt_lang}": tgt_lang}
-        )
-    missing = [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]
-    if missing:
+        ds = flat.rename_columns({f"translation.{lang}": lang for lang in languages})
+    if missing := [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]:
         raise ValueError(
             f"{origin}: no column for language {missing} (columns: {ds.column_names}); expected a 'translation' "
             "column of {language: text} dicts or one column per language"
@@ -195,8 +184,7 @@ def _select_and_normalize(
     dataset: DatasetDict, splits: Splits, src_lang: str, tgt_lang: str, origin: str
 ) -> DatasetDict:
     mapping = _split_mapping(splits, list(dataset))
-    missing = [name for name in mapping.values() if name not in dataset]
-    if missing:
+    if missing := [name for name in mapping.values() if name not in dataset]:
         raise ValueError(f"{origin} has no split {missing} (it has {list(dataset)})")
     return DatasetDict(
         {
@@ -236,13 +224,19 @@ def _load_json(
         raise FileNotFoundError(
             f"No JSON-lines file for split {missing[0]!r}: expected {expected} (found {files})"
         )
-    dataset = DatasetDict()
-    for wanted, name in mapping.items():
-        if not any(line.strip() for line in read_lines(files[name])):  # also checks that it is UTF-8
-            raise ValueError(f"{files[name]} is empty: no sentence pairs to load")
-        loaded = datasets.load_dataset("json", data_files={"data": str(files[name])}, cache_dir=cache_dir)
-        dataset[wanted] = _to_language_columns(loaded["data"], src_lang, tgt_lang, str(files[name]))
-    return dataset
+    return DatasetDict(
+        {
+            wanted: _load_json_file(files[name], src_lang, tgt_lang, cache_dir)
+            for wanted, name in mapping.items()
+        }
+    )
+
+
+def _load_json_file(file: Path, src_lang: str, tgt_lang: str, cache_dir: str | None) -> Dataset:
+    if not any(line.strip() for line in read_lines(file)):  # also checks that it is UTF-8
+        raise ValueError(f"{file} is empty: no sentence pairs to load")
+    loaded = datasets.load_dataset("json", data_files={"data": str(file)}, cache_dir=cache_dir)["data"]
+    return _to_language_columns(loaded, src_lang, tgt_lang, str(file))
 
 
 def load_parallel_dataset(
@@ -299,13 +293,9 @@ def load_parallel_dataset(
     if path.is_absolute() or origin.startswith(".") or origin.count("/") > 1:
         raise FileNotFoundError(f"No such file or directory: {origin}")
     loaded = datasets.load_dataset(origin, name=config_name, revision=revision, cache_dir=cache_dir)
-    return _check_not_empty(_select_and_normalize(loaded, splits, src_lang, tgt_lang, origin), origin)
-
-
-def _check_not_empty(dataset: DatasetDict, origin: str) -> DatasetDict:
-    for split, ds in dataset.items():
-        if len(ds) == 0:
-            raise ValueError(f"{origin}: split {split!r} holds no sentence pairs")
+    dataset = _select_and_normalize(loaded, splits, src_lang, tgt_lang, origin)
+    if empty := [split for split, ds in dataset.items() if len(ds) == 0]:
+        raise ValueError(f"{origin}: split {empty[0]!r} holds no sentence pairs")
     return dataset
 
 
@@ -329,7 +319,7 @@ def load_parallel_file(
     files = parallel_file_paths(path, src_lang, tgt_lang)
     cache_dir = None if cache_dir is None else str(cache_dir)
     if len(files) == 1:
-        return _load_json(files[0], src_lang, tgt_lang, ["train"], cache_dir)["train"]
+        return _load_json_file(files[0], src_lang, tgt_lang, cache_dir)
     source, target = files
     split = _load_text_split(source, target, src_lang, tgt_lang, cache_dir)
     logger.info("Loaded %d pairs from %s and %s", len(split), source, target)
@@ -356,26 +346,29 @@ def sample_pairs(dataset: Dataset, max_samples: int | None, seed: int = 0) -> Da
     return dataset.select(rows)
 
 
+def _rust_ids(encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
+    # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which are not needed here
+    encode = getattr(encoder, "encode_batch_fast", encoder.encode_batch)
+    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+
+
+def _python_ids(tok, texts: list[str]) -> list[list[int]]:
+    return tok(texts, truncation=False)["input_ids"] if texts else []  # a batch whose every pair was dropped
+
+
 def _encoder(tok):
-    """The Rust tokenizer behind `tok`, set as `tok(texts, truncation=False)` sets it (special tokens added, neither
-    truncation nor padding, special tokens split or not as `tok.split_special_tokens` says), as a copy so that `tok`
-    is left as it is; None for a tokenizer without one (a Python "slow" tokenizer), which is then called."""
+    """`texts -> tok(texts, truncation=False)["input_ids"]`, through the Rust tokenizer behind `tok` where it has one,
+    set as that call sets it (special tokens added, neither truncation nor padding, special tokens split or not as
+    `tok.split_special_tokens` says), as a copy so that `tok` is left as it is; else (a Python "slow" tokenizer)
+    through `tok` itself."""
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
-        return None
+        return partial(_python_ids, tok)
     encoder = Tokenizer.from_str(backend.to_str())
     encoder.no_truncation()
     encoder.no_padding()
     encoder.encode_special_tokens = bool(getattr(tok, "split_special_tokens", False))
-    return encoder
-
-
-def _token_ids(texts: list[str], encoder, tok) -> list[list[int]]:
-    if encoder is None:
-        return tok(texts, truncation=False)["input_ids"]
-    # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which are not needed here
-    encode = getattr(encoder, "encode_batch_fast", encoder.encode_batch)
-    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+    return partial(_rust_ids, encoder)
 
 
 def _list_array(ids: list[list[int]], lengths: np.ndarray) -> pa.ListArray:
@@ -387,57 +380,35 @@ def _list_array(ids: list[list[int]], lengths: np.ndarray) -> pa.ListArray:
 
 
 def _encode_pairs(
-    batch: pa.Table,
-    encoders: tuple,
-    tokenizers: tuple,
-    src_lang: str,
-    tgt_lang: str,
-    keep: list[str],
-    limits: tuple[int, int] | None,
-    split: str,
+    batch: pa.Table, encoders: tuple, langs: tuple, keep: list[str], limits, split: str
 ) -> pa.Table:
-    """One batch of `tokenize_dataset`'s single pass: both sides encoded, and with `limits` (the maximum source and
-    target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch may shrink."""
-    sources, targets = batch.column(src_lang).to_pylist(), batch.column(tgt_lang).to_pylist()
-    rows = None
+    """One batch of `tokenize_dataset`'s single pass: both sides (`langs`) encoded, and with `limits` (the maximum
+    source and target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch may shrink."""
+    texts = [batch.column(lang).to_pylist() for lang in langs]
+    rows = np.arange(batch.num_rows)
     if limits is None:
-        for lang, texts in ((src_lang, sources), (tgt_lang, targets)):
-            if None in texts:
-                raise ValueError(f"{split}: pair {texts.index(None)} of a batch has no {lang} text (null)")
+        for lang, side in zip(langs, texts, strict=True):
+            if None in side:
+                raise ValueError(f"{split}: pair {side.index(None)} of a batch has no {lang} text (null)")
     else:  # `bool(s.strip())` without the copies; a null side is an empty one
-        rows = [
-            i
-            for i, (s, t) in enumerate(zip(sources, targets, strict=True))
-            if s and t and not s.isspace() and not t.isspace()
-        ]
-        if len(rows) < len(sources):
-            sources, targets = [sources[i] for i in rows], [targets[i] for i in rows]
-    src_ids = _token_ids(sources, encoders[0], tokenizers[0])
-    tgt_ids = _token_ids(targets, encoders[1], tokenizers[1])
-    src_len = np.fromiter(map(len, src_ids), dtype=np.int32, count=len(src_ids))
-    tgt_len = np.fromiter(map(len, tgt_ids), dtype=np.int32, count=len(tgt_ids))
+        pairs = enumerate(zip(*texts, strict=True))
+        rows = np.array(
+            [i for i, (s, t) in pairs if s and t and not s.isspace() and not t.isspace()], dtype=np.int64
+        )
+        texts = [[side[i] for i in rows] for side in texts]
+    ids = [encode(side) for encode, side in zip(encoders, texts, strict=True)]
+    lengths = [np.fromiter(map(len, side), dtype=np.int32, count=len(side)) for side in ids]
     if limits is not None:
-        fit = (src_len <= limits[0]) & (tgt_len <= limits[1])
-        if not fit.all():
-            kept = np.flatnonzero(fit)
-            src_ids, tgt_ids = [src_ids[i] for i in kept], [tgt_ids[i] for i in kept]
-            src_len, tgt_len = src_len[kept], tgt_len[kept]
-            rows = np.asarray(rows, dtype=np.int64)[kept]
-    kept_rows = rows is None or len(rows) == batch.num_rows
-    encoded = {name: batch.column(name) if kept_rows else batch.column(name).take(rows) for name in keep}
-    encoded.update(
-        {
-            "input_ids": _list_array(src_ids, src_len),
-            "labels": _list_array(tgt_ids, tgt_len),
-            LENGTH_COLUMN: pa.array(np.maximum(src_len, tgt_len)),
-        }
-    )
+        kept = np.flatnonzero((lengths[0] <= limits[0]) & (lengths[1] <= limits[1]))
+        ids = [[side[i] for i in kept] for side in ids]
+        lengths, rows = [side[kept] for side in lengths], rows[kept]
+    encoded = {name: batch.column(name).take(rows) for name in keep}
+    encoded["input_ids"], encoded["labels"] = map(_list_array, ids, lengths)
+    encoded[LENGTH_COLUMN] = pa.array(np.maximum(*lengths))
     return pa.table(encoded)
 
 
-def _encoding_fingerprint(
-    ds: Dataset, src_tok, tgt_tok, src_lang: str, tgt_lang: str, keep_text: bool, limits
-) -> str:
+def _encoding_fingerprint(ds: Dataset, toks: tuple, langs: tuple, keep_text: bool, limits) -> str:
     """A cache key for `_encode_pairs` from what decides its output: the input rows, both tokenizers' JSON, the
     columns kept and the filter's limits (None: no filter). The main process's cache file is the one every other
     rank and every rerun maps.
@@ -446,12 +417,46 @@ def _encoding_fingerprint(
     a freshly trained and a reloaded tokenizer, so every run would tokenize again.
     """
     digest = hashlib.sha256()
-    for part in (ds._fingerprint, src_lang, tgt_lang, str(keep_text), json.dumps(limits), "encode-v2"):
+    for part in (ds._fingerprint, *langs, str(keep_text), json.dumps(limits), "encode-v2"):
         digest.update(part.encode())
-    for tok in (src_tok, tgt_tok):
+    for tok in toks:
         backend = getattr(tok, "backend_tokenizer", None)
         digest.update(backend.to_str().encode() if backend is not None else Hasher.hash(tok).encode())
     return digest.hexdigest()[:32]
+
+
+def _encode_split(
+    ds: Dataset, split: str, toks: tuple, langs: tuple, keep_text: bool, limits, **map_args
+) -> Dataset:
+    """One split of `tokenize_dataset`, encoded in one `Dataset.map` pass (cached under `_encoding_fingerprint`)."""
+    if missing := [lang for lang in langs if lang not in ds.column_names]:
+        raise ValueError(f"split {split!r} has no text column {missing} (it has {ds.column_names})")
+    keep = [c for c in ds.column_names if c not in _ENCODED_COLUMNS and (keep_text or c not in langs)]
+    encoded = ds.with_format("arrow").map(
+        partial(
+            _encode_pairs,
+            encoders=tuple(map(_encoder, toks)),
+            langs=langs,
+            keep=keep,
+            limits=limits,
+            split=split,
+        ),
+        batched=True,
+        remove_columns=ds.column_names,
+        features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
+        new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
+        desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
+        **map_args,
+    )
+    if limits is not None:
+        logger.info(
+            "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
+            split,
+            len(ds) - len(encoded),
+            len(ds),
+            *limits,
+        )
+    return encoded.with_format(None)
 
 
 def tokenize_dataset(
@@ -494,72 +499,17 @@ def tokenize_dataset(
     Returns:
         The tokenized `DatasetDict` and `{split: number of pairs dropped}`.
     """
-    if max_target_length is None:
-        max_target_length = max_length
+    max_target_length = max_length if max_target_length is None else max_target_length
     filtered = set(dataset) if filter_splits is None else set(filter_splits)
-    unknown = filtered - set(dataset)
-    if unknown:
+    if unknown := filtered - set(dataset):
         raise ValueError(
             f"filter_splits names splits the dataset lacks: {sorted(unknown)} (it has {list(dataset)})"
         )
-    encoders = (_encoder(src_tok), _encoder(tgt_tok))
-    tokenizers = (src_tok if encoders[0] is None else None, tgt_tok if encoders[1] is None else None)
-    result, dropped = DatasetDict(), {}
+    toks, langs = (src_tok, tgt_tok), (src_lang, tgt_lang)
+    result = DatasetDict()
     for split, ds in dataset.items():
-        missing = [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]
-        if missing:
-            raise ValueError(f"split {split!r} has no text column {missing} (it has {ds.column_names})")
         limits = (max_length, max_target_length) if split in filtered else None
-        keep = [
-            c
-            for c in ds.column_names
-            if c not in _ENCODED_COLUMNS and (keep_text or c not in (src_lang, tgt_lang))
-        ]
-        features = datasets.Features(
-            {**{c: ds.features[c] for c in keep}, **{c: _ENCODED_FEATURES[c] for c in _ENCODED_COLUMNS}}
+        result[split] = _encode_split(
+            ds, split, toks, langs, keep_text, limits, num_proc=num_proc, batch_size=batch_size
         )
-        encoded = ds.with_format("arrow").map(
-            _encode_pairs,
-            batched=True,
-            batch_size=batch_size,
-            num_proc=num_proc,
-            fn_kwargs={
-                "encoders": encoders,
-                "tokenizers": tokenizers,
-                "src_lang": src_lang,
-                "tgt_lang": tgt_lang,
-                "keep": keep,
-                "limits": limits,
-                "split": split,
-            },
-            remove_columns=ds.column_names,
-            features=features,
-            new_fingerprint=_encoding_fingerprint(
-                ds, src_tok, tgt_tok, src_lang, tgt_lang, keep_text, limits
-            ),
-            desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
-        )
-        result[split] = encoded.with_format(None)
-        dropped[split] = len(ds) - len(encoded)
-        if limits is not None:
-            logger.info(
-                "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
-                split,
-                dropped[split],
-                len(ds),
-                max_length,
-                max_target_length,
-            )
-    return result, dropped
-
-
-__all__ = [
-    "count_lines",
-    "iter_text",
-    "load_parallel_dataset",
-    "load_parallel_file",
-    "parallel_file_paths",
-    "read_lines",
-    "sample_pairs",
-    "tokenize_dataset",
-]
+    return result, {split: len(dataset[split]) - len(result[split]) for split in dataset}

@@ -6,11 +6,11 @@
 - `EvaluationClock`: before each evaluation (during and after training), a log line saying what is decoded (pairs,
   greedy or beam, batch size, output limit) and how long it should take, from the previous evaluation's measured
   rate; after it, how long it took.
-- `AfterTraining`: what runs once training ends (a final evaluation, the averaging, the choices on validation, the
-  test translation), logged by `vaswani-train` before training with the most time each part may take (`bound`: the
-  decoder steps of outputs that all run to their length limit, as an untrained model's do, each step timed on the
-  model by `seconds_per_decoder_step`) and, with `--max_train_minutes`, timed again after each evaluation from the
-  measured rate, so that nobody is surprised by the time a run takes after its budget.
+- `log_after_training`: what runs once training ends (a final evaluation, the averaging, the choices on validation, the
+  test translation), logged by `vaswani-train` before training with the most time each part may take (the decoder
+  steps of outputs that all run to their length limit, as an untrained model's do, each step timed on the model:
+  `seconds_to_decode`) and, with `--max_train_minutes`, timed again after each evaluation from the measured rate, so
+  that nobody is surprised by the time a run takes after its budget.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..generation_vaswani import EXTRA_OUTPUT_TOKENS
 
 logger = logging.getLogger(__name__)
 
-# Decoder steps timed before training, for the bound on the work after it (`seconds_per_decoder_step`).
+# Decoder steps timed before training, for the bound on the work after it (`seconds_to_decode`).
 PROBE_STEPS = 16
 
 # Beam search of 4 decodes about a third as many tokens per second as greedy decoding (BENCHMARKS.md: 335 / 851 on the
@@ -74,44 +75,35 @@ def describe_decoding(
     return f"{pairs} pairs, {decoding}, {per}, {limit}"
 
 
-def decoder_steps(
-    lengths: list[int], batch_size: int, max_new_tokens: int | None = None, processes: int = 1
-) -> int:
-    """The decoder steps of a decoding whose every output runs to its limit (an untrained model's, which repeats a
-    token rather than ending): over the batches of sources of similar length (`translation.make_batches`), the
-    longest source + `EXTRA_OUTPUT_TOKENS` each (or `max_new_tokens`), the batches shared among `processes`."""
-    from .translation import make_batches
-
-    batches = make_batches(lengths, batch_size) if lengths else []
-    limits = [max_new_tokens or max(lengths[i] for i in batch) + EXTRA_OUTPUT_TOKENS for batch in batches]
-    return math.ceil(sum(limits) / max(1, processes))
-
-
-def seconds_per_decoder_step(
+def seconds_to_decode(
     model,
-    source_ids: list[list[int]],
+    source_ids,
+    batch_size: int,
     pad_token_id: int,
     num_beams: int,
-    steps: int = PROBE_STEPS,
+    max_new_tokens: int | None = None,
+    processes: int = 1,
     bf16_autocast: bool = False,
 ) -> float:
-    """The seconds one decoder step of `generate()` takes on `model` for this batch of sources (`num_beams` beams
-    each), timed over `steps` steps that the model is made to write (`min_new_tokens`), under bf16 autocast when the
-    decoding it stands for runs under it (evaluation in a `--bf16` run). The model is left in the mode it was in."""
-    width = max(len(ids) for ids in source_ids)
-    input_ids = torch.full((len(source_ids), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(source_ids):
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, : len(ids)] = 1
+    """About the most seconds `model` should take to decode `source_ids` (`num_beams` beams each): the decoder steps
+    if every output runs to its limit, as an untrained model's do (over batches of `batch_size` sources of similar
+    length, the longest source + `EXTRA_OUTPUT_TOKENS` each, or `max_new_tokens`; the batches shared among
+    `processes`), times one step of `generate()` timed over `PROBE_STEPS` steps on the longest batch, under bf16
+    autocast when the decoding it stands for runs under it (evaluation in a `--bf16` run). The model is left in the
+    mode it was in, the run's random state untouched."""
+    longest_first = sorted(source_ids, key=len, reverse=True)  # as `translation.make_batches` batches them
+    if not longest_first:
+        return 0.0
+    limits = [max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size]]
+    batch = [torch.tensor(ids, dtype=torch.long) for ids in longest_first[:batch_size]]
+    input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id)
+    attention_mask = pad_sequence([torch.ones_like(ids) for ids in batch], batch_first=True)
     device = next(model.parameters()).device
     training = model.training
     model.eval()
-    # Greedy and beam search draw no random numbers; the fork makes sure the run's random state is untouched.
-    devices = [device] if device.type == "cuda" else []
     try:
         with (
-            torch.random.fork_rng(devices=devices),
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
             torch.inference_mode(),
             torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast),
         ):
@@ -120,15 +112,15 @@ def seconds_per_decoder_step(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 num_beams=num_beams,
-                max_new_tokens=steps,
-                min_new_tokens=steps,
+                max_new_tokens=PROBE_STEPS,
+                min_new_tokens=PROBE_STEPS,
                 do_sample=False,
                 use_cache=True,
             )
-            seconds = time.perf_counter() - started
+            step = (time.perf_counter() - started) / PROBE_STEPS
     finally:
         model.train(training)
-    return seconds / steps
+    return math.ceil(sum(limits) / max(1, processes)) * step
 
 
 class EvaluationClock:
@@ -141,20 +133,16 @@ class EvaluationClock:
         self.rate: float | None = None  # validation pairs per second, the last evaluation's
         self.after_training: AfterTraining | None = None
 
-    def expected_seconds(self, pairs: int) -> float | None:
-        return None if not self.rate else pairs / self.rate
-
     @contextlib.contextmanager
     def timing(self, pairs: int, description: str):
         """Around one evaluation of `pairs` validation pairs that decodes as `description` says."""
-        expected = self.expected_seconds(pairs)
-        if expected is None:
+        if not self.rate:
             logger.info("Evaluating: decoding %s; its time is logged when it ends", description)
         else:
             logger.info(
                 "Evaluating: decoding %s; about %s at the last evaluation's %.1f pairs/s",
                 description,
-                describe_seconds(expected),
+                describe_seconds(pairs / self.rate),
                 self.rate,
             )
         started = self.clock()
@@ -164,7 +152,7 @@ class EvaluationClock:
         logger.info(
             "Evaluation of %d pairs took %s (%.1f pairs/s)", pairs, describe_seconds(seconds), self.rate
         )
-        if self.after_training is not None and self.after_training.budget_minutes:
+        if self.after_training is not None:  # with a time budget
             logger.info(self.after_training.describe(self.rate))
 
 
@@ -180,122 +168,36 @@ def generation_settings(trainer, gen_kwargs: dict) -> tuple[int, int | None]:
 
 @dataclass
 class AfterTraining:
-    """What `vaswani-train` does once training ends (at `--max_steps` or the `--max_train_minutes` budget), on the
-    main process but for the final evaluation: `describe` says it, with the time each part should take once an
-    evaluation has measured the greedy rate (beam search estimated at `BEAM_SLOWDOWN` times slower per pair)."""
+    """What `vaswani-train` does once training ends (`when`: at `--max_steps`, or the `--max_train_minutes` budget),
+    on the main process but for the final evaluation, as `parts`: (what it does, what it costs in validation pairs
+    decoded greedily over every process, the most seconds it should take as timed before training); None where a
+    part is not timed. `describe` says it, with the time of each part: from the measured rate of the last evaluation
+    (beam search estimated at `BEAM_SLOWDOWN` times greedy's time per pair), else the bound timed before training."""
 
-    budget_minutes: float | None
-    max_steps: int
-    validation_pairs: int | None  # of the final evaluation; None: none
-    eval_decoding: str  # describe_decoding(...) of that evaluation
-    processes: int
-    average_last: tuple[int, ...]
-    validation_translations: int  # beam-search passes over validation, choosing an average or alpha
-    choice_pairs: int | None  # pairs of those translations
-    test_pairs: int | None
-    test_decoding: str | None  # describe_decoding(...) of the test translation
-    # The bound before training (`bound`): decoder steps of each part if every output runs to its limit
-    # (`decoder_steps`), and the seconds of one step (`seconds_per_decoder_step`), greedy and with the test's beams.
-    eval_steps: int = 0
-    choice_steps: int = 0  # of one translation of the validation split
-    test_steps: int = 0
-    greedy_step_seconds: float | None = None
-    beam_step_seconds: float | None = None
-    timed_only: bool = False  # the budget alone ends training (`PaperTrainingArguments.timed_only`)
-
-    def bound(self) -> dict[str, float] | None:
-        """About the most seconds each part after training should take, from the decoder steps timed before training: an
-        untrained model writes every output to its length limit, a trained one stops sooner. None before timing."""
-        if self.greedy_step_seconds is None and self.beam_step_seconds is None:
-            return None
-        greedy, beam = self.greedy_step_seconds or 0.0, self.beam_step_seconds or 0.0
-        parts = {}
-        if self.validation_pairs:
-            parts["evaluation"] = self.eval_steps * greedy
-        if self.validation_translations and self.choice_pairs:
-            parts["choices"] = self.validation_translations * self.choice_steps * beam
-        if self.test_pairs:
-            parts["test"] = self.test_steps * beam
-        return parts
-
-    def _from_rate(self, rate: float) -> dict[str, float]:
-        """The seconds of each part from `rate`, the last evaluation's validation pairs per second (greedy, every
-        process). The work after training runs on the main process alone: one process's share of that rate, with
-        beam search at `BEAM_SLOWDOWN` times greedy's time per pair."""
-        per_pair = 1 / rate
-        beam_per_pair = per_pair * self.processes * BEAM_SLOWDOWN
-        seconds = {}
-        if self.validation_pairs:
-            seconds["evaluation"] = self.validation_pairs * per_pair
-        if self.validation_translations and self.choice_pairs:
-            seconds["choices"] = self.validation_translations * self.choice_pairs * beam_per_pair
-        if self.test_pairs:
-            seconds["test"] = self.test_pairs * beam_per_pair
-        return seconds
+    when: str
+    parts: list[tuple[str, float | None, float | None]]
 
     def describe(self, rate: float | None = None) -> str:
-        """One line; `rate`: the last evaluation's validation pairs per second (greedy, every process). Without it,
-        the bound timed before training (`bound`) when there is one."""
-        bound = None if rate else self.bound()
-        # Seconds of each part: the bound, else from the measured rate, else unknown (no entry).
-        estimates = bound if bound else self._from_rate(rate) if rate else {}
-        parts, total = [], 0.0
-
-        def timed(text: str, part: str) -> str:
-            nonlocal total
-            seconds = estimates.get(part)
-            if seconds is None:
-                return text
-            total += seconds
-            return f"{text} ({'up to ' if bound else ''}~{describe_seconds(seconds)})"
-
-        if self.validation_pairs:
-            parts.append(timed(f"a final evaluation of {self.eval_decoding}", "evaluation"))
-        if max(self.average_last) > 0:
-            sizes = "/".join(str(n) for n in self.average_last)
-            parts.append(f"the average of the last {sizes} checkpoints")
-        if self.validation_translations and self.choice_pairs:
-            parts.append(
-                timed(
-                    f"{self.validation_translations} beam-search translations of the {self.choice_pairs} validation "
-                    "pairs to choose among averages or length penalties",
-                    "choices",
-                )
-            )
-        if self.test_pairs:
-            parts.append(timed(f"the test translation of {self.test_decoding}", "test"))
-        end = f"step {self.max_steps}" if self.max_steps > 0 else "the last epoch"
-        when = (
-            f"the {self.budget_minutes:g}-minute budget"
-            + ("" if self.timed_only else f" (or {end}, if sooner)")
-            if self.budget_minutes
-            else f"training ({end})"
-        )
-        if not parts:
-            return f"After {when}: nothing more than saving the final model"
-        text = f"After {when}: " + "; ".join(parts)
-        if bound:
+        """One line; `rate`: the last evaluation's validation pairs per second (greedy, every process)."""
+        if not self.parts:
+            return f"After {self.when}: nothing more than saving the final model"
+        bounded = not rate and any(bound is not None for *_, bound in self.parts)
+        texts, total = [], 0.0
+        for text, pairs, bound in self.parts:
+            seconds = pairs / rate if rate and pairs is not None else bound if bounded else None
+            if seconds is not None:
+                total += seconds
+                text += f" ({'up to ' if bounded else ''}~{describe_seconds(seconds)})"
+            texts.append(text)
+        text = f"After {self.when}: " + "; ".join(texts)
+        if bounded:
             return text + (
                 f"; up to about {describe_seconds(total)} in all (decoder steps timed on the untrained model, "
                 "which writes every output to its length limit; a trained model stops sooner)"
             )
         if not rate:
             return text + ". How long these take is logged once an evaluation has measured the decoding rate"
-        return (
-            text
-            + f"; about {describe_seconds(total)} in all (beam search estimated at {BEAM_SLOWDOWN:g}x the "
-            "measured greedy time per pair, on one process)"
+        return text + (
+            f"; about {describe_seconds(total)} in all (beam search estimated at {BEAM_SLOWDOWN:g}x the measured "
+            "greedy time per pair, on one process)"
         )
-
-
-__all__ = [
-    "AfterTraining",
-    "BEAM_SLOWDOWN",
-    "EvaluationClock",
-    "describe_decoding",
-    "decoder_steps",
-    "describe_seconds",
-    "generation_settings",
-    "seconds_per_decoder_step",
-    "sort_by_source_length",
-]

@@ -34,28 +34,22 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
     search, score it (sacreBLEU, chrF, BLEU lowercased and Moses-tokenized as published Multi30k figures are, and the
     paper's tokenized BLEU), draw the pictures, and publish if `--push_to_hub`. Returns the test scores (or None
     without a test split)."""
-    args = trainer.args
     if not trainer.is_world_process_zero():
         return None
-    output_dir = Path(args.output_dir)
-    final_dir = output_dir
-    averaged = None
-    if max(finish_args.average_last) > 0:
-        own = [c for c in checkpoints(output_dir) if int(c.name.split("-")[1]) <= trainer.state.global_step]
-        if not own:
-            logger.warning("No checkpoints in %s to average: the final model is the result", output_dir)
-        elif finish_args.chooses_average:
+    args, output_dir = trainer.args, Path(trainer.args.output_dir)
+    own = [c for c in checkpoints(output_dir) if int(c.name.split("-")[1]) <= trainer.state.global_step]
+    final_dir, averaged, last = output_dir, None, finish_args.average_last[0]
+    if last > 0 and not own:
+        logger.warning("No checkpoints in %s to average: the final model is the result", output_dir)
+    elif last > 0:
+        final_dir = output_dir / "averaged"
+        if finish_args.chooses_average:
             averaged = choose_average_on_validation(own, output_dir, data_args, finish_args)
-            final_dir = output_dir / "averaged"
         else:
-            averaged = own[-finish_args.average_last[0] :]
-            if len(averaged) < finish_args.average_last[0]:
-                logger.warning(
-                    "Only %d checkpoints to average (asked for %d)",
-                    len(averaged),
-                    finish_args.average_last[0],
-                )
-            final_dir = average_checkpoints(averaged, output_dir / "averaged", tokenizer_dir=output_dir)
+            averaged = own[-last:]
+            if len(averaged) < last:
+                logger.warning("Only %d checkpoints to average (asked for %d)", len(averaged), last)
+            average_checkpoints(averaged, final_dir, tokenizer_dir=output_dir)
     alpha = finish_args.length_penalty[0]
     if finish_args.chooses_length_penalty:
         alpha = choose_length_penalty_on_validation(final_dir, output_dir, data_args, finish_args)
@@ -153,7 +147,6 @@ def choose_average_on_validation(
     `output_dir/averaged`. The scores of every candidate are written to `average_on_validation.json` in
     `output_dir`."""
     validation = load_split(data_args, "validation")
-    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
     sizes = sorted({min(n, len(own)) for n in finish_args.average_last})
     if len(own) < max(finish_args.average_last):
         logger.warning(
@@ -166,9 +159,7 @@ def choose_average_on_validation(
             folder = average_checkpoints(
                 chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
             )
-            scores = _validation_scores(
-                folder, sources, references, data_args, finish_args, finish_args.length_penalty[0]
-            )
+            scores = _validation_scores(folder, validation, data_args, finish_args, finish_args.length_penalty[0])
             candidates.append({"checkpoints": [c.name for c in chosen], **scores})
             logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
             if best is None or scores["bleu"] > best[1]:
@@ -201,12 +192,10 @@ def choose_length_penalty_on_validation(
     """The length penalty alpha, among `--length_penalty`'s values, with which `model_dir` translates the validation
     split best (the test's beam size and form): the highest BLEU wins, the first given among equals. The scores of
     every value are written to `length_penalty_on_validation.json` in `output_dir`."""
-
     validation = load_split(data_args, "validation")
-    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
     candidates, best = [], None
     for alpha in tqdm(list(dict.fromkeys(finish_args.length_penalty)), desc="Length penalties on validation"):
-        scores = _validation_scores(model_dir, sources, references, data_args, finish_args, alpha)
+        scores = _validation_scores(model_dir, validation, data_args, finish_args, alpha)
         candidates.append({"length_penalty": alpha, **scores})
         logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
         if best is None or scores["bleu"] > best[1]:
@@ -219,18 +208,18 @@ def choose_length_penalty_on_validation(
     return best[0]
 
 
-def _validation_scores(model_dir, sources, references, data_args, finish_args, length_penalty) -> dict:
+def _validation_scores(model_dir, validation, data_args, finish_args, length_penalty) -> dict:
     """The scores of the model folder's translation of the validation split with the test's decoding."""
+    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
     hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, length_penalty)
     return reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok))
 
 
 def _choice_record(data_args: DataArguments, finish_args: FinishArguments, **choice) -> dict:
     """What a choice on the validation split writes down: the criterion, the split, the decoding, `choice`."""
-    split = data_args.validation_split if not data_args.validation_file else data_args.validation_file
     return {
         "criterion": "bleu",
-        "split": split,
+        "split": data_args.validation_file or data_args.validation_split,
         "num_beams": finish_args.num_beams,
         "length_penalty_form": finish_args.length_penalty_form,
         **choice,
@@ -242,15 +231,9 @@ def save_decoding(model_dir: Path, finish_args: FinishArguments, alpha: float) -
     folder's generation config, so that `generate()`, the translation pipeline, `vaswani-translate` and an export
     decode the saved model as its test score was made."""
     path = Path(model_dir, "generation_config.json")
-    if not path.exists():
-        return
-    config = json.loads(path.read_text())
-    decoding = {
-        "num_beams": finish_args.num_beams,
-        "length_penalty": alpha,
-        "length_penalty_form": finish_args.length_penalty_form,
-    }
-    if any(config.get(key) != value for key, value in decoding.items()):  # values may be lists: no set of items
+    config = json.loads(path.read_text()) if path.exists() else None
+    decoding = dict(num_beams=finish_args.num_beams, length_penalty=alpha, length_penalty_form=finish_args.length_penalty_form)
+    if config is not None and {**config, **decoding} != config:
         write_json(path, {**config, **decoding})
 
 
@@ -282,11 +265,10 @@ def evaluate_test_split(
     penalty is `length_penalty`, else the first of `--length_penalty`."""
     alpha = finish_args.length_penalty[0] if length_penalty is None else length_penalty
     test = load_test_split(data_args)
-    split = test_split_name(data_args, len(test))
+    split, sources = test_split_name(data_args, len(test)), test[data_args.source_lang]
     what = describe_decoding(len(test), finish_args.num_beams, finish_args.translate_batch_size)
     logger.info("Translating the test split %s: %s", split, what)
     started = time.monotonic()
-    sources = test[data_args.source_lang]
     hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
     logger.info("Translated %d test pairs in %s", len(test), describe_seconds(time.monotonic() - started))
     references = test[data_args.target_lang]
@@ -298,7 +280,7 @@ def evaluate_test_split(
         from .plotting import attention_maps, load_attention_model, plot_attention_maps  # matplotlib
 
         eager, src_tok, tgt_tok = load_attention_model(model_dir)
-        maps = attention_maps(eager, src_tok, test[data_args.source_lang][0], hypotheses[0], tgt_tok)
+        maps = attention_maps(eager, src_tok, sources[0], hypotheses[0], tgt_tok)
         plot_attention_maps(maps, model_dir, prefix="attention")
     return {
         **reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)),

@@ -120,35 +120,30 @@ def check_hub_model(name: str) -> None:
     `_looks_local`), a name not in the cache while offline (`HF_HUB_OFFLINE=1`), a repository the Hub does not have,
     or a Hub that cannot be reached (one request, no retries: transformers' loading retries for about a minute).
     A gated repository is left to `from_pretrained`, which says how to ask for access."""
-    missing = f"No model folder at {name}"
     if _looks_local(name):
         raise FileNotFoundError(
-            f"{missing}: no such path (and {name!r} is not a Hub model id 'namespace/name')"
+            f"No model folder at {name}: no such path (and {name!r} is not a Hub model id 'namespace/name')"
         )
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return  # downloaded before: from_pretrained finds it, online or not
     if huggingface_hub.constants.HF_HUB_OFFLINE:
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub model {name} is not in the local cache "
-            "(offline: HF_HUB_OFFLINE is set)"
-        )
-    try:
-        get_hf_file_metadata(hf_hub_url(name, "config.json"))  # one HEAD request, no retries
-    except GatedRepoError:
-        return
-    except RepositoryNotFoundError:
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub has no model {name} (nor one this login may read)"
-        ) from None
-    except EntryNotFoundError:
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub repository {name} has no config.json (not a model)"
-        ) from None
-    except Exception as error:  # the HTTP client's connection errors and timeouts, a server error
-        raise FileNotFoundError(
-            f"{missing}: no such path, and the Hub could not be reached to look for a model of that name "
-            f"({' '.join(str(error).split()) or type(error).__name__})"
-        ) from None
+        reason = f"the Hub model {name} is not in the local cache (offline: HF_HUB_OFFLINE is set)"
+    else:
+        try:
+            get_hf_file_metadata(hf_hub_url(name, "config.json"))  # one HEAD request, no retries
+            return
+        except GatedRepoError:
+            return
+        except RepositoryNotFoundError:
+            reason = f"the Hub has no model {name} (nor one this login may read)"
+        except EntryNotFoundError:
+            reason = f"the Hub repository {name} has no config.json (not a model)"
+        except Exception as error:  # the HTTP client's connection errors and timeouts, a server error
+            reason = (
+                "the Hub could not be reached to look for a model of that name "
+                f"({' '.join(str(error).split()) or type(error).__name__})"
+            )
+    raise FileNotFoundError(f"No model folder at {name}: no such path, and {reason}")
 
 
 @dataclass(frozen=True)
@@ -184,14 +179,10 @@ _RECORDING_FILES = (
 def _direction(record: dict) -> tuple[str, str] | None:
     if isinstance(record.get("languages"), dict):  # vaswani_export.json
         record = record["languages"]
-    for source_key, target_key in _DIRECTION_KEYS:
-        source, target = record.get(source_key), record.get(target_key)
-        if isinstance(source, str) and isinstance(target, str) and source and target:
-            return source, target
-    langs = record.get("langs")
-    if isinstance(langs, list) and len(langs) == 2 and all(isinstance(code, str) and code for code in langs):
-        return langs[0], langs[1]
-    return None
+    pairs = [(record.get(source_key), record.get(target_key)) for source_key, target_key in _DIRECTION_KEYS]
+    if isinstance(record.get("langs"), list) and len(record["langs"]) == 2:
+        pairs.append(tuple(record["langs"]))
+    return next((pair for pair in pairs if all(isinstance(code, str) and code for code in pair)), None)
 
 
 def model_languages(model_path: str | os.PathLike) -> ModelLanguages | None:
@@ -232,17 +223,16 @@ def model_languages(model_path: str | os.PathLike) -> ModelLanguages | None:
     return None
 
 
+def _primary(code: str) -> str:
+    """A language code without case, region or script (`en-US` is `en`)."""
+    return code.lower().replace("_", "-").split("-")[0]
+
+
 def _is_one_language(code: str) -> bool:
     """Whether a recorded code names one language (an ISO 639 code of 2 or 3 letters, with or without a region or
     script), not a group such as Marian's "ROMANCE" or ISO's "mul" (multiple) and "und" (undetermined)."""
-    primary = code.replace("_", "-").split("-")[0]
-    return 2 <= len(primary) <= 3 and primary.isalpha() and primary.lower() not in ("mul", "und")
-
-
-def _same_language(given: str, recorded: str) -> bool:
-    """Language codes compared without case, a region or script (`en-US` is `en`)."""
-    primary = lambda code: code.lower().replace("_", "-").split("-")[0]  # noqa: E731
-    return given.lower() == recorded.lower() or primary(given) == primary(recorded)
+    primary = _primary(code)
+    return 2 <= len(primary) <= 3 and primary.isalpha() and primary not in ("mul", "und")
 
 
 def check_model_languages(
@@ -269,6 +259,6 @@ def check_model_languages(
         allowed = [recorded] if recorded else list(languages.known)
         if given is None or not all(_is_one_language(code) for code in allowed):
             continue  # e.g. Marian's "ROMANCE" or "mul": a group of languages, which this check cannot judge
-        if not any(_same_language(given, code) for code in allowed):
+        if not any(_primary(given) == _primary(code) for code in allowed):
             raise UsageError(f"--{flag} {given}: the model {model_path} {languages.describe()}")
     return languages

@@ -124,13 +124,10 @@ def plot_learning_curves(
         (lr_ax, ("learning_rate",), "learning rate"),
     ]
     for ax, keys, ylabel in panels:
-        drawn = False
-        for key in keys:
-            steps, values = curves[key]
-            if steps:
-                marker = "o" if key.startswith("eval_") else None
-                ax.plot(steps, values, marker=marker, markersize=3, label=CURVES[key])
-                drawn = True
+        drawn = [key for key in keys if curves[key][0]]
+        for key in drawn:
+            marker = "o" if key.startswith("eval_") else None
+            ax.plot(*curves[key], marker=marker, markersize=3, label=CURVES[key])
         if drawn:
             ax.legend()
         else:
@@ -163,13 +160,10 @@ class AttentionMaps:
 
     def kind(self, name: str) -> tuple[torch.Tensor, list[str], list[str]]:
         """`(weights, row labels, column labels)` of "encoder", "decoder" or "cross"."""
-        if name == "encoder":
-            return self.encoder, self.source_tokens, self.source_tokens
-        if name == "decoder":
-            return self.decoder, self.target_tokens, self.target_tokens
-        if name == "cross":
-            return self.cross, self.target_tokens, self.source_tokens
-        raise ValueError(f"Unknown attention kind {name!r}; expected one of {ATTENTION_KINDS}")
+        if name not in ATTENTION_KINDS:
+            raise ValueError(f"Unknown attention kind {name!r}; expected one of {ATTENTION_KINDS}")
+        rows = self.source_tokens if name == "encoder" else self.target_tokens
+        return getattr(self, name), rows, self.target_tokens if name == "decoder" else self.source_tokens
 
 
 def load_attention_model(
@@ -247,17 +241,14 @@ def attention_maps(
     if not outputs.encoder_attentions or outputs.encoder_attentions[0] is None:
         raise ValueError("The model returned no attention weights despite output_attentions=True")
 
-    def stack(per_layer: Sequence[torch.Tensor]) -> torch.Tensor:
-        return (
-            torch.stack([layer[0] for layer in per_layer]).float().cpu()
-        )  # L x (h, Tq, Tk) -> (L, h, Tq, Tk)
-
     return AttentionMaps(
-        source_tokens=token_labels(source_tokenizer, source_ids),
-        target_tokens=token_labels(target_tokenizer, decoder_input_ids[0].tolist()),
-        encoder=stack(outputs.encoder_attentions),
-        decoder=stack(outputs.decoder_attentions),
-        cross=stack(outputs.cross_attentions),
+        token_labels(source_tokenizer, source_ids),
+        token_labels(target_tokenizer, decoder_input_ids[0].tolist()),
+        # L x (h, Tq, Tk) -> (L, h, Tq, Tk)
+        *(
+            torch.stack([layer[0] for layer in getattr(outputs, f"{kind}_attentions")]).float().cpu()
+            for kind in ATTENTION_KINDS
+        ),
     )
 
 
@@ -307,18 +298,3 @@ def plot_attention_maps(
         kind: plot_attention_kind(maps, kind, Path(output_dir) / f"{prefix}_{kind}.png", layers, heads, dpi)
         for kind in ATTENTION_KINDS
     }
-
-
-__all__ = [
-    "ATTENTION_KINDS",
-    "AttentionMaps",
-    "attention_maps",
-    "find_trainer_state",
-    "learning_curves",
-    "load_attention_model",
-    "load_log_history",
-    "plot_attention_kind",
-    "plot_attention_maps",
-    "plot_learning_curves",
-    "token_labels",
-]

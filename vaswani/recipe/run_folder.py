@@ -1,19 +1,18 @@
 """A run's folder (`--output_dir`) belongs to one run at a time, and `vaswani-train` deletes nothing in it that a run
 did not write.
 
-- `take_output_dir` locks the folder for the run (`lock_output_dir`: an exclusive `flock` on `.vaswani-run.lock`
-  inside it, held until `release_output_dir` or the process ends, a SIGKILL too), so that a second run into the same
-  folder is refused at once instead of mixing its checkpoints with the first's; then it claims the folder
-  (`claim_output_dir`). A refused command changes nothing there: the lock file names the process that holds it only
-  once the folder is that run's.
+- `take_output_dir` locks the folder for the run (an exclusive `flock` on `.vaswani-run.lock` inside it, held until
+  `release_output_dir` or the process ends, a SIGKILL too), so that a second run into the same folder is refused at
+  once instead of mixing its checkpoints with the first's; then it claims the folder. A refused command changes
+  nothing there: the lock file names the process that holds it only once the folder is that run's.
 - A run marks the folder it claims (`.vaswani-run.json`). A folder that holds a run that trained (`trained`: a
   checkpoint, the Trainer's state, a model, scores) is refused unless the run continues it (`--resume_from_checkpoint`)
   or replaces it (`--overwrite_output_dir`); a run that stopped before its first step (a bad input found after the
   tokenizer was trained) is replaced without asking. A folder that holds no run (no marker, no checkpoint or training
   state of a run from before the marker) is refused either way, naming a few of its entries: it is the user's.
 - `--overwrite_output_dir` (transformers' flag, which never deletes anything there) removes only the files a run
-  writes (`RUN_FILES`, checked one by one: a `config.json` of another model, a `source/` folder without a tokenizer,
-  a file a user put into a checkpoint stay) and says what it kept.
+  writes (`RUN_FILES`, `RUN_FOLDERS`, checked one by one: a `config.json` of another model, a `source/` folder without
+  a tokenizer, a file a user put into a checkpoint stay) and says what it kept.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ logger = logging.getLogger(__name__)
 
 MARKER = ".vaswani-run.json"
 LOCK_FILE = ".vaswani-run.lock"
-_OWN = (MARKER, LOCK_FILE)  # never removed, never counted as the folder's contents
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -107,9 +105,6 @@ RUN_FILES = (
 REPLACED_WHOLE = ("checkpoint-[0-9]*", "averaged", "tokenizer")
 # Temporary siblings of what the tools write whole (`fileio`), and the scratch folder of the averages' choice.
 TEMPORARIES = (".*.tmp*", ".*.old-*", ".average-*")
-# Kept for compatibility: every top-level name a run writes.
-RUN_ENTRIES = (*RUN_FOLDERS, *RUN_FILES, *TEMPORARIES)
-
 # What only a run that trained leaves (besides its checkpoint-* folders): a folder without any of it is not protected.
 TRAINED_EVIDENCE = (
     "trainer_state.json",
@@ -123,6 +118,7 @@ TRAINED_EVIDENCE = (
     "runs",
 )
 UNTRAINED = "replacing a run that saved nothing of its training (no checkpoint, model or score)"
+OVERWRITE = "--overwrite_output_dir"
 T = TypeVar("T")
 
 _held: dict[str, int] = {}  # the output folders this process has locked: resolved path -> descriptor
@@ -135,69 +131,8 @@ def lock_output_dir(output_dir: str | os.PathLike) -> None:
     """Take the run's exclusive lock on `output_dir` (created if needed), or raise `UsageError` naming the folder
     and the process that holds it. The lock is the kernel's (`flock`): it ends with the process however it ends. A
     process that holds the lock already takes it again at no cost."""
-    path = Path(output_dir)
-    _acquire(path)
-    _write_holder(path)
-
-
-def _acquire(path: Path) -> list[Path]:
-    """Take the lock on `path` and write nothing into it but what is missing (the folder, an empty lock file), which
-    is returned, newest first, so that a refusal can remove it again (`_let_go`); `_write_holder` then names this
-    process in the lock file."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--output_dir {path} is a file, not a folder")
-    created = [parent for parent in (path, *path.parents) if not parent.exists()]
-    path.mkdir(parents=True, exist_ok=True)
-    key = str(path.resolve())
-    if key in _held or fcntl is None:
-        return created
-    lock = path / LOCK_FILE
-    if not lock.exists():
-        created.insert(0, lock)
-    _held[key] = _flock(path, os.open(lock, os.O_RDWR | os.O_CREAT, 0o666))
-    return created
-
-
-def _flock(path: Path, descriptor: int) -> int:
-    """Take the exclusive lock of the open lock file `descriptor`, or close it and raise `UsageError` naming the
-    process that holds it."""
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = _read_holder(descriptor)
-        os.close(descriptor)
-        raise UsageError(
-            f"--output_dir {path} is in use by another run{holder}: two runs in one folder would mix their "
-            "checkpoints; wait for it to end, or choose another --output_dir"
-        ) from None
-    return descriptor
-
-
-def _write_holder(path: Path) -> None:
-    descriptor = _held.get(str(path.resolve()))
-    if descriptor is None:
-        return
-    os.ftruncate(descriptor, 0)
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-    os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
-
-
-def _let_go(path: Path, created: list[Path]) -> None:
-    """Undo `_acquire` after a refusal: release the lock and remove what it created (only if still empty)."""
-    release_output_dir(path)
-    for item in created:
-        try:
-            item.unlink() if item.name == LOCK_FILE else item.rmdir()
-        except OSError:
-            pass  # no longer empty: something else wrote there
-
-
-def _read_holder(descriptor: int) -> str:
-    try:
-        holder = json.loads(os.pread(descriptor, 4096, 0).decode() or "{}")
-        return f" (process {holder['pid']} on {holder['host']}, since {holder['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+    _lock(Path(output_dir))
+    _write_holder(Path(output_dir))
 
 
 def release_output_dir(output_dir: str | os.PathLike) -> None:
@@ -205,6 +140,49 @@ def release_output_dir(output_dir: str | os.PathLike) -> None:
     descriptor = _held.pop(str(Path(output_dir).resolve()), None)
     if descriptor is not None:
         os.close(descriptor)  # closing the descriptor releases the flock
+
+
+def _lock(path: Path, create: bool = True) -> list[Path]:
+    """Take the lock on `path`, writing nothing into it but what is missing (the folder, an empty lock file), which is
+    returned, newest first, so that a refusal can remove it again; `_write_holder` then names this process in the
+    lock file. With `create` false, only refuse a folder another process holds, creating and keeping nothing."""
+    lock, key = path / LOCK_FILE, str(path.resolve())
+    created = [item for item in (lock, path, *path.parents) if create and not item.exists()]
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    if fcntl is None or key in _held or not (create or lock.exists()):
+        return created
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT if create else os.O_RDONLY, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = json.loads(os.pread(descriptor, 4096, 0).decode() or "{}")
+            holder = f" (process {holder['pid']} on {holder['host']}, since {holder['since']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            holder = ""
+        os.close(descriptor)
+        raise UsageError(
+            f"--output_dir {path} is in use by another run{holder}: two runs in one folder would mix their "
+            "checkpoints; wait for it to end, or choose another --output_dir"
+        ) from None
+    if create:
+        _held[key] = descriptor
+    else:
+        os.close(descriptor)  # which releases the lock at once
+    return created
+
+
+def _write_holder(path: Path) -> None:
+    descriptor = _held.get(str(path.resolve()))
+    if descriptor is not None:
+        os.ftruncate(descriptor, 0)
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -215,10 +193,6 @@ def holds_run(path: Path) -> bool:
     if any((path / name).is_file() for name in (MARKER, "training_summary.json", "trainer_state.json")):
         return True
     return any((folder / "trainer_state.json").is_file() for folder in path.glob("checkpoint-*"))
-
-
-def _shown(names: list[str]) -> str:
-    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
 def trained(path: Path) -> bool:
@@ -235,79 +209,82 @@ def take_output_dir(
     check: Callable[[], T] | None = None,
     claim: bool = True,
 ) -> T | None:
-    """Lock `output_dir` for this run and make it this run's folder (`claim_output_dir`); `check` (e.g. choosing the
-    checkpoint to resume from) runs under the lock before anything is written, and its result is returned. A
-    refusal (`UsageError` from the claim, any error of `check`) changes nothing in the folder: the lock file is
-    written with this process's details only once the folder is this run's, and a folder or lock file that the lock
-    had to create is removed again. With `claim` false, it refuses what it would refuse (a folder another run
-    holds included) and returns `check()` without creating or writing anything: the check before any data is read."""
+    """Lock `output_dir` for this run and make it this run's folder, marked (`MARKER`); `check` (e.g. choosing the
+    checkpoint to resume from) runs under the lock before anything is written, and its result is returned. A folder
+    that holds anything is refused (`UsageError`) unless it holds a run that this one continues (`resuming`) or
+    replaces (`overwrite`: what a run wrote there is deleted first, so no checkpoint, model or score of the earlier
+    run survives next to the new ones, and nothing else is touched), or a run that never trained (`trained`), which
+    is replaced the same way; a folder that holds no run is refused either way. A refusal (or any error of `check`)
+    changes nothing in the folder: the lock file is written with this process's details only once the folder is
+    this run's, and a folder or lock file that the lock had to create is removed again. With `claim` false, it
+    refuses what it would refuse (a folder another run holds included) and returns `check()` without creating or
+    writing anything: the check before any data is read."""
     if overwrite and resuming:
         raise UsageError(
             "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
         )
     path = Path(output_dir)
-    _refuse_a_folder_without_a_run(path, overwrite)  # before the lock file is written into it
-    if not claim:
-        lock = path / LOCK_FILE
-        if fcntl is not None and lock.is_file() and str(path.resolve()) not in _held:
-            os.close(_flock(path, os.open(lock, os.O_RDONLY)))  # closing it releases the lock at once
-        _decide_claim(path, overwrite, resuming)
-        return check() if check is not None else None
-    created = _acquire(path)
+    _entries(path, overwrite)  # a folder of the user's is refused before a lock file is written into it
+    created = _lock(path, create=claim)
     try:
-        action = _decide_claim(path, overwrite, resuming)
+        replacing = _replacing(path, overwrite, resuming)
         result = check() if check is not None else None
     except BaseException:
-        _let_go(path, created)
+        if claim:  # undo `_lock`: release it and remove what it created (only if still empty)
+            release_output_dir(path)
+            for item in created:
+                try:
+                    item.unlink() if item.name == LOCK_FILE else item.rmdir()
+                except OSError:
+                    pass  # no longer empty: something else wrote there
         raise
-    _write_holder(path)
-    _carry_out_claim(path, action)
+    if claim:
+        _write_holder(path)
+        if replacing:
+            _remove_run(path, replacing)
+        if replacing or not (path / MARKER).is_file():
+            claimed = time.strftime("%Y-%m-%d %H:%M:%S")
+            write_json(path / MARKER, {"written_by": "vaswani-train", "claimed": claimed})
     return result
 
 
-def claim_output_dir(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
-    """Make `output_dir` this run's folder and mark it (`MARKER`). A folder that holds anything is refused
-    (`UsageError`) unless it holds a run that this one continues (`resuming`) or replaces (`overwrite`: what a run
-    wrote there is deleted first, so no checkpoint, model or score of the earlier run survives next to the new ones,
-    and nothing else is touched), or a run that never trained (`trained`), which is replaced the same way. A folder
-    that holds no run is refused either way. Called by `take_output_dir`, which refuses `overwrite` with `resuming`,
-    under the lock: the folder is looked at again."""
-    path = Path(output_dir)
-    _carry_out_claim(path, _decide_claim(path, overwrite, resuming))
-
-
-def _decide_claim(path: Path, overwrite: bool, resuming: bool) -> str:
-    """What claiming `path` takes ("mark", "replace" or "replace untrained"), or the `UsageError` that refuses it;
-    nothing is written."""
-    entries = _refuse_a_folder_without_a_run(path, overwrite)
+def _replacing(path: Path, overwrite: bool, resuming: bool) -> str | None:
+    """Why claiming `path` replaces the run in it (`OVERWRITE` or `UNTRAINED`; None: the claim only marks it), or the
+    `UsageError` that refuses it; nothing is written."""
+    entries = _entries(path, overwrite)
     if not entries or resuming:
-        return "mark"
-    if overwrite or not trained(path):
-        _refuse_users_files_in_replaced_folders(path, overwrite)
-        return "replace" if overwrite else "replace untrained"
-    raise UsageError(
-        f"--output_dir {path} already holds a run ({_shown(entries)}): continue it with "
-        "--resume_from_checkpoint last, replace it with --overwrite_output_dir, or choose another --output_dir"
-    )
-
-
-def _carry_out_claim(path: Path, action: str) -> None:
-    if action != "mark":
-        why = UNTRAINED if action == "replace untrained" else "--overwrite_output_dir"
-        _remove_run(path, why)
-    if action != "mark" or not (path / MARKER).is_file():
-        path.mkdir(parents=True, exist_ok=True)
-        write_json(
-            path / MARKER, {"written_by": "vaswani-train", "claimed": time.strftime("%Y-%m-%d %H:%M:%S")}
+        return None
+    if not overwrite and trained(path):
+        raise UsageError(
+            f"--output_dir {path} already holds a run ({_shown(entries)}): continue it with "
+            "--resume_from_checkpoint last, replace it with --overwrite_output_dir, or choose another --output_dir"
         )
+    why = OVERWRITE if overwrite else UNTRAINED
+    # A file of the user's inside a folder that a run replaces whole would be lost later: replacing is refused.
+    inside = [
+        f"{entry.name}/{relative}"
+        for entry in sorted(path.iterdir())
+        if entry.is_dir() and not entry.is_symlink() and _matches(entry.name, REPLACED_WHOLE)
+        for _, relative in _files(entry)
+        if not _matches(relative, _run_patterns(entry))
+    ]
+    if inside:
+        what = OVERWRITE if overwrite else f"--output_dir {path} ({UNTRAINED})"
+        raise UsageError(
+            f"{what}: {path} holds files that a run did not write inside folders a run replaces "
+            f"whole ({_shown(inside)}); move them out of {path} first (nothing was removed)"
+        )
+    return why
 
 
-def _refuse_a_folder_without_a_run(path: Path, overwrite: bool) -> list[str]:
-    """Raise `UsageError` naming a few entries when `path` is a file, or a folder that holds things but no run; else
-    the folder's entries (none for a new or empty folder)."""
+def _entries(path: Path, overwrite: bool) -> list[str]:
+    """The folder's entries (none for a new or empty folder), or `UsageError` naming a few when `path` is a file, or a
+    folder that holds things but no run."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"--output_dir {path} is a file, not a folder")
-    entries = sorted(p.name for p in path.iterdir() if p.name not in _OWN) if path.is_dir() else []
+    entries = (
+        sorted(p.name for p in path.iterdir() if p.name not in (MARKER, LOCK_FILE)) if path.is_dir() else []
+    )
     if entries and not holds_run(path):
         extra = (
             " (--overwrite_output_dir removes only what a run wrote, never other files)" if overwrite else ""
@@ -319,86 +296,70 @@ def _refuse_a_folder_without_a_run(path: Path, overwrite: bool) -> list[str]:
     return entries
 
 
-def _is_run_config(path: Path) -> bool:
-    """Whether a `config.json` is a vaswani model's (another model's configuration is not the run's)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type") == "vaswani"
-    except (OSError, ValueError, AttributeError):
-        return False
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
 def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def _foreign_files(folder: Path, patterns) -> list[str]:
-    return [
-        item.relative_to(folder).as_posix()
-        for item in sorted(folder.rglob("*"))
-        if not (item.is_dir() and not item.is_symlink())
-        and not _matches(item.relative_to(folder).as_posix(), patterns)
-    ]
+def _files(folder: Path) -> list[tuple[Path, str]]:
+    """Every file (or link) under `folder`, with its path relative to it."""
+    items = (item for item in sorted(folder.rglob("*")) if not (item.is_dir() and not item.is_symlink()))
+    return [(item, item.relative_to(folder).as_posix()) for item in items]
 
 
-def _refuse_users_files_in_replaced_folders(path: Path, overwrite: bool) -> None:
-    """A file of the user's inside a folder that a run replaces whole (a checkpoint, which `--save_total_limit`
-    deletes; the averaged model; the tokenizer) would be lost later: replacing the run is refused, naming it."""
-    inside = [
-        f"{entry.name}/{relative}"
-        for entry in sorted(path.iterdir())
-        if entry.is_dir() and not entry.is_symlink() and _matches(entry.name, REPLACED_WHOLE)
-        for relative in _foreign_files(
-            entry, next(f for p, f in RUN_FOLDERS.items() if fnmatch.fnmatchcase(entry.name, p))
+def _run_patterns(entry: Path) -> tuple[str, ...] | bool | None:
+    """What a run wrote of `entry`, a top-level entry of its folder: all of it (True), the files under it that match
+    the patterns returned (a run's folder), or nothing (None: another model's `config.json` too)."""
+    name = entry.name
+    if _matches(name, TEMPORARIES) or (entry.is_symlink() and _matches(name, RUN_FOLDERS)):
+        return True
+    if entry.is_dir() and not entry.is_symlink():
+        if name in ("source", "target") and not (entry / "tokenizer.json").is_file():
+            return None  # a folder of that name without a tokenizer is not the run's
+        return next(
+            (files for pattern, files in RUN_FOLDERS.items() if fnmatch.fnmatchcase(name, pattern)), None
         )
-    ]
-    if inside:
-        what = "--overwrite_output_dir" if overwrite else f"--output_dir {path} ({UNTRAINED})"
-        raise UsageError(
-            f"{what}: {path} holds files that a run did not write inside folders a run replaces "
-            f"whole ({_shown(inside)}); move them out of {path} first (nothing was removed)"
-        )
+    if name == "config.json" and not entry.is_symlink():
+        try:
+            return json.loads(entry.read_text(encoding="utf-8")).get("model_type") == "vaswani" or None
+        except (OSError, ValueError, AttributeError):
+            return None
+    return _matches(name, RUN_FILES) or None
 
 
-def _remove_run(path: Path, why: str = "--overwrite_output_dir") -> None:
-    """Delete the files an earlier run wrote into `path`, and nothing else (`_refuse_users_files_in_replaced_folders`
-    has refused a folder where that would lose a file of the user's later). `why`: the reason, for the log."""
-    _refuse_users_files_in_replaced_folders(path, why == "--overwrite_output_dir")
+def _remove_run(path: Path, why: str) -> None:
+    """Delete the files an earlier run wrote into `path`, and nothing else (`_replacing` has refused a folder where
+    that would lose a file of the user's later); `why`: the reason, for the log."""
     removed, kept = [], []
-    for entry in sorted(path.iterdir(), key=lambda p: p.name):
-        name = entry.name
-        if name in _OWN:
+    for entry in sorted(path.iterdir()):
+        if entry.name in (MARKER, LOCK_FILE):
             continue
-        if _matches(name, TEMPORARIES):
-            _delete(entry)
-            removed.append(name)
-        elif entry.is_dir() and not entry.is_symlink():
-            patterns = next(
-                (files for pattern, files in RUN_FOLDERS.items() if fnmatch.fnmatchcase(name, pattern)), ()
-            )
-            if name in ("source", "target") and not (entry / "tokenizer.json").is_file():
-                patterns = ()  # a folder of that name without a tokenizer is not the run's
-            if not patterns:
-                kept.append(name)
-                continue
-            left = _remove_files(entry, patterns)
-            if not left:
-                removed.append(name)
-            else:
-                kept.extend(f"{name}/{relative}" for relative in left)
-        elif _matches(name, RUN_FILES) or (entry.is_symlink() and _matches(name, RUN_FOLDERS)):
-            if name == "config.json" and not entry.is_symlink() and not _is_run_config(entry):
-                kept.append(name)
-                continue
-            entry.unlink()
-            removed.append(name)
+        patterns = _run_patterns(entry)
+        if patterns is True:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            removed.append(entry.name)
+        elif patterns is None:
+            kept.append(entry.name)
         else:
-            kept.append(name)
-    logger.info(
-        "%s: removed the earlier run's %s from %s",
-        why[0].upper() + why[1:],
-        ", ".join(removed) or "nothing",
-        path,
-    )
+            left, emptied = [], set()
+            for item, relative in _files(entry):
+                if _matches(relative, patterns):
+                    item.unlink()
+                    emptied.update(
+                        parent for parent in item.parents if parent == entry or entry in parent.parents
+                    )
+                else:
+                    left.append(relative)
+            for folder in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
+                if not any(folder.iterdir()):
+                    folder.rmdir()
+            kept.extend(f"{entry.name}/{relative}" for relative in left)
+            removed.extend([] if left else [entry.name])
+    what = ", ".join(removed) or "nothing"
+    logger.info("%s: removed the earlier run's %s from %s", why[0].upper() + why[1:], what, path)
     if kept:
         logger.warning(
             "Left in %s (not written by a vaswani run, so not removed by %s): %s",
@@ -406,29 +367,3 @@ def _remove_run(path: Path, why: str = "--overwrite_output_dir") -> None:
             why,
             ", ".join(kept[:10]) + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""),
         )
-
-
-def _delete(entry: Path) -> None:
-    if entry.is_dir() and not entry.is_symlink():
-        shutil.rmtree(entry)
-    else:
-        entry.unlink()
-
-
-def _remove_files(folder: Path, patterns) -> list[str]:
-    """Remove the files under `folder` whose relative path matches `patterns`, then the folders that removing them
-    left empty; returns what is left (relative paths)."""
-    left, emptied = [], set()
-    for item in sorted(folder.rglob("*"), key=lambda p: p.as_posix()):
-        if item.is_dir() and not item.is_symlink():
-            continue
-        relative = item.relative_to(folder).as_posix()
-        if _matches(relative, patterns):
-            item.unlink()
-            emptied.update(parent for parent in item.parents if parent == folder or folder in parent.parents)
-        else:
-            left.append(relative)
-    for item in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
-        if not any(item.iterdir()):
-            item.rmdir()
-    return left

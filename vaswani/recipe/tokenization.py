@@ -28,6 +28,7 @@ when it shifts the labels right.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..common.fileio import replace_files, temporary_sibling
 from ..publishing.model_card import lowercases  # noqa: F401 (the card states it; the recipe asks it too)
+from .callbacks import saved_args
 from .data import read_lines
 
 logger = logging.getLogger(__name__)
@@ -80,13 +82,8 @@ def _text_batches(files_or_iterator: TextInput, batch_size: int = 1000) -> Itera
 
     def batches() -> Iterator[list[str]]:
         for path in paths:
-            batch: list[str] = []
-            for line in read_lines(path):
-                batch.append(line)
-                if len(batch) == batch_size:
-                    yield batch
-                    batch = []
-            if batch:
+            lines = read_lines(path)
+            while batch := list(itertools.islice(lines, batch_size)):
                 yield batch
 
     return batches()
@@ -130,17 +127,15 @@ def _wrap(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFas
 
 def check_special_ids(tokenizer: PreTrainedTokenizerFast, name: str = "tokenizer") -> None:
     """Raise `ValueError` unless `<pad>`, `<s>`, `</s>`, `<unk>` have the ids 0, 1, 2, 3 the model relies on."""
-    found = {
-        "pad": (tokenizer.pad_token, tokenizer.pad_token_id),
-        "bos": (tokenizer.bos_token, tokenizer.bos_token_id),
-        "eos": (tokenizer.eos_token, tokenizer.eos_token_id),
-        "unk": (tokenizer.unk_token, tokenizer.unk_token_id),
-    }
     expected = {
         "pad": (PAD_TOKEN, PAD_ID),
         "bos": (BOS_TOKEN, BOS_ID),
         "eos": (EOS_TOKEN, EOS_ID),
         "unk": (UNK_TOKEN, UNK_ID),
+    }
+    found = {
+        name: (getattr(tokenizer, f"{name}_token"), getattr(tokenizer, f"{name}_token_id"))
+        for name in expected
     }
     if found != expected:
         raise ValueError(f"{name} has special tokens {found}, but the model expects {expected}")
@@ -218,24 +213,9 @@ def train_separate_tokenizers(
     `save_directory` is given, the tokenizers are written to `<save_directory>/source` and `<save_directory>/target`
     (see `save_tokenizers`).
     """
-    source = train_bpe_tokenizer(
-        source_files_or_iterator,
-        vocab_size,
-        min_frequency,
-        model_max_length,
-        show_progress,
-        lowercase,
-        length,
-    )
-    target = train_bpe_tokenizer(
-        target_files_or_iterator,
-        target_vocab_size or vocab_size,
-        min_frequency,
-        model_max_length,
-        show_progress,
-        lowercase,
-        length,
-    )
+    options = (min_frequency, model_max_length, show_progress, lowercase, length)
+    source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, *options)
+    target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, *options)
     if save_directory is not None:
         save_tokenizers(source, target, save_directory)
     return source, target
@@ -329,10 +309,7 @@ def saved_tokenizer_digest(folder: str | os.PathLike) -> str | None:
         state = json.loads(Path(folder, "trainer_state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    saved = (state.get("stateful_callbacks") or {}).get("RunTokenizer")  # `callbacks.RunTokenizer`'s state
-    if isinstance(saved, list):
-        saved = saved[0] if saved else None
-    return ((saved or {}).get("args") or {}).get("digest")
+    return (saved_args(state.get("stateful_callbacks"), "RunTokenizer") or {}).get("digest")
 
 
 def load_model_tokenizers(
@@ -344,10 +321,15 @@ def load_model_tokenizers(
     tokenizers = load_tokenizers(tokenizer_path or model_path)
     if tokenizer_path is None or not Path(model_path).is_dir():
         return tokenizers
-    own = saved_tokenizer_digest(model_path)  # a checkpoint's record of its run's tokenizers, else the folder's own
+    own = saved_tokenizer_digest(
+        model_path
+    )  # a checkpoint's record of its run's tokenizers, else the folder's own
     try:
         own = own or tokenizer_digest(*load_tokenizers(model_path))
-    except (OSError, ValueError):  # the folder holds no (usable) tokenizer of its own: nothing to compare with
+    except (
+        OSError,
+        ValueError,
+    ):  # the folder holds no (usable) tokenizer of its own: nothing to compare with
         return tokenizers
     if own != tokenizer_digest(*tokenizers):
         raise ValueError(
@@ -396,19 +378,3 @@ def _load_tokenizer(folder: Path, check_ids: bool = True) -> PreTrainedTokenizer
     if check_ids:
         check_special_ids(tokenizer, str(folder))
     return tokenizer
-
-
-__all__ = [
-    "BOS_ID",
-    "EOS_ID",
-    "PAD_ID",
-    "UNK_ID",
-    "check_special_ids",
-    "load_model_tokenizers",
-    "load_tokenizers",
-    "lowercases",
-    "save_tokenizers",
-    "tokenizer_digest",
-    "train_bpe_tokenizer",
-    "train_separate_tokenizers",
-]

@@ -189,7 +189,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         no token list becomes a Python object, in any process."""
         if self._train_sampler is None:
             # With --pad_to_multiple_of the collator pads to the bucket's length: the budget counts it.
-            lengths = padded_lengths(example_lengths(self.train_dataset), self._pad_multiple())
+            multiple = getattr(self.data_collator, "pad_to_multiple_of", None)  # None: pads to the longest
+            lengths = padded_lengths(example_lengths(self.train_dataset), multiple)
             self._train_sampler = TokenBudgetBatchSampler(
                 lengths,
                 self.args.max_tokens,
@@ -203,10 +204,6 @@ class VaswaniTrainer(Seq2SeqTrainer):
                 self.args.max_tokens,
             )
         return self._train_sampler
-
-    def _pad_multiple(self) -> int | None:
-        """The collator's `pad_to_multiple_of` (`--pad_to_multiple_of`), None when it pads to the longest."""
-        return getattr(self.data_collator, "pad_to_multiple_of", None)
 
     def get_train_dataloader(self) -> DataLoader:
         if getattr(self.args, "max_tokens", None) is None:
@@ -261,13 +258,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if not getattr(self.args, "paper_lr_schedule", False):
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
-            budgets = [c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)]
+            budget = next((c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)), None)
             self.lr_scheduler = paper_schedule(
                 optimizer or self.optimizer,
                 int(self.args.warmup_steps),
                 cooldown_fraction=getattr(self.args, "lr_cooldown_fraction", 0.0),
                 max_steps=num_training_steps,
-                budget=budgets[0] if budgets else None,
+                budget=budget,
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
@@ -310,12 +307,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
             logs["seconds_per_step"] = round((now - clock[0]) / (self.state.global_step - clock[1]), 4)
             self._step_clock = (now, self.state.global_step)
         if "train_runtime" in logs and "train_samples_per_second" in logs:
-            counts = torch.tensor(
-                [float(self._trained["sentences"]), float(self._trained["tokens"])], device=self.args.device
-            )
-            if self.accelerator.num_processes > 1:
-                counts = self.accelerator.reduce(counts, reduction="sum")
-            sentences, tokens = counts.tolist()
+            counts = torch.tensor([float(count) for count in self._trained.values()], device=self.args.device)
+            sentences, tokens = self.accelerator.reduce(counts, reduction="sum").tolist()
             runtime = max(float(logs["train_runtime"]), 1e-9)
             logs["train_samples_per_second"] = round(sentences / runtime, 3)
             logs["train_tokens_per_second"] = round(tokens / runtime, 3)

@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..common.fileio import atomic_write
 from ..generation_vaswani import (
     EXTRA_OUTPUT_TOKENS,
-    PAPER_LENGTH_PENALTY,
     PAPER_LENGTH_PENALTY_FORM,
     PAPER_NUM_BEAMS,
 )
@@ -42,9 +41,6 @@ from .model_folders import load_model
 from .tokenization import load_model_tokenizers
 
 logger = logging.getLogger(__name__)
-
-NUM_BEAMS = PAPER_NUM_BEAMS  # §6.1
-LENGTH_PENALTY = PAPER_LENGTH_PENALTY  # §6.1, alpha
 
 
 def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None) -> str:
@@ -63,10 +59,6 @@ def length_penalty_of(model: PreTrainedModel, requested: float | None = None) ->
         return requested
     value = getattr(model.generation_config, "length_penalty", None)
     return 1.0 if value is None else float(value)  # transformers' default when the config has none
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def int8_quantization_config():
@@ -107,7 +99,7 @@ def load_translation_model(
     neither a local folder nor a reachable Hub model, a folder without `config.json`, a config that is not JSON, a
     weights file that is cut short or corrupt, weights that do not match the config.
     """
-    device = torch.device(device or ("cpu" if int8 else default_device()))
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu"))
     if int8 and (bf16 or device.type != "cpu"):
         raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
     if int8 and not exact_int8_products():
@@ -117,13 +109,10 @@ def load_translation_model(
         )
     if int8:
         model_kwargs.update(quantization_config=int8_quantization_config(), device_map="cpu")
-    model = load_model(model_path, **model_kwargs)
-    model = model.to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
+    model = load_model(model_path, **model_kwargs).to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
     if device.type == "cpu":
         use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
-    if (
-        tokenizer_path is None and not Path(model_path).is_dir()
-    ):  # a Hub model: its tokenizer files, from the cache
+    if tokenizer_path is None and not Path(model_path).is_dir():  # a Hub model: its tokenizer files, from the cache
         tokenizer_path = snapshot_download(str(model_path), allow_patterns=TOKENIZER_PATTERNS)
     source_tokenizer, target_tokenizer = load_model_tokenizers(model_path, tokenizer_path)
     logger.info(
@@ -165,20 +154,18 @@ def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep input order
     batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: ties keep input order
+        current = batches[-1] if batches else []
         # Sorted longest first, so the batch's first sentence is its longest.
-        too_many_tokens = (
-            max_tokens is not None and current and (len(current) + 1) * lengths[current[0]] > max_tokens
-        )
-        if current and (len(current) == batch_size or too_many_tokens):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
+        if (
+            current
+            and len(current) < batch_size
+            and (len(current) + 1) * lengths[current[0]] <= (max_tokens or math.inf)
+        ):
+            current.append(i)
+        else:
+            batches.append([i])
     return batches
 
 
@@ -194,55 +181,28 @@ class Hypothesis:
 
 @torch.inference_mode()
 def translate(
-    sentences: Iterable[str],
-    model: PreTrainedModel,
-    source_tokenizer: PreTrainedTokenizerBase,
-    target_tokenizer: PreTrainedTokenizerBase | None = None,
-    batch_size: int = 64,
-    max_tokens: int | None = None,
-    num_beams: int = NUM_BEAMS,
-    length_penalty: float | None = None,
-    length_penalty_form: str | None = None,
-    max_new_tokens: int | None = None,
-    extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
-    show_progress: bool = True,
-    **generate_kwargs,
+    sentences: Iterable[str], model, source_tokenizer, target_tokenizer=None, **options
 ) -> list[str]:
     """Translate `sentences`, returning one translation per sentence in the same order.
 
     Args:
         sentences: source sentences; empty or all-whitespace ones translate to "".
-        model: an encoder-decoder with `generate()`, in eval mode, on the device to translate on.
+        model: an encoder-decoder with `generate()`, in eval mode, on the device to translate on; or an exported
+            model (`vaswani.interop.engines`).
         source_tokenizer: encodes the sources; `target_tokenizer` (default: the same) decodes the outputs.
-        batch_size: at most this many sentences per `generate` call.
-        max_tokens: if given, also at most this many padded source tokens per call.
-        num_beams: §6.1's beam size 4 by default.
-        length_penalty: alpha; `None` takes the model's generation config (§6.1's 0.6 for a model this package
-            trained, unless `vaswani-train --length_penalty` chose another on validation).
-        length_penalty_form: "gnmt" (((5 + |Y|) / 6) ** alpha, the form §6.1 cites) or "power" (|Y| ** alpha,
-            transformers'); `None` leaves the model's generation config to decide (the paper's for this package's
-            models). See `generation_vaswani.length_penalty_factor`.
-        max_new_tokens: a fixed output limit; `None` gives §6.1's input length + `extra_output_tokens`, where
-            the input length is the longest source of the batch.
-        show_progress: a tqdm bar over sentences.
-        generate_kwargs: further arguments of `model.generate` (e.g. `early_stopping`).
+        options: `translate_n_best`'s: `batch_size` (at most this many sentences per `generate` call), `max_tokens`
+            (if given, also at most this many padded source tokens per call), `num_beams` (§6.1's beam size 4 by
+            default), `length_penalty` (alpha; `None` takes the model's generation config: §6.1's 0.6 for a model
+            this package trained, unless `vaswani-train --length_penalty` chose another on validation),
+            `length_penalty_form` ("gnmt": ((5 + |Y|) / 6) ** alpha, the form §6.1 cites, or "power": |Y| ** alpha,
+            transformers'; `None` leaves the model's generation config to decide, the paper's for this package's
+            models; see `generation_vaswani.length_penalty_factor`), `max_new_tokens` (a fixed output limit; `None`
+            gives §6.1's input length + `extra_output_tokens`, where the input length is the longest source of the
+            batch), `show_progress` (a tqdm bar over sentences) and further arguments of `model.generate` (e.g.
+            `early_stopping`).
     """
     n_best = translate_n_best(
-        sentences,
-        model,
-        source_tokenizer,
-        target_tokenizer,
-        n_best=1,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        length_penalty_form=length_penalty_form,
-        max_new_tokens=max_new_tokens,
-        extra_output_tokens=extra_output_tokens,
-        show_progress=show_progress,
-        with_scores=False,
-        **generate_kwargs,
+        sentences, model, source_tokenizer, target_tokenizer, with_scores=False, **options
     )
     return [hypotheses[0].text for hypotheses in n_best]
 
@@ -250,15 +210,14 @@ def translate(
 @torch.inference_mode()
 def translate_n_best(
     sentences: Iterable[str],
-    model: PreTrainedModel,
+    model,
     source_tokenizer: PreTrainedTokenizerBase,
     target_tokenizer: PreTrainedTokenizerBase | None = None,
     n_best: int = 1,
     batch_size: int = 64,
     max_tokens: int | None = None,
-    num_beams: int = NUM_BEAMS,
+    num_beams: int = PAPER_NUM_BEAMS,
     length_penalty: float | None = None,
-    length_penalty_form: str | None = None,
     max_new_tokens: int | None = None,
     extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
     show_progress: bool = True,
@@ -267,60 +226,17 @@ def translate_n_best(
     **generate_kwargs,
 ) -> list[list[Hypothesis]]:
     """The `n_best` best translations of each sentence, best first, with their scores (`Hypothesis`), as
-    fairseq-generate's H lines or OpenNMT's `-n_best`. `n_best` is at most `num_beams`. An empty sentence gives
-    `n_best` empty translations of score 0. `max_source_length` truncates longer sources (default: none is cut).
-    The other arguments are `translate`'s; with `with_scores=False` the scores are not computed (0.0)."""
+    fairseq-generate's H lines or OpenNMT's `-n_best`, in input order. `n_best` is at most `num_beams`. An empty
+    sentence gives `n_best` empty translations of score 0 without decoding. `max_source_length` truncates longer
+    sources (default: none is cut). The other arguments are `translate`'s; with `with_scores=False` the scores are not
+    computed (0.0). `model` may be an exported model (`vaswani.interop.engines`), which decodes the same batches."""
+    # None leaves a setting to the model's generation config
+    generate_kwargs = {key: value for key, value in generate_kwargs.items() if value is not None}
     length_penalty = length_penalty_of(model, length_penalty)
     check_decoding(num_beams, length_penalty, max_new_tokens, n_best)
-    device = model.device
-    if length_penalty_form is not None:
-        generate_kwargs["length_penalty_form"] = length_penalty_form
-    if with_scores:
-        generate_kwargs.update(output_scores=True, return_dict_in_generate=True)
-
-    def decode(sources: list[list[int]]) -> list[list[tuple[list[int], float]]]:
-        inputs = source_tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(device)
-        output = model.generate(
-            **inputs,
-            num_beams=num_beams,
-            num_return_sequences=n_best,
-            length_penalty=length_penalty,
-            max_new_tokens=max_new_tokens or inputs["input_ids"].shape[1] + extra_output_tokens,
-            **generate_kwargs,
-        )
-        sequences = output.sequences if with_scores else output
-        scores = _sequence_scores(model, output, num_beams) if with_scores else [0.0] * len(sequences)
-        rows = list(zip(sequences.tolist(), scores, strict=True))
-        return [rows[k * n_best : (k + 1) * n_best] for k in range(len(sources))]
-
-    return decode_in_batches(
-        sentences,
-        decode,
-        source_tokenizer,
-        target_tokenizer,
-        n_best,
-        batch_size,
-        max_tokens,
-        max_source_length,
-        show_progress,
-    )
-
-
-def decode_in_batches(
-    sentences: Iterable[str],
-    decode: Callable[[list[list[int]]], list[list[tuple[list[int], float]]]],
-    source_tokenizer: PreTrainedTokenizerBase,
-    target_tokenizer: PreTrainedTokenizerBase | None,
-    n_best: int,
-    batch_size: int,
-    max_tokens: int | None,
-    max_source_length: int | None,
-    show_progress: bool,
-) -> list[list[Hypothesis]]:
-    """What every decoder of `translate_n_best` (the PyTorch model, or an exported one in `vaswani.interop.engines`) shares:
-    encode, batch by length (`make_batches`), `decode` each batch's token ids into `n_best` (ids, score) rows per
-    source, detokenize, and return them in input order; empty sentences give `n_best` empty translations of score
-    0 without decoding."""
+    # CTranslate2 says what it cannot apply before the first sentence
+    if hasattr(model, "note_length_penalty"):
+        model.note_length_penalty(num_beams, length_penalty, generate_kwargs.get("length_penalty_form"))
     sentences = list(sentences)  # e.g. a `datasets` column
     target_tokenizer = target_tokenizer or source_tokenizer
     results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
@@ -330,37 +246,54 @@ def decode_in_batches(
     with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
         progress.update(len(sentences) - len(todo))  # the empty lines
         for batch in make_batches([len(ids) for ids in encoded], batch_size, max_tokens):
-            for j, rows in zip(batch, decode([encoded[j] for j in batch]), strict=True):
-                texts = target_tokenizer.batch_decode([ids for ids, _ in rows], skip_special_tokens=True)
+            sources = [encoded[j] for j in batch]
+            settings = dict(
+                num_beams=num_beams,
+                num_return_sequences=n_best,
+                length_penalty=length_penalty,
+                max_new_tokens=max_new_tokens or max(len(ids) for ids in sources) + extra_output_tokens,
+                **generate_kwargs,
+            )
+            if isinstance(model, PreTrainedModel):
+                rows = _generate(model, source_tokenizer, sources, with_scores, settings)
+            else:  # an export (`vaswani.interop.engines`): (ids, score) rows per source
+                rows = model.generate(sources, with_scores=with_scores, **settings)
+            for j, hypotheses in zip(batch, rows, strict=True):
+                texts = target_tokenizer.batch_decode(
+                    [ids for ids, _ in hypotheses], skip_special_tokens=True
+                )
                 results[todo[j]] = [
-                    Hypothesis(text, float(score)) for text, (_, score) in zip(texts, rows, strict=True)
+                    Hypothesis(t, float(s)) for t, (_, s) in zip(texts, hypotheses, strict=True)
                 ]
             progress.update(len(batch))
     return results
 
 
-def _sequence_scores(model: PreTrainedModel, output, num_beams: int) -> list[float]:
-    """Beam search: the beams' own scores. Greedy: the summed log-probabilities of the tokens up to `</s>`."""
-    if num_beams > 1:
-        return output.sequences_scores.tolist()
-    steps = model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)  # (B, T)
-    generated = output.sequences[:, -steps.shape[1] :]
-    eos = model.generation_config.eos_token_id
-    eos = eos if isinstance(eos, int) else (eos[0] if eos else None)
-    # a token counts up to and including the first </s>; after it, the rows are padding
-    ended_before = torch.zeros_like(generated, dtype=torch.bool)
-    if eos is not None:
-        is_eos = (generated == eos).long()
-        ended_before = (is_eos.cumsum(dim=1) - is_eos) > 0
-    return steps.masked_fill(ended_before, 0.0).sum(dim=1).tolist()
+def _generate(model: PreTrainedModel, tokenizer, sources: list[list[int]], with_scores: bool, settings: dict):
+    """`model.generate` on a batch of id lists: `num_return_sequences` (ids, score) rows per source. The score of
+    beam search is the beam's own; of greedy search, the summed log-probabilities of the tokens up to `</s>`."""
+    inputs = tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(model.device)
+    output = model.generate(**inputs, **settings, output_scores=with_scores, return_dict_in_generate=with_scores)
+    if not with_scores:
+        sequences, scores = output, [0.0] * len(output)
+    elif settings["num_beams"] > 1:
+        sequences, scores = output.sequences, output.sequences_scores.tolist()
+    else:
+        sequences = output.sequences
+        steps = model.compute_transition_scores(sequences, output.scores, normalize_logits=True)  # (B, T)
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, int) else (eos[0] if eos else -1)  # -1: no token ends a row
+        # a token counts up to and including the first </s>; after it, the rows are padding
+        is_eos = (sequences[:, -steps.shape[1] :] == eos).long()
+        scores = steps.masked_fill(is_eos.cumsum(dim=1) - is_eos > 0, 0.0).sum(dim=1).tolist()
+    rows, n = list(zip(sequences.tolist(), scores, strict=True)), settings["num_return_sequences"]
+    return [rows[k * n : (k + 1) * n] for k in range(len(sources))]
 
 
 def read_sentences(path: str | os.PathLike | None) -> list[str]:
     """The lines of a UTF-8 file (`.gz` allowed), or of standard input for `None` or "-". A line that is not UTF-8
     raises `ValueError` naming the file (or standard input) and the line."""
-    if path is None or str(path) == "-":
-        return list(stdin_lines())
-    return list(read_lines(path))
+    return list(stdin_lines() if path is None or str(path) == "-" else read_lines(path))
 
 
 def stdin_lines() -> Iterator[str]:
@@ -431,23 +364,3 @@ def score_translations(
             raise ValueError(f"moses_lang reports the fixed record; drop {sorted(bleu_kwargs)}")
         return reported_scores(translations, per_segment, moses_lang, lowercase=lowercase)
     return compute_bleu(translations, per_segment, **bleu_kwargs)
-
-
-__all__ = [
-    "LENGTH_PENALTY",
-    "NUM_BEAMS",
-    "Hypothesis",
-    "check_decoding",
-    "default_device",
-    "format_n_best",
-    "length_penalty_of",
-    "load_translation_model",
-    "make_batches",
-    "read_sentences",
-    "score_translations",
-    "stdin_lines",
-    "translate",
-    "translate_n_best",
-    "write_lines",
-    "write_sentences",
-]

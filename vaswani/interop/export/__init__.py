@@ -12,8 +12,8 @@
 
 Both write the tokenizer(s) next to the model and `vaswani_export.json`, which `vaswani.interop.engines` reads to decode
 (the file is written last). An export is built beside its output folder and renamed into place when complete: a
-failed or killed export leaves the folder as it was (an earlier export stays whole), never a partial one
-; `vaswani-translate --engine ctranslate2|onnx --model_name_or_path <exported folder>`). The engines are optional extras
+failed or killed export leaves the folder as it was (an earlier export stays whole), never a partial one.
+`vaswani-translate --engine ctranslate2|onnx --model_name_or_path <exported folder>` decodes it. The engines are optional extras
 (`pip install vaswani-transformer[ctranslate2]` or `[onnx]`): they are imported when an export or an engine runs,
 never by `import vaswani`.
 """
@@ -31,6 +31,7 @@ from transformers import GenerationConfig
 
 from ...common.fileio import atomic_folder, read_json
 from ...common.flag_choices import CTRANSLATE2_QUANTIZATIONS, ENGINES  # noqa: F401 (this module's names too)
+from ...configuration_vaswani import VaswaniConfig
 from ...generation_vaswani import PAPER_LENGTH_PENALTY_FORM
 from ...recipe.model_folders import check_model_path, model_languages
 from ...recipe.tokenization import load_model_tokenizers, load_tokenizers, save_tokenizers
@@ -56,47 +57,29 @@ def decoding_settings(model_path: str | os.PathLike) -> dict:
     }
 
 
-def check_output(output_dir: str | os.PathLike, force: bool) -> Path:
-    """The output folder, refused when it exists unless `force` (then the new export replaces it when complete)."""
-    output_dir = Path(output_dir)
-    if output_dir.exists() and not force:
-        raise FileExistsError(f"{output_dir} already exists: pass --overwrite_output_dir to replace it")
-    if output_dir.exists() and not output_dir.is_dir():
-        raise NotADirectoryError(f"{output_dir} is a file: give a folder for the export")
-    return output_dir
-
-
 def check_vaswani_model(model_path: str | os.PathLike) -> None:
     """Refuse, naming what the folder holds, a model of another kind (a Marian or FSMT folder: convert it first)."""
     path = Path(model_path) / "config.json"
-    if path.is_file():
-        model_type = read_json(path).get("model_type")
-        if model_type != "vaswani":
-            raise ValueError(
-                f"{model_path} holds a {model_type!r} model, not a vaswani one: convert it first "
-                f"(vaswani-convert --model_name_or_path {model_path} --output_dir <folder>), then export that folder"
-            )
+    model_type = read_json(path).get("model_type") if path.is_file() else "vaswani"
+    if model_type != "vaswani":
+        raise ValueError(
+            f"{model_path} holds a {model_type!r} model, not a vaswani one: convert it first "
+            f"(vaswani-convert --model_name_or_path {model_path} --output_dir <folder>), then export that folder"
+        )
 
 
-def finish_export(
-    output_dir: Path,
-    engine: str,
-    model_path: str | os.PathLike,
-    model_config,
-    tokenizer_path: str | os.PathLike | None,
-    **fields,
-) -> Path:
+def write_metadata(folder: Path, engine: str, model_path, tokenizer_path, decoding: dict, **fields) -> None:
     """Write the tokenizer(s) and `vaswani_export.json` (special ids, default decoding, versions) into the export."""
-    source, target = load_tokenizers(tokenizer_path or model_path)
-    save_tokenizers(source, target, output_dir)
+    save_tokenizers(*load_tokenizers(tokenizer_path or model_path), folder)
+    config = VaswaniConfig.from_pretrained(model_path)
     languages = model_languages(model_path)
     metadata = {
         "engine": engine,
         "source_model": str(model_path),
-        "pad_token_id": model_config.pad_token_id,
-        "eos_token_id": model_config.eos_token_id,
-        "decoder_start_token_id": model_config.decoder_start_token_id,
-        "decoding": decoding_settings(model_path),
+        "pad_token_id": config.pad_token_id,
+        "eos_token_id": config.eos_token_id,
+        "decoder_start_token_id": config.decoder_start_token_id,
+        "decoding": decoding,
         # what the model records of its languages (`model_folders.model_languages`), for vaswani-translate to check
         "languages": {
             "source_lang": languages.source,
@@ -109,9 +92,8 @@ def finish_export(
         **fields,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
-    with open(output_dir / METADATA_FILE, "w", encoding="utf-8") as f:
+    with open(folder / METADATA_FILE, "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=2)
-    return output_dir
 
 
 def read_metadata(folder: str | os.PathLike) -> dict:
@@ -132,7 +114,8 @@ def export(
     tokenizer_path: str | os.PathLike | None = None,
     force: bool = False,
 ) -> Path:
-    """Export `model_path` (a `vaswani` folder) for `engine` into `output_dir`; returns `output_dir`.
+    """Export `model_path` (a `vaswani` folder) for `engine` into `output_dir`; returns `output_dir`. An existing
+    `output_dir` is refused unless `force` (then the new export replaces it when complete).
 
     `quantization` is CTranslate2's weight type (default float32); the ONNX graphs are float32.
     The tokenizer comes from `tokenizer_path`, else from the model folder."""
@@ -142,19 +125,26 @@ def export(
         raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
     if engine == "onnx" and quantization not in (None, "float32"):
         raise ValueError(f"--quantization {quantization} applies to ctranslate2; ONNX graphs are float32")
-    output_dir = check_output(output_dir, force)
-    load_model_tokenizers(model_path, tokenizer_path)  # a missing, broken or other tokenizer: named before the export
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not force:
+        raise FileExistsError(f"{output_dir} already exists: pass --overwrite_output_dir to replace it")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"{output_dir} is a file: give a folder for the export")
+    load_model_tokenizers(
+        model_path, tokenizer_path
+    )  # a missing, broken or other tokenizer: named before the export
+    decoding = decoding_settings(model_path)
     with atomic_folder(output_dir) as building:
         if engine == "ctranslate2":
             from .to_ctranslate2 import export_ctranslate2
 
-            export_ctranslate2(model_path, building, quantization or "float32", tokenizer_path)
+            fields = export_ctranslate2(model_path, building, quantization or "float32", tokenizer_path)
         else:
             from .to_onnx import export_onnx
 
-            export_onnx(model_path, building, tokenizer_path)
+            fields = export_onnx(model_path, building)
+        write_metadata(building, engine, model_path, tokenizer_path, decoding, **fields)
     logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
-    decoding = decoding_settings(model_path)
     if engine == "ctranslate2" and decoding["length_penalty_form"] != "power" and decoding["length_penalty"]:
         logger.warning(
             "CTranslate2 has only the length penalty |Y|^alpha: a beam search of this export divides by |Y|^%s, not "
@@ -164,12 +154,3 @@ def export(
             decoding["length_penalty"],
         )
     return output_dir
-
-
-__all__ = [
-    "CTRANSLATE2_QUANTIZATIONS",
-    "ENGINES",
-    "METADATA_FILE",
-    "export",
-    "read_metadata",
-]

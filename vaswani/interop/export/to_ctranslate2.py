@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import ctranslate2
 import torch
@@ -36,7 +35,6 @@ from ...configuration_vaswani import VaswaniConfig
 from ...modeling_vaswani import VaswaniStack, sinusoidal_positional_encoding
 from ...recipe.model_folders import load_model
 from ...recipe.tokenization import load_tokenizers
-from . import finish_export
 
 logger = logging.getLogger(__name__)
 
@@ -160,28 +158,18 @@ def export_ctranslate2(
     output_dir: str | os.PathLike,
     quantization: str = "float32",
     tokenizer_path: str | os.PathLike | None = None,
-) -> Path:
+) -> dict:
     """Convert `model_path` to a CTranslate2 model with weights in `quantization` (float32, int8, bfloat16, ...) in
-    the existing folder `output_dir` (`vaswani.interop.export.export` builds it beside the destination)."""
+    the existing folder `output_dir` (`vaswani.interop.export.export` builds it beside the destination and writes the
+    metadata); returns the metadata fields of this engine."""
     from ... import register
 
     register()  # VaswaniConfig with AutoConfig, which the converter reads first
-
-    output_dir = Path(output_dir)
     VaswaniConverter(model_path, tokenizer_path).convert(
         str(output_dir), quantization=quantization, force=True
     )
-    config = VaswaniConfig.from_pretrained(model_path)
-    return finish_export(
-        output_dir,
-        "ctranslate2",
-        model_path,
-        config,
-        tokenizer_path,
-        quantization=quantization,
-        max_positions=config.max_position_embeddings,
-        engine_version=ctranslate2.__version__,
-    )
-
-
-__all__ = ["VaswaniConverter", "VaswaniLoader", "export_ctranslate2", "position_table"]
+    return {
+        "quantization": quantization,
+        "max_positions": VaswaniConfig.from_pretrained(model_path).max_position_embeddings,
+        "engine_version": ctranslate2.__version__,
+    }

@@ -26,7 +26,6 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ...recipe.model_folders import load_model
-from . import finish_export
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +133,10 @@ def export_graphs(model, output_dir: Path) -> None:
     for module, inputs, name, input_names, output_names, dynamic_shapes in graphs:
         logger.info("Exporting %s", name)
         with warnings.catch_warnings():
-            # One Dim object names the same size in several inputs; the exporter warns that it keeps one name.
+            # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
+            # exporter itself still calls a `_pytree` name that torch deprecates.
             warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
-            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
             torch.onnx.export(
                 module.eval(),
                 inputs,
@@ -149,33 +149,20 @@ def export_graphs(model, output_dir: Path) -> None:
             )
 
 
-def export_onnx(
-    model_path: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    tokenizer_path: str | os.PathLike | None = None,
-) -> Path:
+def export_onnx(model_path: str | os.PathLike, output_dir: Path) -> dict:
     """Export `model_path` to `encoder.onnx` and `decoder.onnx` in the existing folder `output_dir` (see the module
-    docstring; `vaswani.interop.export.export` builds it beside the destination)."""
+    docstring; `vaswani.interop.export.export` builds it beside the destination and writes the metadata); returns
+    the metadata fields of this engine."""
     from ... import register
 
     register()  # AutoModelForSeq2SeqLM builds model_type="vaswani" with this package's classes
-
     model = load_model(model_path, dtype=torch.float32, attn_implementation="eager")
-    output_dir = Path(output_dir)
     with torch.no_grad():
         export_graphs(model.eval(), output_dir)
     config = model.config
-    return finish_export(
-        output_dir,
-        "onnx",
-        model_path,
-        config,
-        tokenizer_path,
-        decoder_layers=config.decoder_layers,
-        decoder_attention_heads=config.decoder_attention_heads,
-        head_dim=config.d_model // config.decoder_attention_heads,
-        engine_version=onnx.__version__,
-    )
-
-
-__all__ = ["DECODER_FILE", "ENCODER_FILE", "DecoderGraph", "EncoderGraph", "cache_names", "export_onnx"]
+    return {
+        "decoder_layers": config.decoder_layers,
+        "decoder_attention_heads": config.decoder_attention_heads,
+        "head_dim": config.d_model // config.decoder_attention_heads,
+        "engine_version": onnx.__version__,
+    }

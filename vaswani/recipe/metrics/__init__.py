@@ -11,8 +11,8 @@
 - `score_lines(...)`: that record as the tools print it, each line naming its BLEU.
 - `bleu_metric_fn(...)`: BLEU and chrF during training, as the Trainer's `compute_metrics`.
 
-The scoring lives twice, here and in `sacrebleu_chrf/sacrebleu_chrf.py`, because `evaluate` copies that file
-out of the package before importing it, so it cannot import this package; tests check that both agree.
+Both `compute_bleu` and the `evaluate` metric score with `sacrebleu_chrf/scoring.py`, which imports only sacreBLEU:
+`evaluate` copies the metric and that file out of the package before importing them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU
+
+from .sacrebleu_chrf.scoring import bleu_statistics, corpus_scores, reference_streams
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +75,6 @@ def load_translation_metric(**kwargs):
     return evaluate.load(str(METRIC_PATH), **kwargs)
 
 
-def _reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
-    """sacreBLEU's layout (one list per reference set) from one reference or a list of them per segment."""
-    if references and isinstance(references[0], str):
-        return [list(references)]
-    n_refs = len(references[0]) if references else 0
-    if any(len(refs) != n_refs for refs in references):
-        raise ValueError("Every prediction needs the same number of references")
-    return [[refs[i] for refs in references] for i in range(n_refs)]
-
-
 def compute_bleu(
     predictions: Sequence[str],
     references: Sequence[str] | Sequence[Sequence[str]],
@@ -103,28 +95,16 @@ def compute_bleu(
         `{"bleu", "chrf", "bleu_signature", "chrf_signature", "counts", "totals", "precisions", "bp",
         "sys_len", "ref_len"}`, the same keys and values as `load_translation_metric().compute(...)`.
     """
+    _check_counts(predictions, references)
+    check_bleu_tokenizer(tokenize)
+    return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order)
+
+
+def _check_counts(predictions: Sequence[str], references: Sequence) -> None:
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
     if not predictions:
         raise ValueError("No predictions to score")
-    check_bleu_tokenizer(tokenize)
-    streams = _reference_streams(references)
-    bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
-    chrf = CHRF(word_order=chrf_word_order, lowercase=lowercase)
-    bleu_score = bleu.corpus_score(list(predictions), streams)
-    chrf_score = chrf.corpus_score(list(predictions), streams)
-    return {
-        "bleu": bleu_score.score,
-        "chrf": chrf_score.score,
-        "bleu_signature": f"{bleu_score.name}|{bleu.get_signature()}",
-        "chrf_signature": f"{chrf_score.name}|{chrf.get_signature()}",
-        "counts": bleu_score.counts,
-        "totals": bleu_score.totals,
-        "precisions": bleu_score.precisions,
-        "bp": bleu_score.bp,
-        "sys_len": bleu_score.sys_len,
-        "ref_len": bleu_score.ref_len,
-    }
 
 
 def moses_lowercase_tokenize(texts: Sequence[str], lang: str) -> list[str]:
@@ -158,10 +138,9 @@ def compute_moses_bleu(
     `case:lc|tok:none`. chrF is computed on the same
     tokenized text. Scores of `compute_bleu` on raw text are a different measurement: never compare the two.
     """
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    _check_counts(predictions, references)
     check_moses_lang(lang)
-    streams = _reference_streams(references)
+    streams = reference_streams(references)
     tokenized_refs = [moses_lowercase_tokenize(stream, lang) for stream in streams]
     per_segment = [list(refs) for refs in zip(*tokenized_refs, strict=True)]
     # The text is lowercased already; `lowercase=True` changes no score and makes the signature say so (case:lc).
@@ -207,23 +186,15 @@ def compute_tokenized_bleu(
     than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
     `lowercase` scores it case-insensitively (`case:lc`), for a model that writes lowercase only.
     """
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
-    if not predictions:
-        raise ValueError("No predictions to score")
+    _check_counts(predictions, references)
     check_moses_lang(lang)
-    streams = [moses_compound_tokenize(stream, lang) for stream in _reference_streams(references)]
+    streams = [moses_compound_tokenize(stream, lang) for stream in reference_streams(references)]
     bleu = BLEU(tokenize="none", smooth_method="none", force=True, lowercase=lowercase)
     score = bleu.corpus_score(moses_compound_tokenize(predictions, lang), streams)
     return {
         "bleu": score.score,
         "bleu_signature": f"{score.name}|{bleu.get_signature()} ({TOKENIZED_BLEU_NOTE})",
-        "counts": score.counts,
-        "totals": score.totals,
-        "precisions": score.precisions,
-        "bp": score.bp,
-        "sys_len": score.sys_len,
-        "ref_len": score.ref_len,
+        **bleu_statistics(score),
     }
 
 
@@ -275,21 +246,15 @@ def reported_scores(
 
     For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
     raw = compute_bleu(predictions, references, lowercase=lowercase)
-    record = {
-        "bleu": raw["bleu"],
-        "bleu_signature": raw["bleu_signature"],
-        "chrf": raw["chrf"],
-        "chrf_signature": raw["chrf_signature"],
-    }
+    record = {key: raw[key] for key in ("bleu", "bleu_signature", "chrf", "chrf_signature")}
     if lang not in moses_languages():
         logger.warning("No Moses rules for %r: the scores leave out lowercased Moses-tokenized BLEU", lang)
         return record
-    comparable = compute_moses_bleu(predictions, references, lang)
-    record["bleu_lowercase_moses_tokenized"] = comparable["bleu"]
-    record["bleu_lowercase_moses_tokenized_signature"] = comparable["bleu_signature"]
-    papers = compute_tokenized_bleu(predictions, references, lang, lowercase)
-    record["bleu_tokenized"] = papers["bleu"]
-    record["bleu_tokenized_signature"] = papers["bleu_signature"]
+    for name, scores in (
+        ("bleu_lowercase_moses_tokenized", compute_moses_bleu(predictions, references, lang)),
+        ("bleu_tokenized", compute_tokenized_bleu(predictions, references, lang, lowercase)),
+    ):
+        record[name], record[f"{name}_signature"] = scores["bleu"], scores["bleu_signature"]
     return record
 
 
@@ -335,23 +300,3 @@ def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     return compute
-
-
-__all__ = [
-    "BLEU_TOKENIZERS",
-    "METRIC_PATH",
-    "bleu_metric_fn",
-    "check_bleu_tokenizer",
-    "check_moses_lang",
-    "moses_languages",
-    "compute_bleu",
-    "compute_moses_bleu",
-    "compute_tokenized_bleu",
-    "load_translation_metric",
-    "moses_compound_tokenize",
-    "moses_lowercase_tokenize",
-    "reported_scores",
-    "score_files",
-    "score_lines",
-    "split_compounds",
-]

@@ -2,13 +2,14 @@
 
 `evaluate.load("sacrebleu")` fetches its script from the Hub; this file is loaded by path instead
 (`evaluate.load("vaswani/recipe/metrics/sacrebleu_chrf")` or `vaswani.recipe.metrics.load_translation_metric()`).
-It imports only `datasets`, `evaluate` and `sacrebleu`, because `evaluate` copies it out of the package
-before importing it. `vaswani.recipe.metrics.compute_bleu` computes the same numbers without `evaluate`.
+It imports only `datasets`, `evaluate` and its sibling `scoring.py` (which `evaluate` copies beside it when it copies
+it out of the package), where `vaswani.recipe.metrics.compute_bleu` computes the same numbers without `evaluate`.
 """
 
 import datasets
 import evaluate
-from sacrebleu.metrics import BLEU, CHRF
+
+from .scoring import corpus_scores
 
 _CITATION = """\
 @inproceedings{post-2018-call,
@@ -81,26 +82,4 @@ class SacrebleuChrf(evaluate.Metric):
         )
 
     def _compute(self, predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0):
-        if references and isinstance(references[0], str):
-            references = [[reference] for reference in references]
-        n_refs = len(references[0]) if references else 0
-        if any(len(refs) != n_refs for refs in references):
-            raise ValueError("Every prediction needs the same number of references")
-        # sacreBLEU takes one stream per reference: transpose the per-segment lists.
-        streams = [[refs[i] for refs in references] for i in range(n_refs)]
-        bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
-        chrf = CHRF(word_order=chrf_word_order, lowercase=lowercase)
-        bleu_score = bleu.corpus_score(predictions, streams)
-        chrf_score = chrf.corpus_score(predictions, streams)
-        return {
-            "bleu": bleu_score.score,
-            "chrf": chrf_score.score,
-            "bleu_signature": f"{bleu_score.name}|{bleu.get_signature()}",
-            "chrf_signature": f"{chrf_score.name}|{chrf.get_signature()}",
-            "counts": bleu_score.counts,
-            "totals": bleu_score.totals,
-            "precisions": bleu_score.precisions,
-            "bp": bleu_score.bp,
-            "sys_len": bleu_score.sys_len,
-            "ref_len": bleu_score.ref_len,
-        }
+        return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order)

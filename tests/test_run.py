@@ -1,239 +1,271 @@
-"""Faults that used to lose, mix or expose files, or to do the wrong thing without a word: each case as a user meets
-it, through the command or the call they would type."""
+"""`vaswani-train`'s run as a user meets it: its flags mean what they mean in transformers' examples and
+fairseq, a run folder belongs to one run and holds nothing else of the user's, resuming keeps what a run wrote,
+a run that cannot be what was asked is refused with a one-line error before any file is written, and no secret
+is written."""
 
 import contextlib
 import io
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_tool_faults import assert_one_line_error, invoke, run_args, write_corpus
-from tiny_translation_assets import tiny_model, tiny_tokenizer
+import torch
+import transformers
+from helpers import BIN, ROOT, TOKEN, assert_one_line_error, invoke, run_args
+from packaging import version
+from safetensors.torch import load_file
 
 from vaswani.commands import train as train_command
 from vaswani.common.errors import UsageError
-from vaswani.common.fileio import atomic_folder, write_text
 from vaswani.recipe.arguments import resolve_peak_learning_rate
-from vaswani.recipe.averaging import average_checkpoints
+from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
 from vaswani.recipe.schedule import warmup_factor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def test_averaging_refuses_an_index_that_points_outside_its_checkpoint(tmp_path):
-    """A safetensors index naming `../elsewhere/model.safetensors` would average weights from another folder."""
-    tokenizer = tiny_tokenizer()
-    elsewhere = tmp_path / "elsewhere"
-    tiny_model(len(tokenizer)).save_pretrained(elsewhere)
-    checkpoints = []
-    for step in (1, 2):
-        folder = tmp_path / "run" / f"checkpoint-{step}"
-        tiny_model(len(tokenizer), seed=step).save_pretrained(folder)
-        checkpoints.append(folder)
-    (checkpoints[1] / "model.safetensors").unlink()
-    index = {"metadata": {}, "weight_map": {"lm_head.weight": "../../elsewhere/model.safetensors"}}
-    (checkpoints[1] / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(ValueError, match=r"names weight files outside its folder: \['../../elsewhere"):
-        average_checkpoints(checkpoints, tmp_path / "averaged", show_progress=False)
-    assert not (tmp_path / "averaged").exists()
-
-
-@pytest.mark.parametrize("umask", [0o022, 0o002])
-def test_folders_and_files_written_whole_follow_the_umask(tmp_path, umask):
-    """Built beside their destination and renamed into place, outputs get the permissions of any new file: under
-    umask 022 others on a shared machine can read the models."""
-    previous = os.umask(umask)
-    try:
-        with atomic_folder(tmp_path / "model") as building:
-            (building / "weights.bin").write_bytes(b"0")
-        write_text(tmp_path / "model" / "scores.json", "{}")
-    finally:
-        os.umask(previous)
-    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o777 & ~umask
-    assert stat.S_IMODE((tmp_path / "model" / "scores.json").stat().st_mode) == 0o666 & ~umask
-
-
-def test_vaswani_average_checkpoints_folder_is_readable_by_others(tmp_path):
-    tokenizer = tiny_tokenizer()
-    checkpoints = []
-    for step in (1, 2):
-        folder = tmp_path / "run" / f"checkpoint-{step}"
-        tiny_model(len(tokenizer), seed=step).save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        checkpoints.append(str(folder))
-    out = tmp_path / "averaged"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vaswani.commands.average_checkpoints",
-            "--checkpoints",
-            *checkpoints,
-            "--output_dir",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        preexec_fn=lambda: os.umask(0o022),
+# ---------------------------------------------------------------------------------------------------------------------
+# One run per folder, refused runs, resuming, secrets
+# ---------------------------------------------------------------------------------------------------------------------
+def test_a_run_folder_belongs_to_one_run(finished_run, corpus, tmp_path, capsys):
+    """Re-running into an existing run folder is refused; --overwrite_output_dir replaces the run, so that neither
+    a checkpoint nor the scores of the earlier run end up beside the new model."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    code, _, err = invoke(train_command.main, run_args(corpus, out, "--max_steps", "4"), capsys)
+    assert_one_line_error(
+        code, err, "already holds a run", "--resume_from_checkpoint", "--overwrite_output_dir"
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert stat.S_IMODE(out.stat().st_mode) == 0o755
-    assert all(stat.S_IMODE(p.stat().st_mode) & 0o044 == 0o044 for p in out.rglob("*") if p.is_file())
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-4", "checkpoint-8"]  # untouched
+
+    code, _, err = invoke(
+        train_command.main,
+        run_args(corpus, out, "--max_steps", "6", "--save_steps", "3", "--average_last", "3", "--seed", "4")
+        + ["--overwrite_output_dir"],
+        capsys,
+    )
+    assert code == 0, err[-3000:]
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-3", "checkpoint-6"]
+    assert not (out / "test_results.json").exists()  # this run scored nothing
+    assert "Averaging 2 checkpoints: checkpoint-3, checkpoint-6" in err
+    averaged = load_file(out / "averaged" / "model.safetensors")
+    c3, c6 = (load_file(out / f"checkpoint-{s}" / "model.safetensors") for s in (3, 6))
+    key = "model.encoder.layers.0.fc1.weight"
+    torch.testing.assert_close(averaged[key], (c3[key] + c6[key]) / 2)
 
 
-@pytest.fixture(scope="module")
-def converted_marian(tmp_path_factory):
-    """A small Marian model (sentencepiece vocabulary, no beginning-of-sentence id, a generation config without a
-    length penalty), taught to copy, and its `vaswani-convert` folder."""
-    import test_convert
-
-    from vaswani.interop.convert import convert
-
-    root = tmp_path_factory.mktemp("marian")
-    name = next(name for name, case in test_convert.CASES.items() if case[0] == "marian")
-    test_convert.source_model(name, root / "marian", steps=40)
-    convert(root / "marian", root / "converted")
-    return root / "marian", root / "converted"
-
-
-@pytest.mark.parametrize("engine", ["ctranslate2", "onnx"])
-def test_a_converted_marian_model_exports_and_translates_as_pytorch_does(converted_marian, tmp_path, engine):
-    """CTranslate2 needs a beginning-of-sentence token the Marian config lacks (the decoder start serves), and a
-    generation config without a length penalty decodes with transformers' default, 1.0."""
-    from vaswani.interop.engines import load_exported
-    from vaswani.interop.engines import translate as translate_exported
-    from vaswani.interop.export import export
-    from vaswani.recipe.translation import load_translation_model, translate
-
-    _, converted = converted_marian
-    export(converted, tmp_path / engine, engine)
-    model, source, target = load_translation_model(converted)
-    sentences = ["▁a b c d", "c d e", "b a"]
-    expected = translate(sentences, model, source, target, show_progress=False)
-    loaded, source, target = load_exported(tmp_path / engine)
-    assert translate_exported(sentences, loaded, source, target, show_progress=False) == expected
+def test_resuming_a_finished_run_trains_nothing_and_keeps_its_results(finished_run, corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    final = (out / "model.safetensors").read_bytes()
+    averaged = load_file(out / "averaged" / "model.safetensors")
+    args = run_args(corpus, out, "--max_steps", "8", "--save_steps", "4", "--average_last", "2")
+    code, _, err = invoke(train_command.main, args + ["--resume_from_checkpoint", "last"], capsys)
+    assert code == 0, err[-3000:]
+    assert "already reached --max_steps 8" in err
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-4", "checkpoint-8"]
+    assert (out / "model.safetensors").read_bytes() == final
+    assert "Averaging 2 checkpoints: checkpoint-4, checkpoint-8" in err
+    for key, tensor in load_file(out / "averaged" / "model.safetensors").items():
+        assert torch.equal(tensor, averaged[key]), key
+    # killed after its last checkpoint but before the final model was written: the model comes from the checkpoint
+    (out / "model.safetensors").unlink()
+    code, _, err = invoke(train_command.main, args + ["--resume_from_checkpoint", "last"], capsys)
+    assert code == 0, err[-3000:]
+    assert (out / "model.safetensors").read_bytes() == (
+        out / "checkpoint-8" / "model.safetensors"
+    ).read_bytes()
 
 
-def test_exporting_an_unconverted_marian_folder_names_the_fix(converted_marian, tmp_path):
-    from vaswani.interop.export import export
+def test_a_checkpoint_with_a_truncated_config_is_skipped_on_resume(finished_run, tmp_path):
+    run = tmp_path / "run"
+    for step in (4, 8):
+        shutil.copytree(finished_run / f"checkpoint-{step}", run / f"checkpoint-{step}")
+    config = run / "checkpoint-8" / "config.json"
+    config.write_text(config.read_text()[:40])
+    with pytest.raises(ValueError, match=r"checkpoint-8/config\.json is corrupt or truncated"):
+        verify_checkpoint(run / "checkpoint-8")
+    assert resolve_resume_checkpoint("last", run) == str(run / "checkpoint-4")
 
-    marian, _ = converted_marian
-    with pytest.raises(ValueError, match=r"holds a 'marian' model, not a vaswani one: convert it first"):
-        export(marian, tmp_path / "out", "ctranslate2")
-    assert not (tmp_path / "out").exists()
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--max_steps", "-5"], "--max_steps"),
+        (["--max_steps", "0"], "--max_steps"),
+        (["--num_train_epochs", "0"], "--num_train_epochs"),
+        (["--max_steps", "10", "--max_train_minutes", "0"], "--max_train_minutes"),
+        (["--max_steps", "10", "--lr_cooldown_fraction", "1"], "--lr_cooldown_fraction"),
+    ],
+)
+def test_runs_of_no_length_are_refused(corpus, tmp_path, capsys, flags, named):
+    code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", *flags), capsys)
+    assert_one_line_error(code, err, named)
+    assert not (tmp_path / "run").exists()
 
 
-def test_a_failed_export_leaves_the_earlier_export_whole_and_no_folder_behind(
-    converted_marian, tmp_path, monkeypatch
+def test_fp16_without_a_gpu_is_refused(corpus, tmp_path, capsys, monkeypatch):
+    """`--fp16` on a CPU trained in float32 (Accelerate runs no fp16 mixed precision there) while the training summary
+    said "fp16 autocast"."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # this machine's GPU, if any, aside
+    code, _, err = invoke(train_command.main, run_args(corpus, tmp_path / "run", "--max_steps", "2", "--fp16"), capsys)
+    assert_one_line_error(code, err, "--fp16 needs a GPU", "--bf16")
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_data_files_are_named(corpus, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "train.de").write_text("")
+    (empty / "train.en").write_text("")
+    code, _, err = invoke(train_command.main, run_args(empty, tmp_path / "r1", "--max_steps", "2"), capsys)
+    assert_one_line_error(code, err, "train.de", "train.en", "empty")
+
+    latin1 = tmp_path / "latin1"
+    shutil.copytree(corpus, latin1)
+    lines = (latin1 / "train.de").read_bytes().split(b"\n")
+    lines[41] = "Ein Mädchen läuft .".encode("latin-1")
+    (latin1 / "train.de").write_bytes(b"\n".join(lines))
+    code, _, err = invoke(train_command.main, run_args(latin1, tmp_path / "r2", "--max_steps", "2"), capsys)
+    assert_one_line_error(code, err, "train.de, line 42: not UTF-8")
+
+
+def test_model_config_and_language_errors_come_before_any_data_is_read(corpus, tmp_path, capsys, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("data was read before the flags were checked")
+
+    monkeypatch.setattr("vaswani.recipe.run.load_split", no_data)
+    cases = [
+        (["--d_model", "15"], "d_model"),  # not divisible by the 2 heads
+        (["--encoder_attention_heads", "7"], "d_model"),
+        (["--dropout", "1.5"], "dropout"),
+        (["--preset", "huge"], "--preset"),
+        (["--source_lang", "en"], "--source_lang and --target_lang"),
+        (["--model_name_or_path", tmp_path / "nowhere"], "--model_name_or_path"),
+        (["--do_train", "false"], "--do_train"),
+        (["--dataset_name", "./missing-folder"], "--dataset_name"),
+        (["--train_file", tmp_path / "missing"], "--train_file"),
+    ]
+    for extra, named in cases:
+        args = run_args(corpus, tmp_path / "run", "--max_steps", "2", *extra)
+        code, _, err = invoke(train_command.main, args, capsys)
+        assert_one_line_error(code, err, named)
+
+
+@pytest.mark.parametrize("flag", ["--tokenizer_name", "--model_name_or_path"])
+def test_a_vocab_size_the_tokenizer_given_contradicts_is_refused(flag, model_dir, corpus, tmp_path, capsys):
+    """`--vocab_size 2000 --tokenizer_name` of an 8000-token BPE trained with 8000 tokens without a word: the flag
+    sizes a BPE trained for the run, and no BPE trained with it has more tokens."""
+    argv = ["--dataset_name", corpus, "--source_lang", "de", "--target_lang", "en", "--max_steps", "1"]
+    argv += [flag, model_dir, "--vocab_size", "200", "--output_dir", tmp_path / "run"]
+    code, _, err = invoke(train_command.main, argv, capsys)
+    assert_one_line_error(code, err, f"--vocab_size 200, but {flag} {model_dir} brings a vocabulary of 300 tokens")
+    assert not (tmp_path / "run").exists()
+
+
+def test_default_logs_are_quiet(corpus, tmp_path, capfd):
+    capfd.readouterr()
+    train_command.main(run_args(corpus, tmp_path / "run", "--max_steps", "4", "--save_steps", "2"))
+    _, err = capfd.readouterr()
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert "VaswaniConfig {" not in err and "Model config" not in err  # the configuration is never dumped
+    assert len([line for line in lines if " INFO " in line or " WARNING " in line]) < 20, err
+    assert "Writing model shards" not in err and "Loading weights" not in err
+
+
+def test_do_predict_translates_the_test_split_and_do_eval_evaluates_at_the_end(
+    finished_run, corpus, tmp_path
 ):
-    """Built beside its destination: a failure (here the exporter raises half-way) leaves the earlier export as it
-    was, and a first export that fails leaves nothing, so a retry is not refused."""
-    from vaswani.interop.export import export, to_onnx
-
-    _, converted = converted_marian
-    out = tmp_path / "onnx"
-    export(converted, out, "onnx")
-    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-
-    def broken(model, output_dir):
-        (output_dir / to_onnx.ENCODER_FILE).write_bytes(b"half")
-        raise RuntimeError("killed half-way")
-
-    monkeypatch.setattr(to_onnx, "export_graphs", broken)
-    with pytest.raises(RuntimeError, match="half-way"):
-        export(converted, out, "onnx", force=True)
-    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
-    with pytest.raises(RuntimeError, match="half-way"):
-        export(converted, tmp_path / "first", "onnx")
-    assert not (tmp_path / "first").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx"]  # no temporary folder left
-
-
-def test_a_folder_that_is_not_a_complete_export_is_named_as_such(tmp_path):
-    from vaswani.interop.engines import load_exported
-
-    tokenizer = tiny_tokenizer()
-    tokenizer.save_pretrained(tmp_path)  # a tokenizer, but no export
-    with pytest.raises(ValueError, match="is not a complete folder written by vaswani-export"):
-        load_exported(tmp_path)
-
-
-def test_separate_tokenizers_of_two_trainings_are_not_loaded_as_one_pair(tmp_path):
-    """`vaswani-train-tokenizer --separate_vocabularies` killed between the renames of source/ and target/ would
-    leave one side of the new training beside one of the old: that folder is refused, naming both sides."""
-    from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers, train_separate_tokenizers
-
-    sentences = ["ein mann fährt rad", "zwei hunde spielen", "a man rides a bike", "two dogs play"]
-    old = train_separate_tokenizers(
-        iter(sentences[:2]), iter(sentences[2:]), vocab_size=300, min_frequency=1, show_progress=False
+    out = tmp_path / "run"
+    train_command.main(
+        run_args(corpus, out, "--max_steps", "2", "--save_steps", "2", "--do_eval", "--do_predict")
+        + ["--test_file", str(Path(corpus) / "val")]
     )
-    new = train_separate_tokenizers(
-        iter(sentences), iter(sentences), vocab_size=320, min_frequency=1, show_progress=False
+    assert json.loads((out / "test_results.json").read_text())["split"] == "val"
+    assert "eval_bleu" in json.loads((out / "eval_results.json").read_text())
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_cpu_processes_trains_the_model_as_one_process_does(corpus, tmp_path):
+    """torchrun, 2 CPU processes on gloo, `--fsdp` (torch's FSDP2 through Accelerate's plugin): the saved model
+    equals one process accumulating the same 2 micro-batches per step (measured: 3e-6; tolerance 2e-5)."""
+    common = run_args(corpus, "OUT", "--max_steps", "6", "--save_steps", "3", "--dropout", "0.0")
+    common.remove("--output_dir")
+    common.remove("OUT")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    from vaswani.recipe.tokenization import save_tokenizers, train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(
+        [corpus / "train.de", corpus / "train.en"], vocab_size=300, show_progress=False
     )
-    save_tokenizers(*old, tmp_path / "tok")
-    save_tokenizers(*new, tmp_path / "new")
-    load_tokenizers(tmp_path / "tok")  # a whole pair loads
-    for name in (
-        "tokenizer.json",
-        "vaswani_tokenizer_pair.json",
-    ):  # the source side of the new one arrived first
-        (tmp_path / "tok" / "source" / name).write_bytes((tmp_path / "new" / "source" / name).read_bytes())
-    with pytest.raises(ValueError, match=r"are not one pair of tokenizers"):
-        load_tokenizers(tmp_path / "tok")
+    save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
+    common += ["--tokenizer_name", str(tmp_path / "tokenizer")]
+    torchrun = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", "29547", "-m"]
+    fsdp = subprocess.run(
+        [*torchrun, "vaswani.commands.train", *map(str, common), "--output_dir", str(tmp_path / "fsdp"), "--fsdp", "full_shard"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if version.parse(transformers.__version__) < version.parse("5.8"):  # its --fsdp is FSDP1: refused, no folder
+        assert fsdp.returncode != 0 and "--fsdp on CPU processes needs transformers >= 5.8" in fsdp.stderr
+        assert not (tmp_path / "fsdp").exists()
+        return
+    assert fsdp.returncode == 0, fsdp.stderr[-4000:]
+    assert "FSDP2 on 2 CPU processes" in fsdp.stderr
+    single = subprocess.run(
+        [str(BIN / "vaswani-train"), *map(str, common), "--output_dir", str(tmp_path / "single")]
+        + ["--gradient_accumulation_steps", "2"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-4000:]
+    sharded, one = (load_file(tmp_path / name / "model.safetensors") for name in ("fsdp", "single"))
+    assert sharded.keys() == one.keys()  # the tied matrix saved once, as without FSDP
+    for key in one:
+        torch.testing.assert_close(sharded[key], one[key], atol=2e-5, rtol=1e-4)
+    # its checkpoints resume-check and carry the model's code, not torch's FSDP module
+    verify_checkpoint(tmp_path / "fsdp" / "checkpoint-6")
+    config = json.loads((tmp_path / "fsdp" / "checkpoint-6" / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == "modeling_vaswani.VaswaniForConditionalGeneration"
+    assert not list((tmp_path / "fsdp").rglob("_fsdp_*.py"))
 
 
-def test_the_tokenizer_of_a_model_folder_loads_silently(tmp_path):
-    """The tokenizer is a plain fast tokenizer: after `import vaswani`, `AutoTokenizer` loads it without a question
-    or a warning; where the package is missing, `PreTrainedTokenizerFast` does (AutoTokenizer reads the model's
-    config.json first, which is custom code there, so it asks for `trust_remote_code=True` as for any such model)."""
-    tokenizer = tiny_tokenizer()
-    tiny_model(len(tokenizer)).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    expected = tokenizer("Ein Mann fährt Fahrrad.")["input_ids"]
-    env = {
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": ROOT,
-    }
-    for code in (
-        "import vaswani; vaswani.register(); from transformers import AutoTokenizer as T",  # README's registration
-        "import sys; sys.modules['vaswani'] = None; from transformers import PreTrainedTokenizerFast as T",
-        "import sys; sys.modules['vaswani'] = None; from functools import partial; "
-        "from transformers import AutoTokenizer; T = type('T', (), {'from_pretrained': staticmethod("
-        "partial(AutoTokenizer.from_pretrained, trust_remote_code=True))})",
-    ):
-        script = (
-            f"{code}\nprint(T.from_pretrained({str(tmp_path)!r})('Ein Mann fährt Fahrrad.')['input_ids'])"
-        )
-        result = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stderr[-2000:]
-        assert result.stdout.strip() == str(expected)
-        assert "Do you wish" not in result.stdout + result.stderr and "model of type" not in result.stderr
+class _RunsCode:
+    """Unpickling this creates a file: proof that a pickle was loaded with `weights_only=False`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_checking_a_checkpoint_runs_no_code_from_it(finished_run, tmp_path):
+    checkpoint = tmp_path / "checkpoint-8"
+    shutil.copytree(finished_run / "checkpoint-8", checkpoint)
+    marker = tmp_path / "code-ran"
+    torch.save(
+        {"state": _RunsCode(marker)}, checkpoint / "optimizer.pt"
+    )  # a file transformers loads on resume
+    torch.save(_RunsCode(marker), checkpoint / "dropped.pt")  # a file nothing should open
+    torch.save(_RunsCode(marker), checkpoint / "extra.pth")
+    verify_checkpoint(checkpoint)  # the archives are intact: the check passes...
+    assert not marker.exists()  # ...without unpickling anything
+    assert resolve_resume_checkpoint("last", tmp_path) == str(checkpoint)
+    assert not marker.exists()
+
+
+def test_the_hub_token_is_never_written_to_disk(finished_run):
+    offenders = [p for p in finished_run.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+    assert offenders == []
+    assert (
+        finished_run / "training_args.bin"
+    ).is_file()  # the Trainer's own file is still written, without it
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # vaswani-train with the habits of transformers' examples and fairseq
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
 @pytest.fixture(scope="module")
 def finished(corpus, tmp_path_factory):
     """A finished run of 8 steps (checkpoints at 4 and 8) that translated its val split: (folder, trainer, what it
