@@ -41,11 +41,13 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .configuration_vaswani import VaswaniConfig
+from .generation_vaswani import drop_trainer_defaults
 from .generation_vaswani import generate as paper_generate
 from .pipeline_vaswani import VaswaniTranslationPipeline  # noqa: F401 (travels with this file: CODE_FILES)
 from .utils_vaswani import (
+    AUTO_MAP,
     CACHE_NAME,
-    FollowsConfig,
+    CUSTOM_PIPELINES,
     architecture,
     cache_argument,
     causal_mask,
@@ -53,8 +55,10 @@ from .utils_vaswani import (
     check_embedding_inputs,
     check_mask,
     flag,
+    follow_config,
     resize_target_vocabulary,
     tied_weights_saved_once,
+    write_model_code,
 )
 
 logger = logging.get_logger(__name__)
@@ -214,12 +218,6 @@ class VaswaniAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, seq_len, _ = hidden_states.shape
-        group = 1
-        if self.is_cross_attention and key_value_states.shape[0] != batch_size:
-            # Several decoder rows per source (`share_encoder_outputs`): the g consecutive rows of a source attend to
-            # its one copy of the keys and values as one sequence of g x Tq queries.
-            group = batch_size // key_value_states.shape[0]
-            hidden_states = hidden_states.reshape(batch_size // group, group * seq_len, self.d_model)
         query = self.split_heads(self.q_proj(hidden_states))  # (B, h, Tq, d_k)
 
         if not self.is_cross_attention:
@@ -247,9 +245,6 @@ class VaswaniAttention(nn.Module):
         )
         # Concat(head_1, ..., head_h): (B, Tq, d_model)
         output = output.reshape(batch_size, seq_len, self.d_model)
-        if group > 1 and weights is not None:
-            # (B / g, h, g x Tq, Ts) -> (B, h, Tq, Ts): one map per decoder row
-            weights = weights.unflatten(2, (group, seq_len)).transpose(1, 2).flatten(0, 1)
         return self.out_proj(output), weights
 
 
@@ -343,7 +338,7 @@ class VaswaniDecoderLayer(VaswaniLayer):
 # --------------------------------------------------------------------------------------------------------------------
 # Pretrained base: initialisation, loading, Auto-class plumbing
 # --------------------------------------------------------------------------------------------------------------------
-class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
+class VaswaniPreTrainedModel(PreTrainedModel):
     config: VaswaniConfig
     config_class = VaswaniConfig
     base_model_prefix = "model"
@@ -362,7 +357,25 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
             config.decoder_vocab_size = config.vocab_size
         config.validate_fields()  # fields may have been changed since the config was built
         super().__init__(config, *args, **kwargs)
-        self._built_as = architecture(config)  # `follow_config`: in training, evaluation and saving
+        self._built_as = architecture(config)  # `follow_config`: in training and saving
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
+        naming both model classes (transformers writes only the class being saved), the translation pipeline
+        (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
+        the paper's decoding as the folder's `custom_generate/generate.py`. A config that cannot work, or that was
+        changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
+        the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
+        self.config.validate_fields()
+        follow_config(self)
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self)
+        drop_trainer_defaults(self.generation_config)
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+        self.config.custom_pipelines = {**(getattr(self.config, "custom_pipelines", None) or {}), **CUSTOM_PIPELINES}
+        saved = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            write_model_code(save_directory)
+        return saved
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """The `{target: source}` weights that transformers ties. It ties nothing when `tie_word_embeddings=False`;
@@ -486,11 +499,7 @@ class VaswaniEncoder(VaswaniStack):
 
 class VaswaniDecoder(VaswaniStack):
     """The decoder: N layers whose self-attention is masked, so that position i sees only positions up to i
-    (§3.1, §3.2.3), attending to the encoder output ("memory").
-
-    The decoder batch may be a multiple g of the encoder batch: rows b*g .. b*g + g - 1 then decode source b (the
-    layout of `generate(share_encoder_outputs=True)`, see `generation_vaswani`).
-    """
+    (§3.1, §3.2.3), attending to the encoder output ("memory")."""
 
     def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, VaswaniDecoderLayer, config.decoder_layers)
@@ -527,11 +536,8 @@ class VaswaniDecoder(VaswaniStack):
         sizes = (*hidden_states.shape[:2], past_length)  # (B, T, past)
         check_decoder_inputs(attention_mask, encoder_attention_mask, encoder_hidden_states, *sizes)
         self_mask = causal_mask(self.config, hidden_states, attention_mask, cache, past_length)
-        cross_mask = create_bidirectional_mask(  # per source: the decoder rows of one source share one call
-            self.config,
-            hidden_states.reshape(encoder_hidden_states.shape[0], -1, hidden_states.shape[-1]),
-            encoder_attention_mask,
-            encoder_hidden_states,
+        cross_mask = create_bidirectional_mask(
+            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states
         )
 
         all_hidden, all_self, all_cross = (), (), ()
@@ -576,7 +582,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder = VaswaniEncoder(config, encoder_embed)
         self.decoder = VaswaniDecoder(config, decoder_embed)
         self.post_init()
-        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
@@ -618,6 +624,8 @@ class VaswaniModel(VaswaniPreTrainedModel):
         cache (`EncoderDecoderCache`, *optional*): self- and encoder-decoder attention keys/values of earlier steps
             (`past_key_values` before transformers 5.24, accepted too).
         """
+        if self.training:  # a changed dropout rate applies, a changed architecture is refused before a step
+            follow_config(self)
         cache = cache_argument(cache, kwargs)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         outputs = dict(
@@ -679,7 +687,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if not config.tie_word_embeddings:  # a projection of its own is no tied weight (Marian's layout)
             self._tied_weights_keys.pop("lm_head.weight")
         self.post_init()
-        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
@@ -762,8 +770,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """transformers' `generate()` with the paper's decoding rules (`generation_vaswani.generate`): beam search
         divides by the length penalty in the form of `length_penalty_form` (a generation setting): `"gnmt"`,
         ((5 + |Y|) / 6) ** alpha, the paper's and the default, or `"power"`, transformers' |Y| ** alpha; without a
-        maximum length from the call or the generation config, at most input length + 50 new tokens (§6.1).
-        `share_encoder_outputs=True` lets the beams of a source read one copy of its encoder output. Folders loaded
+        maximum length from the call or the generation config, at most input length + 50 new tokens (§6.1). Folders loaded
         with `trust_remote_code=True` get the same function from their `custom_generate/generate.py`."""
         return paper_generate(*args, model=self, **kwargs)
 
