@@ -96,7 +96,7 @@ def generate(*args, model, **kwargs):
     length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
     _check_settings(config)
     if config.max_length is None and config.max_new_tokens is None:  # the call's settings are in `config`
-        kwargs["max_new_tokens"] = _source_length(args, kwargs, model) + EXTRA_OUTPUT_TOKENS
+        kwargs["max_new_tokens"] = _source_length(source, kwargs) + EXTRA_OUTPUT_TOKENS
     beam_search_mode = config.get_generation_mode(kwargs.get("assistant_model")) == GenerationMode.BEAM_SEARCH
     if beam_search_mode and form == "gnmt" and config.length_penalty != 0:  # else transformers' own lp(Y)
         return GenerationMixin.generate(
@@ -157,16 +157,13 @@ def drop_trainer_defaults(generation_config) -> None:
         generation_config.max_length = None
 
 
-def _source_length(args, kwargs, model) -> int:
+def _source_length(source, kwargs) -> int:
     """Tokens in the longest source of the batch (padding excluded), for the paper's `input length + 50`."""
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2:
         return int(mask.sum(dim=-1).max()) if mask.numel() else 0
-    source = (
-        args[0]
-        if args
-        else kwargs.get("inputs", kwargs.get(model.main_input_name, kwargs.get("inputs_embeds")))
-    )
+    if source is None:
+        source = kwargs.get("inputs_embeds")
     if source is None and kwargs.get("encoder_outputs") is not None:
         source = kwargs["encoder_outputs"][0]
     return int(source.shape[1]) if source is not None and source.dim() >= 2 else 0
@@ -243,11 +240,9 @@ class BeamSearch:
         totals = (beam_best.view(batch, k, per_beam) + self.running_scores[:, :, None]).view(batch, -1)
         top_scores, picked = torch.topk(totals, self.keep)
         from_beam = picked // per_beam
-        candidates = self.running.gather(1, from_beam[:, :, None].expand(-1, -1, self.max_length))
+        candidates = _take(self.running, from_beam)
         candidates[:, :, cur] = beam_tokens.view(batch, -1).gather(1, picked)
-        origins = self.running_origins.gather(
-            1, from_beam[:, :, None].expand(-1, -1, self.running_origins.shape[2])
-        )
+        origins = _take(self.running_origins, from_beam)
         rows = torch.arange(batch, device=from_beam.device)[:, None] * k
         origins[:, :, cur - self.prompt_len] = (from_beam + rows).int()
         return candidates, top_scores, origins
@@ -258,9 +253,8 @@ class BeamSearch:
         k, generated = self.num_beams, self.cur_len + 1 - self.prompt_len
         live_scores = top_scores + stops.float() * -1e9
         chosen = torch.topk(live_scores, k).indices
-        self.running = candidates.gather(1, chosen[:, :, None].expand(-1, -1, self.max_length))
+        self.running, self.running_origins = _take(candidates, chosen), _take(origins, chosen)
         self.running_scores = live_scores.gather(1, chosen)
-        self.running_origins = origins.gather(1, chosen[:, :, None].expand(-1, -1, origins.shape[2]))
         penalised = top_scores / length_penalty_factor(generated, self.alpha, self.form)
         full = self.is_finished.all(dim=-1, keepdim=True) & (self.early_stopping is True)
         just_finished = stops & (torch.arange(stops.shape[1], device=stops.device) < k)[None, :]
@@ -268,26 +262,14 @@ class BeamSearch:
             penalised = penalised + excluded.float() * -1e9
         merged_scores = torch.cat([self.finished_scores, penalised], dim=1)
         best = torch.topk(merged_scores, k).indices
-        self.finished = torch.cat([self.finished, candidates], dim=1).gather(
-            1, best[:, :, None].expand(-1, -1, self.max_length)
-        )
+        self.finished = _take(torch.cat([self.finished, candidates], dim=1), best)
+        self.finished_origins = _take(torch.cat([self.finished_origins, origins], dim=1), best)
         self.finished_scores = merged_scores.gather(1, best)
-        merged_origins = torch.cat([self.finished_origins, origins], dim=1)
-        self.finished_origins = merged_origins.gather(1, best[:, :, None].expand(-1, -1, origins.shape[2]))
         self.is_finished = torch.cat([self.is_finished, just_finished], dim=1).gather(1, best)
         beam_idx = self.running_origins[:, :, generated - 1].reshape(-1).long()
         self.cur_len += 1
-        self.can_improve = self.can_improve & _may_improve(
-            self.running_scores,
-            self.finished_scores,
-            self.is_finished,
-            self.cur_len,
-            self.max_length,
-            self.prompt_len,
-            self.early_stopping,
-            self.alpha,
-            self.form,
-        )
+        bound = (self.cur_len, self.max_length, self.prompt_len, self.early_stopping, self.alpha, self.form)
+        self.can_improve &= _may_improve(self.running_scores, self.finished_scores, self.is_finished, *bound)
         return beam_idx
 
     def done(self, stops: torch.Tensor) -> bool:
@@ -318,15 +300,14 @@ def beam_search(
     **model_kwargs,
 ):
     """Beam search (`BeamSearch`) on the model's public forward and the cache's public `reorder_cache`, as
-    transformers runs it, with finished hypotheses scored by `length_penalty_factor(|Y|, alpha,
-    length_penalty_form)`. Called by `GenerationMixin.generate(..., custom_generate=beam_search)` after it has
-    prepared everything: `input_ids` (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder
-    output, masks and cache, each repeated per beam."""
+    transformers runs it, with finished hypotheses scored by `length_penalty_factor(|Y|, alpha, length_penalty_form)`.
+    Called by `GenerationMixin.generate(..., custom_generate=beam_search)` once it has prepared everything: `input_ids`
+    (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache per beam."""
     config = generation_config  # its early_stopping: True, False (None) or "never", read as transformers does
     eos, fill = _special_tokens(model, config)
     alpha = 1.0 if config.length_penalty is None else config.length_penalty
-    sizes = (config.num_beams, config.max_length, fill, len(eos))
-    beams = BeamSearch(input_ids, *sizes, alpha, length_penalty_form, config.early_stopping)
+    sizes = (config.num_beams, config.max_length, fill, len(eos), alpha, length_penalty_form)
+    beams = BeamSearch(input_ids, *sizes, config.early_stopping)
     collect = _Collected(config, model_kwargs["encoder_outputs"])
     use_cache = model_kwargs.pop("use_cache", True)
     # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
@@ -368,6 +349,11 @@ def beam_search(
             getattr(cache, "self_attention_cache", cache).reorder_cache(beam_idx)
         this_peer_finished = beams.done(stops)
     return _beam_search_output(beams, config, collect, model_kwargs.get(_CACHE_FIELD))
+
+
+def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows `index` (batch, n) picks from each source's rows of `tensor` (batch, rows, length): (batch, n, length)."""
+    return tensor.gather(1, index[:, :, None].expand(-1, -1, tensor.shape[2]))
 
 
 def _special_tokens(model, generation_config) -> tuple[list[int], int]:

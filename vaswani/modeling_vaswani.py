@@ -190,7 +190,6 @@ class VaswaniAttention(nn.Module):
     ):
         super().__init__()
         self.config = config
-        self.d_model = config.d_model
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads  # d_k = d_v = d_model / h
         self.scaling = self.head_dim**-0.5  # 1 / sqrt(d_k)
@@ -198,11 +197,11 @@ class VaswaniAttention(nn.Module):
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
         self.layer_idx = layer_idx
-        bias = config.attention_bias  # the paper's W^Q, W^K, W^V, W^O have no bias
-        self.q_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^Q for all heads
-        self.k_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^K
-        self.v_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^V
-        self.out_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^O
+        d, bias = config.d_model, config.attention_bias  # the paper's W^Q, W^K, W^V, W^O have no bias
+        self.q_proj = nn.Linear(d, d, bias=bias)  # W^Q for all heads
+        self.k_proj = nn.Linear(d, d, bias=bias)  # W^K
+        self.v_proj = nn.Linear(d, d, bias=bias)  # W^V
+        self.out_proj = nn.Linear(d, d, bias=bias)  # W^O
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.is_query_key_value = True  # initialised with `config.qkv_init_gain`
 
@@ -217,7 +216,6 @@ class VaswaniAttention(nn.Module):
         cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch_size, seq_len, _ = hidden_states.shape
         query = self.split_heads(self.q_proj(hidden_states))  # (B, h, Tq, d_k)
 
         if not self.is_cross_attention:
@@ -227,8 +225,8 @@ class VaswaniAttention(nn.Module):
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
         elif cache is not None and cache.is_updated.get(self.layer_idx):
             # the encoder output's keys and values, computed at the first decoding step
-            key = cache.cross_attention_cache.layers[self.layer_idx].keys
-            value = cache.cross_attention_cache.layers[self.layer_idx].values
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            key, value = layer.keys, layer.values
         else:
             key = self.split_heads(self.k_proj(key_value_states))  # (B, h, Ts, d_k)
             value = self.split_heads(self.v_proj(key_value_states))
@@ -244,8 +242,7 @@ class VaswaniAttention(nn.Module):
             self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )
         # Concat(head_1, ..., head_h): (B, Tq, d_model)
-        output = output.reshape(batch_size, seq_len, self.d_model)
-        return self.out_proj(output), weights
+        return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -371,7 +368,10 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         self._keys_to_ignore_on_save = tied_weights_saved_once(self)
         drop_trainer_defaults(self.generation_config)
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        self.config.custom_pipelines = {**(getattr(self.config, "custom_pipelines", None) or {}), **CUSTOM_PIPELINES}
+        self.config.custom_pipelines = {
+            **(getattr(self.config, "custom_pipelines", None) or {}),
+            **CUSTOM_PIPELINES,
+        }
         saved = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             write_model_code(save_directory)
@@ -459,8 +459,23 @@ class VaswaniStack(nn.Module):
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
         return self.dropout(hidden_states)
 
-    def final_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
+    def run_layers(self, hidden_states, output_attentions, output_hidden_states, *args, **kwargs) -> dict:
+        """The N layers, then the final LayerNorm of the pre-norm layout: the output's fields, with each layer's input
+        and attention maps (self-attention, and encoder-decoder attention in the decoder) when asked for."""
+        all_hidden, all_weights = (), []
+        for layer in self.layers:
+            all_hidden += (hidden_states,)
+            hidden_states, *weights = layer(hidden_states, *args, **kwargs)
+            all_weights.append(weights)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        outputs = dict(last_hidden_state=hidden_states, hidden_states=None)
+        if flag(output_hidden_states, self.config):
+            outputs["hidden_states"] = all_hidden + (hidden_states,)
+        attentions = flag(output_attentions, self.config, "output_attentions")
+        for i, name in enumerate(("attentions", "cross_attentions")[: len(weights)]):
+            outputs[name] = tuple(layer_weights[i] for layer_weights in all_weights) if attentions else None
+        return outputs
 
 
 class VaswaniEncoder(VaswaniStack):
@@ -482,17 +497,8 @@ class VaswaniEncoder(VaswaniStack):
         hidden_states = self.embed(input_ids, inputs_embeds, "input_ids")  # (B, S, d_model)
         check_mask(attention_mask, hidden_states.shape[:2], "attention_mask", "the source (batch, length)")
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
-
-        all_hidden, all_attentions = (), ()
-        for layer in self.layers:
-            all_hidden += (hidden_states,)
-            hidden_states, weights = layer(hidden_states, mask, **kwargs)
-            all_attentions += (weights,)
-        hidden_states = self.final_norm(hidden_states)
         output = BaseModelOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden + (hidden_states,) if flag(output_hidden_states, self.config) else None,
-            attentions=all_attentions if flag(output_attentions, self.config, "output_attentions") else None,
+            **self.run_layers(hidden_states, output_attentions, output_hidden_states, mask, **kwargs)
         )
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
@@ -539,23 +545,18 @@ class VaswaniDecoder(VaswaniStack):
         cross_mask = create_bidirectional_mask(
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states
         )
-
-        all_hidden, all_self, all_cross = (), (), ()
-        for layer in self.layers:
-            all_hidden += (hidden_states,)
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states, self_mask, encoder_hidden_states, cross_mask, cache, **kwargs
-            )
-            all_self += (self_weights,)
-            all_cross += (cross_weights,)
-        hidden_states = self.final_norm(hidden_states)
-        attentions = flag(output_attentions, self.config, "output_attentions")
+        outputs = self.run_layers(
+            hidden_states,
+            output_attentions,
+            output_hidden_states,
+            self_mask,
+            encoder_hidden_states,
+            cross_mask,
+            cache,
+            **kwargs,
+        )
         output = BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden + (hidden_states,) if flag(output_hidden_states, self.config) else None,
-            attentions=all_self if attentions else None,
-            cross_attentions=all_cross if attentions else None,
-            **{CACHE_NAME: cache if use_cache else None},
+            **outputs, **{CACHE_NAME: cache if use_cache else None}
         )
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
@@ -592,12 +593,6 @@ class VaswaniModel(VaswaniPreTrainedModel):
         if self.config.share_encoder_decoder_embeddings:
             self.shared = self.decoder.embed_tokens = value
 
-    def get_encoder(self, *args, **kwargs):
-        return self.encoder
-
-    def get_decoder(self, *args, **kwargs):
-        return self.decoder
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -626,7 +621,6 @@ class VaswaniModel(VaswaniPreTrainedModel):
         """
         if self.training:  # a changed dropout rate applies, a changed architecture is refused before a step
             follow_config(self)
-        cache = cache_argument(cache, kwargs)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         outputs = dict(
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True
@@ -689,24 +683,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         self.post_init()
         self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def get_encoder(self, *args, **kwargs):
-        return self.model.encoder
-
-    def get_decoder(self, *args, **kwargs):
-        return self.model.decoder
-
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
@@ -735,7 +711,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         num_items_in_batch (*optional*): the number of target tokens across accumulated micro-batches (passed by
             the Trainer); the loss is then the summed loss divided by it.
         """
-        cache = cache_argument(cache, kwargs)
         if labels is not None:
             if labels.numel() == 0:
                 raise ValueError(

@@ -134,32 +134,23 @@ def causal_mask(config, hidden_states, attention_mask, cache, past_length):
 def resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_of: int | None = None):
     """A copy of an embedding (or output projection) with `rows` rows: the first rows kept, new rows (and biases)
     set to the mean of the old ones."""
-    if rows is None:
-        rows = module.weight.shape[0]
     if pad_to_multiple_of is not None:
         if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0:
             raise ValueError(f"`pad_to_multiple_of` must be a positive integer, got {pad_to_multiple_of!r}.")
         rows = -(-rows // pad_to_multiple_of) * pad_to_multiple_of
-    old = module.weight
-    kept = min(rows, old.shape[0])
-    weight = old.new_empty((rows, old.shape[1]))
-    with torch.no_grad():
-        weight[:kept] = old[:kept]
-        weight[kept:] = old.mean(dim=0)
+
+    def resized(old: torch.Tensor) -> nn.Parameter:  # (rows, ...)
+        new_rows = old.mean(dim=0, keepdim=True).expand(max(rows - old.shape[0], 0), *old.shape[1:])
+        return nn.Parameter(torch.cat([old[:rows], new_rows]).detach().clone())
+
     if isinstance(module, nn.Embedding):
-        padding_idx = (
-            module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
-        )
-        return nn.Embedding(rows, old.shape[1], padding_idx, _weight=nn.Parameter(weight), device=old.device)
-    resized = type(module)(
-        old.shape[1], rows, bias=module.bias is not None, device=old.device, dtype=old.dtype
-    )
-    with torch.no_grad():
-        resized.weight.copy_(weight)
-        if module.bias is not None:
-            resized.bias[:kept] = module.bias[:kept]
-            resized.bias[kept:] = module.bias.mean()
-    return resized
+        padding_idx = module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
+        return nn.Embedding.from_pretrained(resized(module.weight), freeze=False, padding_idx=padding_idx)
+    copy = nn.Linear(module.in_features, rows, bias=module.bias is not None, device="meta")
+    copy.weight = resized(module.weight)
+    if module.bias is not None:
+        copy.bias = resized(module.bias)
+    return copy
 
 
 def flag(value: bool | None, config, name: str = "output_hidden_states") -> bool:
