@@ -105,6 +105,8 @@ def test_auto_classes_in_process(saved):
     assert type(AutoModelForSeq2SeqLM.from_pretrained(folder)) is VaswaniForConditionalGeneration
     bare = AutoModel.from_pretrained(folder)
     assert type(bare) is VaswaniModel
+    bare.save_pretrained(folder / "bare")  # a model without a generation config saves as a whole folder
+    assert type(AutoModel.from_pretrained(folder / "bare")) is VaswaniModel
     input_ids, attention_mask, labels = batch()
     dec = model.prepare_decoder_input_ids_from_labels(labels)
     expected = model.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec)

@@ -366,7 +366,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         self.config.validate_fields()
         follow_config(self)
         self._keys_to_ignore_on_save = tied_weights_saved_once(self)
-        drop_trainer_defaults(self.generation_config)
+        drop_trainer_defaults(getattr(self, "generation_config", None))  # the bare model has none
         self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
         self.config.custom_pipelines = {
             **(getattr(self.config, "custom_pipelines", None) or {}),
