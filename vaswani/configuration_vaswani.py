@@ -66,7 +66,7 @@ PRESETS: dict[str, dict] = {
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 # The fields a built model's modules follow: changed on the config after a model was built, it would train, evaluate
-# and save as another model (`utils_vaswani.FollowsConfig` refuses). Vocabulary sizes change with the model's own
+# and save as another model (`utils_vaswani.follow_config` refuses). Vocabulary sizes change with the model's own
 # resizing methods; token ids, the cache flag and the initialisation do not shape the modules, and the dropout rates
 # (`DROPOUT_FIELDS`) only regularise training: the model follows those when they change.
 ARCHITECTURE_FIELDS = (

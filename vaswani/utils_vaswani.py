@@ -1,6 +1,6 @@
 """What `modeling_vaswani.py` needs besides the paper: what a saved folder carries, input checks that name the argument
 at fault, the names that transformers 5 releases give the cache and the causal mask's arguments, the output flags,
-the resizing of the target vocabulary, and the saving of a whole folder.
+the resizing of the target vocabulary, a built model's agreement with its config, and the code of a whole folder.
 
 This file is copied with `modeling_vaswani.py` into saved model folders, so it imports only torch and transformers.
 """
