@@ -128,9 +128,11 @@ def test_a_boolean_field_refuses_anything_but_true_or_false(field, value):
 )
 def test_a_config_changed_after_the_model_was_built_is_not_saved(tmp_path, field, value):
     """The modules follow the config they were built from: saved with the changed one, the folder would load as
-    another model. Nothing is written, not even the code files."""
+    another model. Nothing is written, not even the code files. Switching modes (`train()`, `eval()`) is torch's and
+    transformers' own, and changes nothing."""
     model = VaswaniForConditionalGeneration(tiny_config())
     setattr(model.config, field, value)
+    assert model.train().eval() is model
     with pytest.raises(
         ValueError, match=rf"changed after the model was built \(`{field}` from .* to {value!r}\)"
     ):

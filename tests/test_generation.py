@@ -386,77 +386,6 @@ def test_an_unknown_length_penalty_form_is_named_before_any_work(model):
         model.generate(input_ids, attention_mask=attention_mask, num_beams=2, length_penalty_form="average")
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        dict(num_beams=4, num_return_sequences=2, length_penalty=0.6),
-        dict(num_beams=3, length_penalty=0.6, length_penalty_form="power"),
-    ],
-    ids=["beam", "beam-power"],
-)
-def test_share_encoder_outputs_keeps_one_copy_per_source_and_changes_no_result(model, options):
-    """Opt-in: the beams of a source share its encoder output and encoder-decoder attention keys and values (held
-    once per source in the returned cache); sequences and scores equal the default layout's, whose cache holds them
-    once per beam as transformers' caches do."""
-    input_ids, attention_mask, _ = batch()
-    kw = dict(
-        attention_mask=attention_mask, max_new_tokens=10, output_scores=True, return_dict_in_generate=True
-    )
-    kw.update(options)
-    expanded = 3 * options["num_beams"]
-    results = {}
-    for share in (False, True):
-        torch.manual_seed(0)
-        results[share] = model.generate(input_ids, share_encoder_outputs=share, **kw)
-        cache = getattr(results[share], "cache", None) or results[share].past_key_values
-        assert cache.cross_attention_cache.layers[0].keys.shape[0] == (3 if share else expanded)
-        assert cache.self_attention_cache.layers[0].keys.shape[0] == expanded
-    assert torch.equal(results[True].sequences, results[False].sequences)
-    for shared, copied in zip(results[True].scores, results[False].scores, strict=True):
-        torch.testing.assert_close(shared, copied)
-
-
-def test_decoder_rows_in_groups_per_source_equal_copied_encoder_rows(model):
-    """A decoder batch that is a multiple g of the encoder batch (g consecutive rows per source) gives the logits and
-    attention maps of the same call with the encoder output and mask copied g times."""
-    input_ids, attention_mask, _ = batch()
-    group = 4
-    encoder_outputs = model.get_encoder()(input_ids, attention_mask=attention_mask)
-    copied = type(encoder_outputs)(
-        last_hidden_state=encoder_outputs.last_hidden_state.repeat_interleave(group, 0)
-    )
-    decoder_input_ids = torch.randint(4, 53, (3 * group, 5), generator=torch.Generator().manual_seed(1))
-    model.set_attn_implementation("eager")
-    kw = dict(decoder_input_ids=decoder_input_ids, output_attentions=True)
-    shared = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, **kw)
-    reference = model(encoder_outputs=copied, attention_mask=attention_mask.repeat_interleave(group, 0), **kw)
-    torch.testing.assert_close(shared.logits, reference.logits)
-    for ours, theirs in zip(shared.cross_attentions, reference.cross_attentions, strict=True):
-        assert ours.shape == theirs.shape == (3 * group, 5, 5, 7)
-        torch.testing.assert_close(ours, theirs)
-    with pytest.raises(
-        ValueError, match=r"decoder batch \(5\) must be the encoder batch \(3\) or a multiple"
-    ):
-        model(
-            encoder_outputs=encoder_outputs,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids[:5],
-        )
-
-
-def test_share_encoder_outputs_outside_beam_search_is_ignored_with_a_warning(model, caplog):
-    input_ids, attention_mask, _ = batch()
-    kw = dict(attention_mask=attention_mask, do_sample=True, num_return_sequences=2, max_new_tokens=5)
-    logging.getLogger("vaswani").propagate = True
-    generation_vaswani.logger.warning_once.cache_clear()
-    with caplog.at_level(logging.WARNING):
-        torch.manual_seed(0)
-        shared = model.generate(input_ids, share_encoder_outputs=True, **kw)
-    assert "applies to beam search only" in caplog.text
-    torch.manual_seed(0)
-    assert torch.equal(shared, model.generate(input_ids, **kw))
-
-
 def test_beam_search_reorders_only_the_self_attention_cache(model, monkeypatch):
     """The beams of a source hold the same encoder-decoder attention keys and values: reordering them at every step
     (as `EncoderDecoderCache.reorder_cache` does) would copy equal values."""
@@ -523,15 +452,6 @@ def test_continuing_generation_from_a_returned_cache_equals_one_call(model):
             strict=True,
         ):
             torch.testing.assert_close(ours.keys, theirs.keys)
-
-
-def test_share_encoder_outputs_steps_aside_for_a_static_cache(model):
-    """A static cache holds one row per beam: sharing is off there (a warning), and results are unchanged."""
-    input_ids, attention_mask, _ = batch()
-    kw = dict(attention_mask=attention_mask, max_new_tokens=6, num_beams=3, cache_implementation="static")
-    assert torch.equal(
-        model.generate(input_ids, share_encoder_outputs=True, **kw), model.generate(input_ids, **kw)
-    )
 
 
 def test_beam_search_over_separate_vocabularies_works_on_every_release_in_the_papers_form(monkeypatch):

@@ -646,3 +646,5 @@ def test_ids_and_embeddings_of_the_wrong_shape_are_named(model):
         ValueError, match=r"`decoder_input_ids` must have shape \(batch, length, d_model=15\)"
     ):
         model(input_ids=input_ids, attention_mask=attention_mask, decoder_inputs_embeds=torch.randn(3, 6))
+    with pytest.raises(ValueError, match=r"decoder batch \(2\) must be the encoder batch \(3\)"):
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec[:2])

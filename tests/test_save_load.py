@@ -105,6 +105,8 @@ def test_auto_classes_in_process(saved):
     assert type(AutoModelForSeq2SeqLM.from_pretrained(folder)) is VaswaniForConditionalGeneration
     bare = AutoModel.from_pretrained(folder)
     assert type(bare) is VaswaniModel
+    bare.save_pretrained(folder / "bare")  # a model without a generation config saves as a whole folder
+    assert type(AutoModel.from_pretrained(folder / "bare")) is VaswaniModel
     input_ids, attention_mask, labels = batch()
     dec = model.prepare_decoder_input_ids_from_labels(labels)
     expected = model.model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=dec)
@@ -520,13 +522,15 @@ def test_an_architecture_field_changed_after_from_pretrained_is_refused_before_t
 
 
 def test_a_dropout_rate_changed_on_a_peft_model_leaves_lora_dropout_alone():
-    """The model follows its config's dropout rates on its own dropout modules only: LoRA's keeps its rate."""
+    """The model follows its config's dropout rates from the next training step, on its own dropout modules only:
+    LoRA's keeps its rate."""
     model = peft.get_peft_model(
         tiny_model(),
         peft.LoraConfig(task_type="SEQ_2_SEQ_LM", target_modules=["q_proj", "v_proj"], lora_dropout=0.05),
     )
     model.config.dropout = 0.3
-    model.train()
+    input_ids, attention_mask, labels = batch()
+    model.train()(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
     rates = {name: m.p for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
     assert {p for name, p in rates.items() if "lora_dropout" in name} == {0.05}
     assert {p for name, p in rates.items() if name.endswith(".dropout")} == {0.3}

@@ -34,59 +34,39 @@ if _release(transformers.__version__) < _release(MIN_TRANSFORMERS_VERSION):
         f"installed: pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION}'."
     )
 
+
+
+def _preset(d_model: int, layers: int, heads: int, ffn_dim: int, dropout: float) -> dict:
+    """N layers, h heads and d_ff on each side (the paper's stacks are symmetric)."""
+    return dict(
+        d_model=d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=ffn_dim,
+        decoder_ffn_dim=ffn_dim,
+        dropout=dropout,
+    )
+
+
 # Table 3 of the paper, as data. `small` and `tiny` are not in the paper: CPU-sized models for Multi30k-sized
 # corpora, kept in the same family (post-norm, sinusoidal, shared embeddings).
 PRESETS: dict[str, dict] = {
     # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1, eps_ls=0.1; 65M parameters on EN-DE.
-    "base": dict(
-        d_model=512,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=8,
-        decoder_attention_heads=8,
-        encoder_ffn_dim=2048,
-        decoder_ffn_dim=2048,
-        dropout=0.1,
-    ),
+    "base": _preset(512, 6, 8, 2048, 0.1),
     # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE); 213M parameters.
-    "big": dict(
-        d_model=1024,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=16,
-        decoder_attention_heads=16,
-        encoder_ffn_dim=4096,
-        decoder_ffn_dim=4096,
-        dropout=0.3,
-    ),
+    "big": _preset(1024, 6, 16, 4096, 0.3),
     # Not in the paper: a 3-layer model for one CPU (7.6M parameters with an 8000-token vocabulary).
-    "small": dict(
-        d_model=256,
-        encoder_layers=3,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=1024,
-        decoder_ffn_dim=1024,
-        dropout=0.1,
-    ),
+    "small": _preset(256, 3, 4, 1024, 0.1),
     # Not in the paper: the Transformer-Tiny that Wu et al. (2021) train on Multi30k (2.3M parameters with an
     # 8000-token vocabulary); the model of RESULTS.md.
-    "tiny": dict(
-        d_model=128,
-        encoder_layers=4,
-        decoder_layers=4,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=256,
-        decoder_ffn_dim=256,
-        dropout=0.3,
-    ),
+    "tiny": _preset(128, 4, 4, 256, 0.3),
 }
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 # The fields a built model's modules follow: changed on the config after a model was built, it would train, evaluate
-# and save as another model (`utils_vaswani.FollowsConfig` refuses). Vocabulary sizes change with the model's own
+# and save as another model (`utils_vaswani.follow_config` refuses). Vocabulary sizes change with the model's own
 # resizing methods; token ids, the cache flag and the initialisation do not shape the modules, and the dropout rates
 # (`DROPOUT_FIELDS`) only regularise training: the model follows those when they change.
 ARCHITECTURE_FIELDS = (
@@ -287,7 +267,7 @@ class VaswaniConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be a probability in [0, 1], got {getattr(self, name)!r}.")
         for name in ("layer_norm_eps", "qkv_init_gain", "init_std"):
             value = getattr(self, name)
-            if (value is not None or name != "init_std") and not 0 < value < math.inf:
+            if value is not None and not 0 < value < math.inf:  # `init_std` may be None
                 raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
         if self.position_offset < 0:
             raise ValueError(

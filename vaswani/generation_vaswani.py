@@ -38,19 +38,20 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 # §6.1, written into a model's GenerationConfig by `paper_decoding`.
-PAPER_DECODING = {"num_beams": 4, "length_penalty": 0.6, "length_penalty_form": "gnmt"}
-PAPER_NUM_BEAMS = PAPER_DECODING["num_beams"]
-PAPER_LENGTH_PENALTY = PAPER_DECODING["length_penalty"]
-PAPER_LENGTH_PENALTY_FORM = PAPER_DECODING[
-    "length_penalty_form"
-]  # ((5 + |Y|) / 6) ** alpha, the form of [38]
+PAPER_NUM_BEAMS = 4
+PAPER_LENGTH_PENALTY = 0.6
+PAPER_LENGTH_PENALTY_FORM = "gnmt"  # ((5 + |Y|) / 6) ** alpha, the form of [38]
+PAPER_DECODING = {
+    "num_beams": PAPER_NUM_BEAMS,
+    "length_penalty": PAPER_LENGTH_PENALTY,
+    "length_penalty_form": PAPER_LENGTH_PENALTY_FORM,
+}
 EXTRA_OUTPUT_TOKENS = 50  # "maximum output length [...] input length + 50"
 LENGTH_PENALTY_FORMS = (PAPER_LENGTH_PENALTY_FORM, "power")
 
 # Before 5.18, transformers' beam search sized its beams by `config.vocab_size` (the source vocabulary), not by the
 # logits: beam search over a target vocabulary of another size failed inside transformers with a reshape error.
 BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
-_LENGTH_SETTINGS = ("max_length", "max_new_tokens")
 
 
 def paper_decoding(generation_config) -> None:
@@ -79,10 +80,8 @@ def length_penalty_factor(length, alpha: float, form: str = PAPER_LENGTH_PENALTY
 
 def generate(*args, model, **kwargs):
     """`model.generate(...)` with the paper's decoding rules (see the module docstring); every argument of
-    transformers' `generate` works as there. Two more: `length_penalty_form` ("gnmt" or "power"; default: the
-    generation config's, else "gnmt"), and `share_encoder_outputs=True`, with which the beams of a source read one
-    copy of its encoder output and encoder-decoder attention keys (faster in beam search; the returned cache then
-    holds those keys once per source)."""
+    transformers' `generate` works as there. One more: `length_penalty_form` ("gnmt" or "power"; default: the
+    generation config's, else "gnmt")."""
     source = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     check_token_ids(source, model.config.vocab_size, "input_ids")
     decoder_vocab_size = getattr(model.config, "decoder_vocab_size", model.config.vocab_size)
@@ -95,25 +94,13 @@ def generate(*args, model, **kwargs):
     form = kwargs.pop("length_penalty_form", None) or getattr(config, "length_penalty_form", None)
     form = form or PAPER_LENGTH_PENALTY_FORM
     length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
-    share = bool(kwargs.pop("share_encoder_outputs", None) or getattr(config, "share_encoder_outputs", False))
     _check_settings(config)
-    alpha = config.length_penalty if config.length_penalty is not None else 1.0
-    if not any(kwargs.get(key) is not None for key in _LENGTH_SETTINGS) and all(
-        getattr(config, key, None) is None for key in _LENGTH_SETTINGS
-    ):
-        kwargs["max_new_tokens"] = _source_length(args, kwargs, model) + EXTRA_OUTPUT_TOKENS
+    if config.max_length is None and config.max_new_tokens is None:  # the call's settings are in `config`
+        kwargs["max_new_tokens"] = _source_length(source, kwargs) + EXTRA_OUTPUT_TOKENS
     beam_search_mode = config.get_generation_mode(kwargs.get("assistant_model")) == GenerationMode.BEAM_SEARCH
-    own_loop = beam_search_mode and ((form == "gnmt" and alpha != 0) or share)
-    if share and not own_loop:
-        logger.warning_once("share_encoder_outputs=True applies to beam search only; it is ignored here.")
-    if own_loop:
+    if beam_search_mode and form == "gnmt" and config.length_penalty != 0:  # else transformers' own lp(Y)
         return GenerationMixin.generate(
-            model,
-            *args,
-            custom_generate=beam_search,
-            length_penalty_form=form,
-            share_encoder_outputs=share,
-            **kwargs,
+            model, *args, custom_generate=beam_search, length_penalty_form=form, **kwargs
         )
     _check_beam_search_vocabulary(model.config, beam_search_mode or (config.num_beams or 1) > 1)
     return GenerationMixin.generate(model, *args, **kwargs)
@@ -170,16 +157,13 @@ def drop_trainer_defaults(generation_config) -> None:
         generation_config.max_length = None
 
 
-def _source_length(args, kwargs, model) -> int:
+def _source_length(source, kwargs) -> int:
     """Tokens in the longest source of the batch (padding excluded), for the paper's `input length + 50`."""
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2:
         return int(mask.sum(dim=-1).max()) if mask.numel() else 0
-    source = (
-        args[0]
-        if args
-        else kwargs.get("inputs", kwargs.get(model.main_input_name, kwargs.get("inputs_embeds")))
-    )
+    if source is None:
+        source = kwargs.get("inputs_embeds")
     if source is None and kwargs.get("encoder_outputs") is not None:
         source = kwargs["encoder_outputs"][0]
     return int(source.shape[1]) if source is not None and source.dim() >= 2 else 0
@@ -256,11 +240,9 @@ class BeamSearch:
         totals = (beam_best.view(batch, k, per_beam) + self.running_scores[:, :, None]).view(batch, -1)
         top_scores, picked = torch.topk(totals, self.keep)
         from_beam = picked // per_beam
-        candidates = self.running.gather(1, from_beam[:, :, None].expand(-1, -1, self.max_length))
+        candidates = _take(self.running, from_beam)
         candidates[:, :, cur] = beam_tokens.view(batch, -1).gather(1, picked)
-        origins = self.running_origins.gather(
-            1, from_beam[:, :, None].expand(-1, -1, self.running_origins.shape[2])
-        )
+        origins = _take(self.running_origins, from_beam)
         rows = torch.arange(batch, device=from_beam.device)[:, None] * k
         origins[:, :, cur - self.prompt_len] = (from_beam + rows).int()
         return candidates, top_scores, origins
@@ -271,9 +253,8 @@ class BeamSearch:
         k, generated = self.num_beams, self.cur_len + 1 - self.prompt_len
         live_scores = top_scores + stops.float() * -1e9
         chosen = torch.topk(live_scores, k).indices
-        self.running = candidates.gather(1, chosen[:, :, None].expand(-1, -1, self.max_length))
+        self.running, self.running_origins = _take(candidates, chosen), _take(origins, chosen)
         self.running_scores = live_scores.gather(1, chosen)
-        self.running_origins = origins.gather(1, chosen[:, :, None].expand(-1, -1, origins.shape[2]))
         penalised = top_scores / length_penalty_factor(generated, self.alpha, self.form)
         full = self.is_finished.all(dim=-1, keepdim=True) & (self.early_stopping is True)
         just_finished = stops & (torch.arange(stops.shape[1], device=stops.device) < k)[None, :]
@@ -281,26 +262,14 @@ class BeamSearch:
             penalised = penalised + excluded.float() * -1e9
         merged_scores = torch.cat([self.finished_scores, penalised], dim=1)
         best = torch.topk(merged_scores, k).indices
-        self.finished = torch.cat([self.finished, candidates], dim=1).gather(
-            1, best[:, :, None].expand(-1, -1, self.max_length)
-        )
+        self.finished = _take(torch.cat([self.finished, candidates], dim=1), best)
+        self.finished_origins = _take(torch.cat([self.finished_origins, origins], dim=1), best)
         self.finished_scores = merged_scores.gather(1, best)
-        merged_origins = torch.cat([self.finished_origins, origins], dim=1)
-        self.finished_origins = merged_origins.gather(1, best[:, :, None].expand(-1, -1, origins.shape[2]))
         self.is_finished = torch.cat([self.is_finished, just_finished], dim=1).gather(1, best)
         beam_idx = self.running_origins[:, :, generated - 1].reshape(-1).long()
         self.cur_len += 1
-        self.can_improve = self.can_improve & _may_improve(
-            self.running_scores,
-            self.finished_scores,
-            self.is_finished,
-            self.cur_len,
-            self.max_length,
-            self.prompt_len,
-            self.early_stopping,
-            self.alpha,
-            self.form,
-        )
+        bound = (self.cur_len, self.max_length, self.prompt_len, self.early_stopping, self.alpha, self.form)
+        self.can_improve &= _may_improve(self.running_scores, self.finished_scores, self.is_finished, *bound)
         return beam_idx
 
     def done(self, stops: torch.Tensor) -> bool:
@@ -328,23 +297,24 @@ def beam_search(
     generation_config,
     synced_gpus: bool = False,
     length_penalty_form: str = PAPER_LENGTH_PENALTY_FORM,
-    share_encoder_outputs: bool = False,
     **model_kwargs,
 ):
     """Beam search (`BeamSearch`) on the model's public forward and the cache's public `reorder_cache`, as
-    transformers runs it, with finished hypotheses scored by `length_penalty_factor(|Y|, alpha,
-    length_penalty_form)`. Called by `GenerationMixin.generate(..., custom_generate=beam_search)` after it has
-    prepared everything: `input_ids` (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder
-    output, masks and cache, each repeated per beam."""
+    transformers runs it, with finished hypotheses scored by `length_penalty_factor(|Y|, alpha, length_penalty_form)`.
+    Called by `GenerationMixin.generate(..., custom_generate=beam_search)` once it has prepared everything: `input_ids`
+    (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache per beam."""
     config = generation_config  # its early_stopping: True, False (None) or "never", read as transformers does
     eos, fill = _special_tokens(model, config)
     alpha = 1.0 if config.length_penalty is None else config.length_penalty
-    sizes = (config.num_beams, config.max_length, fill, len(eos))
-    beams = BeamSearch(input_ids, *sizes, alpha, length_penalty_form, config.early_stopping)
-    collect = _Collected(generation_config)
-    cache_name, use_cache, past_length = _decoding_kwargs(
-        model_kwargs, collect, share_encoder_outputs, beams.num_beams
-    )
+    sizes = (config.num_beams, config.max_length, fill, len(eos), alpha, length_penalty_form)
+    beams = BeamSearch(input_ids, *sizes, config.early_stopping)
+    collect = _Collected(config, model_kwargs["encoder_outputs"])
+    use_cache = model_kwargs.pop("use_cache", True)
+    # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
+    for key in ("output_attentions", "output_hidden_states", "return_dict", "labels"):
+        model_kwargs.pop(key, None)
+    cache = model_kwargs.get(_CACHE_FIELD)
+    past_length = cache.get_seq_length() if cache is not None else 0
     this_peer_finished = False
     while _continues(this_peer_finished, synced_gpus, input_ids.device):
         sequences = beams.sequences()
@@ -357,13 +327,10 @@ def beam_search(
             **model_kwargs,
         )
         if use_cache:
-            cache_name = cache_name or _CACHE_FIELD
-            model_kwargs[cache_name], past_length = getattr(outputs, cache_name), beams.cur_len
+            model_kwargs[_CACHE_FIELD], past_length = getattr(outputs, _CACHE_FIELD), beams.cur_len
         mask = model_kwargs.get("decoder_attention_mask")
         if mask is not None:  # one more target position
-            model_kwargs["decoder_attention_mask"] = torch.cat(
-                [mask, mask.new_ones(mask.shape[0], 1)], dim=-1
-            )
+            model_kwargs["decoder_attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
         if synced_gpus and this_peer_finished:
             continue
         # float32 logits as they are (log_softmax writes a new tensor; `collect` keeps copies), others converted
@@ -375,28 +342,18 @@ def beam_search(
         stops = stopping_criteria(candidates[:, :, : beams.cur_len + 1].flatten(0, 1), collect.scores)
         stops = stops.view(beams.batch_size, -1)
         beam_idx = beams.advance(candidates, scores, origins, stops)
-        if use_cache:  # each beam's decoder self-attention keys and values follow it
-            _reorder_self_attention_cache(model_kwargs[cache_name], beam_idx)
+        if use_cache:
+            # Each beam's decoder self-attention keys and values follow it. The encoder-decoder attention's stay:
+            # a beam moves within its own source, whose beams all hold the same ones.
+            cache = model_kwargs[_CACHE_FIELD]
+            getattr(cache, "self_attention_cache", cache).reorder_cache(beam_idx)
         this_peer_finished = beams.done(stops)
-    return _beam_search_output(beams, generation_config, collect, model_kwargs, cache_name)
+    return _beam_search_output(beams, config, collect, model_kwargs.get(_CACHE_FIELD))
 
 
-def _decoding_kwargs(model_kwargs: dict, collect, share_encoder_outputs: bool, num_beams: int):
-    """Prepare the forward's keyword arguments for decoding; returns the cache's name, whether to use it, and the
-    length it holds already."""
-    cache_name = next((name for name in ("cache", "past_key_values") if name in model_kwargs), None)
-    use_cache = model_kwargs.pop("use_cache", True)
-    # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
-    for key in ("output_attentions", "output_hidden_states", "return_dict", "labels"):
-        model_kwargs.pop(key, None)
-    if share_encoder_outputs:
-        _keep_one_encoder_copy_per_source(model_kwargs, num_beams, cache_name)
-    if collect.enabled:
-        encoder = model_kwargs["encoder_outputs"]
-        collect.encoder_attentions = encoder.get("attentions") if collect.attentions else None
-        collect.encoder_hidden_states = encoder.get("hidden_states") if collect.hidden_states else None
-    cache = model_kwargs.get(cache_name) if cache_name else None
-    return cache_name, use_cache, cache.get_seq_length() if cache is not None else 0
+def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows `index` (batch, n) picks from each source's rows of `tensor` (batch, rows, length): (batch, n, length)."""
+    return tensor.gather(1, index[:, :, None].expand(-1, -1, tensor.shape[2]))
 
 
 def _special_tokens(model, generation_config) -> tuple[list[int], int]:
@@ -435,47 +392,20 @@ def _continues(this_peer_finished: bool, synced_gpus: bool, device) -> bool:
     return flag.item() > 0.0
 
 
-def _reorder_self_attention_cache(cache, beam_idx: torch.LongTensor) -> None:
-    """Move each beam's decoder self-attention keys and values to its new place. The encoder-decoder attention keys
-    and values stay: `beam_idx` moves beams within their own source, whose beams all hold the same ones (or one copy
-    of them with `share_encoder_outputs`), so reordering them would copy equal values at every step."""
-    if hasattr(cache, "self_attention_cache"):
-        cache.self_attention_cache.reorder_cache(beam_idx)
-    else:
-        cache.reorder_cache(beam_idx)
-
-
-def _keep_one_encoder_copy_per_source(model_kwargs: dict, num_beams: int, cache_name) -> None:
-    """Keep one row of the encoder output and its mask per source instead of one per beam: the decoder reads a batch
-    that is a multiple of the encoder's (`VaswaniDecoder`). A static cache has one cross-attention row per beam."""
-    cache = model_kwargs.get(cache_name) if cache_name else None
-    cross = getattr(cache, "cross_attention_cache", None)
-    if cross is not None and type(cross).__name__ == "StaticCache":
-        logger.warning_once(
-            "share_encoder_outputs=True does not apply with a static cache, which is sized with one row per beam: "
-            "the encoder output is copied once per beam."
-        )
-        return
-    encoder = model_kwargs["encoder_outputs"]
-    encoder["last_hidden_state"] = encoder["last_hidden_state"][::num_beams]
-    if model_kwargs.get("attention_mask") is not None:
-        model_kwargs["attention_mask"] = model_kwargs["attention_mask"][::num_beams]
-
-
 class _Collected:
     """What `return_dict_in_generate` asks a decoding loop to collect at every step."""
 
-    def __init__(self, generation_config):
-        self.enabled = bool(generation_config.return_dict_in_generate)
+    def __init__(self, generation_config, encoder_outputs):
+        on = bool(generation_config.return_dict_in_generate)
         self.attentions = bool(generation_config.output_attentions)
         self.hidden_states = bool(generation_config.output_hidden_states)
-        on = self.enabled
         self.scores = () if on and generation_config.output_scores else None
         self.logits = () if on and generation_config.output_logits else None
-        self.decoder_attentions = () if on and self.attentions else None
-        self.cross_attentions = () if on and self.attentions else None
+        self.decoder_attentions = self.cross_attentions = () if on and self.attentions else None
         self.decoder_hidden_states = () if on and self.hidden_states else None
-        self.encoder_attentions = self.encoder_hidden_states = None
+        self.encoder_attentions = encoder_outputs.get("attentions") if on and self.attentions else None
+        self.encoder_hidden_states = encoder_outputs.get("hidden_states") if on and self.hidden_states else None
+        self.enabled = on
 
     def step(self, outputs, logits: torch.Tensor, log_probs: torch.Tensor) -> None:
         if self.logits is not None:
@@ -489,12 +419,13 @@ class _Collected:
             self.decoder_hidden_states += (outputs.decoder_hidden_states,)
 
 
+# transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`
 _CACHE_FIELD = (
     "cache" if "cache" in GenerateBeamEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"
 )
 
 
-def _beam_search_output(beams: BeamSearch, generation_config, collect, model_kwargs, cache_name):
+def _beam_search_output(beams: BeamSearch, generation_config, collect, cache):
     """The best `num_return_sequences` hypotheses per source, cut to the longest one, as transformers returns them."""
     sequences, scores, origins = beams.best(generation_config.num_return_sequences or 1)
     if not collect.enabled:
@@ -510,7 +441,7 @@ def _beam_search_output(beams: BeamSearch, generation_config, collect, model_kwa
         decoder_attentions=collect.decoder_attentions,
         cross_attentions=collect.cross_attentions,
         decoder_hidden_states=collect.decoder_hidden_states,
-        **{_CACHE_FIELD: model_kwargs.get(cache_name) if cache_name else None},
+        **{_CACHE_FIELD: cache},
     )
 
 

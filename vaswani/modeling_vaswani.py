@@ -41,11 +41,13 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .configuration_vaswani import VaswaniConfig
+from .generation_vaswani import drop_trainer_defaults
 from .generation_vaswani import generate as paper_generate
 from .pipeline_vaswani import VaswaniTranslationPipeline  # noqa: F401 (travels with this file: CODE_FILES)
 from .utils_vaswani import (
+    AUTO_MAP,
     CACHE_NAME,
-    FollowsConfig,
+    CUSTOM_PIPELINES,
     architecture,
     cache_argument,
     causal_mask,
@@ -53,8 +55,10 @@ from .utils_vaswani import (
     check_embedding_inputs,
     check_mask,
     flag,
+    follow_config,
     resize_target_vocabulary,
     tied_weights_saved_once,
+    write_model_code,
 )
 
 logger = logging.get_logger(__name__)
@@ -186,7 +190,6 @@ class VaswaniAttention(nn.Module):
     ):
         super().__init__()
         self.config = config
-        self.d_model = config.d_model
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads  # d_k = d_v = d_model / h
         self.scaling = self.head_dim**-0.5  # 1 / sqrt(d_k)
@@ -194,11 +197,11 @@ class VaswaniAttention(nn.Module):
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
         self.layer_idx = layer_idx
-        bias = config.attention_bias  # the paper's W^Q, W^K, W^V, W^O have no bias
-        self.q_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^Q for all heads
-        self.k_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^K
-        self.v_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^V
-        self.out_proj = nn.Linear(self.d_model, self.d_model, bias=bias)  # W^O
+        d, bias = config.d_model, config.attention_bias  # the paper's W^Q, W^K, W^V, W^O have no bias
+        self.q_proj = nn.Linear(d, d, bias=bias)  # W^Q for all heads
+        self.k_proj = nn.Linear(d, d, bias=bias)  # W^K
+        self.v_proj = nn.Linear(d, d, bias=bias)  # W^V
+        self.out_proj = nn.Linear(d, d, bias=bias)  # W^O
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.is_query_key_value = True  # initialised with `config.qkv_init_gain`
 
@@ -213,13 +216,6 @@ class VaswaniAttention(nn.Module):
         cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch_size, seq_len, _ = hidden_states.shape
-        group = 1
-        if self.is_cross_attention and key_value_states.shape[0] != batch_size:
-            # Several decoder rows per source (`share_encoder_outputs`): the g consecutive rows of a source attend to
-            # its one copy of the keys and values as one sequence of g x Tq queries.
-            group = batch_size // key_value_states.shape[0]
-            hidden_states = hidden_states.reshape(batch_size // group, group * seq_len, self.d_model)
         query = self.split_heads(self.q_proj(hidden_states))  # (B, h, Tq, d_k)
 
         if not self.is_cross_attention:
@@ -229,8 +225,8 @@ class VaswaniAttention(nn.Module):
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
         elif cache is not None and cache.is_updated.get(self.layer_idx):
             # the encoder output's keys and values, computed at the first decoding step
-            key = cache.cross_attention_cache.layers[self.layer_idx].keys
-            value = cache.cross_attention_cache.layers[self.layer_idx].values
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            key, value = layer.keys, layer.values
         else:
             key = self.split_heads(self.k_proj(key_value_states))  # (B, h, Ts, d_k)
             value = self.split_heads(self.v_proj(key_value_states))
@@ -246,11 +242,7 @@ class VaswaniAttention(nn.Module):
             self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )
         # Concat(head_1, ..., head_h): (B, Tq, d_model)
-        output = output.reshape(batch_size, seq_len, self.d_model)
-        if group > 1 and weights is not None:
-            # (B / g, h, g x Tq, Ts) -> (B, h, Tq, Ts): one map per decoder row
-            weights = weights.unflatten(2, (group, seq_len)).transpose(1, 2).flatten(0, 1)
-        return self.out_proj(output), weights
+        return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -343,7 +335,7 @@ class VaswaniDecoderLayer(VaswaniLayer):
 # --------------------------------------------------------------------------------------------------------------------
 # Pretrained base: initialisation, loading, Auto-class plumbing
 # --------------------------------------------------------------------------------------------------------------------
-class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
+class VaswaniPreTrainedModel(PreTrainedModel):
     config: VaswaniConfig
     config_class = VaswaniConfig
     base_model_prefix = "model"
@@ -362,7 +354,28 @@ class VaswaniPreTrainedModel(FollowsConfig, PreTrainedModel):
             config.decoder_vocab_size = config.vocab_size
         config.validate_fields()  # fields may have been changed since the config was built
         super().__init__(config, *args, **kwargs)
-        self._built_as = architecture(config)  # `follow_config`: in training, evaluation and saving
+        self._built_as = architecture(config)  # `follow_config`: in training and saving
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
+        naming both model classes (transformers writes only the class being saved), the translation pipeline
+        (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
+        the paper's decoding as the folder's `custom_generate/generate.py`. A config that cannot work, or that was
+        changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
+        the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
+        self.config.validate_fields()
+        follow_config(self)
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self)
+        drop_trainer_defaults(getattr(self, "generation_config", None))  # the bare model has none
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+        self.config.custom_pipelines = {
+            **(getattr(self.config, "custom_pipelines", None) or {}),
+            **CUSTOM_PIPELINES,
+        }
+        saved = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            write_model_code(save_directory)
+        return saved
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """The `{target: source}` weights that transformers ties. It ties nothing when `tie_word_embeddings=False`;
@@ -446,8 +459,23 @@ class VaswaniStack(nn.Module):
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
         return self.dropout(hidden_states)
 
-    def final_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
+    def run_layers(self, hidden_states, output_attentions, output_hidden_states, *args, **kwargs) -> dict:
+        """The N layers, then the final LayerNorm of the pre-norm layout: the output's fields, with each layer's input
+        and attention maps (self-attention, and encoder-decoder attention in the decoder) when asked for."""
+        all_hidden, all_weights = (), []
+        for layer in self.layers:
+            all_hidden += (hidden_states,)
+            hidden_states, *weights = layer(hidden_states, *args, **kwargs)
+            all_weights.append(weights)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        outputs = dict(last_hidden_state=hidden_states, hidden_states=None)
+        if flag(output_hidden_states, self.config):
+            outputs["hidden_states"] = all_hidden + (hidden_states,)
+        attentions = flag(output_attentions, self.config, "output_attentions")
+        for i, name in enumerate(("attentions", "cross_attentions")[: len(weights)]):
+            outputs[name] = tuple(layer_weights[i] for layer_weights in all_weights) if attentions else None
+        return outputs
 
 
 class VaswaniEncoder(VaswaniStack):
@@ -469,28 +497,15 @@ class VaswaniEncoder(VaswaniStack):
         hidden_states = self.embed(input_ids, inputs_embeds, "input_ids")  # (B, S, d_model)
         check_mask(attention_mask, hidden_states.shape[:2], "attention_mask", "the source (batch, length)")
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
-
-        all_hidden, all_attentions = (), ()
-        for layer in self.layers:
-            all_hidden += (hidden_states,)
-            hidden_states, weights = layer(hidden_states, mask, **kwargs)
-            all_attentions += (weights,)
-        hidden_states = self.final_norm(hidden_states)
         output = BaseModelOutput(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden + (hidden_states,) if flag(output_hidden_states, self.config) else None,
-            attentions=all_attentions if flag(output_attentions, self.config, "output_attentions") else None,
+            **self.run_layers(hidden_states, output_attentions, output_hidden_states, mask, **kwargs)
         )
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 class VaswaniDecoder(VaswaniStack):
     """The decoder: N layers whose self-attention is masked, so that position i sees only positions up to i
-    (§3.1, §3.2.3), attending to the encoder output ("memory").
-
-    The decoder batch may be a multiple g of the encoder batch: rows b*g .. b*g + g - 1 then decode source b (the
-    layout of `generate(share_encoder_outputs=True)`, see `generation_vaswani`).
-    """
+    (§3.1, §3.2.3), attending to the encoder output ("memory")."""
 
     def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, VaswaniDecoderLayer, config.decoder_layers)
@@ -527,29 +542,21 @@ class VaswaniDecoder(VaswaniStack):
         sizes = (*hidden_states.shape[:2], past_length)  # (B, T, past)
         check_decoder_inputs(attention_mask, encoder_attention_mask, encoder_hidden_states, *sizes)
         self_mask = causal_mask(self.config, hidden_states, attention_mask, cache, past_length)
-        cross_mask = create_bidirectional_mask(  # per source: the decoder rows of one source share one call
-            self.config,
-            hidden_states.reshape(encoder_hidden_states.shape[0], -1, hidden_states.shape[-1]),
-            encoder_attention_mask,
-            encoder_hidden_states,
+        cross_mask = create_bidirectional_mask(
+            self.config, hidden_states, encoder_attention_mask, encoder_hidden_states
         )
-
-        all_hidden, all_self, all_cross = (), (), ()
-        for layer in self.layers:
-            all_hidden += (hidden_states,)
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states, self_mask, encoder_hidden_states, cross_mask, cache, **kwargs
-            )
-            all_self += (self_weights,)
-            all_cross += (cross_weights,)
-        hidden_states = self.final_norm(hidden_states)
-        attentions = flag(output_attentions, self.config, "output_attentions")
+        outputs = self.run_layers(
+            hidden_states,
+            output_attentions,
+            output_hidden_states,
+            self_mask,
+            encoder_hidden_states,
+            cross_mask,
+            cache,
+            **kwargs,
+        )
         output = BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            hidden_states=all_hidden + (hidden_states,) if flag(output_hidden_states, self.config) else None,
-            attentions=all_self if attentions else None,
-            cross_attentions=all_cross if attentions else None,
-            **{CACHE_NAME: cache if use_cache else None},
+            **outputs, **{CACHE_NAME: cache if use_cache else None}
         )
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
@@ -576,7 +583,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder = VaswaniEncoder(config, encoder_embed)
         self.decoder = VaswaniDecoder(config, decoder_embed)
         self.post_init()
-        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
@@ -585,12 +592,6 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder.embed_tokens = value
         if self.config.share_encoder_decoder_embeddings:
             self.shared = self.decoder.embed_tokens = value
-
-    def get_encoder(self, *args, **kwargs):
-        return self.encoder
-
-    def get_decoder(self, *args, **kwargs):
-        return self.decoder
 
     def forward(
         self,
@@ -618,7 +619,8 @@ class VaswaniModel(VaswaniPreTrainedModel):
         cache (`EncoderDecoderCache`, *optional*): self- and encoder-decoder attention keys/values of earlier steps
             (`past_key_values` before transformers 5.24, accepted too).
         """
-        cache = cache_argument(cache, kwargs)
+        if self.training:  # a changed dropout rate applies, a changed architecture is refused before a step
+            follow_config(self)
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         outputs = dict(
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True
@@ -679,25 +681,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if not config.tie_word_embeddings:  # a projection of its own is no tied weight (Marian's layout)
             self._tied_weights_keys.pop("lm_head.weight")
         self.post_init()
-        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)  # see `FollowsConfig`
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def get_encoder(self, *args, **kwargs):
-        return self.model.encoder
-
-    def get_decoder(self, *args, **kwargs):
-        return self.model.decoder
+        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -727,7 +711,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         num_items_in_batch (*optional*): the number of target tokens across accumulated micro-batches (passed by
             the Trainer); the loss is then the summed loss divided by it.
         """
-        cache = cache_argument(cache, kwargs)
         if labels is not None:
             if labels.numel() == 0:
                 raise ValueError(
@@ -762,8 +745,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         """transformers' `generate()` with the paper's decoding rules (`generation_vaswani.generate`): beam search
         divides by the length penalty in the form of `length_penalty_form` (a generation setting): `"gnmt"`,
         ((5 + |Y|) / 6) ** alpha, the paper's and the default, or `"power"`, transformers' |Y| ** alpha; without a
-        maximum length from the call or the generation config, at most input length + 50 new tokens (§6.1).
-        `share_encoder_outputs=True` lets the beams of a source read one copy of its encoder output. Folders loaded
+        maximum length from the call or the generation config, at most input length + 50 new tokens (§6.1). Folders loaded
         with `trust_remote_code=True` get the same function from their `custom_generate/generate.py`."""
         return paper_generate(*args, model=self, **kwargs)
 

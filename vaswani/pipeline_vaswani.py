@@ -40,33 +40,26 @@ class VaswaniTranslationPipeline(Pipeline):
         self, truncation=None, return_tensors=None, skip_special_tokens=None, **generate_kwargs
     ):
         preprocess_params = {} if truncation is None else {"truncation": truncation}
-        postprocess_params = {}
-        if return_tensors is not None:
-            postprocess_params["return_tensors"] = return_tensors
-        if skip_special_tokens is not None:
-            postprocess_params["skip_special_tokens"] = skip_special_tokens
+        postprocess_params = {"return_tensors": return_tensors, "skip_special_tokens": skip_special_tokens}
+        postprocess_params = {key: value for key, value in postprocess_params.items() if value is not None}
         return preprocess_params, generate_kwargs, postprocess_params
 
     def __call__(self, inputs, **kwargs):
+        if not isinstance(inputs, (str, list)):  # a generator or a dataset, as transformers' pipelines take them
+            return super().__call__(inputs, **kwargs)
         # An empty (or all-whitespace) text translates to "" without running the model, as `vaswani.translate`
         # does: a decoder given only `</s>` would otherwise invent a sentence.
         texts = [inputs] if isinstance(inputs, str) else inputs
-        if isinstance(texts, list) and any(isinstance(t, str) and not t.strip() for t in texts):
-            todo = [i for i, t in enumerate(texts) if not (isinstance(t, str) and not t.strip())]
-            done = super().__call__([texts[i] for i in todo], **kwargs) if todo else []
-            done = [result if isinstance(result, list) else [result] for result in done]
-            empty = [self._empty_result(kwargs)] * int(kwargs.get("num_return_sequences") or 1)
-            results = [list(empty) for _ in texts]
-            for i, result in zip(todo, done, strict=True):
-                results[i] = result
-            if isinstance(inputs, str):
-                return results[0]
-        else:
-            results = super().__call__(inputs, **kwargs)
+        blank = [isinstance(text, str) and not text.strip() for text in texts]
+        todo = [text for text, is_blank in zip(texts, blank, strict=True) if not is_blank]
+        done = iter(super().__call__(todo, **kwargs) if todo else [])
+        empty = [self._empty_result(kwargs)] * int(kwargs.get("num_return_sequences") or 1)
+        results = [list(empty) if is_blank else next(done) for is_blank in blank]
+        results = [result if isinstance(result, list) else [result] for result in results]
+        if isinstance(inputs, str):
+            return results[0]
         # One translation per input: a list of inputs gives a list of dicts, as transformers 4's pipeline did.
-        if isinstance(inputs, list) and all(len(result) == 1 for result in results):
-            return [result[0] for result in results]
-        return results
+        return [result[0] for result in results] if all(len(result) == 1 for result in results) else results
 
     def _empty_result(self, kwargs) -> dict:
         if kwargs.get("return_tensors"):

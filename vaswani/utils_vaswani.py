@@ -1,6 +1,6 @@
 """What `modeling_vaswani.py` needs besides the paper: what a saved folder carries, input checks that name the argument
 at fault, the names that transformers 5 releases give the cache and the causal mask's arguments, the output flags,
-the resizing of the target vocabulary, and the saving of a whole folder.
+the resizing of the target vocabulary, a built model's agreement with its config, and the code of a whole folder.
 
 This file is copied with `modeling_vaswani.py` into saved model folders, so it imports only torch and transformers.
 """
@@ -16,11 +16,10 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS
-from .generation_vaswani import drop_trainer_defaults
 
 # What every saved folder carries besides its weights, configs and tokenizer, stated once: the files that
 # `trust_remote_code=True` loads (folder name -> file of this package), the `auto_map` naming them for the Auto
-# classes, and the translation pipeline. `FollowsConfig.save_pretrained` writes them. Each code file is a
+# classes, and the translation pipeline. `VaswaniPreTrainedModel.save_pretrained` writes them. Each code file is a
 # relative import of `modeling_vaswani.py` itself: loading a folder, transformers copies that file's own imports
 # into its module cache (5.5 no deeper), where `write_model_code` of a model loaded from it finds them again.
 CODE_FILES = {
@@ -58,14 +57,17 @@ def architecture(config) -> dict:
     return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS + DROPOUT_FIELDS}
 
 
-def check_config_unchanged(config, built_as: dict) -> None:
-    """Refuse, naming the fields, a config that cannot work or whose architecture (`ARCHITECTURE_FIELDS`) was
-    changed after the model was built from it: the modules and weights follow the config they were built from."""
-    config.validate_fields()
+def follow_config(model) -> None:
+    """Keep a built model in agreement with its config: a dropout rate changed on the config (`DROPOUT_FIELDS`:
+    regularisation in training only) applies to the model's own dropout modules (not PEFT's) from there on; any other
+    field the modules follow (`ARCHITECTURE_FIELDS`) changed since the model was built is refused, naming it, as the
+    model would train, evaluate and save as another one. The model calls it in each training forward (before a step
+    is trained, no tensor read) and before it is saved."""
+    built, config = model._built_as, model.config
     changed = {
-        name: (built_as[name], getattr(config, name))
+        name: (built[name], getattr(config, name))
         for name in ARCHITECTURE_FIELDS
-        if name in built_as and getattr(config, name) != built_as[name]
+        if getattr(config, name) != built[name]
     }
     if changed:
         fields = ", ".join(f"`{name}` from {old!r} to {new!r}" for name, (old, new) in changed.items())
@@ -74,66 +76,21 @@ def check_config_unchanged(config, built_as: dict) -> None:
             "the config they were built from, so it would train, evaluate and save as another model. Build a new "
             "model from the changed config, or change the fields back."
         )
-
-
-class FollowsConfig:
-    """What keeps a built model in agreement with its config and its saved folders with its weights (a base of
-    `VaswaniPreTrainedModel`).
-
-    `follow_config` runs whenever the model is switched to training or evaluation (`train`, `eval`; transformers'
-    Trainer does so before its first step) and before it is saved: a dropout rate changed on the config
-    (`DROPOUT_FIELDS`: regularisation in training only, the model computes the same without it) applies to the
-    model's dropout from there on and is saved with it; any other field the modules follow (`ARCHITECTURE_FIELDS`)
-    changed since the model was built is refused there, naming it, before a step is trained.
-
-    `save_pretrained` sets transformers' `_keys_to_ignore_on_save` to the tied weights (`tied_weights_saved_once`,
-    which the model's constructor sets too: transformers' Trainer compares them with the keys a resumed checkpoint
-    lacks, to tell tied weights from missing ones), and writes the code files and names (`CODE_FILES`) that make the
-    folder load without this package.
-    """
-
-    def follow_config(self) -> None:
-        built = self.__dict__.get("_built_as")
-        if built is None:  # not built yet
-            return
-        check_config_unchanged(self.config, built)
-        rates = {name: getattr(self.config, name) for name in DROPOUT_FIELDS}
-        if any(built[name] != rate for name, rate in rates.items()):
-            # the model's own `dropout`, `activation_dropout` (not PEFT's); `attention_dropout` is read at each call
-            for name, module in self.named_modules():
-                field = name.rpartition(".")[2]
-                if isinstance(module, nn.Dropout) and field in rates:
-                    module.p = rates[field]
-            built.update(rates)
-
-    def train(self, mode: bool = True):
-        self.follow_config()
-        return super().train(mode)
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
-        naming both model classes (transformers writes only the class being saved), the translation pipeline
-        (`pipeline("translation", model=folder, trust_remote_code=True)`; transformers 5 has none of its own), and
-        the paper's decoding as the folder's `custom_generate/generate.py`. A config that cannot work, or that was
-        changed after the model was built (`follow_config`), is refused before anything is written. Not saved:
-        the `max_length` of 20 that transformers' Seq2SeqTrainer writes (`drop_trainer_defaults`)."""
-        self.follow_config()
-        self._keys_to_ignore_on_save = tied_weights_saved_once(self)
-        drop_trainer_defaults(getattr(self, "generation_config", None))
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
-        pipelines = getattr(self.config, "custom_pipelines", None) or {}
-        self.config.custom_pipelines = {**pipelines, **CUSTOM_PIPELINES}
-        saved = super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            write_model_code(save_directory)
-        return saved
+    rates = {name: getattr(config, name) for name in DROPOUT_FIELDS}
+    if any(built[name] != rate for name, rate in rates.items()):
+        # the model's own `dropout`, `activation_dropout`; `attention_dropout` is read at each call
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Dropout) and name.rpartition(".")[2] in rates:
+                module.p = rates[name.rpartition(".")[2]]
+        built.update(rates)
 
 
 def tied_weights_saved_once(model, built: bool = False) -> set[str]:
     """The tied weights (`all_tied_weights_keys`) that are one tensor with the weight they are tied to: a saved folder
     holds them once, under that weight. The model sets them as transformers' `_keys_to_ignore_on_save` when it is
-    `built` (all of them: transformers ties them when it loads the weights) and before it is saved (a weight untied
-    by hand since is saved as itself)."""
+    `built` (all of them: transformers ties them when it loads the weights; its Trainer compares them with the keys a
+    resumed checkpoint lacks, to tell tied weights from missing ones) and before it is saved (a weight untied by hand
+    since is saved as itself)."""
     tied = model.__dict__.get("all_tied_weights_keys") or {}
     weights = dict(model.named_parameters(remove_duplicate=False))
     return {
@@ -177,32 +134,23 @@ def causal_mask(config, hidden_states, attention_mask, cache, past_length):
 def resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_of: int | None = None):
     """A copy of an embedding (or output projection) with `rows` rows: the first rows kept, new rows (and biases)
     set to the mean of the old ones."""
-    if rows is None:
-        rows = module.weight.shape[0]
     if pad_to_multiple_of is not None:
         if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0:
             raise ValueError(f"`pad_to_multiple_of` must be a positive integer, got {pad_to_multiple_of!r}.")
         rows = -(-rows // pad_to_multiple_of) * pad_to_multiple_of
-    old = module.weight
-    kept = min(rows, old.shape[0])
-    weight = old.new_empty((rows, old.shape[1]))
-    with torch.no_grad():
-        weight[:kept] = old[:kept]
-        weight[kept:] = old.mean(dim=0)
+
+    def resized(old: torch.Tensor) -> nn.Parameter:  # (rows, ...)
+        new_rows = old.mean(dim=0, keepdim=True).expand(max(rows - old.shape[0], 0), *old.shape[1:])
+        return nn.Parameter(torch.cat([old[:rows], new_rows]).detach().clone())
+
     if isinstance(module, nn.Embedding):
-        padding_idx = (
-            module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
-        )
-        return nn.Embedding(rows, old.shape[1], padding_idx, _weight=nn.Parameter(weight), device=old.device)
-    resized = type(module)(
-        old.shape[1], rows, bias=module.bias is not None, device=old.device, dtype=old.dtype
-    )
-    with torch.no_grad():
-        resized.weight.copy_(weight)
-        if module.bias is not None:
-            resized.bias[:kept] = module.bias[:kept]
-            resized.bias[kept:] = module.bias.mean()
-    return resized
+        padding_idx = module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
+        return nn.Embedding.from_pretrained(resized(module.weight), freeze=False, padding_idx=padding_idx)
+    copy = nn.Linear(module.in_features, rows, bias=module.bias is not None, device="meta")
+    copy.weight = resized(module.weight)
+    if module.bias is not None:
+        copy.bias = resized(module.bias)
+    return copy
 
 
 def flag(value: bool | None, config, name: str = "output_hidden_states") -> bool:
@@ -246,7 +194,7 @@ def check_decoder_inputs(
     attention_mask, encoder_attention_mask, encoder_hidden_states, batch_size, seq_len, past_length
 ) -> None:
     """A clear error for decoder masks of the wrong shape (the target's covers past and current tokens) and a decoder
-    batch that is not a multiple of the encoder's. A static cache counts its past on the device: the target mask's
+    batch that is not the encoder's. A static cache counts its past on the device: the target mask's
     length is then not checked, which would cost a host-device sync."""
     if torch.is_tensor(past_length):
         target = None if attention_mask is None else (batch_size, attention_mask.shape[-1])
@@ -255,11 +203,8 @@ def check_decoder_inputs(
     check_mask(attention_mask, target, "decoder_attention_mask", "the target (past and current tokens)")
     source = encoder_hidden_states.shape[:2]
     check_mask(encoder_attention_mask, source, "attention_mask", "the encoder output (batch, source length)")
-    if batch_size % source[0]:
-        raise ValueError(
-            f"The decoder batch ({batch_size}) must be the encoder batch ({source[0]}) or a multiple of it (the rows "
-            "of each source consecutive, as `generate()` lays out beams and samples)."
-        )
+    if batch_size != source[0]:
+        raise ValueError(f"The decoder batch ({batch_size}) must be the encoder batch ({source[0]}).")
 
 
 def resize_target_vocabulary(
