@@ -308,7 +308,7 @@ def beam_search(
     alpha = 1.0 if config.length_penalty is None else config.length_penalty
     sizes = (config.num_beams, config.max_length, fill, len(eos), alpha, length_penalty_form)
     beams = BeamSearch(input_ids, *sizes, config.early_stopping)
-    collect = _Collected(config, model_kwargs["encoder_outputs"])
+    collect = _collected(config)
     use_cache = model_kwargs.pop("use_cache", True)
     # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
     for key in ("output_attentions", "output_hidden_states", "return_dict", "labels"):
@@ -321,8 +321,8 @@ def beam_search(
         outputs = model(
             decoder_input_ids=sequences[:, past_length:] if use_cache else sequences,
             use_cache=use_cache,
-            output_attentions=collect.attentions,
-            output_hidden_states=collect.hidden_states,
+            output_attentions=config.output_attentions,
+            output_hidden_states=config.output_hidden_states,
             return_dict=True,
             **model_kwargs,
         )
@@ -336,10 +336,10 @@ def beam_search(
         # float32 logits as they are (log_softmax writes a new tensor; `collect` keeps copies), others converted
         logits = outputs.logits[:, -1, :].float()
         log_probs = logits_processor(sequences, nn.functional.log_softmax(logits, dim=-1))
-        collect.step(outputs, logits, log_probs)
+        _collect(collect, outputs, logits, log_probs)
         del outputs, logits
         candidates, scores, origins = beams.candidates(log_probs)
-        stops = stopping_criteria(candidates[:, :, : beams.cur_len + 1].flatten(0, 1), collect.scores)
+        stops = stopping_criteria(candidates[:, :, : beams.cur_len + 1].flatten(0, 1), collect["scores"])
         stops = stops.view(beams.batch_size, -1)
         beam_idx = beams.advance(candidates, scores, origins, stops)
         if use_cache:
@@ -348,7 +348,7 @@ def beam_search(
             cache = model_kwargs[_CACHE_FIELD]
             getattr(cache, "self_attention_cache", cache).reorder_cache(beam_idx)
         this_peer_finished = beams.done(stops)
-    return _beam_search_output(beams, config, collect, model_kwargs.get(_CACHE_FIELD))
+    return _beam_search_output(beams, config, collect, model_kwargs)
 
 
 def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -392,31 +392,26 @@ def _continues(this_peer_finished: bool, synced_gpus: bool, device) -> bool:
     return flag.item() > 0.0
 
 
-class _Collected:
-    """What `return_dict_in_generate` asks a decoding loop to collect at every step."""
+def _collected(generation_config) -> dict:
+    """The per-step outputs `return_dict_in_generate` asks a decoding loop to collect: field name -> tuple so far
+    (None where not asked for)."""
+    config = generation_config
+    asked = {
+        "scores": config.output_scores,
+        "logits": config.output_logits,
+        "decoder_attentions": config.output_attentions,
+        "cross_attentions": config.output_attentions,
+        "decoder_hidden_states": config.output_hidden_states,
+    }
+    return {name: () if config.return_dict_in_generate and on else None for name, on in asked.items()}
 
-    def __init__(self, generation_config, encoder_outputs):
-        on = bool(generation_config.return_dict_in_generate)
-        self.attentions = bool(generation_config.output_attentions)
-        self.hidden_states = bool(generation_config.output_hidden_states)
-        self.scores = () if on and generation_config.output_scores else None
-        self.logits = () if on and generation_config.output_logits else None
-        self.decoder_attentions = self.cross_attentions = () if on and self.attentions else None
-        self.decoder_hidden_states = () if on and self.hidden_states else None
-        self.encoder_attentions = encoder_outputs.get("attentions") if on and self.attentions else None
-        self.encoder_hidden_states = encoder_outputs.get("hidden_states") if on and self.hidden_states else None
-        self.enabled = on
 
-    def step(self, outputs, logits: torch.Tensor, log_probs: torch.Tensor) -> None:
-        if self.logits is not None:
-            self.logits += (logits.clone(),)
-        if self.scores is not None:
-            self.scores += (log_probs.clone(),)
-        if self.decoder_attentions is not None:
-            self.decoder_attentions += (outputs.decoder_attentions,)
-            self.cross_attentions += (outputs.cross_attentions,)
-        if self.decoder_hidden_states is not None:
-            self.decoder_hidden_states += (outputs.decoder_hidden_states,)
+def _collect(collect: dict, outputs, logits: torch.Tensor, log_probs: torch.Tensor) -> None:
+    """Add a step's outputs to those collected (`_collected`); its logits and scores as copies."""
+    for name, so_far in collect.items():
+        if so_far is not None:
+            value = {"scores": log_probs, "logits": logits}.get(name)
+            collect[name] = so_far + (outputs[name] if value is None else value.clone(),)
 
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`
@@ -425,23 +420,20 @@ _CACHE_FIELD = (
 )
 
 
-def _beam_search_output(beams: BeamSearch, generation_config, collect, cache):
+def _beam_search_output(beams: BeamSearch, generation_config, collect: dict, model_kwargs: dict):
     """The best `num_return_sequences` hypotheses per source, cut to the longest one, as transformers returns them."""
     sequences, scores, origins = beams.best(generation_config.num_return_sequences or 1)
-    if not collect.enabled:
+    if not generation_config.return_dict_in_generate:
         return sequences
+    encoder_outputs = model_kwargs["encoder_outputs"]
     return GenerateBeamEncoderDecoderOutput(
         sequences=sequences,
         sequences_scores=scores if generation_config.output_scores else None,
-        scores=collect.scores,
-        logits=collect.logits,
         beam_indices=origins,
-        encoder_attentions=collect.encoder_attentions,
-        encoder_hidden_states=collect.encoder_hidden_states,
-        decoder_attentions=collect.decoder_attentions,
-        cross_attentions=collect.cross_attentions,
-        decoder_hidden_states=collect.decoder_hidden_states,
-        **{_CACHE_FIELD: cache},
+        encoder_attentions=encoder_outputs.get("attentions"),
+        encoder_hidden_states=encoder_outputs.get("hidden_states"),
+        **collect,
+        **{_CACHE_FIELD: model_kwargs.get(_CACHE_FIELD)},
     )
 
 
