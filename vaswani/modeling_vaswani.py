@@ -40,7 +40,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from .configuration_vaswani import VaswaniConfig
+from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS, VaswaniConfig
 from .generation_vaswani import drop_trainer_defaults
 from .generation_vaswani import generate as paper_generate
 from .pipeline_vaswani import VaswaniTranslationPipeline  # noqa: F401 (travels with this file: CODE_FILES)
@@ -48,7 +48,6 @@ from .utils_vaswani import (
     AUTO_MAP,
     CACHE_NAME,
     CUSTOM_PIPELINES,
-    architecture,
     cache_argument,
     causal_mask,
     check_decoder_inputs,
@@ -56,7 +55,7 @@ from .utils_vaswani import (
     check_mask,
     flag,
     follow_config,
-    resize_target_vocabulary,
+    resized_rows,
     tied_weights_saved_once,
     write_model_code,
 )
@@ -354,7 +353,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             config.decoder_vocab_size = config.vocab_size
         config.validate_fields()  # fields may have been changed since the config was built
         super().__init__(config, *args, **kwargs)
-        self._built_as = architecture(config)  # `follow_config`: in training and saving
+        # the fields the modules follow, for `follow_config` (in training and saving)
+        self._built_as = {name: getattr(config, name) for name in ARCHITECTURE_FIELDS + DROPOUT_FIELDS}
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save as usual, plus what makes the folder whole wherever the model came from (`CODE_FILES`): an `auto_map`
@@ -400,7 +400,19 @@ class VaswaniPreTrainedModel(PreTrainedModel):
 
     def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
         """Resize the target vocabulary of separate vocabularies: the decoder embedding and the output projection."""
-        return resize_target_vocabulary(self, new_num_tokens, pad_to_multiple_of)
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "One vocabulary is shared (`share_encoder_decoder_embeddings=True`): use `resize_token_embeddings`."
+            )
+        decoder = self.base_model.decoder
+        decoder.embed_tokens = resized_rows(decoder.embed_tokens, new_num_tokens, pad_to_multiple_of)
+        self.config.decoder_vocab_size = decoder.embed_tokens.num_embeddings
+        output = self.get_output_embeddings()
+        if output is not None and self.config.tie_word_embeddings:
+            self.tie_weights()
+        elif output is not None:
+            self.set_output_embeddings(resized_rows(output, new_num_tokens, pad_to_multiple_of))
+        return decoder.embed_tokens
 
     def _init_weights(self, module: nn.Module) -> None:
         """The paper gives no initialisation. Linear layers: Xavier-uniform, zero biases (tensor2tensor, fairseq);

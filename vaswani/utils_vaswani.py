@@ -52,11 +52,6 @@ def write_model_code(folder: str | Path) -> None:
         shutil.copyfile(here / source, target)
 
 
-def architecture(config) -> dict:
-    """The config fields a built model's modules follow (`ARCHITECTURE_FIELDS`, `DROPOUT_FIELDS`)."""
-    return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS + DROPOUT_FIELDS}
-
-
 def follow_config(model) -> None:
     """Keep a built model in agreement with its config: a dropout rate changed on the config (`DROPOUT_FIELDS`:
     regularisation in training only) applies to the model's own dropout modules (not PEFT's) from there on; any other
@@ -138,18 +133,14 @@ def resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_of
         if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0:
             raise ValueError(f"`pad_to_multiple_of` must be a positive integer, got {pad_to_multiple_of!r}.")
         rows = -(-rows // pad_to_multiple_of) * pad_to_multiple_of
-
-    def resized(old: torch.Tensor) -> nn.Parameter:  # (rows, ...)
-        new_rows = old.mean(dim=0, keepdim=True).expand(max(rows - old.shape[0], 0), *old.shape[1:])
-        return nn.Parameter(torch.cat([old[:rows], new_rows]).detach().clone())
-
     if isinstance(module, nn.Embedding):
         padding_idx = module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
-        return nn.Embedding.from_pretrained(resized(module.weight), freeze=False, padding_idx=padding_idx)
-    copy = nn.Linear(module.in_features, rows, bias=module.bias is not None, device="meta")
-    copy.weight = resized(module.weight)
-    if module.bias is not None:
-        copy.bias = resized(module.bias)
+        copy = nn.Embedding(rows, module.embedding_dim, padding_idx, device="meta")
+    else:
+        copy = nn.Linear(module.in_features, rows, bias=module.bias is not None, device="meta")
+    for name, old in module.named_parameters(recurse=False):  # (rows, ...)
+        new_rows = old.mean(dim=0, keepdim=True).expand(max(rows - old.shape[0], 0), *old.shape[1:])
+        setattr(copy, name, nn.Parameter(torch.cat([old[:rows], new_rows]).detach().clone()))
     return copy
 
 
@@ -205,23 +196,3 @@ def check_decoder_inputs(
     check_mask(encoder_attention_mask, source, "attention_mask", "the encoder output (batch, source length)")
     if batch_size != source[0]:
         raise ValueError(f"The decoder batch ({batch_size}) must be the encoder batch ({source[0]}).")
-
-
-def resize_target_vocabulary(
-    model, new_num_tokens: int, pad_to_multiple_of: int | None = None
-) -> nn.Embedding:
-    """Resize the target vocabulary of separate vocabularies: the decoder embedding and the output projection."""
-    if model.config.share_encoder_decoder_embeddings:
-        raise ValueError(
-            "One vocabulary is shared (`share_encoder_decoder_embeddings=True`): use `resize_token_embeddings`."
-        )
-    decoder = model.base_model.decoder
-    decoder.embed_tokens = resized_rows(decoder.embed_tokens, new_num_tokens, pad_to_multiple_of)
-    model.config.decoder_vocab_size = decoder.embed_tokens.num_embeddings
-    output = model.get_output_embeddings()
-    if output is not None:
-        if model.config.tie_word_embeddings:
-            model.tie_weights()
-        else:
-            model.set_output_embeddings(resized_rows(output, new_num_tokens, pad_to_multiple_of))
-    return decoder.embed_tokens
