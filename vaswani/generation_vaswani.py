@@ -320,8 +320,8 @@ def beam_search(
         outputs = model(
             decoder_input_ids=sequences[:, past_length:] if use_cache else sequences,
             use_cache=use_cache,
-            output_attentions=config.output_attentions,
-            output_hidden_states=config.output_hidden_states,
+            output_attentions=bool(config.output_attentions),
+            output_hidden_states=bool(config.output_hidden_states),
             return_dict=True,
             **model_kwargs,
         )
