@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import is_torchdynamo_compiling
 
-from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, onednn_features
+from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, _shared_result, onednn_features
 
 
 def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
@@ -89,7 +89,9 @@ def _exact(packed: bool) -> bool:
     weight[:2] = torch.tensor([-127, 127], dtype=torch.int8)[:, None]
     exact = (rows.long() @ weight.long().t()).float()
     with torch.inference_mode():
-        product = _int8_product(rows, weight, torch.ops.onednn.qlinear_prepack(weight, None) if packed else None)
+        product = _int8_product(
+            rows, weight, torch.ops.onednn.qlinear_prepack(weight, None) if packed else None
+        )
     return torch.equal(product, exact)
 
 
@@ -137,7 +139,7 @@ def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> to
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _int8_applies(x: torch.Tensor) -> bool:
     """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`, on
     a CPU whose int8 GEMM is exact (`_exact`)."""
     cpu_float32 = x.device.type == "cpu" and x.dtype == torch.float32
@@ -150,20 +152,25 @@ def _identity(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
 
 
+def _cached(owner, name: str, tensors: list[torch.Tensor], make):
+    """`make()`, kept in `owner.__dict__[name]` (outside any state dict) and made again when one of the `tensors` it
+    is made from has moved or been written in place (`_identity`)."""
+    key = [_identity(t) for t in tensors]
+    cached = owner.__dict__.get(name)
+    if cached is None or cached[0] != key:
+        cached = owner.__dict__[name] = (key, make())
+    return cached[1]
+
+
 def _packed(module: nn.Module, qdata: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), for a
     call on input `x` where that is faster (`PACKED_INT8_MIN_WEIGHTS`, `PACKED_INT8_MIN_PRODUCT`); else None."""
     weights, rows = qdata.numel(), x.numel() // x.shape[-1]
-    if not _exact(True) or (
-        weights < PACKED_INT8_MIN_WEIGHTS and rows * weights < PACKED_INT8_MIN_PRODUCT
-    ):
+    if not _exact(True) or (weights < PACKED_INT8_MIN_WEIGHTS and rows * weights < PACKED_INT8_MIN_PRODUCT):
         return None
-    key = _identity(qdata)
-    cached = module.__dict__.get("_vaswani_packed_int8")
-    if cached is None or cached[0] != key:
-        cached = (key, torch.ops.onednn.qlinear_prepack(qdata, None))
-        module.__dict__["_vaswani_packed_int8"] = cached
-    return cached[1]
+    return _cached(
+        module, "_vaswani_packed_int8", [qdata], lambda: torch.ops.onednn.qlinear_prepack(qdata, None)
+    )
 
 
 class SharedInputProjections:
@@ -204,18 +211,18 @@ class SharedInputProjections:
     def _stacked(self) -> tuple:
         """The three weights stacked (int8 rows, scales, biases), remade when any of them changes."""
         weights = [m.weight for m in self.modules]
-        key = tuple(_identity(t) for w in weights for t in (w.qdata, w.scale))
-        key += tuple(_identity(m.bias) for m in self.modules if m.bias is not None)
-        cached = self.__dict__.get("_stacked_weights")
-        if cached is None or cached[0] != key:
-            qdata = torch.cat([w.qdata for w in weights])
-            scale = torch.cat([w.scale.reshape(-1) for w in weights])
-            bias = (
-                None if self.modules[0].bias is None else torch.cat([m.bias.detach() for m in self.modules])
-            )
-            cached = (key, qdata, scale, bias)
-            self.__dict__["_stacked_weights"] = cached
-        return cached[1:]
+        # biases on all three or none (`applies`)
+        biases = [m.bias.detach() for m in self.modules if m.bias is not None]
+        return _cached(
+            self,
+            "_stacked_weights",
+            [t for w in weights for t in (w.qdata, w.scale)] + biases,
+            lambda: (
+                torch.cat([w.qdata for w in weights]),
+                torch.cat([w.scale.reshape(-1) for w in weights]),
+                torch.cat(biases) if biases else None,
+            ),
+        )
 
     def _all(self, x: torch.Tensor) -> torch.Tensor:
         qdata, scale, bias = self._stacked()
@@ -223,10 +230,10 @@ class SharedInputProjections:
         y = _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
         # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently on
         # views with the stacked product's strides
-        return self._hand_over(x, [part.contiguous() for part in y.split(self._widths(), dim=-1)])
+        return self._hand_over(x, [part.contiguous() for part in self._split(y)])
 
-    def _widths(self) -> list[int]:
-        return [m.out_features for m in self.modules]
+    def _split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return y.split([m.out_features for m in self.modules], dim=-1)
 
     def _hand_over(self, x: torch.Tensor, parts) -> torch.Tensor:
         """The first module's result; the others' kept for their calls on `x`."""
@@ -244,13 +251,10 @@ class Int8Linear(nn.Linear):
     them). Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if int8_linear_applies(x, self.weight):
-            shared = self.__dict__.get("_vaswani_shared_input")
-            y = None if shared is None else shared(self, x)
-            if y is not None:
-                return y
-            return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata, x))
-        return F.linear(x, self.weight, self.bias)
+        if not _int8_applies(x):
+            return F.linear(x, self.weight, self.bias)
+        y = _shared_result(self, x)
+        return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata, x)) if y is None else y
 
 
 class Int8OutputLinear(Linear):
@@ -261,12 +265,9 @@ class Int8OutputLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if not (int8_linear_applies(x, weight) and _is_plain(weight) and weight.dtype == torch.float32):
+        if not (_int8_applies(x) and _is_plain(weight) and weight.dtype == torch.float32):
             return super().forward(x)
-        key = _identity(weight)
-        cached = self.__dict__.get("_vaswani_int8_weight")
-        if cached is None or cached[0] != key:
-            cached = (key, *_quantize_rows(weight.detach()))
-            self.__dict__["_vaswani_int8_weight"] = cached
-        _, qdata, weight_scale = cached
+        qdata, weight_scale = _cached(
+            self, "_vaswani_int8_weight", [weight], lambda: _quantize_rows(weight.detach())
+        )
         return _int8_linear(x, qdata, weight_scale, self.bias, False, _packed(self, qdata, x))

@@ -123,6 +123,13 @@ def _is_plain(weight: torch.Tensor) -> bool:
     return type(weight) in (torch.Tensor, nn.Parameter)
 
 
+def _shared_result(module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """`module`'s result on `x` from the group of projections `use_cpu_kernels` put it in (`StackedProjections`,
+    `SharedInputProjections`), or None where it computes alone."""
+    shared = module.__dict__.get("_vaswani_shared_input")
+    return None if shared is None else shared(module, x)
+
+
 def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear` takes oneDNN for this call: a plain float32 weight (not a quantized tensor subclass) on the CPU,
     outside `torch.compile` and CPU autocast (whose bfloat16 product already goes to oneDNN), with oneDNN enabled
@@ -151,8 +158,7 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = self.__dict__.get("_vaswani_shared_input")  # `StackedProjections`, set by `use_cpu_kernels`
-        y = None if shared is None else shared(self, x)
+        y = _shared_result(self, x)
         if y is not None:
             return y
         if onednn_linear_applies(x, self.weight):
