@@ -54,7 +54,7 @@ _PLAIN_MODULES = {Linear: nn.Linear, Dropout: nn.Dropout, Int8Linear: nn.Linear,
 _CACHES = ("_vaswani_packed_int8", "_vaswani_int8_weight", "_vaswani_shared_input")
 
 
-def _forget(module: nn.Module, *names: str) -> None:
+def _forget(module, *names):
     for name in names:
         module.__dict__.pop(name, None)
 
@@ -98,7 +98,7 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
     return model
 
 
-def _group_projections(model: nn.Module) -> None:
+def _group_projections(model):
     """The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
     K and V of every encoder-decoder attention, which all take the encoder's output (float). A second call regroups
     or ungroups."""

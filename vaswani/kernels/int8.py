@@ -36,7 +36,7 @@ def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
     )
 
 
-def _quantize_rows(x: torch.Tensor, qmin: int = -128, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rows(x, qmin=-128, qmax=127):
     """torchao's symmetric per-row int8 quantization of a 2-D float32 tensor, op for op: scale = max|row| /
     ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax]."""
     scale = x.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
@@ -60,13 +60,13 @@ _ONEDNN_INT8_AVAILABLE = (
 
 
 @functools.lru_cache(maxsize=64)
-def _unit_scales(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _unit_scales(rows):
     """Per-row weight scales of 1 and zero points of 0 for oneDNN's int8 linear (never written)."""
     return torch.ones(rows), torch.zeros(rows, dtype=torch.long)
 
 
 @functools.cache
-def _signed_rows_native() -> bool:
+def _signed_rows_native():
     """Whether oneDNN's int8 linear multiplies signed int8 rows in its fast kernels here: with AMX's int8 tiles
     (`onednn_features`). Its VNNI kernels multiply unsigned by signed bytes only; signed rows there fall to its
     reference kernel, about 1000x slower (an AMD EPYC: 3.2 s against 1.3 ms for 16 rows of the 37000 x 512 output
@@ -75,7 +75,7 @@ def _signed_rows_native() -> bool:
 
 
 @functools.cache
-def _exact(packed: bool) -> bool:
+def _exact(packed):
     """Whether `_int8_product` gives the exact integer product here, by the packed weight or by `torch._int_mm`:
     tried once on the sums that overflow 16 bits (rows of -128 and 127 against weights of -127 and 127). Both run
     oneDNN's int8 kernels, which without VNNI (AVX2, AVX-512 without VNNI) add byte products in saturating 16-bit
@@ -101,7 +101,7 @@ def exact_int8_products() -> bool:
     return _exact(False)
 
 
-def _int8_product(quantized: torch.Tensor, qdata: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+def _int8_product(quantized, qdata, packed):
     """quantized @ qdata^T in int32, exactly, returned as float32 (`.to(torch.float32)` of the int32 product): by
     `torch._int_mm`, or by oneDNN's int8 linear on `packed` (`torch.ops.onednn.qlinear_prepack(qdata)`) with unit
     scales, whose float32 output is the same conversion of the same integers. Without AMX (`_signed_rows_native`)
@@ -130,7 +130,7 @@ def int8_linear(
     return _int8_linear(x, weight.qdata, weight.scale, bias, weight.act_quant_kwargs.reduce_range, packed)
 
 
-def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> torch.Tensor:
+def _int8_linear(x, qdata, weight_scale, bias, reduce_range, packed):
     rows = x.reshape(-1, x.shape[-1])
     quantized, scale = _quantize_rows(rows, *((-64, 63) if reduce_range else (-128, 127)))
     y = _int8_product(quantized, qdata, packed).mul_(scale).mul_(weight_scale.reshape(-1))
@@ -139,20 +139,20 @@ def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> to
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def _int8_applies(x: torch.Tensor) -> bool:
+def _int8_applies(x):
     """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`, on
     a CPU whose int8 GEMM is exact (`_exact`)."""
     cpu_float32 = x.device.type == "cpu" and x.dtype == torch.float32
     return not is_torchdynamo_compiling() and cpu_float32 and exact_int8_products()
 
 
-def _identity(tensor: torch.Tensor) -> tuple[int, int]:
+def _identity(tensor):
     """Where `tensor`'s data lives and how often it was written in place (inference tensors keep no count), to tell
     when a copy made from it is stale."""
     return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
 
 
-def _cached(owner, name: str, tensors: list[torch.Tensor], make):
+def _cached(owner, name, tensors, make):
     """`make()`, kept in `owner.__dict__[name]` (outside any state dict) and made again when one of the `tensors` it
     is made from has moved or been written in place (`_identity`)."""
     key = [_identity(t) for t in tensors]
@@ -162,7 +162,7 @@ def _cached(owner, name: str, tensors: list[torch.Tensor], make):
     return cached[1]
 
 
-def _packed(module: nn.Module, qdata: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+def _packed(module, qdata, x):
     """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), for a
     call on input `x` where that is faster (`PACKED_INT8_MIN_WEIGHTS`, `PACKED_INT8_MIN_PRODUCT`); else None."""
     weights, rows = qdata.numel(), x.numel() // x.shape[-1]
@@ -208,7 +208,7 @@ class SharedInputProjections:
             return entry[2]
         return None
 
-    def _stacked(self) -> tuple:
+    def _stacked(self):
         """The three weights stacked (int8 rows, scales, biases), remade when any of them changes."""
         weights = [m.weight for m in self.modules]
         # biases on all three or none (`applies`)
@@ -224,7 +224,7 @@ class SharedInputProjections:
             ),
         )
 
-    def _all(self, x: torch.Tensor) -> torch.Tensor:
+    def _all(self, x):
         qdata, scale, bias = self._stacked()
         reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
         y = _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
@@ -232,10 +232,10 @@ class SharedInputProjections:
         # views with the stacked product's strides
         return self._hand_over(x, [part.contiguous() for part in self._split(y)])
 
-    def _split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _split(self, y):
         return y.split([m.out_features for m in self.modules], dim=-1)
 
-    def _hand_over(self, x: torch.Tensor, parts) -> torch.Tensor:
+    def _hand_over(self, x, parts):
         """The first module's result; the others' kept for their calls on `x`."""
         identity = _identity(x)
         self.pending = {

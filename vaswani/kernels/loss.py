@@ -8,14 +8,7 @@ import torch.nn.functional as F
 from transformers.utils import is_torchdynamo_compiling
 
 
-def _smoothed_rows(
-    z: torch.Tensor,
-    target: torch.Tensor,
-    ignored: torch.Tensor,
-    eps: float,
-    out: torch.Tensor,
-    gradient: bool,
-) -> torch.Tensor:
+def _smoothed_rows(z, target, ignored, eps, out, gradient):
     """The summed label-smoothed loss of one float32 chunk of logits `z` (n, V) against `target` (n, 1), rows
     `ignored` counting 0. softmax(z) is written to `out` (float32, n x V, may be `z` itself); with `gradient`, turned
     there into the chunk's gradient softmax(z) - eps / V - (1 - eps) * onehot(t), ignored rows included (the caller
@@ -39,14 +32,14 @@ def _smoothed_rows(
 _SOFTMAX_OUT = getattr(getattr(torch.ops.aten, "_softmax", None), "out", None)
 
 
-def _softmax_into(z: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _softmax_into(z, out):
     """softmax(z) over the last dimension, written into `out` (which may be `z` itself)."""
     if _SOFTMAX_OUT is not None:
         return _SOFTMAX_OUT(z, -1, False, out=out)
     return out.copy_(torch.softmax(z, dim=-1))
 
 
-def _zero_ignored_rows(g: torch.Tensor, ignored: torch.Tensor) -> None:
+def _zero_ignored_rows(g, ignored):
     """Zero the gradient rows of ignored positions. On the CPU the zeroing is skipped when no row is ignored; on an
     accelerator, asking would make the host wait for the device at every chunk, which costs more than the zeroing."""
     if g.device.type != "cpu":
@@ -55,13 +48,13 @@ def _zero_ignored_rows(g: torch.Tensor, ignored: torch.Tensor) -> None:
         g.index_fill_(0, ignored.nonzero().squeeze(1), 0.0)
 
 
-def _chunk_targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_targets(labels):
     """(target ids as an (n, 1) index with ignored positions at 0, the ignored mask) of a chunk of labels."""
     ignored = labels == -100
     return labels.masked_fill(ignored, 0).unsqueeze(1), ignored
 
 
-def _flatten(x: torch.Tensor, labels: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _flatten(x, labels, name):
     """`x` (..., D) as rows (N, D) and `labels` (...) as (N,) on its device; labels of another length are refused."""
     x = x.reshape(-1, x.shape[-1])
     labels = labels.reshape(-1).to(x.device)
@@ -70,14 +63,14 @@ def _flatten(x: torch.Tensor, labels: torch.Tensor, name: str) -> tuple[torch.Te
     return x, labels
 
 
-def _chunk_rows(chunk_elements: int | None, cpu_default: int, device: torch.device, vocab: int) -> int:
+def _chunk_rows(chunk_elements, cpu_default, device, vocab):
     """Rows of `chunk_elements` logits (by default `cpu_default` on the CPU, 2**26 elsewhere), at least one."""
     if chunk_elements is None:
         chunk_elements = cpu_default if device.type == "cpu" else 1 << 26
     return max(1, chunk_elements // vocab)
 
 
-def _refuse_second_backward(ctx) -> None:
+def _refuse_second_backward(ctx):
     if ctx.used:
         raise RuntimeError(
             "The fused cross-entropy keeps one gradient buffer and scales it in place: it can be backpropagated "
@@ -101,7 +94,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, eps: float, chunk_rows: int) -> torch.Tensor:
+    def forward(ctx, logits, labels, eps, chunk_rows):
         rows, vocab = logits.shape
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -129,7 +122,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_total: torch.Tensor):
+    def backward(ctx, grad_total):
         _refuse_second_backward(ctx)
         (grad,) = ctx.saved_tensors
         return grad.mul_(grad_total.to(grad.dtype)), None, None, None
@@ -163,7 +156,7 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
     three gradients by the upstream one."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, eps: float, chunk_rows: int) -> torch.Tensor:
+    def forward(ctx, hidden, weight, bias, labels, eps, chunk_rows):
         rows, vocab = hidden.shape[0], weight.shape[0]
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         gradient = needs_hidden or needs_weight or needs_bias
@@ -202,7 +195,7 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_total: torch.Tensor):
+    def backward(ctx, grad_total):
         _refuse_second_backward(ctx)
         # dL/dhidden in hidden's dtype; dL/dW and dL/db, accumulated in float32, in the parameters' dtypes
         grads = [

@@ -29,8 +29,7 @@ class StackedProjections(SharedInputProjections):
         return (
             len(modules) > 1
             and all(type(m) is Linear and _is_plain(m.weight) for m in modules)
-            and len({(m.in_features, m.weight.dtype, m.weight.device) for m in modules}) == 1
-            and len({m.bias is None for m in modules}) == 1
+            and len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in modules}) == 1
         )
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
@@ -42,7 +41,7 @@ class StackedProjections(SharedInputProjections):
             return None
         return super().__call__(module, x)
 
-    def _all(self, x: torch.Tensor) -> torch.Tensor:
+    def _all(self, x):
         weight = torch.cat([m.weight for m in self.modules])
         bias = None if self.modules[0].bias is None else torch.cat([m.bias for m in self.modules])
         return self._hand_over(x, self._split(F.linear(x, weight, bias)))
