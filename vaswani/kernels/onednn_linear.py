@@ -18,7 +18,6 @@ class _OneDNNLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
     @staticmethod
@@ -32,7 +31,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
             # torch's `mm` reads both operands transposed in place; oneDNN's linear would first copy them to be
             # contiguous, which costs more than its faster GEMM saves here.
             grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[2]:  # False for a bias of None
             grad_bias = grad_2d.sum(0)
         return grad_x, grad_weight, grad_bias
 
