@@ -200,20 +200,27 @@ class SharedInputProjections:
         )
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-        """The result of `module` on `x`, or None where `module` must compute it alone."""
+        """The result of `module` on `x`, or None where `module` must compute it alone. The first module's call
+        computes all of them and keeps the others' results for their calls on `x`."""
         if module is self.modules[0]:
-            return self._all(x)
+            parts = self._products(x).split([m.out_features for m in self.modules], dim=-1)
+            identity = _identity(x)
+            self.pending = {
+                id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
+            }
+            return self._result(parts[0])
         entry = self.pending.pop(id(module), None)
         if entry is not None and entry[0] is x and entry[1] == _identity(x):
-            return entry[2]
+            return self._result(entry[2])
         return None
 
-    def _stacked(self):
-        """The three weights stacked (int8 rows, scales, biases), remade when any of them changes."""
+    def _products(self, x):
+        """All three products of `x`, side by side, by the three weights stacked (int8 rows, scales, biases; remade
+        when any of them changes)."""
         weights = [m.weight for m in self.modules]
         # biases on all three or none (`applies`)
         biases = [m.bias.detach() for m in self.modules if m.bias is not None]
-        return _cached(
+        qdata, scale, bias = _cached(
             self,
             "_stacked_weights",
             [t for w in weights for t in (w.qdata, w.scale)] + biases,
@@ -223,25 +230,14 @@ class SharedInputProjections:
                 torch.cat(biases) if biases else None,
             ),
         )
-
-    def _all(self, x):
-        qdata, scale, bias = self._stacked()
         reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
-        y = _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
+        return _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
+
+    @staticmethod
+    def _result(part):
         # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently on
         # views with the stacked product's strides
-        return self._hand_over(x, [part.contiguous() for part in self._split(y)])
-
-    def _split(self, y):
-        return y.split([m.out_features for m in self.modules], dim=-1)
-
-    def _hand_over(self, x, parts):
-        """The first module's result; the others' kept for their calls on `x`."""
-        identity = _identity(x)
-        self.pending = {
-            id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
-        }
-        return parts[0]
+        return part.contiguous()
 
 
 class Int8Linear(nn.Linear):
