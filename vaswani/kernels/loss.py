@@ -8,23 +8,30 @@ import torch.nn.functional as F
 from transformers.utils import is_torchdynamo_compiling
 
 
-def _smoothed_rows(z, target, ignored, eps, out, gradient):
-    """The summed label-smoothed loss of one float32 chunk of logits `z` (n, V) against `target` (n, 1), rows
-    `ignored` counting 0. softmax(z) is written to `out` (float32, n x V, may be `z` itself); with `gradient`, turned
-    there into the chunk's gradient softmax(z) - eps / V - (1 - eps) * onehot(t), ignored rows included (the caller
-    zeroes them where it stores them)."""
+def _chunk_loss(logits, labels, eps, buffer, grad):
+    """The summed label-smoothed loss, in float32, of one chunk of `logits` (n, V) against `labels` (n), rows
+    labelled -100 counting 0; with `grad` (n, V, the logits' dtype; may be `logits` itself), the chunk's gradient
+    softmax(z) - eps / V - (1 - eps) * onehot(t) written there, ignored rows zero. `buffer` (n, V, float32; may be
+    `logits` itself) holds the logits cast to float32 unless they are float32, and softmax(z) unless `grad` is
+    float32, which takes it directly."""
+    ignored = labels == -100
+    target = labels.masked_fill(ignored, 0).unsqueeze(1)
+    z = logits if logits.dtype == torch.float32 else buffer.copy_(logits)
     vocab = z.shape[1]
     largest = z.amax(dim=-1, keepdim=True)
     row_loss = (1.0 - eps) * z.gather(1, target)
     if eps:
         row_loss = row_loss + (eps / vocab) * z.sum(dim=-1, keepdim=True)
-    p = _softmax_into(z, out)
+    p = _softmax_into(z, grad if grad is not None and grad.dtype == torch.float32 else buffer)
     row_loss = largest - p.amax(dim=-1, keepdim=True).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
     total = row_loss.masked_fill_(ignored.unsqueeze(1), 0.0).sum()
-    if gradient:
+    if grad is not None:
         p.scatter_add_(1, target, p.new_full(target.shape, eps - 1.0))
         if eps:
             p.sub_(eps / vocab)
+        if p is not grad:
+            grad.copy_(p)
+        _zero_ignored_rows(grad, ignored)
     return total
 
 
@@ -46,12 +53,6 @@ def _zero_ignored_rows(g, ignored):
         g.masked_fill_(ignored.unsqueeze(1), 0.0)
     elif ignored.any():
         g.index_fill_(0, ignored.nonzero().squeeze(1), 0.0)
-
-
-def _chunk_targets(labels):
-    """(target ids as an (n, 1) index with ignored positions at 0, the ignored mask) of a chunk of labels."""
-    ignored = labels == -100
-    return labels.masked_fill(ignored, 0).unsqueeze(1), ignored
 
 
 def _flatten(x, labels, name):
@@ -98,23 +99,17 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         rows, vocab = logits.shape
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        in_float32 = logits.dtype == torch.float32
-        # One float32 chunk, reused: the chunk's logits (cast once when they are not float32), then their softmax.
+        # One float32 chunk, reused: the chunk's logits (cast once when they are not float32), then their softmax
+        # (written into the gradient instead when that is float32).
         buffer = None
-        if not in_float32 or grad is None:
+        if logits.dtype != torch.float32 or grad is None:
             buffer = torch.empty(min(chunk_rows, rows), vocab, dtype=torch.float32, device=logits.device)
         for start in range(0, rows, chunk_rows):
-            z = logits[start : start + chunk_rows]
-            target, ignored = _chunk_targets(labels[start : start + chunk_rows])
-            g = grad[start : start + chunk_rows] if grad is not None else None
-            z = z if in_float32 else buffer[: z.shape[0]].copy_(z)
-            # softmax(z), then the gradient: into the gradient buffer when that is float32, else over z in the chunk.
-            p = g if (in_float32 and g is not None) else buffer[: z.shape[0]]
-            total += _smoothed_rows(z, target, ignored, eps, out=p, gradient=g is not None)
-            if g is not None:
-                if p is not g:
-                    g.copy_(p)
-                _zero_ignored_rows(g, ignored)
+            chunk = slice(start, start + chunk_rows)
+            scratch = None if buffer is None else buffer[: labels[chunk].shape[0]]
+            total += _chunk_loss(
+                logits[chunk], labels[chunk], eps, scratch, None if grad is None else grad[chunk]
+            )
         ctx.used = False
         if grad is not None:
             ctx.save_for_backward(grad)
@@ -149,7 +144,7 @@ def label_smoothed_cross_entropy(
 
 class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
     """`_LabelSmoothedCrossEntropy` of the logits hidden W^T + b, without the (N, V) logits: per chunk of rows, the
-    chunk's logits (in the dtype of `hidden`), their loss and gradient in float32 (`_smoothed_rows`), and from that
+    chunk's logits (in the dtype of `hidden`), their loss and gradient in float32 (`_chunk_loss`), and from that
     gradient, stored back in the logits' dtype, the chunk's rows of dL/dhidden = G W and its share of dL/dW = G^T
     hidden (and dL/db, the column sums of G), accumulated in float32. All of it is computed in the forward pass, in
     a buffer for the chunk's logits and, unless they are float32, one float32 copy of them; the backward scales the
@@ -171,23 +166,20 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
         for start in range(0, rows, chunk_rows):
             h = hidden[start : start + chunk_rows]
             n = h.shape[0]
-            target, ignored = _chunk_targets(labels[start : start + chunk_rows])
             if bias is None:
                 logits = torch.mm(h, weight.t(), out=chunk[:n])
             else:
                 logits = torch.addmm(bias, h, weight.t(), out=chunk[:n])
-            z = logits if in_float32 else buffer[:n].copy_(logits)
-            total += _smoothed_rows(z, target, ignored, eps, out=z, gradient=gradient)
-            if not gradient:
-                continue
-            g = z if in_float32 else logits.copy_(z)  # the chunk's dL/dlogits, in the logits' dtype
-            _zero_ignored_rows(g, ignored)
+            # with a gradient, the chunk's dL/dlogits G, in the logits' dtype, over its logits
+            total += _chunk_loss(
+                logits, labels[start : start + n], eps, buffer[:n], logits if gradient else None
+            )
             if needs_hidden:
-                torch.mm(g, weight, out=grad_hidden[start : start + n])
+                torch.mm(logits, weight, out=grad_hidden[start : start + n])
             if needs_weight:
-                grad_weight += g.t().mm(h)
+                grad_weight += logits.t().mm(h)
             if needs_bias:
-                grad_bias += g.sum(0, dtype=torch.float32)
+                grad_bias += logits.sum(0, dtype=torch.float32)
         ctx.used = False
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
