@@ -51,7 +51,7 @@ MKL_LARGE_WEIGHT = 1 << 22
 @functools.cache
 def _cpuinfo():
     """The first processor's fields in /proc/cpuinfo (Linux: `vendor_id`, `flags`, ...); empty where there is none."""
-    fields: dict[str, str] = {}
+    fields = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
