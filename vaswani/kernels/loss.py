@@ -71,7 +71,9 @@ def _chunk_rows(chunk_elements, cpu_default, device, vocab):
     return max(1, chunk_elements // vocab)
 
 
-def _refuse_second_backward(ctx):
+def _scaled_gradients(ctx, grad_total):
+    """The backward of both fused losses: the gradients their forward computed (`ctx.saved_tensors`, None where not
+    asked), scaled in place by the upstream gradient and returned in `ctx.dtypes`. A second backward is refused."""
     if ctx.used:
         raise RuntimeError(
             "The fused cross-entropy keeps one gradient buffer and scales it in place: it can be backpropagated "
@@ -79,6 +81,10 @@ def _refuse_second_backward(ctx):
             "yourself for that)."
         )
     ctx.used = True
+    return [
+        None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(dtype)
+        for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
+    ]
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -110,17 +116,14 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
             total += _chunk_loss(
                 logits[chunk], labels[chunk], eps, scratch, None if grad is None else grad[chunk]
             )
-        ctx.used = False
-        if grad is not None:
-            ctx.save_for_backward(grad)
+        ctx.used, ctx.dtypes = False, (logits.dtype,)
+        ctx.save_for_backward(grad)
         return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_total):
-        _refuse_second_backward(ctx)
-        (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_total.to(grad.dtype)), None, None, None
+        return *_scaled_gradients(ctx, grad_total), None, None, None
 
 
 def label_smoothed_cross_entropy(
@@ -180,21 +183,15 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
                 grad_weight += logits.t().mm(h)
             if needs_bias:
                 grad_bias += logits.sum(0, dtype=torch.float32)
-        ctx.used = False
-        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.used, ctx.dtypes = False, (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_total):
-        _refuse_second_backward(ctx)
         # dL/dhidden in hidden's dtype; dL/dW and dL/db, accumulated in float32, in the parameters' dtypes
-        grads = [
-            None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(dtype)
-            for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
-        ]
-        return *grads, None, None, None
+        return *_scaled_gradients(ctx, grad_total), None, None, None
 
 
 def linear_label_smoothed_cross_entropy(
