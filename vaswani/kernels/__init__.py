@@ -48,6 +48,15 @@ from .stacked import StackedProjections
 
 logger = logging.getLogger(__name__)
 _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
+_PLAIN_MODULES = {Linear: nn.Linear, Dropout: nn.Dropout, Int8Linear: nn.Linear, Int8OutputLinear: nn.Linear}
+# What the kernels keep on a module, outside its state dict: a packed int8 weight, an int8 copy of a float32 weight,
+# the group of projections it is computed with.
+_CACHES = ("_vaswani_packed_int8", "_vaswani_int8_weight", "_vaswani_shared_input")
+
+
+def _forget(module, *names):
+    for name in names:
+        module.__dict__.pop(name, None)
 
 
 def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool = True) -> nn.Module:
@@ -70,15 +79,35 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
         if fast is not None:
             module.__class__ = fast
         int8 = int8 or type(module) is Int8Linear
-    # The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
-    # K and V of every encoder-decoder attention, which all take the encoder's output (float).
+    _group_projections(model)
+    if int8 and not exact_int8_products():
+        logger.warning(
+            "This CPU's int8 products are not exact (no VNNI: oneDNN adds byte products in saturating 16-bit "
+            "pairs); the int8 layers stay torchao's, which computes them the same way"
+        )
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    float32_output = type(output) is Linear and output.weight.dtype == torch.float32
+    if int8 and int8_output and exact_int8_products() and float32_output:
+        output.__class__ = Int8OutputLinear
+    elif not int8_output and type(output) is Int8OutputLinear:
+        output.__class__ = Linear
+        _forget(output, *_CACHES)
+    config = getattr(model, "config", None)
+    if attention and getattr(config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(FAST_ATTENTION)
+    return model
+
+
+def _group_projections(model):
+    """The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
+    K and V of every encoder-decoder attention, which all take the encoder's output (float). A second call regroups
+    or ungroups."""
     attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
-    for module in attentions:  # a second call regroups or ungroups
-        for projection in (module.q_proj, module.k_proj, module.v_proj):
-            projection.__dict__.pop("_vaswani_shared_input", None)
     groups = []
     for module in attentions:
         projections = (module.q_proj, module.k_proj, module.v_proj)
+        for projection in projections:
+            _forget(projection, "_vaswani_shared_input")
         if module.is_cross_attention:
             continue
         if SharedInputProjections.applies(*projections):
@@ -91,38 +120,15 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
     for group in groups:
         for projection in group.modules:
             projection.__dict__["_vaswani_shared_input"] = group
-    if int8 and not exact_int8_products():
-        logger.warning(
-            "This CPU's int8 products are not exact (no VNNI: oneDNN adds byte products in saturating 16-bit "
-            "pairs); the int8 layers stay torchao's, which computes them the same way"
-        )
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    float32_output = type(output) is Linear and output.weight.dtype == torch.float32
-    if int8 and int8_output and exact_int8_products() and float32_output:
-        output.__class__ = Int8OutputLinear
-    elif not int8_output and type(output) is Int8OutputLinear:
-        output.__class__ = Linear
-        output.__dict__.pop("_vaswani_int8_weight", None)
-        output.__dict__.pop("_vaswani_packed_int8", None)
-    config = getattr(model, "config", None)
-    if attention and getattr(config, "_attn_implementation", None) == "sdpa":
-        model.set_attn_implementation(FAST_ATTENTION)
-    return model
 
 
 def use_plain_modules(model: nn.Module) -> nn.Module:
     """Undo `use_cpu_kernels`: the modules become `nn.Linear` and `nn.Dropout` again and `"vaswani_sdpa"` attention
     becomes "sdpa"."""
-    plain = {fast: plain for plain, fast in _FAST_MODULES.items()} | {
-        Int8Linear: nn.Linear,
-        Int8OutputLinear: nn.Linear,
-    }
     for module in model.modules():
-        if type(module) in plain:
-            module.__class__ = plain[type(module)]
-            module.__dict__.pop("_vaswani_packed_int8", None)
-            module.__dict__.pop("_vaswani_int8_weight", None)
-            module.__dict__.pop("_vaswani_shared_input", None)
+        if type(module) in _PLAIN_MODULES:
+            module.__class__ = _PLAIN_MODULES[type(module)]
+            _forget(module, *_CACHES)
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == FAST_ATTENTION:
         model.set_attn_implementation("sdpa")
     return model

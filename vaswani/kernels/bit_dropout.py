@@ -9,13 +9,17 @@ from transformers.utils import is_torchdynamo_compiling
 # The keep mask is drawn from random bits, 15 per element: four elements from each 64-bit draw of torch's generator
 # (`random_()` on int64 fills 63 bits; the low 15 of each 16-bit lane are uniform). An element is kept when its 15
 # bits, read as an integer in [0, 2**15), are at least round(p * 2**15).
-_MASK_BITS = 15
+_LEVELS = 1 << 15
+
+
+def _threshold(p):
+    return round(p * _LEVELS)
 
 
 def quantized_dropout_probability(p: float) -> float:
     """The drop probability that `dropout` applies on its fast path: p rounded to a multiple of 2**-15 (within
     1.6e-5 of p). Kept elements are scaled by 1 / (1 - this), so that the output's expectation is x exactly."""
-    return round(p * (1 << _MASK_BITS)) / (1 << _MASK_BITS)
+    return _threshold(p) / _LEVELS
 
 
 class _BitMaskDropoutFunction(torch.autograd.Function):
@@ -23,18 +27,18 @@ class _BitMaskDropoutFunction(torch.autograd.Function):
     `quantized_dropout_probability(p)`, kept elements scaled by 1 / (1 - p')."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        threshold = round(p * (1 << _MASK_BITS))
+    def forward(ctx, x, p):
+        threshold = _threshold(p)
         n = x.numel()
         draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
-        bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_((1 << _MASK_BITS) - 1)
+        bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_(_LEVELS - 1)
         # 0 where dropped, 1 / (1 - p') in x's dtype where kept: torch's dropout scales by the same rounded factor.
-        mask = bits.ge_(threshold).to(x.dtype).mul_((1 << _MASK_BITS) / ((1 << _MASK_BITS) - threshold))
+        mask = bits.ge_(threshold).to(x.dtype).mul_(_LEVELS / (_LEVELS - threshold))
         ctx.save_for_backward(mask)
         return x * mask
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad):
         (mask,) = ctx.saved_tensors
         return grad * mask, None
 
@@ -52,7 +56,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """
     if (
         training
-        and 0 < round(p * (1 << _MASK_BITS)) < (1 << _MASK_BITS)
+        and 0 < _threshold(p) < _LEVELS
         and not is_torchdynamo_compiling()
         and x.device.type == "cpu"
         and x.is_floating_point()

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import is_torchdynamo_compiling
 
-from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, onednn_features
+from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, _shared_result, onednn_features
 
 
 def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
@@ -36,7 +36,7 @@ def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
     )
 
 
-def _quantize_rows(x: torch.Tensor, qmin: int = -128, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rows(x, qmin=-128, qmax=127):
     """torchao's symmetric per-row int8 quantization of a 2-D float32 tensor, op for op: scale = max|row| /
     ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax]."""
     scale = x.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
@@ -60,13 +60,13 @@ _ONEDNN_INT8_AVAILABLE = (
 
 
 @functools.lru_cache(maxsize=64)
-def _unit_scales(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _unit_scales(rows):
     """Per-row weight scales of 1 and zero points of 0 for oneDNN's int8 linear (never written)."""
     return torch.ones(rows), torch.zeros(rows, dtype=torch.long)
 
 
 @functools.cache
-def _signed_rows_native() -> bool:
+def _signed_rows_native():
     """Whether oneDNN's int8 linear multiplies signed int8 rows in its fast kernels here: with AMX's int8 tiles
     (`onednn_features`). Its VNNI kernels multiply unsigned by signed bytes only; signed rows there fall to its
     reference kernel, about 1000x slower (an AMD EPYC: 3.2 s against 1.3 ms for 16 rows of the 37000 x 512 output
@@ -75,7 +75,7 @@ def _signed_rows_native() -> bool:
 
 
 @functools.cache
-def _exact(packed: bool) -> bool:
+def _exact(packed):
     """Whether `_int8_product` gives the exact integer product here, by the packed weight or by `torch._int_mm`:
     tried once on the sums that overflow 16 bits (rows of -128 and 127 against weights of -127 and 127). Both run
     oneDNN's int8 kernels, which without VNNI (AVX2, AVX-512 without VNNI) add byte products in saturating 16-bit
@@ -89,7 +89,9 @@ def _exact(packed: bool) -> bool:
     weight[:2] = torch.tensor([-127, 127], dtype=torch.int8)[:, None]
     exact = (rows.long() @ weight.long().t()).float()
     with torch.inference_mode():
-        product = _int8_product(rows, weight, torch.ops.onednn.qlinear_prepack(weight, None) if packed else None)
+        product = _int8_product(
+            rows, weight, torch.ops.onednn.qlinear_prepack(weight, None) if packed else None
+        )
     return torch.equal(product, exact)
 
 
@@ -99,7 +101,7 @@ def exact_int8_products() -> bool:
     return _exact(False)
 
 
-def _int8_product(quantized: torch.Tensor, qdata: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+def _int8_product(quantized, qdata, packed):
     """quantized @ qdata^T in int32, exactly, returned as float32 (`.to(torch.float32)` of the int32 product): by
     `torch._int_mm`, or by oneDNN's int8 linear on `packed` (`torch.ops.onednn.qlinear_prepack(qdata)`) with unit
     scales, whose float32 output is the same conversion of the same integers. Without AMX (`_signed_rows_native`)
@@ -128,7 +130,7 @@ def int8_linear(
     return _int8_linear(x, weight.qdata, weight.scale, bias, weight.act_quant_kwargs.reduce_range, packed)
 
 
-def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> torch.Tensor:
+def _int8_linear(x, qdata, weight_scale, bias, reduce_range, packed):
     rows = x.reshape(-1, x.shape[-1])
     quantized, scale = _quantize_rows(rows, *((-64, 63) if reduce_range else (-128, 127)))
     y = _int8_product(quantized, qdata, packed).mul_(scale).mul_(weight_scale.reshape(-1))
@@ -137,33 +139,38 @@ def _int8_linear(x, qdata, weight_scale, bias, reduce_range: bool, packed) -> to
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def int8_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _int8_applies(x):
     """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`, on
     a CPU whose int8 GEMM is exact (`_exact`)."""
     cpu_float32 = x.device.type == "cpu" and x.dtype == torch.float32
     return not is_torchdynamo_compiling() and cpu_float32 and exact_int8_products()
 
 
-def _identity(tensor: torch.Tensor) -> tuple[int, int]:
+def _identity(tensor):
     """Where `tensor`'s data lives and how often it was written in place (inference tensors keep no count), to tell
     when a copy made from it is stale."""
     return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
 
 
-def _packed(module: nn.Module, qdata: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+def _cached(owner, name, tensors, make):
+    """`make()`, kept in `owner.__dict__[name]` (outside any state dict) and made again when one of the `tensors` it
+    is made from has moved or been written in place (`_identity`)."""
+    key = [_identity(t) for t in tensors]
+    cached = owner.__dict__.get(name)
+    if cached is None or cached[0] != key:
+        cached = owner.__dict__[name] = (key, make())
+    return cached[1]
+
+
+def _packed(module, qdata, x):
     """`qdata` packed for oneDNN's int8 linear, once per weight (kept on the module, outside its state dict), for a
     call on input `x` where that is faster (`PACKED_INT8_MIN_WEIGHTS`, `PACKED_INT8_MIN_PRODUCT`); else None."""
     weights, rows = qdata.numel(), x.numel() // x.shape[-1]
-    if not _exact(True) or (
-        weights < PACKED_INT8_MIN_WEIGHTS and rows * weights < PACKED_INT8_MIN_PRODUCT
-    ):
+    if not _exact(True) or (weights < PACKED_INT8_MIN_WEIGHTS and rows * weights < PACKED_INT8_MIN_PRODUCT):
         return None
-    key = _identity(qdata)
-    cached = module.__dict__.get("_vaswani_packed_int8")
-    if cached is None or cached[0] != key:
-        cached = (key, torch.ops.onednn.qlinear_prepack(qdata, None))
-        module.__dict__["_vaswani_packed_int8"] = cached
-    return cached[1]
+    return _cached(
+        module, "_vaswani_packed_int8", [qdata], lambda: torch.ops.onednn.qlinear_prepack(qdata, None)
+    )
 
 
 class SharedInputProjections:
@@ -193,48 +200,44 @@ class SharedInputProjections:
         )
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-        """The result of `module` on `x`, or None where `module` must compute it alone."""
+        """The result of `module` on `x`, or None where `module` must compute it alone. The first module's call
+        computes all of them and keeps the others' results for their calls on `x`."""
         if module is self.modules[0]:
-            return self._all(x)
+            parts = self._products(x).split([m.out_features for m in self.modules], dim=-1)
+            identity = _identity(x)
+            self.pending = {
+                id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
+            }
+            return self._result(parts[0])
         entry = self.pending.pop(id(module), None)
         if entry is not None and entry[0] is x and entry[1] == _identity(x):
-            return entry[2]
+            return self._result(entry[2])
         return None
 
-    def _stacked(self) -> tuple:
-        """The three weights stacked (int8 rows, scales, biases), remade when any of them changes."""
+    def _products(self, x):
+        """All three products of `x`, side by side, by the three weights stacked (int8 rows, scales, biases; remade
+        when any of them changes)."""
         weights = [m.weight for m in self.modules]
-        key = tuple(_identity(t) for w in weights for t in (w.qdata, w.scale))
-        key += tuple(_identity(m.bias) for m in self.modules if m.bias is not None)
-        cached = self.__dict__.get("_stacked_weights")
-        if cached is None or cached[0] != key:
-            qdata = torch.cat([w.qdata for w in weights])
-            scale = torch.cat([w.scale.reshape(-1) for w in weights])
-            bias = (
-                None if self.modules[0].bias is None else torch.cat([m.bias.detach() for m in self.modules])
-            )
-            cached = (key, qdata, scale, bias)
-            self.__dict__["_stacked_weights"] = cached
-        return cached[1:]
-
-    def _all(self, x: torch.Tensor) -> torch.Tensor:
-        qdata, scale, bias = self._stacked()
+        # biases on all three or none (`applies`)
+        biases = [m.bias.detach() for m in self.modules if m.bias is not None]
+        qdata, scale, bias = _cached(
+            self,
+            "_stacked_weights",
+            [t for w in weights for t in (w.qdata, w.scale)] + biases,
+            lambda: (
+                torch.cat([w.qdata for w in weights]),
+                torch.cat([w.scale.reshape(-1) for w in weights]),
+                torch.cat(biases) if biases else None,
+            ),
+        )
         reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
-        y = _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
+        return _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
+
+    @staticmethod
+    def _result(part):
         # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently on
         # views with the stacked product's strides
-        return self._hand_over(x, [part.contiguous() for part in y.split(self._widths(), dim=-1)])
-
-    def _widths(self) -> list[int]:
-        return [m.out_features for m in self.modules]
-
-    def _hand_over(self, x: torch.Tensor, parts) -> torch.Tensor:
-        """The first module's result; the others' kept for their calls on `x`."""
-        identity = _identity(x)
-        self.pending = {
-            id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
-        }
-        return parts[0]
+        return part.contiguous()
 
 
 class Int8Linear(nn.Linear):
@@ -244,13 +247,10 @@ class Int8Linear(nn.Linear):
     them). Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if int8_linear_applies(x, self.weight):
-            shared = self.__dict__.get("_vaswani_shared_input")
-            y = None if shared is None else shared(self, x)
-            if y is not None:
-                return y
-            return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata, x))
-        return F.linear(x, self.weight, self.bias)
+        if not _int8_applies(x):
+            return F.linear(x, self.weight, self.bias)
+        y = _shared_result(self, x)
+        return int8_linear(x, self.weight, self.bias, _packed(self, self.weight.qdata, x)) if y is None else y
 
 
 class Int8OutputLinear(Linear):
@@ -261,12 +261,9 @@ class Int8OutputLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if not (int8_linear_applies(x, weight) and _is_plain(weight) and weight.dtype == torch.float32):
+        if not (_int8_applies(x) and _is_plain(weight) and weight.dtype == torch.float32):
             return super().forward(x)
-        key = _identity(weight)
-        cached = self.__dict__.get("_vaswani_int8_weight")
-        if cached is None or cached[0] != key:
-            cached = (key, *_quantize_rows(weight.detach()))
-            self.__dict__["_vaswani_int8_weight"] = cached
-        _, qdata, weight_scale = cached
+        qdata, weight_scale = _cached(
+            self, "_vaswani_int8_weight", [weight], lambda: _quantize_rows(weight.detach())
+        )
         return _int8_linear(x, qdata, weight_scale, self.bias, False, _packed(self, qdata, x))

@@ -8,30 +8,30 @@ import torch.nn.functional as F
 from transformers.utils import is_torchdynamo_compiling
 
 
-def _smoothed_rows(
-    z: torch.Tensor,
-    target: torch.Tensor,
-    ignored: torch.Tensor,
-    eps: float,
-    out: torch.Tensor,
-    gradient: bool,
-) -> torch.Tensor:
-    """The summed label-smoothed loss of one float32 chunk of logits `z` (n, V) against `target` (n, 1), rows
-    `ignored` counting 0. softmax(z) is written to `out` (float32, n x V, may be `z` itself); with `gradient`, turned
-    there into the chunk's gradient softmax(z) - eps / V - (1 - eps) * onehot(t), ignored rows included (the caller
-    zeroes them where it stores them)."""
+def _chunk_loss(logits, labels, eps, buffer, grad):
+    """The summed label-smoothed loss, in float32, of one chunk of `logits` (n, V) against `labels` (n), rows
+    labelled -100 counting 0; with `grad` (n, V, the logits' dtype; may be `logits` itself), the chunk's gradient
+    softmax(z) - eps / V - (1 - eps) * onehot(t) written there, ignored rows zero. `buffer` (n, V, float32; may be
+    `logits` itself) holds the logits cast to float32 unless they are float32, and softmax(z) unless `grad` is
+    float32, which takes it directly."""
+    ignored = labels == -100
+    target = labels.masked_fill(ignored, 0).unsqueeze(1)
+    z = logits if logits.dtype == torch.float32 else buffer.copy_(logits)
     vocab = z.shape[1]
     largest = z.amax(dim=-1, keepdim=True)
     row_loss = (1.0 - eps) * z.gather(1, target)
     if eps:
         row_loss = row_loss + (eps / vocab) * z.sum(dim=-1, keepdim=True)
-    p = _softmax_into(z, out)
+    p = _softmax_into(z, grad if grad is not None and grad.dtype == torch.float32 else buffer)
     row_loss = largest - p.amax(dim=-1, keepdim=True).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
     total = row_loss.masked_fill_(ignored.unsqueeze(1), 0.0).sum()
-    if gradient:
+    if grad is not None:
         p.scatter_add_(1, target, p.new_full(target.shape, eps - 1.0))
         if eps:
             p.sub_(eps / vocab)
+        if p is not grad:
+            grad.copy_(p)
+        _zero_ignored_rows(grad, ignored)
     return total
 
 
@@ -39,14 +39,14 @@ def _smoothed_rows(
 _SOFTMAX_OUT = getattr(getattr(torch.ops.aten, "_softmax", None), "out", None)
 
 
-def _softmax_into(z: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _softmax_into(z, out):
     """softmax(z) over the last dimension, written into `out` (which may be `z` itself)."""
     if _SOFTMAX_OUT is not None:
         return _SOFTMAX_OUT(z, -1, False, out=out)
     return out.copy_(torch.softmax(z, dim=-1))
 
 
-def _zero_ignored_rows(g: torch.Tensor, ignored: torch.Tensor) -> None:
+def _zero_ignored_rows(g, ignored):
     """Zero the gradient rows of ignored positions. On the CPU the zeroing is skipped when no row is ignored; on an
     accelerator, asking would make the host wait for the device at every chunk, which costs more than the zeroing."""
     if g.device.type != "cpu":
@@ -55,13 +55,25 @@ def _zero_ignored_rows(g: torch.Tensor, ignored: torch.Tensor) -> None:
         g.index_fill_(0, ignored.nonzero().squeeze(1), 0.0)
 
 
-def _chunk_targets(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(target ids as an (n, 1) index with ignored positions at 0, the ignored mask) of a chunk of labels."""
-    ignored = labels == -100
-    return labels.masked_fill(ignored, 0).unsqueeze(1), ignored
+def _flatten(x, labels, name):
+    """`x` (..., D) as rows (N, D) and `labels` (...) as (N,) on its device; labels of another length are refused."""
+    x = x.reshape(-1, x.shape[-1])
+    labels = labels.reshape(-1).to(x.device)
+    if labels.shape[0] != x.shape[0]:
+        raise ValueError(f"labels have {labels.shape[0]} positions, {name} {x.shape[0]}.")
+    return x, labels
 
 
-def _refuse_second_backward(ctx) -> None:
+def _chunk_rows(chunk_elements, cpu_default, device, vocab):
+    """Rows of `chunk_elements` logits (by default `cpu_default` on the CPU, 2**26 elsewhere), at least one."""
+    if chunk_elements is None:
+        chunk_elements = cpu_default if device.type == "cpu" else 1 << 26
+    return max(1, chunk_elements // vocab)
+
+
+def _scaled_gradients(ctx, grad_total):
+    """The backward of both fused losses: the gradients their forward computed (`ctx.saved_tensors`, None where not
+    asked), scaled in place by the upstream gradient and returned in `ctx.dtypes`. A second backward is refused."""
     if ctx.used:
         raise RuntimeError(
             "The fused cross-entropy keeps one gradient buffer and scales it in place: it can be backpropagated "
@@ -69,6 +81,10 @@ def _refuse_second_backward(ctx) -> None:
             "yourself for that)."
         )
     ctx.used = True
+    return [
+        None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(dtype)
+        for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
+    ]
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -85,38 +101,29 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, eps: float, chunk_rows: int) -> torch.Tensor:
+    def forward(ctx, logits, labels, eps, chunk_rows):
         rows, vocab = logits.shape
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        in_float32 = logits.dtype == torch.float32
-        # One float32 chunk, reused: the chunk's logits (cast once when they are not float32), then their softmax.
+        # One float32 chunk, reused: the chunk's logits (cast once when they are not float32), then their softmax
+        # (written into the gradient instead when that is float32).
         buffer = None
-        if not in_float32 or grad is None:
+        if logits.dtype != torch.float32 or grad is None:
             buffer = torch.empty(min(chunk_rows, rows), vocab, dtype=torch.float32, device=logits.device)
         for start in range(0, rows, chunk_rows):
-            z = logits[start : start + chunk_rows]
-            target, ignored = _chunk_targets(labels[start : start + chunk_rows])
-            g = grad[start : start + chunk_rows] if grad is not None else None
-            z = z if in_float32 else buffer[: z.shape[0]].copy_(z)
-            # softmax(z), then the gradient: into the gradient buffer when that is float32, else over z in the chunk.
-            p = g if (in_float32 and g is not None) else buffer[: z.shape[0]]
-            total += _smoothed_rows(z, target, ignored, eps, out=p, gradient=g is not None)
-            if g is not None:
-                if p is not g:
-                    g.copy_(p)
-                _zero_ignored_rows(g, ignored)
-        ctx.used = False
-        if grad is not None:
-            ctx.save_for_backward(grad)
+            chunk = slice(start, start + chunk_rows)
+            scratch = None if buffer is None else buffer[: labels[chunk].shape[0]]
+            total += _chunk_loss(
+                logits[chunk], labels[chunk], eps, scratch, None if grad is None else grad[chunk]
+            )
+        ctx.used, ctx.dtypes = False, (logits.dtype,)
+        ctx.save_for_backward(grad)
         return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_total: torch.Tensor):
-        _refuse_second_backward(ctx)
-        (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_total.to(grad.dtype)), None, None, None
+    def backward(ctx, grad_total):
+        return *_scaled_gradients(ctx, grad_total), None, None, None
 
 
 def label_smoothed_cross_entropy(
@@ -127,32 +134,27 @@ def label_smoothed_cross_entropy(
     ignore_index=-100, reduction="sum", label_smoothing=epsilon)` to rounding, with less memory. `chunk_elements` logits
     are processed at a time: by default 2**21 on the CPU (a chunk that stays in cache), 2**26 elsewhere (fewer kernel
     launches)."""
-    logits = logits.reshape(-1, logits.shape[-1])
-    labels = labels.reshape(-1).to(logits.device)
-    if labels.shape[0] != logits.shape[0]:
-        raise ValueError(f"labels have {labels.shape[0]} positions, logits {logits.shape[0]}.")
+    logits, labels = _flatten(logits, labels, "logits")
     if is_torchdynamo_compiling():
         # Under `torch.compile` the reference itself: inductor fuses it into its own kernels, where the Python loop
         # and data-dependent branch above would split the graph.
         return F.cross_entropy(
             logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=epsilon
         )
-    if chunk_elements is None:
-        chunk_elements = 1 << 21 if logits.device.type == "cpu" else 1 << 26
-    chunk_rows = max(1, chunk_elements // logits.shape[1])
+    chunk_rows = _chunk_rows(chunk_elements, 1 << 21, logits.device, logits.shape[1])
     return _LabelSmoothedCrossEntropy.apply(logits, labels, float(epsilon), chunk_rows)
 
 
 class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
     """`_LabelSmoothedCrossEntropy` of the logits hidden W^T + b, without the (N, V) logits: per chunk of rows, the
-    chunk's logits (in the dtype of `hidden`), their loss and gradient in float32 (`_smoothed_rows`), and from that
+    chunk's logits (in the dtype of `hidden`), their loss and gradient in float32 (`_chunk_loss`), and from that
     gradient, stored back in the logits' dtype, the chunk's rows of dL/dhidden = G W and its share of dL/dW = G^T
     hidden (and dL/db, the column sums of G), accumulated in float32. All of it is computed in the forward pass, in
     a buffer for the chunk's logits and, unless they are float32, one float32 copy of them; the backward scales the
     three gradients by the upstream one."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, eps: float, chunk_rows: int) -> torch.Tensor:
+    def forward(ctx, hidden, weight, bias, labels, eps, chunk_rows):
         rows, vocab = hidden.shape[0], weight.shape[0]
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         gradient = needs_hidden or needs_weight or needs_bias
@@ -167,41 +169,29 @@ class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
         for start in range(0, rows, chunk_rows):
             h = hidden[start : start + chunk_rows]
             n = h.shape[0]
-            target, ignored = _chunk_targets(labels[start : start + chunk_rows])
             if bias is None:
                 logits = torch.mm(h, weight.t(), out=chunk[:n])
             else:
                 logits = torch.addmm(bias, h, weight.t(), out=chunk[:n])
-            z = logits if in_float32 else buffer[:n].copy_(logits)
-            total += _smoothed_rows(z, target, ignored, eps, out=z, gradient=gradient)
-            if not gradient:
-                continue
-            g = z if in_float32 else logits.copy_(z)  # the chunk's dL/dlogits, in the logits' dtype
-            _zero_ignored_rows(g, ignored)
+            # with a gradient, the chunk's dL/dlogits G, in the logits' dtype, over its logits
+            total += _chunk_loss(
+                logits, labels[start : start + n], eps, buffer[:n], logits if gradient else None
+            )
             if needs_hidden:
-                torch.mm(g, weight, out=grad_hidden[start : start + n])
+                torch.mm(logits, weight, out=grad_hidden[start : start + n])
             if needs_weight:
-                grad_weight += g.t().mm(h)
+                grad_weight += logits.t().mm(h)
             if needs_bias:
-                grad_bias += g.sum(0, dtype=torch.float32)
-        ctx.used = False
-        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+                grad_bias += logits.sum(0, dtype=torch.float32)
+        ctx.used, ctx.dtypes = False, (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_total: torch.Tensor):
-        _refuse_second_backward(ctx)
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        weight_dtype, bias_dtype = ctx.dtypes
-        if grad_hidden is not None:
-            grad_hidden = grad_hidden.mul_(grad_total.to(grad_hidden.dtype))
-        if grad_weight is not None:
-            grad_weight = grad_weight.mul_(grad_total).to(weight_dtype)
-        if grad_bias is not None:
-            grad_bias = grad_bias.mul_(grad_total).to(bias_dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+    def backward(ctx, grad_total):
+        # dL/dhidden in hidden's dtype; dL/dW and dL/db, accumulated in float32, in the parameters' dtypes
+        return *_scaled_gradients(ctx, grad_total), None, None, None
 
 
 def linear_label_smoothed_cross_entropy(
@@ -219,11 +209,8 @@ def linear_label_smoothed_cross_entropy(
     keep theirs); the loss is float32. On the CPU in bfloat16 a training step of the `tiny` preset with a vocabulary
     of 8000 takes 8% less time than with the projection followed by `label_smoothed_cross_entropy` (BENCHMARKS.md).
     Token ids outside [0, V) other than -100 are refused."""
-    hidden = hidden.reshape(-1, hidden.shape[-1])
-    labels = labels.reshape(-1).to(hidden.device)
+    hidden, labels = _flatten(hidden, labels, "hidden states")
     vocab = weight.shape[0]
-    if labels.shape[0] != hidden.shape[0]:
-        raise ValueError(f"labels have {labels.shape[0]} positions, hidden states {hidden.shape[0]}.")
     if is_torchdynamo_compiling():
         return label_smoothed_cross_entropy(F.linear(hidden, weight, bias), labels, epsilon)
     outside = (labels != -100) & ((labels < 0) | (labels >= vocab))
@@ -244,9 +231,7 @@ def linear_label_smoothed_cross_entropy(
         dtype = torch.get_autocast_dtype(device)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-    if chunk_elements is None:
-        chunk_elements = 1 << 22 if device == "cpu" else 1 << 26
-    chunk_rows = max(1, chunk_elements // vocab)
+    chunk_rows = _chunk_rows(chunk_elements, 1 << 22, hidden.device, vocab)
     with torch.autocast(device, enabled=False):
         return _LinearLabelSmoothedCrossEntropy.apply(
             hidden, weight, bias, labels, float(epsilon), chunk_rows

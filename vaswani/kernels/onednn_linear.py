@@ -16,13 +16,12 @@ class _OneDNNLinearFunction(torch.autograd.Function):
     """y = x W^T + b in float32, the forward product and the input gradient in oneDNN's GEMM."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         grad_2d = grad.reshape(-1, grad.shape[-1])  # (N, out)
@@ -32,7 +31,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
             # torch's `mm` reads both operands transposed in place; oneDNN's linear would first copy them to be
             # contiguous, which costs more than its faster GEMM saves here.
             grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[2]:  # False for a bias of None
             grad_bias = grad_2d.sum(0)
         return grad_x, grad_weight, grad_bias
 
@@ -50,9 +49,9 @@ MKL_LARGE_WEIGHT = 1 << 22
 
 
 @functools.cache
-def _cpuinfo() -> dict[str, str]:
+def _cpuinfo():
     """The first processor's fields in /proc/cpuinfo (Linux: `vendor_id`, `flags`, ...); empty where there is none."""
-    fields: dict[str, str] = {}
+    fields = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
@@ -66,7 +65,7 @@ def _cpuinfo() -> dict[str, str]:
 
 
 @functools.cache  # asked at every float32 linear call
-def _intel_cpu() -> bool:
+def _intel_cpu():
     """Whether this CPU is Intel's: the vendor of /proc/cpuinfo (Linux), else the platform's processor string."""
     vendor = _cpuinfo().get("vendor_id")
     return "GenuineIntel" in (platform.processor() if vendor is None else vendor)
@@ -107,7 +106,7 @@ def onednn_features() -> frozenset[str]:
     )
 
 
-def _mkl_is_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _mkl_is_faster(x, weight):
     """Whether MKL's GEMM beats oneDNN's on this product: always where oneDNN runs without AVX-512, and on an Intel
     CPU, whose MKL runs its AVX-512 kernels, for a few rows (`MKL_FEWER_ROWS`)."""
     if "avx512" not in onednn_features():
@@ -118,9 +117,16 @@ def _mkl_is_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return rows < MKL_FEWER_ROWS_LARGE or weight.numel() < MKL_LARGE_WEIGHT
 
 
-def _is_plain(weight: torch.Tensor) -> bool:
+def _is_plain(weight):
     """A tensor of torch's own, not a subclass such as torchao's quantized weights."""
     return type(weight) in (torch.Tensor, nn.Parameter)
+
+
+def _shared_result(module, x):
+    """`module`'s result on `x` from the group of projections `use_cpu_kernels` put it in (`StackedProjections`,
+    `SharedInputProjections`), or None where it computes alone."""
+    shared = module.__dict__.get("_vaswani_shared_input")
+    return None if shared is None else shared(module, x)
 
 
 def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -151,8 +157,7 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = self.__dict__.get("_vaswani_shared_input")  # `StackedProjections`, set by `use_cpu_kernels`
-        y = None if shared is None else shared(self, x)
+        y = _shared_result(self, x)
         if y is not None:
             return y
         if onednn_linear_applies(x, self.weight):

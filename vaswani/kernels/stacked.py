@@ -13,12 +13,6 @@ from .int8 import SharedInputProjections
 from .onednn_linear import Linear, _is_plain
 
 
-def stacked_projections_apply(x: torch.Tensor) -> bool:
-    """Whether a call on `x` takes the stacked product: on the CPU under autocast (where each projection alone
-    casts the same input again), outside `torch.compile` (which fuses the casts itself)."""
-    return not is_torchdynamo_compiling() and x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-
-
 class StackedProjections(SharedInputProjections):
     """`Linear`s that the model calls one after the other on the same input, in this order (other calls between
     them allowed): the first call computes all of them in one `F.linear` over their stacked weights (and biases) and
@@ -35,19 +29,23 @@ class StackedProjections(SharedInputProjections):
         return (
             len(modules) > 1
             and all(type(m) is Linear and _is_plain(m.weight) for m in modules)
-            and len({(m.in_features, m.weight.dtype, m.weight.device) for m in modules}) == 1
-            and len({m.bias is None for m in modules}) == 1
+            and len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in modules}) == 1
         )
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """The result of `module` on `x`, or None where `module` must compute it alone: as
-        `SharedInputProjections`, under CPU autocast only."""
-        if not stacked_projections_apply(x):
+        `SharedInputProjections`, on the CPU under autocast only (where each projection alone casts the same input
+        again), outside `torch.compile` (which fuses the casts itself)."""
+        if is_torchdynamo_compiling() or x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
             self.pending = {}
             return None
         return super().__call__(module, x)
 
-    def _all(self, x: torch.Tensor) -> torch.Tensor:
+    def _products(self, x):
         weight = torch.cat([m.weight for m in self.modules])
         bias = None if self.modules[0].bias is None else torch.cat([m.bias for m in self.modules])
-        return self._hand_over(x, F.linear(x, weight, bias).split(self._widths(), dim=-1))
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def _result(part):
+        return part
