@@ -248,12 +248,7 @@ def main(argv):
             file=sys.stderr,
         )
     results = decode(translation.read_sentences(args.input), show_progress=args.progress)
-    translations = [hypotheses[0].text for hypotheses in results]
-    if args.n_best is not None:
-        lines = (line for i, h in enumerate(results) for line in translation.format_n_best(i, h))
-        translation.write_lines(lines, args.output)
-    else:
-        translation.write_sentences(translations, args.output)
+    translations = _write(results, args.output, args.n_best is not None)
     if scoring.references:
         _score(translations, scoring, args, model, target_tokenizer)
     return translations
@@ -295,16 +290,26 @@ def _check_files(args: TranslationArguments, scoring: ScoringArguments) -> None:
 def _interactive(decode, with_scores: bool) -> None:
     """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
     one is read, so that another program can hold a conversation with this one through pipes."""
-    from ..recipe.translation import format_n_best, stdin_lines, write_lines, write_sentences
+    from ..recipe.translation import stdin_lines
 
     if sys.stdin.isatty():
         print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
     for index, line in enumerate(stdin_lines()):
-        (hypotheses,) = decode([line], show_progress=False)
-        if with_scores:
-            write_lines(format_n_best(index, hypotheses), "-")
-        else:
-            write_sentences([hypotheses[0].text], "-")
+        _write(decode([line], show_progress=False), "-", with_scores, first_index=index)
+
+
+def _write(results, output: str, with_scores: bool, first_index: int = 0) -> list[str]:
+    """Write the best translation of each source, or with `with_scores` its n-best list (lines numbered from
+    `first_index`), to `output`; returns the best translations."""
+    from ..recipe.translation import format_n_best, write_lines, write_sentences
+
+    translations = [hypotheses[0].text for hypotheses in results]
+    if with_scores:
+        lines = (line for i, h in enumerate(results, first_index) for line in format_n_best(i, h))
+        write_lines(lines, output)
+    else:
+        write_sentences(translations, output)
+    return translations
 
 
 def _score(
