@@ -8,10 +8,12 @@ newest checkpoint's tokenizer and generation config, and replaces an earlier one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from ..common.errors import UsageError
-from .cli import command, parse_args, setup_logging
+from .cli import command, parse_args, require_positive, setup_logging
 
 DESCRIPTION = __doc__.replace("`vaswani-average-checkpoints`: a", "A", 1)
 
@@ -27,24 +29,21 @@ examples:
 class AveragingArguments:
     _argument_group_name = "averaging"
 
-    output_dir: str = field(metadata={"help": "Folder to write the averaged model to."})
-    run_dir: str | None = field(
-        default=None, metadata={"help": "Training output folder holding checkpoint-<step>/ folders."}
+    output_dir: str = HfArg(help="Folder to write the averaged model to.")
+    run_dir: str | None = HfArg(
+        default=None, help="Training output folder holding checkpoint-<step>/ folders."
     )
-    num_checkpoints: int = field(
-        default=5,
-        metadata={"help": "With --run_dir: how many of the newest checkpoints (§6.1: 5 base, 20 big)."},
+    num_checkpoints: int = HfArg(
+        default=5, help="With --run_dir: how many of the newest checkpoints (§6.1: 5 base, 20 big)."
     )
-    checkpoints: list[str] | None = field(
-        default=None,
-        metadata={"help": "Explicit checkpoint folders, oldest first (instead of --run_dir)."},
+    checkpoints: list[str] | None = HfArg(
+        default=None, help="Explicit checkpoint folders, oldest first (instead of --run_dir)."
     )
 
     def __post_init__(self):
         if (self.run_dir is None) == (self.checkpoints is None):
             raise UsageError("Give exactly one of --run_dir and --checkpoints")
-        if self.num_checkpoints < 1:
-            raise UsageError(f"--num_checkpoints must be at least 1, got {self.num_checkpoints}")
+        require_positive(self, "num_checkpoints")
 
 
 @command("vaswani-average-checkpoints")

@@ -62,8 +62,9 @@ DEBUG_ENVIRONMENT = "VASWANI_DEBUG"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # fairseq's length penalty: `--lenpen A` divides a hypothesis' score by |Y| ** A, transformers' "power" form.
 LENPEN_FLAG = "--lenpen"
-# The values of transformers' own `--debug` training flag: `--debug underflow_overflow` stays the Trainer's.
-_TRAINER_DEBUG_VALUES = ("underflow_overflow", "tpu_metrics_debug")
+# The values of transformers' own `--debug` training flag, each as the argument after it: `--debug underflow_overflow`
+# stays the Trainer's.
+_TRAINER_DEBUG_VALUES = (["underflow_overflow"], ["tpu_metrics_debug"])
 
 
 @dataclasses.dataclass
@@ -88,16 +89,14 @@ def verbose() -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 # The tool: one-line errors, exit statuses, --debug and --verbose
 # ---------------------------------------------------------------------------------------------------------------------
-def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[str] = ()) -> bool:
+def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[list[str]] = ()) -> bool:
     """Remove every bare `flag` from `argv` (not one followed by one of `keep_if_followed_by`); whether any was."""
-    found, i = False, 0
-    while i < len(argv):
-        if argv[i] == flag and not (i + 1 < len(argv) and argv[i + 1] in keep_if_followed_by):
-            del argv[i]
-            found = True
-        else:
-            i += 1
-    return found
+    bare = [
+        i for i, token in enumerate(argv) if token == flag and argv[i + 1 : i + 2] not in keep_if_followed_by
+    ]
+    for i in reversed(bare):
+        del argv[i]
+    return bool(bare)
 
 
 # Messages of other libraries that say nothing to a tool's user, each silenced by its exact text, never a logger or a
@@ -141,9 +140,8 @@ def command(prog: str) -> Callable:
             debug = debug or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
             previous = _current
             _current = _Invocation(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
-            for name in NOISE:  # before anything imports torchao (transformers' model loading does)
-                if _not_noise not in logging.getLogger(name).filters:
-                    logging.getLogger(name).addFilter(_not_noise)
+            for name in NOISE:  # before anything imports torchao (transformers' model loading does); added once
+                logging.getLogger(name).addFilter(_not_noise)
             try:
                 result = main(arguments)
                 return None if argv is None else result
@@ -241,7 +239,7 @@ def _lenpen(flags: Sequence[_Flag], where: str, dashes: str) -> list[str]:
 
 
 def read_flags(
-    parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str], path: str | None = None
+    parser: _Parser, argv: Sequence[str], renamed: Mapping[str, str], path: str | None = None
 ) -> list[str]:
     """`argv` (a command line, or the flags of the arguments file `path`) for `parser`: renamed flags under their new
     names (each with a warning), `--lenpen A` as `--length_penalty A --length_penalty_form power`. Raises `UsageError`
@@ -251,9 +249,7 @@ def read_flags(
     An arguments file's flags must all be flags of the tool's dataclasses."""
     flags = _flags(parser, argv, renamed)
     where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
-    fields = {item.name for dtype in parser.dataclass_types for item in dataclasses.fields(dtype)} | {
-        "lenpen"
-    }
+    fields = parser.field_names | {"lenpen"}
     for flag in flags:
         if path and (flag.action is None or flag.action.nargs == 0 or flag.action.dest not in fields):
             raise UsageError(
@@ -284,6 +280,14 @@ def read_flags(
     return result + list(argv[position:])
 
 
+def require_positive(args, *names: str) -> None:
+    """Refuse a flag of `names` whose value is below 1 (None: not given)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be at least 1, got {value}")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Parsing
 # ---------------------------------------------------------------------------------------------------------------------
@@ -295,6 +299,11 @@ class _Parser(HfArgumentParser):
         # not the `--flag-name` spelling, nor the aliases, beside each flag
         message = re.sub(r"(--\w+)(?:/--[\w-]+)+", r"\1", message)
         raise UsageError(f"{message} ({self.prog} --help lists the flags)")
+
+    @property
+    def field_names(self) -> set[str]:
+        """The names of the fields of the parser's dataclasses."""
+        return {item.name for dtype in self.dataclass_types for item in dataclasses.fields(dtype)}
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -336,7 +345,7 @@ def build_parser(
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
         allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
     )
-    fields = {item.name for dtype in parser.dataclass_types for item in dataclasses.fields(dtype)}
+    fields = parser.field_names
     trainer_debug = "debug" in fields  # transformers' --debug takes a value; a bare --debug is ours
     common = parser.add_argument_group(
         "common to every vaswani tool",
@@ -407,10 +416,7 @@ def parse_args(
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
     files = [read_flags(parser, file_tokens(parser, path, renamed), renamed, path) for path in files]
     argv = [token for flags in files for token in flags] + argv  # the command line last: its flags win
-    # An unknown flag is reported before any dataclass checks its values, as `ArgumentParser.parse_args` does.
-    _, remaining = parser.parse_known_args(argv)
-    if remaining:
-        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+    parser.parse_args(argv)  # an unknown flag is reported before any dataclass checks its values
     outputs = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     # The dataclasses, without the namespace of the common flags (--args_file, --debug, --verbose).
     return tuple(outputs[: len(parser.dataclass_types)])
@@ -467,6 +473,7 @@ __all__ = [
     "parse_args",
     "read_arguments_file",
     "read_flags",
+    "require_positive",
     "setup_logging",
     "verbose",
 ]

@@ -6,7 +6,9 @@ The conversion, its checks and its limits are `vaswani.interop.convert`'s (its d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from .cli import command, parse_args, setup_logging
 
@@ -23,15 +25,11 @@ examples:
 class ConvertArguments:
     _argument_group_name = "conversion"
 
-    model_name_or_path: str = field(
-        metadata={
-            "help": "Folder (or Hub id) of a MarianMTModel or FSMTForConditionalGeneration with its tokenizer."
-        }
+    model_name_or_path: str = HfArg(
+        help="Folder (or Hub id) of a MarianMTModel or FSMTForConditionalGeneration with its tokenizer."
     )
-    output_dir: str = field(metadata={"help": "The vaswani model folder to write."})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace --output_dir if it holds files."}
-    )
+    output_dir: str = HfArg(help="The vaswani model folder to write.")
+    overwrite_output_dir: bool = HfArg(default=False, help="Replace --output_dir if it holds files.")
 
 
 @command("vaswani-convert")

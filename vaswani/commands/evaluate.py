@@ -9,7 +9,9 @@ Files hold one segment a line (`.gz` allowed) and must have the same number of l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from ..common.errors import UsageError, flag_errors
 from ..common.fileio import check_input_file
@@ -31,25 +33,19 @@ examples:
 class EvaluationArguments:
     _argument_group_name = "scoring"
 
-    hypotheses: str = field(metadata={"help": "File of system translations, one a line (detokenized)."})
-    references: list[str] = field(
-        metadata={"help": "One or more reference files, line-aligned with --hypotheses."}
+    hypotheses: str = HfArg(help="File of system translations, one a line (detokenized).")
+    references: list[str] = HfArg(help="One or more reference files, line-aligned with --hypotheses.")
+    tokenize: str = HfArg(
+        default="13a", help="sacreBLEU tokenizer for BLEU.", metadata={"choices": list(BLEU_TOKENIZERS)}
     )
-    tokenize: str = field(
-        default="13a",
-        metadata={"help": "sacreBLEU tokenizer for BLEU.", "choices": list(BLEU_TOKENIZERS)},
+    lowercase: bool = HfArg(
+        default=False, help="Case-insensitive BLEU and chrF, and the tokenized BLEU of --moses_lang."
     )
-    lowercase: bool = field(
-        default=False,
-        metadata={"help": "Case-insensitive BLEU and chrF, and the tokenized BLEU of --moses_lang."},
-    )
-    chrf_word_order: int = field(default=0, metadata={"help": "0 for chrF, 2 for chrF++."})
-    moses_lang: str | None = field(
+    chrf_word_order: int = HfArg(default=0, help="0 for chrF, 2 for chrF++.")
+    moses_lang: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "The target language: also report lowercased, Moses-tokenized BLEU (published Multi30k "
-            "style) and the paper's tokenized BLEU with compounds split (WMT 2014), each labelled."
-        },
+        help="The target language: also report lowercased, Moses-tokenized BLEU (published Multi30k "
+        "style) and the paper's tokenized BLEU with compounds split (WMT 2014), each labelled.",
     )
 
     def __post_init__(self):

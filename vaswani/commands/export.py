@@ -5,8 +5,10 @@ The export itself is `vaswani.interop.export.export`; `vaswani-translate --engin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from transformers.hf_argparser import HfArg
 
 from ..common.flag_choices import CTRANSLATE2_QUANTIZATIONS, ENGINES
 from .cli import command, parse_args, setup_logging
@@ -33,24 +35,19 @@ RENAMED = {
 class ExportArguments:
     _argument_group_name = "export"
 
-    model_name_or_path: str = field(
-        metadata={"help": "The vaswani model folder (a checkpoint or an averaged model)."}
-    )
-    output_dir: str = field(metadata={"help": "The folder to write the exported model to."})
-    engine: str = field(metadata={"help": "The inference engine to export for.", "choices": list(ENGINES)})
-    quantization: str | None = field(
+    model_name_or_path: str = HfArg(help="The vaswani model folder (a checkpoint or an averaged model).")
+    output_dir: str = HfArg(help="The folder to write the exported model to.")
+    engine: str = HfArg(help="The inference engine to export for.", metadata={"choices": list(ENGINES)})
+    quantization: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "ctranslate2: the weights' type (default float32).",
-            "choices": list(CTRANSLATE2_QUANTIZATIONS),
-        },
+        help="ctranslate2: the weights' type (default float32).",
+        metadata={"choices": list(CTRANSLATE2_QUANTIZATIONS)},
     )
-    tokenizer_name: str | None = field(
-        default=None,
-        metadata={"help": "Tokenizer folder, if not the model folder (joint or source/ + target/)."},
+    tokenizer_name: str | None = HfArg(
+        default=None, help="Tokenizer folder, if not the model folder (joint or source/ + target/)."
     )
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace --output_dir if it exists (as every vaswani tool says it)."}
+    overwrite_output_dir: bool = HfArg(
+        default=False, help="Replace --output_dir if it exists (as every vaswani tool says it)."
     )
 
 

@@ -8,7 +8,9 @@ checkpoint's) and plots training/eval loss, eval BLEU and learning rate against 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from ..common.errors import UsageError
 from .cli import command, parse_args, setup_logging
@@ -27,29 +29,26 @@ examples:
 class CurvesArguments:
     _argument_group_name = "curves"
 
-    run_dir: str = field(metadata={"help": "Run folder, checkpoint folder or trainer_state.json."})
-    output: str = field(metadata={"help": "PNG file to write."})
-    title: str | None = field(default=None, metadata={"help": "Figure title (default: the --run_dir path)."})
+    run_dir: str = HfArg(help="Run folder, checkpoint folder or trainer_state.json.")
+    output: str = HfArg(help="PNG file to write.")
+    title: str | None = HfArg(default=None, help="Figure title (default: the --run_dir path).")
 
 
 @dataclass
 class AttentionArguments:
     _argument_group_name = "attention"
 
-    model_name_or_path: str = field(metadata={"help": "Model folder."})
-    source_text: str = field(metadata={"help": "Source sentence."})
-    output_dir: str = field(metadata={"help": "Folder for the three PNG files."})
-    target_text: str | None = field(
-        default=None,
-        metadata={"help": "Target sentence (default: the model's translation of --source_text)."},
+    model_name_or_path: str = HfArg(help="Model folder.")
+    source_text: str = HfArg(help="Source sentence.")
+    output_dir: str = HfArg(help="Folder for the three PNG files.")
+    target_text: str | None = HfArg(
+        default=None, help="Target sentence (default: the model's translation of --source_text)."
     )
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder, if not the model folder."}
-    )
-    prefix: str = field(default="attention", metadata={"help": "File name prefix."})
-    layers: list[int] | None = field(default=None, metadata={"help": "Only these layers (0-based)."})
-    heads: list[int] | None = field(default=None, metadata={"help": "Only these heads (0-based)."})
-    device: str | None = field(default=None, metadata={"help": "cuda or cpu; default: cuda if available."})
+    tokenizer_name: str | None = HfArg(default=None, help="Tokenizer folder, if not the model folder.")
+    prefix: str = HfArg(default="attention", help="File name prefix.")
+    layers: list[int] | None = HfArg(default=None, help="Only these layers (0-based).")
+    heads: list[int] | None = HfArg(default=None, help="Only these heads (0-based).")
+    device: str | None = HfArg(default=None, help="cuda or cpu; default: cuda if available.")
 
 
 COMMANDS = {"curves": CurvesArguments, "attention": AttentionArguments}

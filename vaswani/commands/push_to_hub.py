@@ -7,7 +7,9 @@ card template ships with the package (`vaswani/publishing/hub_card.md`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from .cli import command, parse_args, setup_logging
 
@@ -35,61 +37,41 @@ RENAMED = {
 class PushArguments:
     _argument_group_name = "publishing"
 
-    model_name_or_path: str = field(
-        metadata={"help": "The trained model folder (config.json, safetensors weights)."}
-    )
-    hub_model_id: str | None = field(
-        default=None, metadata={"help": "The Hub repo to push to, 'namespace/name'."}
-    )
-    output_dir: str | None = field(
+    model_name_or_path: str = HfArg(help="The trained model folder (config.json, safetensors weights).")
+    hub_model_id: str | None = HfArg(default=None, help="The Hub repo to push to, 'namespace/name'.")
+    output_dir: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Write the published folder here (must be new or empty). Alone, it means a dry run."
-        },
+        help="Write the published folder here (must be new or empty). Alone, it means a dry run.",
     )
-    dry_run: bool = field(default=False, metadata={"help": "Write the folder to --output_dir; push nothing."})
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "The tokenizer folder, if it is not saved in --model_name_or_path."}
+    dry_run: bool = HfArg(default=False, help="Write the folder to --output_dir; push nothing.")
+    tokenizer_name: str | None = HfArg(
+        default=None, help="The tokenizer folder, if it is not saved in --model_name_or_path."
     )
-    results_json: str | None = field(
+    results_json: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Evaluation results (bleu, bleu_signature, chrf, ...; see vaswani.publishing.model_card)."
-        },
+        help="Evaluation results (bleu, bleu_signature, chrf, ...; see vaswani.publishing.model_card).",
     )
-    training_summary_json: str | None = field(
+    training_summary_json: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Training summary (source_lang, target_lang, steps, ...; see vaswani.publishing.model_card)."
-        },
+        help="Training summary (source_lang, target_lang, steps, ...; see vaswani.publishing.model_card).",
     )
-    hub_private_repo: bool = field(
-        default=False, metadata={"help": "Create the repo as private (if it does not exist)."}
-    )
-    hub_revision: str | None = field(
-        default=None, metadata={"help": "Branch to push to (created if missing)."}
-    )
-    create_pr: bool = field(default=False, metadata={"help": "Open a pull request instead of committing."})
-    hub_token: str | None = field(
-        default=None, metadata={"help": "Hub token; default: HF_TOKEN or the saved login."}
-    )
-    commit_message: str | None = field(default=None, metadata={"help": "Message of the upload commit."})
-    license: str | None = field(
+    hub_private_repo: bool = HfArg(default=False, help="Create the repo as private (if it does not exist).")
+    hub_revision: str | None = HfArg(default=None, help="Branch to push to (created if missing).")
+    create_pr: bool = HfArg(default=False, help="Open a pull request instead of committing.")
+    hub_token: str | None = HfArg(default=None, help="Hub token; default: HF_TOKEN or the saved login.")
+    commit_message: str | None = HfArg(default=None, help="Message of the upload commit.")
+    license: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "License of the weights in the card's metadata (e.g. apache-2.0, cc-by-nc-4.0). Default: none "
-            "chosen ('other'), the card saying that the training data's terms apply."
-        },
+        help="License of the weights in the card's metadata (e.g. apache-2.0, cc-by-nc-4.0). Default: none "
+        "chosen ('other'), the card saying that the training data's terms apply.",
     )
-    dataset_tags: list[str] | None = field(
+    dataset_tags: list[str] | None = HfArg(
         default=None,
-        metadata={
-            "help": "Hub ids of the training data, for the card, when it was read from a local copy "
-            "(e.g. bentrevett/multi30k for a local Multi30k folder)."
-        },
+        help="Hub ids of the training data, for the card, when it was read from a local copy "
+        "(e.g. bentrevett/multi30k for a local Multi30k folder).",
     )
-    card_template: str | None = field(
-        default=None, metadata={"help": "Model card template; default: the package's hub_card.md."}
+    card_template: str | None = HfArg(
+        default=None, help="Model card template; default: the package's hub_card.md."
     )
 
 
@@ -106,7 +88,9 @@ def main(argv):
     load_model_tokenizers(args.model_name_or_path, args.tokenizer_name)  # another run's tokenizer is refused
     published = publish(
         args.model_name_or_path,
-        model=load_model(args.model_name_or_path, VaswaniForConditionalGeneration),  # mismatched weights: refused
+        model=load_model(
+            args.model_name_or_path, VaswaniForConditionalGeneration
+        ),  # mismatched weights: refused
         repo_id=args.hub_model_id,
         output_dir=args.output_dir,
         dry_run=args.dry_run,

@@ -9,11 +9,13 @@ language to `<output_dir>/source` and `<output_dir>/target`. Load the result wit
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from transformers.hf_argparser import HfArg
 
 from ..common.errors import UsageError
 from ..recipe.arguments import DataArguments
-from .cli import command, parse_args, setup_logging
+from .cli import command, parse_args, require_positive, setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -41,19 +43,15 @@ RENAMED = {
 class TokenizerArguments:
     _argument_group_name = "tokenizer"
 
-    output_dir: str = field(metadata={"help": "Folder to write the tokenizer(s) to."})
-    target_vocab_size: int | None = field(
-        default=None,
-        metadata={"help": "With --separate_vocabularies: target vocabulary size (default: --vocab_size)."},
+    output_dir: str = HfArg(help="Folder to write the tokenizer(s) to.")
+    target_vocab_size: int | None = HfArg(
+        default=None, help="With --separate_vocabularies: target vocabulary size (default: --vocab_size)."
     )
-    min_frequency: int = field(default=2, metadata={"help": "Merge only pairs seen at least this often."})
-    model_max_length: int = field(default=1024, metadata={"help": "Length above which transformers warns."})
+    min_frequency: int = HfArg(default=2, help="Merge only pairs seen at least this often.")
+    model_max_length: int = HfArg(default=1024, help="Length above which transformers warns.")
 
     def __post_init__(self):
-        for name in ("target_vocab_size", "min_frequency", "model_max_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name} must be at least 1, got {value}")
+        require_positive(self, "target_vocab_size", "min_frequency", "model_max_length")
 
 
 @command("vaswani-train-tokenizer")

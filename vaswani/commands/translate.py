@@ -12,14 +12,16 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from transformers.hf_argparser import HfArg
 
 from ..common.errors import UsageError, flag_errors
 from ..common.fileio import check_input_file, check_input_folder, write_json
 from ..common.flag_choices import LENGTH_PENALTY_FORMS, PAPER_LENGTH_PENALTY, PAPER_NUM_BEAMS
 from ..recipe.metrics import check_moses_lang, score_lines
-from .cli import command, current_prog, parse_args, setup_logging
+from .cli import command, current_prog, parse_args, require_positive, setup_logging
 
 # The model, the engines and the decoding (torch, transformers) are imported where they are used: `--help` loads
 # none of them.
@@ -48,107 +50,79 @@ RENAMED = {"model": "model_name_or_path", "tokenizer": "tokenizer_name", "datase
 class TranslationArguments:
     _argument_group_name = "translation"
 
-    model_name_or_path: str = field(
-        metadata={"help": "Model folder (a checkpoint, an averaged model) or Hub id."}
+    model_name_or_path: str = HfArg(help="Model folder (a checkpoint, an averaged model) or Hub id.")
+    tokenizer_name: str | None = HfArg(
+        default=None, help="Tokenizer folder, if not the model folder (joint or source/ + target/)."
     )
-    tokenizer_name: str | None = field(
+    input: str = HfArg(default="-", help="Source file, one sentence a line (.gz allowed); - for stdin.")
+    output: str = HfArg(default="-", help="Output file (written whole at the end); - for stdout.")
+    batch_size: int = HfArg(default=64, help="At most this many sentences per batch.")
+    max_tokens: int | None = HfArg(
+        default=None, help="Also at most this many padded source tokens per batch."
+    )
+    num_beams: int = HfArg(
+        default=PAPER_NUM_BEAMS, aliases=["--beam"], help="Beam size (§6.1: 4; fairseq: --beam)."
+    )
+    length_penalty: float | None = HfArg(
         default=None,
-        metadata={"help": "Tokenizer folder, if not the model folder (joint or source/ + target/)."},
+        help="Length penalty alpha. Default: the model's generation config (§6.1's 0.6 for a model "
+        "vaswani-train wrote, unless its --length_penalty chose another on validation). fairseq's --lenpen A "
+        "is --length_penalty A --length_penalty_form power.",
     )
-    input: str = field(
-        default="-", metadata={"help": "Source file, one sentence a line (.gz allowed); - for stdin."}
-    )
-    output: str = field(
-        default="-", metadata={"help": "Output file (written whole at the end); - for stdout."}
-    )
-    batch_size: int = field(default=64, metadata={"help": "At most this many sentences per batch."})
-    max_tokens: int | None = field(
-        default=None, metadata={"help": "Also at most this many padded source tokens per batch."}
-    )
-    num_beams: int = field(
-        default=PAPER_NUM_BEAMS,
-        metadata={"help": "Beam size (§6.1: 4; fairseq: --beam).", "aliases": ["--beam"]},
-    )
-    length_penalty: float | None = field(
+    length_penalty_form: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "Length penalty alpha. Default: the model's generation config (§6.1's 0.6 for a model "
-            "vaswani-train wrote, unless its --length_penalty chose another on validation). fairseq's --lenpen A "
-            "is --length_penalty A --length_penalty_form power."
-        },
+        help="gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha. "
+        "Default: the model's generation config (gnmt for this package's models).",
+        metadata={"choices": list(LENGTH_PENALTY_FORMS)},
     )
-    length_penalty_form: str | None = field(
+    max_new_tokens: int | None = HfArg(
+        default=None, help="Fixed output limit instead of the batch's longest source + 50 (§6.1)."
+    )
+    max_source_length: int | None = HfArg(
+        default=None, help="Truncate sources to this many tokens (default: none is cut)."
+    )
+    n_best: int | None = HfArg(
         default=None,
-        metadata={
-            "help": "gnmt: ((5 + |Y|) / 6) ** alpha, the form §6.1 cites; power: transformers' |Y| ** alpha. "
-            "Default: the model's generation config (gnmt for this package's models).",
-            "choices": list(LENGTH_PENALTY_FORMS),
-        },
+        aliases=["--nbest"],
+        help="Write the N best translations of each sentence with their scores, as lines "
+        "'index<TAB>score<TAB>translation', best first (N <= --num_beams; the score is the beam's "
+        "log-probability divided by the length penalty; fairseq: --nbest).",
     )
-    max_new_tokens: int | None = field(
-        default=None,
-        metadata={"help": "Fixed output limit instead of the batch's longest source + 50 (§6.1)."},
-    )
-    max_source_length: int | None = field(
-        default=None, metadata={"help": "Truncate sources to this many tokens (default: none is cut)."}
-    )
-    n_best: int | None = field(
-        default=None,
-        metadata={
-            "help": "Write the N best translations of each sentence with their scores, as lines "
-            "'index<TAB>score<TAB>translation', best first (N <= --num_beams; the score is the beam's "
-            "log-probability divided by the length penalty; fairseq: --nbest).",
-            "aliases": ["--nbest"],
-        },
-    )
-    interactive: bool = field(
+    interactive: bool = HfArg(
         default=False,
-        metadata={
-            "help": "Translate each line of standard input as soon as it is read (fairseq-interactive)."
-        },
+        help="Translate each line of standard input as soon as it is read (fairseq-interactive).",
     )
-    source_lang: str | None = field(
+    source_lang: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "The source language code, a flag of every vaswani tool. Checked against the languages the "
-            "model folder records (its configs, tokenizer config, the run's training_summary.json, its model card), "
-            "and that an --input named <name>.<lang>[.gz] is not in --target_lang."
-        },
+        help="The source language code, a flag of every vaswani tool. Checked against the languages the "
+        "model folder records (its configs, tokenizer config, the run's training_summary.json, its model card), "
+        "and that an --input named <name>.<lang>[.gz] is not in --target_lang.",
     )
-    target_lang: str | None = field(
+    target_lang: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "The target language code, checked against the model's as --source_lang is; the default of "
-            "--moses_lang when scoring (--references)."
-        },
+        help="The target language code, checked against the model's as --source_lang is; the default of "
+        "--moses_lang when scoring (--references).",
     )
-    device: str | None = field(
-        default=None, metadata={"help": "cuda, cpu, cuda:1...; default: cuda if available."}
-    )
-    bf16: bool = field(default=False, metadata={"help": "Run the model in bfloat16."})
-    quantization: str | None = field(
+    device: str | None = HfArg(default=None, help="cuda, cpu, cuda:1...; default: cuda if available.")
+    bf16: bool = HfArg(default=False, help="Run the model in bfloat16.")
+    quantization: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "int8: load the linear layers in int8 through transformers' torchao quantization and decode "
-            "with int8 GEMMs on the CPU (pip install vaswani-transformer[int8]); an exported folder keeps "
-            "the quantization vaswani-export gave it.",
-            "choices": ["int8"],
-        },
+        help="int8: load the linear layers in int8 through transformers' torchao quantization and decode "
+        "with int8 GEMMs on the CPU (pip install vaswani-transformer[int8]); an exported folder keeps "
+        "the quantization vaswani-export gave it.",
+        metadata={"choices": ["int8"]},
     )
-    attn_implementation: str | None = field(
-        default=None,
-        metadata={"help": "Attention kernel (default: vaswani_sdpa on the CPU, sdpa elsewhere)."},
+    attn_implementation: str | None = HfArg(
+        default=None, help="Attention kernel (default: vaswani_sdpa on the CPU, sdpa elsewhere)."
     )
-    progress: bool = field(default=True, metadata={"help": "Show a progress bar (--no_progress to hide it)."})
-    engine: str = field(
+    progress: bool = HfArg(default=True, help="Show a progress bar (--no_progress to hide it).")
+    engine: str = HfArg(
         default="pytorch",
-        metadata={
-            "help": "pytorch (the model folder), or ctranslate2 / onnx (a folder written by vaswani-export; "
-            "pip install vaswani-transformer[ctranslate2] or [onnx]).",
-            "choices": ["pytorch", "ctranslate2", "onnx"],
-        },
+        help="pytorch (the model folder), or ctranslate2 / onnx (a folder written by vaswani-export; "
+        "pip install vaswani-transformer[ctranslate2] or [onnx]).",
+        metadata={"choices": ["pytorch", "ctranslate2", "onnx"]},
     )
-    threads: int = field(default=0, metadata={"help": "CPU threads of an exported engine (0: its default)."})
+    threads: int = HfArg(default=0, help="CPU threads of an exported engine (0: its default).")
 
     def __post_init__(self):
         from ..recipe.translation import check_decoding
@@ -159,10 +133,7 @@ class TranslationArguments:
             with flag_errors("length_penalty"):
                 check_decoding(self.num_beams, self.length_penalty)
         self._check_languages()
-        for name in ("batch_size", "max_tokens", "max_new_tokens", "max_source_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name} must be at least 1, got {value}")
+        require_positive(self, "batch_size", "max_tokens", "max_new_tokens", "max_source_length")
         if self.n_best is not None and not 1 <= self.n_best <= self.num_beams:
             raise UsageError(
                 f"--n_best must be between 1 and --num_beams ({self.num_beams}), got {self.n_best}"
@@ -203,24 +174,19 @@ class TranslationArguments:
 class ScoringArguments:
     _argument_group_name = "scoring (with --references)"
 
-    references: list[str] | None = field(
-        default=None, metadata={"help": "Reference file(s): also report BLEU and chrF on standard error."}
+    references: list[str] | None = HfArg(
+        default=None, help="Reference file(s): also report BLEU and chrF on standard error."
     )
-    moses_lang: str | None = field(
+    moses_lang: str | None = HfArg(
         default=None,
-        metadata={
-            "help": "The target language: also BLEU on lowercased, Moses-tokenized text (published Multi30k) "
-            "and the paper's tokenized BLEU with compounds split (WMT 2014), each labelled."
-        },
+        help="The target language: also BLEU on lowercased, Moses-tokenized text (published Multi30k) "
+        "and the paper's tokenized BLEU with compounds split (WMT 2014), each labelled.",
     )
-    results_json: str | None = field(
-        default=None,
-        metadata={"help": "Write the scores here (the format vaswani-push-to-hub --results_json reads)."},
+    results_json: str | None = HfArg(
+        default=None, help="Write the scores here (the format vaswani-push-to-hub --results_json reads)."
     )
-    dataset_name: str | None = field(
-        default=None, metadata={"help": "Dataset name recorded in --results_json."}
-    )
-    split: str = field(default="test", metadata={"help": "Split name recorded in --results_json."})
+    dataset_name: str | None = HfArg(default=None, help="Dataset name recorded in --results_json.")
+    split: str = HfArg(default="test", help="Split name recorded in --results_json.")
 
     def __post_init__(self):
         if (self.moses_lang or self.results_json) and not self.references:
@@ -282,12 +248,7 @@ def main(argv):
             file=sys.stderr,
         )
     results = decode(translation.read_sentences(args.input), show_progress=args.progress)
-    translations = [hypotheses[0].text for hypotheses in results]
-    if args.n_best is not None:
-        lines = (line for i, h in enumerate(results) for line in translation.format_n_best(i, h))
-        translation.write_lines(lines, args.output)
-    else:
-        translation.write_sentences(translations, args.output)
+    translations = _write(results, args.output, args.n_best is not None)
     if scoring.references:
         _score(translations, scoring, args, model, target_tokenizer)
     return translations
@@ -329,16 +290,26 @@ def _check_files(args: TranslationArguments, scoring: ScoringArguments) -> None:
 def _interactive(decode, with_scores: bool) -> None:
     """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
     one is read, so that another program can hold a conversation with this one through pipes."""
-    from ..recipe.translation import format_n_best, stdin_lines, write_lines, write_sentences
+    from ..recipe.translation import stdin_lines
 
     if sys.stdin.isatty():
         print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
     for index, line in enumerate(stdin_lines()):
-        (hypotheses,) = decode([line], show_progress=False)
-        if with_scores:
-            write_lines(format_n_best(index, hypotheses), "-")
-        else:
-            write_sentences([hypotheses[0].text], "-")
+        _write(decode([line], show_progress=False), "-", with_scores, first_index=index)
+
+
+def _write(results, output: str, with_scores: bool, first_index: int = 0) -> list[str]:
+    """Write the best translation of each source, or with `with_scores` its n-best list (lines numbered from
+    `first_index`), to `output`; returns the best translations."""
+    from ..recipe.translation import format_n_best, write_lines, write_sentences
+
+    translations = [hypotheses[0].text for hypotheses in results]
+    if with_scores:
+        lines = (line for i, h in enumerate(results, first_index) for line in format_n_best(i, h))
+        write_lines(lines, output)
+    else:
+        write_sentences(translations, output)
+    return translations
 
 
 def _score(

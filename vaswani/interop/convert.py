@@ -278,19 +278,14 @@ def probe_inputs(config: VaswaniConfig, length: int = 9) -> dict[str, torch.Tens
     }
 
 
-def logit_difference(source: PreTrainedModel, converted: PreTrainedModel, inputs: dict) -> float:
-    """The largest absolute difference between the two models' logits at every position of `inputs` (unpadded, or
-    compared only at real positions). `use_cache=False`: FSMT applies its causal mask only then."""
+def check_parity(source: PreTrainedModel, converted: VaswaniForConditionalGeneration) -> float:
+    """Raise `ValueError` when the converted model's logits on a probe sentence (unpadded) differ from the source's;
+    returns the largest difference. `use_cache=False`: FSMT applies its causal mask only then."""
+    inputs = probe_inputs(converted.config)
     with torch.no_grad():
         expected = source(**inputs, use_cache=False).logits
         actual = converted(**inputs, use_cache=False).logits
-    return (expected.float() - actual.float()).abs().max().item()
-
-
-def check_parity(source: PreTrainedModel, converted: VaswaniForConditionalGeneration) -> float:
-    """Raise `ValueError` when the converted model's logits on a probe sentence differ from the source's; returns the
-    largest difference."""
-    difference = logit_difference(source, converted, probe_inputs(converted.config))
+    difference = (expected.float() - actual.float()).abs().max().item()
     tolerance = max(PARITY_TOLERANCE, 10 * torch.finfo(source.dtype).eps)  # float32: 1e-4
     if not difference <= tolerance:
         raise ValueError(
@@ -303,25 +298,6 @@ def check_parity(source: PreTrainedModel, converted: VaswaniForConditionalGenera
 # --------------------------------------------------------------------------------------------------------------------
 # The folder
 # --------------------------------------------------------------------------------------------------------------------
-def load_source(model_name_or_path: str | os.PathLike) -> PreTrainedModel:
-    """Load the source model in eval mode, refusing unsupported configurations before the weights are read and
-    checkpoints whose weights transformers had to invent or throw away (a checkpoint of another shape does not load)."""
-    check_model_path(model_name_or_path)  # a local folder, or a Hub model: named at once when it is neither
-    check_source_config(AutoConfig.from_pretrained(model_name_or_path))
-    return load_model(model_name_or_path).eval()
-
-
-def load_source_tokenizer(model_name_or_path: str | os.PathLike):
-    """The source's tokenizer, as `AutoTokenizer` loads it (Marian's needs sentencepiece, FSMT's sacremoses)."""
-    try:
-        return AutoTokenizer.from_pretrained(model_name_or_path)
-    except ImportError as error:
-        raise ImportError(
-            f"the tokenizer of {model_name_or_path} needs a missing package ({' '.join(str(error).split())}): "
-            'pip install "vaswani-transformer[convert]"'
-        ) from None
-
-
 def convert(
     model_name_or_path: str | os.PathLike, output_dir: str | os.PathLike, overwrite_output_dir: bool = False
 ) -> Path:
@@ -337,8 +313,18 @@ def convert(
         raise FileExistsError(
             f"{output_dir} exists and is not empty: pass --overwrite_output_dir to replace it"
         )
-    source = load_source(model_name_or_path)
-    tokenizer = load_source_tokenizer(model_name_or_path)
+    # Unsupported configurations are refused before the weights are read, and checkpoints whose weights transformers
+    # had to invent or throw away by `load_model` (a checkpoint of another shape does not load).
+    check_model_path(model_name_or_path)  # a local folder, or a Hub model: named at once when it is neither
+    check_source_config(AutoConfig.from_pretrained(model_name_or_path))
+    source = load_model(model_name_or_path).eval()
+    try:  # Marian's tokenizer needs sentencepiece, FSMT's sacremoses
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+    except ImportError as error:
+        raise ImportError(
+            f"the tokenizer of {model_name_or_path} needs a missing package ({' '.join(str(error).split())}): "
+            'pip install "vaswani-transformer[convert]"'
+        ) from None
     model = convert_model(source)
     check_parity(source, model)
     with atomic_folder(output_dir) as building:
@@ -346,15 +332,3 @@ def convert(
         tokenizer.save_pretrained(building)
     logger.info("Converted %s (%s) to %s", model_name_or_path, type(source).__name__, output_dir)
     return output_dir
-
-
-__all__ = [
-    "check_parity",
-    "check_source_config",
-    "convert",
-    "convert_model",
-    "load_source",
-    "logit_difference",
-    "probe_inputs",
-    "vaswani_config",
-]

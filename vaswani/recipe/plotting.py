@@ -39,8 +39,8 @@ CURVES = {
     "eval_bleu": "eval BLEU",
     "learning_rate": "learning rate",
 }
-ATTENTION_KINDS = ("encoder", "decoder", "cross")
-_KIND_TITLES = {
+# The kinds of attention, with the title of each one's figure.
+ATTENTION_KINDS = {
     "encoder": "Encoder self-attention",
     "decoder": "Decoder self-attention (masked)",
     "cross": "Encoder-decoder attention",
@@ -68,15 +68,6 @@ def find_trainer_state(path: str | os.PathLike) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"No run folder at {path} (no such path) to read {TRAINER_STATE_FILE} from")
     raise FileNotFoundError(f"No {TRAINER_STATE_FILE} in {path} or in its checkpoint-<step> folders")
-
-
-def load_log_history(path: str | os.PathLike) -> list[dict]:
-    """The Trainer's `log_history` of a run, checkpoint or `trainer_state.json` (see `find_trainer_state`)."""
-    state_file = find_trainer_state(path)
-    try:
-        return json.loads(state_file.read_text())["log_history"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{state_file} is not a Trainer state with a log_history: {err}") from err
 
 
 def learning_curves(log_history: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
@@ -109,13 +100,18 @@ def plot_learning_curves(
 ) -> Path:
     """Plot loss (training and eval), eval BLEU and learning rate against the step into one PNG.
 
-    `log_history_or_path`: a `log_history` list, or anything `load_log_history` reads. Panels whose series was
-    never logged say so. Returns the PNG's path.
+    `log_history_or_path`: a `log_history` list, or a run, checkpoint or `trainer_state.json` whose `log_history` is
+    read (see `find_trainer_state`). Panels whose series was never logged say so. Returns the PNG's path.
     """
+    log_history = log_history_or_path
     if isinstance(log_history_or_path, (str, os.PathLike)):
         title = title or str(log_history_or_path)
-        log_history_or_path = load_log_history(log_history_or_path)
-    curves = learning_curves(log_history_or_path)
+        state_file = find_trainer_state(log_history_or_path)
+        try:
+            log_history = json.loads(state_file.read_text())["log_history"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{state_file} is not a Trainer state with a log_history: {err}") from err
+    curves = learning_curves(log_history)
     figure = Figure(figsize=(15, 4.2), layout="constrained")
     loss_ax, bleu_ax, lr_ax = figure.subplots(1, 3)
     panels = [
@@ -158,13 +154,6 @@ class AttentionMaps:
     decoder: torch.Tensor  # (layers, heads, Tt, Tt), zero above the diagonal
     cross: torch.Tensor  # (layers, heads, Tt, Ts)
 
-    def kind(self, name: str) -> tuple[torch.Tensor, list[str], list[str]]:
-        """`(weights, row labels, column labels)` of "encoder", "decoder" or "cross"."""
-        if name not in ATTENTION_KINDS:
-            raise ValueError(f"Unknown attention kind {name!r}; expected one of {ATTENTION_KINDS}")
-        rows = self.source_tokens if name == "encoder" else self.target_tokens
-        return getattr(self, name), rows, self.target_tokens if name == "decoder" else self.source_tokens
-
 
 def load_attention_model(
     model_path: str | os.PathLike,
@@ -195,17 +184,6 @@ def token_labels(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list
     return labels
 
 
-def _require_eager(model: PreTrainedModel) -> None:
-    if model.config._attn_implementation != "eager":
-        model.set_attn_implementation("eager")
-    if model.config._attn_implementation != "eager":
-        raise ValueError(
-            f"Attention weights need the eager attention, but the model uses "
-            f"{model.config._attn_implementation!r} and cannot switch: load it with "
-            'from_pretrained(..., attn_implementation="eager") (or use `load_attention_model`).'
-        )
-
-
 @torch.inference_mode()
 def attention_maps(
     model: PreTrainedModel,
@@ -219,7 +197,14 @@ def attention_maps(
     Without `target`, the model's own translation of `source` (§6.1 decoding, `translation.translate`) is used.
     The model must use the eager attention (see `load_attention_model`).
     """
-    _require_eager(model)
+    if model.config._attn_implementation != "eager":
+        model.set_attn_implementation("eager")
+    if model.config._attn_implementation != "eager":
+        raise ValueError(
+            f"Attention weights need the eager attention, but the model uses "
+            f"{model.config._attn_implementation!r} and cannot switch: load it with "
+            'from_pretrained(..., attn_implementation="eager") (or use `load_attention_model`).'
+        )
     if model.training:
         logger.warning(
             "The model is in training mode: dropout changes the attention weights; call model.eval()"
@@ -252,39 +237,6 @@ def attention_maps(
     )
 
 
-def plot_attention_kind(
-    maps: AttentionMaps,
-    kind: str,
-    output_path: str | os.PathLike,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
-    dpi: int = 100,
-) -> Path:
-    """One PNG for one kind of attention: a grid of heatmaps, a row per layer and a column per head.
-
-    `layers` / `heads` (0-based) restrict the grid, e.g. for the big model's 6 x 16 heads. Colours share one
-    scale from 0 to 1.
-    """
-    weights, row_labels, col_labels = maps.kind(kind)
-    layers = list(range(weights.shape[0])) if layers is None else list(layers)
-    heads = list(range(weights.shape[1])) if heads is None else list(heads)
-    longest = max(len(row_labels), len(col_labels))
-    cell = min(max(2.5, 0.24 * longest + 1.3), 9.0)  # inches per heatmap, room for one label per token
-    figure = Figure(figsize=(cell * len(heads) + 1.0, cell * len(layers) + 0.6), layout="constrained")
-    axes = figure.subplots(len(layers), len(heads), squeeze=False)
-    image = None
-    for r, layer in enumerate(layers):
-        for c, head in enumerate(heads):
-            ax = axes[r][c]
-            image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
-            ax.set_xticks(range(len(col_labels)), col_labels, rotation=90, fontsize=7)
-            ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
-    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    figure.suptitle(f"{_KIND_TITLES[kind]}: rows attend to columns")
-    return _save(figure, output_path, dpi)
-
-
 def plot_attention_maps(
     maps: AttentionMaps,
     output_dir: str | os.PathLike,
@@ -293,8 +245,33 @@ def plot_attention_maps(
     heads: Sequence[int] | None = None,
     dpi: int = 100,
 ) -> dict[str, Path]:
-    """Write `<prefix>_encoder.png`, `<prefix>_decoder.png` and `<prefix>_cross.png` to `output_dir`."""
-    return {
-        kind: plot_attention_kind(maps, kind, Path(output_dir) / f"{prefix}_{kind}.png", layers, heads, dpi)
-        for kind in ATTENTION_KINDS
-    }
+    """Write `<prefix>_encoder.png`, `<prefix>_decoder.png` and `<prefix>_cross.png` to `output_dir`: for each kind
+    of attention, a grid of heatmaps, a row per layer and a column per head.
+
+    `layers` / `heads` (0-based) restrict the grid, e.g. for the big model's 6 x 16 heads. Colours share one
+    scale from 0 to 1.
+    """
+    source, target = maps.source_tokens, maps.target_tokens
+    labels = {"encoder": (source, source), "decoder": (target, target), "cross": (target, source)}
+    layers = range(maps.encoder.shape[0]) if layers is None else layers
+    heads = range(maps.encoder.shape[1]) if heads is None else heads
+    paths = {kind: Path(output_dir) / f"{prefix}_{kind}.png" for kind in ATTENTION_KINDS}
+    for kind, path in paths.items():
+        _plot_grid(getattr(maps, kind), *labels[kind], ATTENTION_KINDS[kind], path, layers, heads, dpi)
+    return paths
+
+
+def _plot_grid(weights, row_labels, col_labels, title, output_path, layers, heads, dpi) -> None:
+    """One PNG of one kind of attention `weights` (layers, heads, rows, columns): a heatmap per layer and head."""
+    cell = min(max(2.5, 0.24 * max(len(row_labels), len(col_labels)) + 1.3), 9.0)  # inches: a label per token
+    figure = Figure(figsize=(cell * len(heads) + 1.0, cell * len(layers) + 0.6), layout="constrained")
+    axes = figure.subplots(len(layers), len(heads), squeeze=False)
+    for row, layer in zip(axes, layers, strict=True):
+        for ax, head in zip(row, heads, strict=True):
+            image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.set_xticks(range(len(col_labels)), col_labels, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
+    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    figure.suptitle(f"{title}: rows attend to columns")
+    _save(figure, output_path, dpi)
