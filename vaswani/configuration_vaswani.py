@@ -262,7 +262,7 @@ class VaswaniConfig(PreTrainedConfig):
                     f"`d_model` ({self.d_model}) must be divisible by `{name}` ({getattr(self, name)}): "
                     "each head gets d_k = d_model / h dimensions (§3.2.2)."
                 )
-        for name in DROPOUT_FIELDS:
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too
                 raise ValueError(f"`{name}` must be a probability in [0, 1], got {getattr(self, name)!r}.")
         for name in ("layer_norm_eps", "qkv_init_gain", "init_std"):

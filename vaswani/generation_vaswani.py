@@ -84,7 +84,8 @@ def generate(*args, model, **kwargs):
     generation config's, else "gnmt")."""
     source = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     check_token_ids(source, model.config.vocab_size, "input_ids")
-    check_token_ids(kwargs.get("decoder_input_ids"), model.config.decoder_vocab_size, "decoder_input_ids")
+    decoder_vocab_size = getattr(model.config, "decoder_vocab_size", model.config.vocab_size)
+    check_token_ids(kwargs.get("decoder_input_ids"), decoder_vocab_size, "decoder_input_ids")
     if kwargs.get("custom_generate") is not None:  # the caller's own decoding
         return GenerationMixin.generate(model, *args, **kwargs)
     drop_trainer_defaults(model.generation_config)
@@ -175,7 +176,7 @@ def _release(version: str) -> tuple[int, ...]:
 
 def _check_beam_search_vocabulary(config, uses_beams: bool) -> None:
     """A clear error where transformers' own beam search cannot handle separate vocabularies of different sizes."""
-    decoder_vocab_size = config.decoder_vocab_size
+    decoder_vocab_size = getattr(config, "decoder_vocab_size", config.vocab_size)
     if (
         uses_beams
         and decoder_vocab_size != config.vocab_size

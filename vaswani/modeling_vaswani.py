@@ -38,7 +38,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import can_return_tuple, logging
+from transformers.utils import logging
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS, VaswaniConfig
 from .generation_vaswani import drop_trainer_defaults
@@ -336,7 +336,9 @@ class VaswaniDecoderLayer(VaswaniLayer):
 # --------------------------------------------------------------------------------------------------------------------
 class VaswaniPreTrainedModel(PreTrainedModel):
     config: VaswaniConfig
+    config_class = VaswaniConfig
     base_model_prefix = "model"
+    main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
     _supports_sdpa = True
@@ -480,7 +482,7 @@ class VaswaniStack(nn.Module):
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
         outputs = dict(last_hidden_state=hidden_states, hidden_states=None)
-        if flag(output_hidden_states, self.config, "output_hidden_states"):
+        if flag(output_hidden_states, self.config):
             outputs["hidden_states"] = all_hidden + (hidden_states,)
         attentions = flag(output_attentions, self.config, "output_attentions")
         for i, name in enumerate(("attentions", "cross_attentions")[: len(weights)]):
@@ -494,7 +496,6 @@ class VaswaniEncoder(VaswaniStack):
     def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, VaswaniEncoderLayer, config.encoder_layers)
 
-    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -502,6 +503,7 @@ class VaswaniEncoder(VaswaniStack):
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
         hidden_states = self.embed(input_ids, inputs_embeds, "input_ids")  # (B, S, d_model)
@@ -510,7 +512,7 @@ class VaswaniEncoder(VaswaniStack):
         output = BaseModelOutput(
             **self.run_layers(hidden_states, output_attentions, output_hidden_states, mask, **kwargs)
         )
-        return output
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 class VaswaniDecoder(VaswaniStack):
@@ -520,7 +522,6 @@ class VaswaniDecoder(VaswaniStack):
     def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, VaswaniDecoderLayer, config.decoder_layers)
 
-    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -532,6 +533,7 @@ class VaswaniDecoder(VaswaniStack):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
         cache = cache_argument(cache, kwargs)
@@ -568,7 +570,7 @@ class VaswaniDecoder(VaswaniStack):
         output = BaseModelOutputWithPastAndCrossAttentions(
             **outputs, **{CACHE_NAME: cache if use_cache else None}
         )
-        return output
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -603,7 +605,6 @@ class VaswaniModel(VaswaniPreTrainedModel):
         if self.config.share_encoder_decoder_embeddings:
             self.shared = self.decoder.embed_tokens = value
 
-    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -617,6 +618,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput | tuple:
         r"""
@@ -660,7 +662,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
             encoder_attentions=encoder_outputs.attentions,
             **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
         )
-        return output
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -696,7 +698,6 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -711,6 +712,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
@@ -749,7 +751,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         # the model's outputs (the fields that are set) but its last hidden state, which the logits replace
         fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         output = Seq2SeqLMOutput(loss=loss, logits=logits, **fields)
-        return output
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
     def generate(self, *args, **kwargs):
         """transformers' `generate()` with the paper's decoding rules (`generation_vaswani.generate`): beam search

@@ -144,9 +144,8 @@ def resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_of
     return copy
 
 
-def flag(value: bool | None, config, name: str) -> bool:
-    """An output flag of a forward call, else the config's."""
-    return bool(value if value is not None else getattr(config, name))
+def flag(value: bool | None, config, name: str = "output_hidden_states") -> bool:
+    return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
 
 
 def check_embedding_inputs(input_ids, inputs_embeds, name: str, embed_tokens: nn.Embedding) -> None:
