@@ -496,6 +496,15 @@ def test_debug_shows_the_traceback(model_dir, tmp_path):
         translate_command.main(["--model_name_or_path", str(tmp_path / "nowhere"), "--debug"])
 
 
+def test_no_tool_prints_library_noise_while_it_imports():
+    """`vaswani-train` and `vaswani-train-tokenizer` import transformers' training arguments (torch, torchao) with
+    their flags: the noise filters are in place before any tool's imports (`vaswani.commands` loads `cli` first)."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for tool in scripts:
+        done = subprocess.run([BIN / tool, "--help"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "usage" in done.stdout and done.stderr == "", (tool, done.stderr[-2000:])
+
+
 def test_a_tool_prints_nothing_of_what_its_libraries_say_to_their_developers(model_dir, tmp_path):
     """Every tool printed torchao's failure to load extensions built for Python 3.10 and CUDA sm_90a, torch's
     deprecation of torchao's `register_constant` calls, and (int8) torchao's missing Triton: each is silenced by its

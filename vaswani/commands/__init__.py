@@ -17,3 +17,5 @@ then calls the library (`vaswani.recipe.run`, `vaswani.recipe.finish`, `vaswani.
 call them, for a clone without installing. `python -m vaswani.commands.train` also works (e.g.
 under `torchrun`).
 """
+
+from . import cli  # noqa: F401  (first: it silences other libraries' noise before a tool's imports load them)

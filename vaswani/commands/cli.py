@@ -125,6 +125,12 @@ def _not_noise(record: logging.LogRecord) -> bool:
     return not (isinstance(record.msg, str) and NOISE[record.name].fullmatch(record.msg))
 
 
+# On import of `vaswani.commands` (its `__init__` imports this module first), before a tool's own imports load torch
+# and torchao (`vaswani-train`'s flags import transformers' training arguments).
+for _name in NOISE:
+    logging.getLogger(_name).addFilter(_not_noise)
+
+
 def command(prog: str) -> Callable:
     """Decorate a tool's `main(argv)`; the result is `main(argv=None)`, which returns what `main` returns, or exits
     with a one-line error (see the module docstring). Called without `argv` (as a console command, whose wrapper
@@ -140,8 +146,6 @@ def command(prog: str) -> Callable:
             debug = debug or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
             previous = _current
             _current = _Invocation(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
-            for name in NOISE:  # before anything imports torchao (transformers' model loading does); added once
-                logging.getLogger(name).addFilter(_not_noise)
             try:
                 result = main(arguments)
                 return None if argv is None else result
