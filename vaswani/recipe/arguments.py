@@ -22,18 +22,16 @@ given:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import re
-import time
 import typing
 from dataclasses import dataclass
 
 import torch
 import transformers
 from packaging import version
-from transformers import Seq2SeqTrainingArguments, TrainerCallback
+from transformers import Seq2SeqTrainingArguments
 from transformers.hf_argparser import HfArg
 
 from ..common.errors import UsageError
@@ -53,9 +51,7 @@ from ..generation_vaswani import (
 )
 from ..kernels import FAST_ATTENTION
 from .distributed import check_launch
-from .schedule import paper_peak_learning_rate, warmup_factor
-
-logger = logging.getLogger(__name__)
+from .schedule import paper_peak_learning_rate
 
 PAPER_VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens" (EN-DE)
 # §5.1's token-budget batches, per device: micro-batches of this many padded tokens unless other batches are asked for
@@ -651,78 +647,3 @@ def resolve_peak_learning_rate(args, d_model: int) -> float:
         constant = 1.0 if args.learning_rate_constant is None else args.learning_rate_constant
         args.learning_rate = paper_peak_learning_rate(d_model, int(args.warmup_steps), constant)
     return args.learning_rate
-
-
-def describe_batches(args) -> str:
-    """The batches a run trains on, in words."""
-    if args.max_tokens is None:
-        return f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
-    if args.max_sentences is not None:
-        return (
-            f"token-budget batches of at most {args.max_tokens} tokens and {args.max_sentences} sentences per "
-            "device (--max_tokens, --per_device_train_batch_size)"
-        )
-    return f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
-
-
-def log_recipe(args) -> None:
-    """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
-    the §5.3 warm-up)."""
-    logger.info("Batches: %s", describe_batches(args))
-    if not args.paper_lr_schedule:
-        logger.info(
-            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)",
-            args.learning_rate,
-            getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
-        )
-        return
-    logger.info(
-        "Learning rate: the §5.3 schedule, rising to its peak %.3g at step %d (--warmup_steps), then falling as "
-        "step^-0.5",
-        args.learning_rate,
-        int(args.warmup_steps),
-    )
-
-
-def warn_of_a_run_inside_the_warmup(args, steps: int, bound: str) -> None:
-    """Warn that `bound` (the flag that ends the run, in words) ends it after `steps` steps, inside the §5.3 warm-up."""
-    logger.warning(
-        "%s ends the run inside the %d warm-up steps of the §5.3 schedule: the learning rate rises to %.3g only, "
-        "not to the peak %.3g (--learning_rate). Give --warmup_steps below %d, or --paper_lr_schedule false to use "
-        "--lr_scheduler_type as transformers does",
-        bound,
-        int(args.warmup_steps),
-        args.learning_rate * warmup_factor(steps, int(args.warmup_steps)),
-        args.learning_rate,
-        steps,
-    )
-
-
-class WarmupEnd(TrainerCallback):
-    """Warns when the run will end inside the §5.3 warm-up, the peak learning rate never reached: before the first
-    step when its steps (--max_steps, or the epochs') end it there; with only a time budget of `seconds`, once a
-    minute (or a twentieth of the budget) has passed, when the steps at that pace do."""
-
-    def __init__(self, seconds: float | None = None):
-        self.seconds = seconds
-        self.started = self.first = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.started, self.first = time.monotonic(), state.global_step
-        if not args.timed_only and state.max_steps < args.warmup_steps:
-            epochs = f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
-            warn_of_a_run_inside_the_warmup(
-                args, state.max_steps, f"--max_steps {args.max_steps}" if args.max_steps > 0 else epochs
-            )
-            self.seconds = None  # said once
-
-    def on_step_end(self, args, state, control, **kwargs):
-        elapsed = time.monotonic() - self.started
-        if not self.seconds or state.global_step >= args.warmup_steps or elapsed < min(60, self.seconds / 20):
-            return
-        pace = (state.global_step - self.first) / elapsed
-        steps = min(state.max_steps, round(state.global_step + pace * (self.seconds - elapsed)))
-        if steps < args.warmup_steps:
-            budget = f"--max_train_minutes {self.seconds / 60:g} (about {steps} steps at {pace:.3g} a second)"
-            warn_of_a_run_inside_the_warmup(args, steps, budget)
-        self.seconds = None

@@ -32,7 +32,6 @@ from .arguments import (
     FinishArguments,
     ModelArguments,
     PaperTrainingArguments,
-    log_recipe,
 )
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
@@ -50,7 +49,7 @@ from .evaluation import (
 )
 from .metrics import bleu_metric_fn
 from .model_folders import load_model
-from .summary import training_summary
+from .summary import log_recipe, training_summary
 from .tokenization import (
     SOURCE_SUBDIR,
     TARGET_SUBDIR,

@@ -3,15 +3,21 @@ an optional linear cool-down at the end of a run of known length (`--lr_cooldown
 
 The optimizer's learning rate is the schedule's peak, as in transformers (`--learning_rate`): the schedule multiplies
 it by `warmup_factor`, which rises linearly to 1 at step `warmup_steps` and falls as step^-0.5 after it. The paper's
-own peak, d_model^-0.5 * warmup_steps^-0.5, makes this exactly Eq. 3 (`paper_peak_learning_rate`)."""
+own peak, d_model^-0.5 * warmup_steps^-0.5, makes this exactly Eq. 3 (`paper_peak_learning_rate`). A run that will end
+inside the warm-up is warned of (`WarmupEnd`)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from functools import partial
 
 import torch
+from transformers import TrainerCallback
 
 from .callbacks import TimeBudget
+
+logger = logging.getLogger(__name__)
 
 
 def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
@@ -79,3 +85,47 @@ def _shifted_warmup_factor(step, warmup_steps, cooldown_fraction, max_steps, bud
     if budget is not None:
         progress = max(progress, budget.elapsed_fraction())
     return factor * cooldown_factor(progress, cooldown_fraction)
+
+
+def warn_of_a_run_inside_the_warmup(args, steps: int, bound: str) -> None:
+    """Warn that `bound` (the flag that ends the run, in words) ends it after `steps` steps, inside the §5.3 warm-up."""
+    logger.warning(
+        "%s ends the run inside the %d warm-up steps of the §5.3 schedule: the learning rate rises to %.3g only, "
+        "not to the peak %.3g (--learning_rate). Give --warmup_steps below %d, or --paper_lr_schedule false to use "
+        "--lr_scheduler_type as transformers does",
+        bound,
+        int(args.warmup_steps),
+        args.learning_rate * warmup_factor(steps, int(args.warmup_steps)),
+        args.learning_rate,
+        steps,
+    )
+
+
+class WarmupEnd(TrainerCallback):
+    """Warns when the run will end inside the §5.3 warm-up, the peak learning rate never reached: before the first
+    step when its steps (--max_steps, or the epochs') end it there; with only a time budget of `seconds`, once a
+    minute (or a twentieth of the budget) has passed, when the steps at that pace do."""
+
+    def __init__(self, seconds: float | None = None):
+        self.seconds = seconds
+        self.started = self.first = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started, self.first = time.monotonic(), state.global_step
+        if not args.timed_only and state.max_steps < args.warmup_steps:
+            epochs = f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
+            warn_of_a_run_inside_the_warmup(
+                args, state.max_steps, f"--max_steps {args.max_steps}" if args.max_steps > 0 else epochs
+            )
+            self.seconds = None  # said once
+
+    def on_step_end(self, args, state, control, **kwargs):
+        elapsed = time.monotonic() - self.started
+        if not self.seconds or state.global_step >= args.warmup_steps or elapsed < min(60, self.seconds / 20):
+            return
+        pace = (state.global_step - self.first) / elapsed
+        steps = min(state.max_steps, round(state.global_step + pace * (self.seconds - elapsed)))
+        if steps < args.warmup_steps:
+            budget = f"--max_train_minutes {self.seconds / 60:g} (about {steps} steps at {pace:.3g} a second)"
+            warn_of_a_run_inside_the_warmup(args, steps, budget)
+        self.seconds = None

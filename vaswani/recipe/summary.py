@@ -1,8 +1,10 @@
 """The training summary (`training_summary.json`): what was trained, on what, for how long and how; the model card
-reports it (`vaswani.publishing.model_card.TrainingSummary`)."""
+reports it (`vaswani.publishing.model_card.TrainingSummary`); and what a run says of its batches and learning rate
+before it starts (`log_recipe`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -10,6 +12,8 @@ import torch
 
 from .arguments import DataArguments, ModelArguments, PaperTrainingArguments
 from .callbacks import TrainingClock
+
+logger = logging.getLogger(__name__)
 
 
 def training_summary(
@@ -65,3 +69,34 @@ def training_summary(
         "max_grad_norm": args.max_grad_norm,  # 0: no clipping, as in the paper
         "dropped_pairs": dropped,
     }
+
+
+def describe_batches(args) -> str:
+    """The batches a run trains on, in words."""
+    if args.max_tokens is None:
+        return f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
+    if args.max_sentences is not None:
+        return (
+            f"token-budget batches of at most {args.max_tokens} tokens and {args.max_sentences} sentences per "
+            "device (--max_tokens, --per_device_train_batch_size)"
+        )
+    return f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
+
+
+def log_recipe(args) -> None:
+    """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
+    the §5.3 warm-up)."""
+    logger.info("Batches: %s", describe_batches(args))
+    if not args.paper_lr_schedule:
+        logger.info(
+            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)",
+            args.learning_rate,
+            getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
+        )
+        return
+    logger.info(
+        "Learning rate: the §5.3 schedule, rising to its peak %.3g at step %d (--warmup_steps), then falling as "
+        "step^-0.5",
+        args.learning_rate,
+        int(args.warmup_steps),
+    )
