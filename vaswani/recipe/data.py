@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict
 from datasets.fingerprint import Hasher
 from tokenizers import Tokenizer
@@ -52,7 +52,7 @@ _ENCODED_FEATURES = {
     "labels": datasets.Sequence(datasets.Value("int32")),
     LENGTH_COLUMN: datasets.Value("int32"),
 }
-_ENCODED_COLUMNS = tuple(_ENCODED_FEATURES)
+_IDS = pa.list_(pa.int32())
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
@@ -347,9 +347,8 @@ def sample_pairs(dataset: Dataset, max_samples: int | None, seed: int = 0) -> Da
 
 
 def _rust_ids(encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
-    # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which are not needed here
-    encode = getattr(encoder, "encode_batch_fast", encoder.encode_batch)
-    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+    # encode_batch_fast skips the offsets, which are not needed here
+    return [encoding.ids for encoding in encoder.encode_batch_fast(texts, add_special_tokens=True)]
 
 
 def _python_ids(tok, texts: list[str]) -> list[list[int]]:
@@ -371,41 +370,35 @@ def _encoder(tok):
     return partial(_rust_ids, encoder)
 
 
-def _list_array(ids: list[list[int]], lengths: np.ndarray) -> pa.ListArray:
-    """Token lists as an Arrow list<int32> array, built from one flat int32 buffer and its offsets."""
-    offsets = np.zeros(len(ids) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-
-
 def _encode_pairs(
     batch: pa.Table, encoders: tuple, langs: tuple, keep: list[str], limits, split: str
 ) -> pa.Table:
-    """One batch of `tokenize_dataset`'s single pass: both sides (`langs`) encoded, and with `limits` (the maximum
-    source and target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch may shrink."""
+    """One batch of `tokenize_dataset`'s single pass: both sides (`langs`) encoded as int32 lists, and with `limits`
+    (the maximum source and target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch
+    may shrink."""
     texts = [batch.column(lang).to_pylist() for lang in langs]
-    rows = np.arange(batch.num_rows)
+    rows = list(range(batch.num_rows))
     if limits is None:
         for lang, side in zip(langs, texts, strict=True):
             if None in side:
                 raise ValueError(f"{split}: pair {side.index(None)} of a batch has no {lang} text (null)")
     else:  # `bool(s.strip())` without the copies; a null side is an empty one
         pairs = enumerate(zip(*texts, strict=True))
-        rows = np.array(
-            [i for i, (s, t) in pairs if s and t and not s.isspace() and not t.isspace()], dtype=np.int64
-        )
+        rows = [i for i, (s, t) in pairs if s and t and not s.isspace() and not t.isspace()]
         texts = [[side[i] for i in rows] for side in texts]
-    ids = [encode(side) for encode, side in zip(encoders, texts, strict=True)]
-    lengths = [np.fromiter(map(len, side), dtype=np.int32, count=len(side)) for side in ids]
-    if limits is not None:
-        kept = np.flatnonzero((lengths[0] <= limits[0]) & (lengths[1] <= limits[1]))
-        ids = [[side[i] for i in kept] for side in ids]
-        lengths, rows = [side[kept] for side in lengths], rows[kept]
-    encoded = {name: batch.column(name).take(rows) for name in keep}
-    encoded["input_ids"], encoded["labels"] = map(_list_array, ids, lengths)
-    encoded[LENGTH_COLUMN] = pa.array(np.maximum(*lengths))
-    return pa.table(encoded)
+    ids = [pa.array(encode(side), _IDS) for encode, side in zip(encoders, texts, strict=True)]
+    lengths = [pc.list_value_length(side) for side in ids]
+    encoded = pa.table(
+        {
+            **{name: batch.column(name).take(rows) for name in keep},
+            "input_ids": ids[0],
+            "labels": ids[1],
+            LENGTH_COLUMN: pc.max_element_wise(*lengths),
+        }
+    )
+    if limits is None:
+        return encoded
+    return encoded.filter(pc.and_(pc.less_equal(lengths[0], limits[0]), pc.less_equal(lengths[1], limits[1])))
 
 
 def _encoding_fingerprint(ds: Dataset, toks: tuple, langs: tuple, keep_text: bool, limits) -> str:
@@ -423,40 +416,6 @@ def _encoding_fingerprint(ds: Dataset, toks: tuple, langs: tuple, keep_text: boo
         backend = getattr(tok, "backend_tokenizer", None)
         digest.update(backend.to_str().encode() if backend is not None else Hasher.hash(tok).encode())
     return digest.hexdigest()[:32]
-
-
-def _encode_split(
-    ds: Dataset, split: str, toks: tuple, langs: tuple, keep_text: bool, limits, **map_args
-) -> Dataset:
-    """One split of `tokenize_dataset`, encoded in one `Dataset.map` pass (cached under `_encoding_fingerprint`)."""
-    if missing := [lang for lang in langs if lang not in ds.column_names]:
-        raise ValueError(f"split {split!r} has no text column {missing} (it has {ds.column_names})")
-    keep = [c for c in ds.column_names if c not in _ENCODED_COLUMNS and (keep_text or c not in langs)]
-    encoded = ds.with_format("arrow").map(
-        partial(
-            _encode_pairs,
-            encoders=tuple(map(_encoder, toks)),
-            langs=langs,
-            keep=keep,
-            limits=limits,
-            split=split,
-        ),
-        batched=True,
-        remove_columns=ds.column_names,
-        features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
-        new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
-        desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
-        **map_args,
-    )
-    if limits is not None:
-        logger.info(
-            "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
-            split,
-            len(ds) - len(encoded),
-            len(ds),
-            *limits,
-        )
-    return encoded.with_format(None)
 
 
 def tokenize_dataset(
@@ -506,10 +465,30 @@ def tokenize_dataset(
             f"filter_splits names splits the dataset lacks: {sorted(unknown)} (it has {list(dataset)})"
         )
     toks, langs = (src_tok, tgt_tok), (src_lang, tgt_lang)
+    encoders = tuple(map(_encoder, toks))
     result = DatasetDict()
     for split, ds in dataset.items():
+        if missing := [lang for lang in langs if lang not in ds.column_names]:
+            raise ValueError(f"split {split!r} has no text column {missing} (it has {ds.column_names})")
         limits = (max_length, max_target_length) if split in filtered else None
-        result[split] = _encode_split(
-            ds, split, toks, langs, keep_text, limits, num_proc=num_proc, batch_size=batch_size
-        )
+        keep = [c for c in ds.column_names if c not in _ENCODED_FEATURES and (keep_text or c not in langs)]
+        encode = partial(_encode_pairs, encoders=encoders, langs=langs, keep=keep, limits=limits, split=split)
+        result[split] = ds.with_format("arrow").map(
+            encode,
+            batched=True,
+            batch_size=batch_size,
+            num_proc=num_proc,
+            remove_columns=ds.column_names,
+            features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
+            new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
+            desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
+        ).with_format(None)
+        if limits is not None:
+            logger.info(
+                "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
+                split,
+                len(ds) - len(result[split]),
+                len(ds),
+                *limits,
+            )
     return result, {split: len(dataset[split]) - len(result[split]) for split in dataset}
