@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -62,7 +62,7 @@ _MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens plus the byte 
 TextInput = str | os.PathLike | Iterable[str] | Iterable[list[str]]
 
 
-def _text_batches(files_or_iterator: TextInput, batch_size: int = 1000) -> Iterable:
+def _text_batches(files_or_iterator: TextInput) -> Iterable:
     """Sentences to train on: lines of files (a path or a list/tuple of paths), or the iterator as given.
 
     A list is always read as file paths, so a list of sentences fails loudly instead of being mistaken for
@@ -79,14 +79,7 @@ def _text_batches(files_or_iterator: TextInput, batch_size: int = 1000) -> Itera
                 f"No such text file: {str(path)!r}. To train on sentences rather than files, "
                 "pass an iterator such as iter(sentences)."
             )
-
-    def batches() -> Iterator[list[str]]:
-        for path in paths:
-            lines = read_lines(path)
-            while batch := list(itertools.islice(lines, batch_size)):
-                yield batch
-
-    return batches()
+    return itertools.chain.from_iterable(map(read_lines, paths))
 
 
 def _new_bpe_tokenizer(lowercase: bool = False) -> Tokenizer:
@@ -106,23 +99,6 @@ def _new_bpe_tokenizer(lowercase: bool = False) -> Tokenizer:
         special_tokens=[(EOS_TOKEN, EOS_ID)],
     )
     return tokenizer
-
-
-def _wrap(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        pad_token=PAD_TOKEN,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        model_max_length=model_max_length,
-        padding_side="right",
-        truncation_side="right",
-        # The decoder already restores the exact text; clean-up would turn "a , b" into "a, b" (transformers 5
-        # skips it for BPE with a warning; saying so here keeps it off and silent).
-        clean_up_tokenization_spaces=False,
-        model_input_names=["input_ids", "attention_mask"],
-    )
 
 
 def check_special_ids(tokenizer: PreTrainedTokenizerFast, name: str = "tokenizer") -> None:
@@ -190,7 +166,20 @@ def train_bpe_tokenizer(
         vocab_size,
         " on lowercased text" if lowercase else "",
     )
-    return _wrap(tokenizer, model_max_length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        model_max_length=model_max_length,
+        padding_side="right",
+        truncation_side="right",
+        # The decoder already restores the exact text; clean-up would turn "a , b" into "a, b" (transformers 5
+        # skips it for BPE with a warning; saying so here keeps it off and silent).
+        clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def train_separate_tokenizers(
@@ -198,24 +187,20 @@ def train_separate_tokenizers(
     target_files_or_iterator: TextInput,
     vocab_size: int = 37000,
     target_vocab_size: int | None = None,
-    min_frequency: int = 2,
-    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
     save_directory: str | os.PathLike | None = None,
-    show_progress: bool = True,
-    lowercase: bool = False,
-    length: int | None = None,
+    **options,
 ) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
     """One BPE vocabulary per language instead of the paper's shared one (§5.1); same special ids in both.
 
     With separate vocabularies the encoder and decoder embeddings cannot be shared (§3.4 shares them only
     with a joint vocabulary). `vocab_size` sizes the source vocabulary and, unless `target_vocab_size` is
-    given, the target one; `length` is the number of sentences of each side, for the progress bar. If
+    given, the target one. `options` are `train_bpe_tokenizer`'s (`min_frequency`, `model_max_length`,
+    `show_progress`, `lowercase`, and `length`, the number of sentences of each side, for the progress bar). If
     `save_directory` is given, the tokenizers are written to `<save_directory>/source` and `<save_directory>/target`
     (see `save_tokenizers`).
     """
-    options = (min_frequency, model_max_length, show_progress, lowercase, length)
-    source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, *options)
-    target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, *options)
+    source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, **options)
+    target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, **options)
     if save_directory is not None:
         save_tokenizers(source, target, save_directory)
     return source, target
