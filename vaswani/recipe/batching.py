@@ -44,15 +44,9 @@ def example_lengths(dataset) -> np.ndarray:
     lengths = np.empty(len(dataset), dtype=np.int32)
     start = 0
     for table in dataset.select_columns(wanted).with_format("arrow").iter(batch_size=_READ_ROWS):
-        if wanted == [LENGTH_COLUMN]:
-            chunk = table.column(LENGTH_COLUMN).to_numpy()
-        else:
-            chunk = np.maximum(
-                pc.list_value_length(table.column("input_ids")).to_numpy(),
-                pc.list_value_length(table.column("labels")).to_numpy(),
-            )
-        lengths[start : start + len(chunk)] = chunk
-        start += len(chunk)
+        sides = table.columns if wanted == [LENGTH_COLUMN] else map(pc.list_value_length, table.columns)
+        lengths[start : start + len(table)] = pc.max_element_wise(*sides)
+        start += len(table)
     return lengths
 
 
@@ -151,8 +145,6 @@ class TokenBudgetBatchSampler:
             )
         if len(lengths) == 0:
             raise ValueError("Cannot batch an empty dataset.")
-        if lengths.dtype.kind not in "iu":
-            lengths = lengths.astype(np.int64)
         longest = int(lengths.max())
         if longest > max_tokens:
             raise ValueError(
