@@ -71,7 +71,7 @@ def mark_batch_dynamic(batch: dict) -> None:
             torch._dynamo.maybe_mark_dynamic(value, 1)
 
 
-def _batch_offsets(counts: np.ndarray, max_tokens: int, max_sentences: int | None) -> np.ndarray:
+def _batch_offsets(counts, max_tokens, max_sentences):
     """Where each batch begins in the pairs sorted by length, and the end: `[0, b1, b2, ..., n]`.
 
     Pairs sorted by ascending length L are taken greedily: a batch that starts at i holds i..j for the largest j with
@@ -168,7 +168,7 @@ class TokenBudgetBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def _group_by_length(self, indices: np.ndarray) -> np.ndarray:
+    def _group_by_length(self, indices):
         """`indices` stably sorted by length (`indices[np.argsort(lengths[indices], kind="stable")]`), a counting
         sort done a chunk at a time so that no index array wider than `indices` is ever held."""
         cursor = np.cumsum(self._counts) - self._counts  # where the next pair of each length goes

@@ -85,12 +85,12 @@ def count_lines(path: str | os.PathLike) -> int:
     return sum(1 for _ in read_lines(path))
 
 
-def _generate_pairs(src_path: str, tgt_path: str, src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
+def _generate_pairs(src_path, tgt_path, src_lang, tgt_lang):
     for src, tgt in zip(read_lines(src_path), read_lines(tgt_path), strict=True):
         yield {src_lang: src, tgt_lang: tgt}
 
 
-def _find_text_file(directory: Path, split: str, lang: str) -> Path:
+def _find_text_file(directory, split, lang):
     candidates = [directory / f"{split}.{lang}", directory / f"{split}.{lang}.gz"]
     found = [path for path in candidates if path.is_file()]
     if not found:
@@ -102,7 +102,7 @@ def _find_text_file(directory: Path, split: str, lang: str) -> Path:
     return found[0]
 
 
-def _text_splits(directory: Path, langs: Sequence[str]) -> list[str]:
+def _text_splits(directory, langs):
     """Split names of the files `{split}.{lang}[.gz]` in `directory`, for any of `langs`."""
     splits = set()
     for path in directory.iterdir():
@@ -113,9 +113,7 @@ def _text_splits(directory: Path, langs: Sequence[str]) -> list[str]:
     return sorted(splits)
 
 
-def _load_text_split(
-    src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str, cache_dir: str | None
-) -> Dataset:
+def _load_text_split(src_path, tgt_path, src_lang, tgt_lang, cache_dir):
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     if n_src == n_tgt == 0:
         raise ValueError(f"{src_path} and {tgt_path} are empty: no sentence pairs to load")
@@ -141,7 +139,7 @@ def _load_text_split(
     )
 
 
-def _split_mapping(splits: Splits, available: Sequence[str]) -> dict[str, str]:
+def _split_mapping(splits, available):
     """`{name_wanted: name_in_source}` from the `splits` argument."""
     if splits is None:
         return {name: name for name in available}
@@ -152,7 +150,7 @@ def _split_mapping(splits: Splits, available: Sequence[str]) -> dict[str, str]:
     return {name: name for name in splits}
 
 
-def _json_files(directory: Path) -> dict[str, Path]:
+def _json_files(directory):
     files = {}
     for path in sorted(directory.iterdir()):
         for suffix in _JSON_SUFFIXES:
@@ -162,7 +160,7 @@ def _json_files(directory: Path) -> dict[str, Path]:
     return files
 
 
-def _to_language_columns(ds: Dataset, src_lang: str, tgt_lang: str, origin: str) -> Dataset:
+def _to_language_columns(ds, src_lang, tgt_lang, origin):
     """Reduce either dataset shape to the two columns `[src_lang, tgt_lang]`."""
     if "translation" in ds.column_names and not {src_lang, tgt_lang} <= set(ds.column_names):
         flat = ds.select_columns(["translation"]).flatten()  # a column "translation.{lang}" per language
@@ -180,9 +178,7 @@ def _to_language_columns(ds: Dataset, src_lang: str, tgt_lang: str, origin: str)
     return ds.select_columns([src_lang, tgt_lang])
 
 
-def _select_and_normalize(
-    dataset: DatasetDict, splits: Splits, src_lang: str, tgt_lang: str, origin: str
-) -> DatasetDict:
+def _select_and_normalize(dataset, splits, src_lang, tgt_lang, origin):
     mapping = _split_mapping(splits, list(dataset))
     if missing := [name for name in mapping.values() if name not in dataset]:
         raise ValueError(f"{origin} has no split {missing} (it has {list(dataset)})")
@@ -194,9 +190,7 @@ def _select_and_normalize(
     )
 
 
-def _load_text_directory(
-    directory: Path, src_lang: str, tgt_lang: str, splits: Splits, cache_dir: str | None
-) -> DatasetDict:
+def _load_text_directory(directory, src_lang, tgt_lang, splits, cache_dir):
     mapping = _split_mapping(splits, _text_splits(directory, [src_lang, tgt_lang]))
     result = {}
     for wanted, name in mapping.items():
@@ -209,9 +203,7 @@ def _load_text_directory(
     return DatasetDict(result)
 
 
-def _load_json(
-    path: Path, src_lang: str, tgt_lang: str, splits: Splits, cache_dir: str | None
-) -> DatasetDict:
+def _load_json(path, src_lang, tgt_lang, splits, cache_dir):
     files = {"train": path} if path.is_file() else _json_files(path)
     mapping = _split_mapping(splits, list(files))
     missing = [name for name in mapping.values() if name not in files]
@@ -232,7 +224,7 @@ def _load_json(
     )
 
 
-def _load_json_file(file: Path, src_lang: str, tgt_lang: str, cache_dir: str | None) -> Dataset:
+def _load_json_file(file, src_lang, tgt_lang, cache_dir):
     if not any(line.strip() for line in read_lines(file)):  # also checks that it is UTF-8
         raise ValueError(f"{file} is empty: no sentence pairs to load")
     loaded = datasets.load_dataset("json", data_files={"data": str(file)}, cache_dir=cache_dir)["data"]
@@ -267,7 +259,6 @@ def load_parallel_dataset(
         ValueError: text files of one split with different line counts (naming both files), or a split or
             language that a dataset lacks.
     """
-    cache_dir = None if cache_dir is None else str(cache_dir)
     path = Path(source)
     origin = str(source)
     if path.is_file():
@@ -317,7 +308,6 @@ def load_parallel_file(
     `.gz` allowed; a `translation` column or one column per language), or a prefix `PREFIX` of the line-aligned text
     files `PREFIX.{src_lang}` and `PREFIX.{tgt_lang}` (`.gz` allowed), fairseq's `--trainpref` convention."""
     files = parallel_file_paths(path, src_lang, tgt_lang)
-    cache_dir = None if cache_dir is None else str(cache_dir)
     if len(files) == 1:
         return _load_json_file(files[0], src_lang, tgt_lang, cache_dir)
     source, target = files
@@ -346,12 +336,11 @@ def sample_pairs(dataset: Dataset, max_samples: int | None, seed: int = 0) -> Da
     return dataset.select(rows)
 
 
-def _rust_ids(encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
-    # encode_batch_fast skips the offsets, which are not needed here
+def _rust_ids(encoder, texts):
     return [encoding.ids for encoding in encoder.encode_batch_fast(texts, add_special_tokens=True)]
 
 
-def _python_ids(tok, texts: list[str]) -> list[list[int]]:
+def _python_ids(tok, texts):
     return tok(texts, truncation=False)["input_ids"] if texts else []  # a batch whose every pair was dropped
 
 
@@ -370,9 +359,7 @@ def _encoder(tok):
     return partial(_rust_ids, encoder)
 
 
-def _encode_pairs(
-    batch: pa.Table, encoders: tuple, langs: tuple, keep: list[str], limits, split: str
-) -> pa.Table:
+def _encode_pairs(batch, encoders, langs, keep, limits, split):
     """One batch of `tokenize_dataset`'s single pass: both sides (`langs`) encoded as int32 lists, and with `limits`
     (the maximum source and target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch
     may shrink."""
@@ -401,7 +388,7 @@ def _encode_pairs(
     return encoded.filter(pc.and_(pc.less_equal(lengths[0], limits[0]), pc.less_equal(lengths[1], limits[1])))
 
 
-def _encoding_fingerprint(ds: Dataset, toks: tuple, langs: tuple, keep_text: bool, limits) -> str:
+def _encoding_fingerprint(ds, toks, langs, keep_text, limits):
     """A cache key for `_encode_pairs` from what decides its output: the input rows, both tokenizers' JSON, the
     columns kept and the filter's limits (None: no filter). The main process's cache file is the one every other
     rank and every rerun maps.
@@ -473,16 +460,20 @@ def tokenize_dataset(
         limits = (max_length, max_target_length) if split in filtered else None
         keep = [c for c in ds.column_names if c not in _ENCODED_FEATURES and (keep_text or c not in langs)]
         encode = partial(_encode_pairs, encoders=encoders, langs=langs, keep=keep, limits=limits, split=split)
-        result[split] = ds.with_format("arrow").map(
-            encode,
-            batched=True,
-            batch_size=batch_size,
-            num_proc=num_proc,
-            remove_columns=ds.column_names,
-            features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
-            new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
-            desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
-        ).with_format(None)
+        result[split] = (
+            ds.with_format("arrow")
+            .map(
+                encode,
+                batched=True,
+                batch_size=batch_size,
+                num_proc=num_proc,
+                remove_columns=ds.column_names,
+                features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
+                new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
+                desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
+            )
+            .with_format(None)
+        )
         if limits is not None:
             logger.info(
                 "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",

@@ -62,7 +62,7 @@ _MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens plus the byte 
 TextInput = str | os.PathLike | Iterable[str] | Iterable[list[str]]
 
 
-def _text_batches(files_or_iterator: TextInput) -> Iterable:
+def _text_batches(files_or_iterator):
     """Sentences to train on: lines of files (a path or a list/tuple of paths), or the iterator as given.
 
     A list is always read as file paths, so a list of sentences fails loudly instead of being mistaken for
@@ -82,7 +82,7 @@ def _text_batches(files_or_iterator: TextInput) -> Iterable:
     return itertools.chain.from_iterable(map(read_lines, paths))
 
 
-def _new_bpe_tokenizer(lowercase: bool = False) -> Tokenizer:
+def _new_bpe_tokenizer(lowercase=False):
     """An untrained byte-level BPE pipeline whose decode exactly inverts encode (see module docstring); with
     `lowercase`, it inverts the lowercased text."""
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
@@ -324,14 +324,14 @@ def load_model_tokenizers(
     return tokenizers
 
 
-def _pair_digest(source_dir: Path, target_dir: Path) -> str:
+def _pair_digest(source_dir, target_dir):
     digest = hashlib.sha256()
     for folder in (source_dir, target_dir):
         digest.update((folder / "tokenizer.json").read_bytes())
     return digest.hexdigest()
 
 
-def _check_pair(source_dir: Path, target_dir: Path) -> None:
+def _check_pair(source_dir, target_dir):
     """Refuse separate vocabularies whose two sides were not saved together (see `PAIR_FILE`)."""
     marks = [folder / PAIR_FILE for folder in (source_dir, target_dir)]
     if not all(mark.is_file() for mark in marks):
@@ -344,7 +344,7 @@ def _check_pair(source_dir: Path, target_dir: Path) -> None:
         )
 
 
-def _load_tokenizer(folder: Path, check_ids: bool = True) -> PreTrainedTokenizerFast:
+def _load_tokenizer(folder, check_ids=True):
     """`AutoTokenizer.from_pretrained(folder)`, its special ids checked; a file that is not valid JSON (cut short by
     a kill, say) raises `ValueError` naming it."""
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
