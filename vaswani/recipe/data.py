@@ -85,9 +85,9 @@ def count_lines(path: str | os.PathLike) -> int:
     return sum(1 for _ in read_lines(path))
 
 
-def _generate_pairs(src_path, tgt_path, src_lang, tgt_lang):
-    for src, tgt in zip(read_lines(src_path), read_lines(tgt_path), strict=True):
-        yield {src_lang: src, tgt_lang: tgt}
+def _generate_pairs(paths, langs):
+    for pair in zip(*map(read_lines, paths), strict=True):
+        yield dict(zip(langs, pair, strict=True))
 
 
 def _find_text_file(directory, split, lang):
@@ -113,8 +113,9 @@ def _text_splits(directory, langs):
     return sorted(splits)
 
 
-def _load_text_split(src_path, tgt_path, src_lang, tgt_lang, cache_dir):
-    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+def _load_text_split(paths, langs, cache_dir):
+    """The line-aligned text files `paths` (source, target) as a `Dataset` with the columns `langs`."""
+    (src_path, tgt_path), (n_src, n_tgt) = paths, map(count_lines, paths)
     if n_src == n_tgt == 0:
         raise ValueError(f"{src_path} and {tgt_path} are empty: no sentence pairs to load")
     if n_src != n_tgt:
@@ -123,17 +124,12 @@ def _load_text_split(src_path, tgt_path, src_lang, tgt_lang, cache_dir):
         )
     # Cached as Arrow under `cache_dir`, keyed by the files' paths, sizes and modification times, so later
     # `map` calls are cached too and an edited file is read again.
-    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in (src_path, tgt_path)]
-    fingerprint = hashlib.sha256(json.dumps([stats, src_lang, tgt_lang]).encode()).hexdigest()[:32]
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+    fingerprint = hashlib.sha256(json.dumps([stats, *langs]).encode()).hexdigest()[:32]
     return Dataset.from_generator(
         _generate_pairs,
-        features=datasets.Features({src_lang: datasets.Value("string"), tgt_lang: datasets.Value("string")}),
-        gen_kwargs={
-            "src_path": str(src_path),
-            "tgt_path": str(tgt_path),
-            "src_lang": src_lang,
-            "tgt_lang": tgt_lang,
-        },
+        features=datasets.Features(dict.fromkeys(langs, datasets.Value("string"))),
+        gen_kwargs={"paths": tuple(map(str, paths)), "langs": langs},
         cache_dir=cache_dir,
         fingerprint=fingerprint,
     )
@@ -151,59 +147,55 @@ def _split_mapping(splits, available):
 
 
 def _json_files(directory):
-    files = {}
-    for path in sorted(directory.iterdir()):
-        for suffix in _JSON_SUFFIXES:
-            if path.is_file() and path.name.endswith(suffix):
-                files[path.name.removesuffix(suffix)] = path
-                break
-    return files
+    """`{split: file}` of the JSON-lines files in `directory` (a name ends in at most one of the suffixes)."""
+    return {
+        path.name.removesuffix(suffix): path
+        for path in sorted(directory.iterdir())
+        for suffix in _JSON_SUFFIXES
+        if path.is_file() and path.name.endswith(suffix)
+    }
 
 
-def _to_language_columns(ds, src_lang, tgt_lang, origin):
-    """Reduce either dataset shape to the two columns `[src_lang, tgt_lang]`."""
-    if "translation" in ds.column_names and not {src_lang, tgt_lang} <= set(ds.column_names):
+def _to_language_columns(ds, langs, origin):
+    """Reduce either dataset shape to the two columns `langs`."""
+    if "translation" in ds.column_names and not set(langs) <= set(ds.column_names):
         flat = ds.select_columns(["translation"]).flatten()  # a column "translation.{lang}" per language
         languages = [name.removeprefix("translation.") for name in flat.column_names if name != "translation"]
-        if missing := [lang for lang in (src_lang, tgt_lang) if lang not in languages]:
+        if missing := [lang for lang in langs if lang not in languages]:
             raise ValueError(
                 f"{origin}: no language {missing} in its 'translation' column (it has {languages})"
             )
         ds = flat.rename_columns({f"translation.{lang}": lang for lang in languages})
-    if missing := [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]:
+    if missing := [lang for lang in langs if lang not in ds.column_names]:
         raise ValueError(
             f"{origin}: no column for language {missing} (columns: {ds.column_names}); expected a 'translation' "
             "column of {language: text} dicts or one column per language"
         )
-    return ds.select_columns([src_lang, tgt_lang])
+    return ds.select_columns(list(langs))
 
 
-def _select_and_normalize(dataset, splits, src_lang, tgt_lang, origin):
+def _select_and_normalize(dataset, splits, langs, origin):
     mapping = _split_mapping(splits, list(dataset))
     if missing := [name for name in mapping.values() if name not in dataset]:
         raise ValueError(f"{origin} has no split {missing} (it has {list(dataset)})")
     return DatasetDict(
         {
-            wanted: _to_language_columns(dataset[name], src_lang, tgt_lang, f"{origin} [{name}]")
+            wanted: _to_language_columns(dataset[name], langs, f"{origin} [{name}]")
             for wanted, name in mapping.items()
         }
     )
 
 
-def _load_text_directory(directory, src_lang, tgt_lang, splits, cache_dir):
-    mapping = _split_mapping(splits, _text_splits(directory, [src_lang, tgt_lang]))
-    result = {}
-    for wanted, name in mapping.items():
-        src_path = _find_text_file(directory, name, src_lang)
-        tgt_path = _find_text_file(directory, name, tgt_lang)
-        result[wanted] = _load_text_split(src_path, tgt_path, src_lang, tgt_lang, cache_dir)
-        logger.info(
-            "Loaded %d pairs for split %r from %s and %s", len(result[wanted]), wanted, src_path, tgt_path
-        )
-    return DatasetDict(result)
+def _load_text_directory(directory, langs, splits, cache_dir):
+    result = DatasetDict()
+    for wanted, name in _split_mapping(splits, _text_splits(directory, langs)).items():
+        paths = [_find_text_file(directory, name, lang) for lang in langs]
+        result[wanted] = _load_text_split(paths, langs, cache_dir)
+        logger.info("Loaded %d pairs for split %r from %s and %s", len(result[wanted]), wanted, *paths)
+    return result
 
 
-def _load_json(path, src_lang, tgt_lang, splits, cache_dir):
+def _load_json(path, langs, splits, cache_dir):
     files = {"train": path} if path.is_file() else _json_files(path)
     mapping = _split_mapping(splits, list(files))
     missing = [name for name in mapping.values() if name not in files]
@@ -217,18 +209,15 @@ def _load_json(path, src_lang, tgt_lang, splits, cache_dir):
             f"No JSON-lines file for split {missing[0]!r}: expected {expected} (found {files})"
         )
     return DatasetDict(
-        {
-            wanted: _load_json_file(files[name], src_lang, tgt_lang, cache_dir)
-            for wanted, name in mapping.items()
-        }
+        {wanted: _load_json_file(files[name], langs, cache_dir) for wanted, name in mapping.items()}
     )
 
 
-def _load_json_file(file, src_lang, tgt_lang, cache_dir):
+def _load_json_file(file, langs, cache_dir):
     if not any(line.strip() for line in read_lines(file)):  # also checks that it is UTF-8
         raise ValueError(f"{file} is empty: no sentence pairs to load")
     loaded = datasets.load_dataset("json", data_files={"data": str(file)}, cache_dir=cache_dir)["data"]
-    return _to_language_columns(loaded, src_lang, tgt_lang, str(file))
+    return _to_language_columns(loaded, langs, str(file))
 
 
 def load_parallel_dataset(
@@ -238,7 +227,6 @@ def load_parallel_dataset(
     splits: Splits = None,
     *,
     config_name: str | None = None,
-    revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> DatasetDict:
     """Load a parallel corpus as a `DatasetDict` with two string columns, `src_lang` then `tgt_lang`.
@@ -250,7 +238,6 @@ def load_parallel_dataset(
             `translation` column or the per-language columns, and the columns of the result.
         splits: `None` for every split, a list of names, or `{name_wanted: name_in_source}`.
         config_name: the Hub dataset configuration (`"de-en"` for `wmt14`); Hub only.
-        revision: the Hub dataset revision; Hub only.
         cache_dir: where `datasets` keeps its Arrow cache (its default if `None`).
 
     Raises:
@@ -259,22 +246,21 @@ def load_parallel_dataset(
         ValueError: text files of one split with different line counts (naming both files), or a split or
             language that a dataset lacks.
     """
-    path = Path(source)
-    origin = str(source)
+    path, origin, langs = Path(source), str(source), (src_lang, tgt_lang)
     if path.is_file():
         if not path.name.endswith(_JSON_SUFFIXES):
             raise ValueError(f"{path}: a single file must be JSON lines ({', '.join(_JSON_SUFFIXES)})")
-        return _load_json(path, src_lang, tgt_lang, splits, cache_dir)
+        return _load_json(path, langs, splits, cache_dir)
     if path.is_dir():
         if any((path / marker).is_file() for marker in _SAVED_DATASET_MARKERS):
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, Dataset):
                 loaded = DatasetDict({"train": loaded})
-            return _select_and_normalize(loaded, splits, src_lang, tgt_lang, origin)
-        if _text_splits(path, [src_lang, tgt_lang]):
-            return _load_text_directory(path, src_lang, tgt_lang, splits, cache_dir)
+            return _select_and_normalize(loaded, splits, langs, origin)
+        if _text_splits(path, langs):
+            return _load_text_directory(path, langs, splits, cache_dir)
         if _json_files(path):
-            return _load_json(path, src_lang, tgt_lang, splits, cache_dir)
+            return _load_json(path, langs, splits, cache_dir)
         raise FileNotFoundError(
             f"{path} holds no parallel data for {src_lang}-{tgt_lang}: expected text files such as "
             f"{path / f'train.{src_lang}'}[.gz] and {path / f'train.{tgt_lang}'}[.gz], JSON-lines files "
@@ -283,8 +269,8 @@ def load_parallel_dataset(
     # Hub ids are "name" or "owner/name": anything else that does not exist is a mistyped local path.
     if path.is_absolute() or origin.startswith(".") or origin.count("/") > 1:
         raise FileNotFoundError(f"No such file or directory: {origin}")
-    loaded = datasets.load_dataset(origin, name=config_name, revision=revision, cache_dir=cache_dir)
-    dataset = _select_and_normalize(loaded, splits, src_lang, tgt_lang, origin)
+    loaded = datasets.load_dataset(origin, name=config_name, cache_dir=cache_dir)
+    dataset = _select_and_normalize(loaded, splits, langs, origin)
     if empty := [split for split, ds in dataset.items() if len(ds) == 0]:
         raise ValueError(f"{origin}: split {empty[0]!r} holds no sentence pairs")
     return dataset
@@ -307,12 +293,11 @@ def load_parallel_file(
     """One split from files, as `run_translation.py --train_file` takes it: a JSON-lines file (`.jsonl`, `.json`,
     `.gz` allowed; a `translation` column or one column per language), or a prefix `PREFIX` of the line-aligned text
     files `PREFIX.{src_lang}` and `PREFIX.{tgt_lang}` (`.gz` allowed), fairseq's `--trainpref` convention."""
-    files = parallel_file_paths(path, src_lang, tgt_lang)
+    files, langs = parallel_file_paths(path, src_lang, tgt_lang), (src_lang, tgt_lang)
     if len(files) == 1:
-        return _load_json_file(files[0], src_lang, tgt_lang, cache_dir)
-    source, target = files
-    split = _load_text_split(source, target, src_lang, tgt_lang, cache_dir)
-    logger.info("Loaded %d pairs from %s and %s", len(split), source, target)
+        return _load_json_file(files[0], langs, cache_dir)
+    split = _load_text_split(files, langs, cache_dir)
+    logger.info("Loaded %d pairs from %s and %s", len(split), *files)
     return split
 
 
