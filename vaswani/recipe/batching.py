@@ -139,10 +139,6 @@ class TokenBudgetBatchSampler:
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"`max_sentences` must be positive (or None), got {max_sentences}.")
         lengths = np.asarray(lengths)
-        if lengths.ndim != 1:
-            raise ValueError(
-                f"`lengths` must be one length per example, got an array of shape {lengths.shape}."
-            )
         if len(lengths) == 0:
             raise ValueError("Cannot batch an empty dataset.")
         longest = int(lengths.max())
@@ -156,8 +152,6 @@ class TokenBudgetBatchSampler:
         self.lengths = lengths.astype(np.min_scalar_type(longest), copy=False)
         self._index_dtype = np.int32 if len(lengths) < 2**31 else np.int64
         self._counts = np.bincount(self.lengths)
-        self.max_tokens = max_tokens
-        self.max_sentences = max_sentences
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0

@@ -104,13 +104,15 @@ def _find_text_file(directory, split, lang):
 
 def _text_splits(directory, langs):
     """Split names of the files `{split}.{lang}[.gz]` in `directory`, for any of `langs`."""
-    splits = set()
-    for path in directory.iterdir():
-        name = path.name.removesuffix(".gz")
-        for lang in langs:
-            if path.is_file() and name.endswith(f".{lang}") and len(name) > len(lang) + 1:
-                splits.add(name[: -len(lang) - 1])
-    return sorted(splits)
+    names = [path.name.removesuffix(".gz") for path in directory.iterdir() if path.is_file()]
+    return sorted(
+        {
+            name[: -len(lang) - 1]
+            for name in names
+            for lang in langs
+            if name.endswith(f".{lang}") and len(name) > len(lang) + 1
+        }
+    )
 
 
 def _load_text_split(paths, langs, cache_dir):
@@ -338,7 +340,7 @@ def _encoder(tok):
     encoder = Tokenizer.from_str(backend.to_str())
     encoder.no_truncation()
     encoder.no_padding()
-    encoder.encode_special_tokens = bool(getattr(tok, "split_special_tokens", False))
+    encoder.encode_special_tokens = tok.split_special_tokens
     return partial(_rust_ids, encoder)
 
 
@@ -428,7 +430,7 @@ def tokenize_dataset(
     Returns:
         The tokenized `DatasetDict` and `{split: number of pairs dropped}`.
     """
-    max_target_length = max_length if max_target_length is None else max_target_length
+    max_target_length = max_target_length or max_length
     filtered = set(dataset) if filter_splits is None else set(filter_splits)
     if unknown := filtered - set(dataset):
         raise ValueError(

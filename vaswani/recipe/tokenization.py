@@ -39,7 +39,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..common.fileio import replace_files, temporary_sibling
+from ..common.fileio import replace_files, temporary_sibling, write_json
 from ..publishing.model_card import lowercases  # noqa: F401 (the card states it; the recipe asks it too)
 from .callbacks import saved_args
 from .data import read_lines
@@ -225,22 +225,11 @@ def save_tokenizers(
             target_tokenizer.save_pretrained(building / TARGET_SUBDIR)
             pair = _pair_digest(building / SOURCE_SUBDIR, building / TARGET_SUBDIR)
             for side in (SOURCE_SUBDIR, TARGET_SUBDIR):
-                (building / side / PAIR_FILE).write_text(json.dumps({"pair": pair}) + "\n", encoding="utf-8")
+                write_json(building / side / PAIR_FILE, {"pair": pair})
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    replace_files(building, directory)
-    if source_tokenizer is target_tokenizer:
-        logger.debug("Saved the joint tokenizer (%d tokens) to %s", len(source_tokenizer), directory)
-        return
-    logger.debug(
-        "Saved the source (%d tokens) and target (%d tokens) tokenizers to %s/{%s,%s}",
-        len(source_tokenizer),
-        len(target_tokenizer),
-        directory,
-        SOURCE_SUBDIR,
-        TARGET_SUBDIR,
-    )
+    replace_files(building, directory)  # the callers log what they saved
 
 
 def load_tokenizers(
