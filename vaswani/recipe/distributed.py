@@ -74,4 +74,4 @@ def shard_with_fsdp2(model: torch.nn.Module, accelerator) -> None:
     }
     for module in [m for m in model.modules() if type(m).__name__ in layer_names]:
         fully_shard(module, reshard_after_forward=plugin.reshard_after_forward, **options)
-    fully_shard(model, **options)  # the root unit keeps its parameters gathered after the forward
+    fully_shard(model, **options)  # the root unit, with torch's reshard_after_forward for a root
