@@ -72,14 +72,13 @@ def _text_batches(files_or_iterator):
         files_or_iterator = [files_or_iterator]
     if not isinstance(files_or_iterator, (list, tuple)):
         return files_or_iterator
-    paths = [Path(p) for p in files_or_iterator]
-    for path in paths:
-        if not path.is_file():
+    for path in files_or_iterator:
+        if not Path(path).is_file():
             raise FileNotFoundError(
                 f"No such text file: {str(path)!r}. To train on sentences rather than files, "
                 "pass an iterator such as iter(sentences)."
             )
-    return itertools.chain.from_iterable(map(read_lines, paths))
+    return itertools.chain.from_iterable(map(read_lines, files_or_iterator))
 
 
 def _new_bpe_tokenizer(lowercase=False):
