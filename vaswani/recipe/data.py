@@ -381,13 +381,11 @@ def _encoding_fingerprint(ds, toks, langs, keep_text, limits):
     `datasets` would otherwise hash the tokenizer objects, whose state (e.g. `name_or_path`) differs between
     a freshly trained and a reloaded tokenizer, so every run would tokenize again.
     """
-    digest = hashlib.sha256()
-    for part in (ds._fingerprint, *langs, str(keep_text), json.dumps(limits), "encode-v2"):
-        digest.update(part.encode())
+    parts = [ds._fingerprint, *langs, str(keep_text), json.dumps(limits), "encode-v2"]
     for tok in toks:
         backend = getattr(tok, "backend_tokenizer", None)
-        digest.update(backend.to_str().encode() if backend is not None else Hasher.hash(tok).encode())
-    return digest.hexdigest()[:32]
+        parts.append(backend.to_str() if backend is not None else Hasher.hash(tok))
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 
 def tokenize_dataset(
