@@ -44,15 +44,9 @@ def example_lengths(dataset) -> np.ndarray:
     lengths = np.empty(len(dataset), dtype=np.int32)
     start = 0
     for table in dataset.select_columns(wanted).with_format("arrow").iter(batch_size=_READ_ROWS):
-        if wanted == [LENGTH_COLUMN]:
-            chunk = table.column(LENGTH_COLUMN).to_numpy()
-        else:
-            chunk = np.maximum(
-                pc.list_value_length(table.column("input_ids")).to_numpy(),
-                pc.list_value_length(table.column("labels")).to_numpy(),
-            )
-        lengths[start : start + len(chunk)] = chunk
-        start += len(chunk)
+        sides = table.columns if wanted == [LENGTH_COLUMN] else map(pc.list_value_length, table.columns)
+        lengths[start : start + len(table)] = pc.max_element_wise(*sides)
+        start += len(table)
     return lengths
 
 
@@ -77,7 +71,7 @@ def mark_batch_dynamic(batch: dict) -> None:
             torch._dynamo.maybe_mark_dynamic(value, 1)
 
 
-def _batch_offsets(counts: np.ndarray, max_tokens: int, max_sentences: int | None) -> np.ndarray:
+def _batch_offsets(counts, max_tokens, max_sentences):
     """Where each batch begins in the pairs sorted by length, and the end: `[0, b1, b2, ..., n]`.
 
     Pairs sorted by ascending length L are taken greedily: a batch that starts at i holds i..j for the largest j with
@@ -145,14 +139,8 @@ class TokenBudgetBatchSampler:
         if max_sentences is not None and max_sentences < 1:
             raise ValueError(f"`max_sentences` must be positive (or None), got {max_sentences}.")
         lengths = np.asarray(lengths)
-        if lengths.ndim != 1:
-            raise ValueError(
-                f"`lengths` must be one length per example, got an array of shape {lengths.shape}."
-            )
         if len(lengths) == 0:
             raise ValueError("Cannot batch an empty dataset.")
-        if lengths.dtype.kind not in "iu":
-            lengths = lengths.astype(np.int64)
         longest = int(lengths.max())
         if longest > max_tokens:
             raise ValueError(
@@ -164,8 +152,6 @@ class TokenBudgetBatchSampler:
         self.lengths = lengths.astype(np.min_scalar_type(longest), copy=False)
         self._index_dtype = np.int32 if len(lengths) < 2**31 else np.int64
         self._counts = np.bincount(self.lengths)
-        self.max_tokens = max_tokens
-        self.max_sentences = max_sentences
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
@@ -176,7 +162,7 @@ class TokenBudgetBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def _group_by_length(self, indices: np.ndarray) -> np.ndarray:
+    def _group_by_length(self, indices):
         """`indices` stably sorted by length (`indices[np.argsort(lengths[indices], kind="stable")]`), a counting
         sort done a chunk at a time so that no index array wider than `indices` is ever held."""
         cursor = np.cumsum(self._counts) - self._counts  # where the next pair of each length goes

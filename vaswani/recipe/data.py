@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict
 from datasets.fingerprint import Hasher
 from tokenizers import Tokenizer
@@ -52,7 +52,7 @@ _ENCODED_FEATURES = {
     "labels": datasets.Sequence(datasets.Value("int32")),
     LENGTH_COLUMN: datasets.Value("int32"),
 }
-_ENCODED_COLUMNS = tuple(_ENCODED_FEATURES)
+_IDS = pa.list_(pa.int32())
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
@@ -85,12 +85,12 @@ def count_lines(path: str | os.PathLike) -> int:
     return sum(1 for _ in read_lines(path))
 
 
-def _generate_pairs(src_path: str, tgt_path: str, src_lang: str, tgt_lang: str) -> Iterator[dict[str, str]]:
-    for src, tgt in zip(read_lines(src_path), read_lines(tgt_path), strict=True):
-        yield {src_lang: src, tgt_lang: tgt}
+def _generate_pairs(paths, langs):
+    for pair in zip(*map(read_lines, paths), strict=True):
+        yield dict(zip(langs, pair, strict=True))
 
 
-def _find_text_file(directory: Path, split: str, lang: str) -> Path:
+def _find_text_file(directory, split, lang):
     candidates = [directory / f"{split}.{lang}", directory / f"{split}.{lang}.gz"]
     found = [path for path in candidates if path.is_file()]
     if not found:
@@ -102,21 +102,22 @@ def _find_text_file(directory: Path, split: str, lang: str) -> Path:
     return found[0]
 
 
-def _text_splits(directory: Path, langs: Sequence[str]) -> list[str]:
+def _text_splits(directory, langs):
     """Split names of the files `{split}.{lang}[.gz]` in `directory`, for any of `langs`."""
-    splits = set()
-    for path in directory.iterdir():
-        name = path.name.removesuffix(".gz")
-        for lang in langs:
-            if path.is_file() and name.endswith(f".{lang}") and len(name) > len(lang) + 1:
-                splits.add(name[: -len(lang) - 1])
-    return sorted(splits)
+    names = [path.name.removesuffix(".gz") for path in directory.iterdir() if path.is_file()]
+    return sorted(
+        {
+            name[: -len(lang) - 1]
+            for name in names
+            for lang in langs
+            if name.endswith(f".{lang}") and len(name) > len(lang) + 1
+        }
+    )
 
 
-def _load_text_split(
-    src_path: Path, tgt_path: Path, src_lang: str, tgt_lang: str, cache_dir: str | None
-) -> Dataset:
-    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+def _load_text_split(paths, langs, cache_dir):
+    """The line-aligned text files `paths` (source, target) as a `Dataset` with the columns `langs`."""
+    (src_path, tgt_path), (n_src, n_tgt) = paths, map(count_lines, paths)
     if n_src == n_tgt == 0:
         raise ValueError(f"{src_path} and {tgt_path} are empty: no sentence pairs to load")
     if n_src != n_tgt:
@@ -125,23 +126,18 @@ def _load_text_split(
         )
     # Cached as Arrow under `cache_dir`, keyed by the files' paths, sizes and modification times, so later
     # `map` calls are cached too and an edited file is read again.
-    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in (src_path, tgt_path)]
-    fingerprint = hashlib.sha256(json.dumps([stats, src_lang, tgt_lang]).encode()).hexdigest()[:32]
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
+    fingerprint = hashlib.sha256(json.dumps([stats, *langs]).encode()).hexdigest()[:32]
     return Dataset.from_generator(
         _generate_pairs,
-        features=datasets.Features({src_lang: datasets.Value("string"), tgt_lang: datasets.Value("string")}),
-        gen_kwargs={
-            "src_path": str(src_path),
-            "tgt_path": str(tgt_path),
-            "src_lang": src_lang,
-            "tgt_lang": tgt_lang,
-        },
+        features=datasets.Features(dict.fromkeys(langs, datasets.Value("string"))),
+        gen_kwargs={"paths": tuple(map(str, paths)), "langs": langs},
         cache_dir=cache_dir,
         fingerprint=fingerprint,
     )
 
 
-def _split_mapping(splits: Splits, available: Sequence[str]) -> dict[str, str]:
+def _split_mapping(splits, available):
     """`{name_wanted: name_in_source}` from the `splits` argument."""
     if splits is None:
         return {name: name for name in available}
@@ -152,66 +148,56 @@ def _split_mapping(splits: Splits, available: Sequence[str]) -> dict[str, str]:
     return {name: name for name in splits}
 
 
-def _json_files(directory: Path) -> dict[str, Path]:
-    files = {}
-    for path in sorted(directory.iterdir()):
-        for suffix in _JSON_SUFFIXES:
-            if path.is_file() and path.name.endswith(suffix):
-                files[path.name.removesuffix(suffix)] = path
-                break
-    return files
+def _json_files(directory):
+    """`{split: file}` of the JSON-lines files in `directory` (a name ends in at most one of the suffixes)."""
+    return {
+        path.name.removesuffix(suffix): path
+        for path in sorted(directory.iterdir())
+        for suffix in _JSON_SUFFIXES
+        if path.is_file() and path.name.endswith(suffix)
+    }
 
 
-def _to_language_columns(ds: Dataset, src_lang: str, tgt_lang: str, origin: str) -> Dataset:
-    """Reduce either dataset shape to the two columns `[src_lang, tgt_lang]`."""
-    if "translation" in ds.column_names and not {src_lang, tgt_lang} <= set(ds.column_names):
+def _to_language_columns(ds, langs, origin):
+    """Reduce either dataset shape to the two columns `langs`."""
+    if "translation" in ds.column_names and not set(langs) <= set(ds.column_names):
         flat = ds.select_columns(["translation"]).flatten()  # a column "translation.{lang}" per language
         languages = [name.removeprefix("translation.") for name in flat.column_names if name != "translation"]
-        if missing := [lang for lang in (src_lang, tgt_lang) if lang not in languages]:
+        if missing := [lang for lang in langs if lang not in languages]:
             raise ValueError(
                 f"{origin}: no language {missing} in its 'translation' column (it has {languages})"
             )
         ds = flat.rename_columns({f"translation.{lang}": lang for lang in languages})
-    if missing := [lang for lang in (src_lang, tgt_lang) if lang not in ds.column_names]:
+    if missing := [lang for lang in langs if lang not in ds.column_names]:
         raise ValueError(
             f"{origin}: no column for language {missing} (columns: {ds.column_names}); expected a 'translation' "
             "column of {language: text} dicts or one column per language"
         )
-    return ds.select_columns([src_lang, tgt_lang])
+    return ds.select_columns(list(langs))
 
 
-def _select_and_normalize(
-    dataset: DatasetDict, splits: Splits, src_lang: str, tgt_lang: str, origin: str
-) -> DatasetDict:
+def _select_and_normalize(dataset, splits, langs, origin):
     mapping = _split_mapping(splits, list(dataset))
     if missing := [name for name in mapping.values() if name not in dataset]:
         raise ValueError(f"{origin} has no split {missing} (it has {list(dataset)})")
     return DatasetDict(
         {
-            wanted: _to_language_columns(dataset[name], src_lang, tgt_lang, f"{origin} [{name}]")
+            wanted: _to_language_columns(dataset[name], langs, f"{origin} [{name}]")
             for wanted, name in mapping.items()
         }
     )
 
 
-def _load_text_directory(
-    directory: Path, src_lang: str, tgt_lang: str, splits: Splits, cache_dir: str | None
-) -> DatasetDict:
-    mapping = _split_mapping(splits, _text_splits(directory, [src_lang, tgt_lang]))
-    result = {}
-    for wanted, name in mapping.items():
-        src_path = _find_text_file(directory, name, src_lang)
-        tgt_path = _find_text_file(directory, name, tgt_lang)
-        result[wanted] = _load_text_split(src_path, tgt_path, src_lang, tgt_lang, cache_dir)
-        logger.info(
-            "Loaded %d pairs for split %r from %s and %s", len(result[wanted]), wanted, src_path, tgt_path
-        )
-    return DatasetDict(result)
+def _load_text_directory(directory, langs, splits, cache_dir):
+    result = DatasetDict()
+    for wanted, name in _split_mapping(splits, _text_splits(directory, langs)).items():
+        paths = [_find_text_file(directory, name, lang) for lang in langs]
+        result[wanted] = _load_text_split(paths, langs, cache_dir)
+        logger.info("Loaded %d pairs for split %r from %s and %s", len(result[wanted]), wanted, *paths)
+    return result
 
 
-def _load_json(
-    path: Path, src_lang: str, tgt_lang: str, splits: Splits, cache_dir: str | None
-) -> DatasetDict:
+def _load_json(path, langs, splits, cache_dir):
     files = {"train": path} if path.is_file() else _json_files(path)
     mapping = _split_mapping(splits, list(files))
     missing = [name for name in mapping.values() if name not in files]
@@ -225,18 +211,15 @@ def _load_json(
             f"No JSON-lines file for split {missing[0]!r}: expected {expected} (found {files})"
         )
     return DatasetDict(
-        {
-            wanted: _load_json_file(files[name], src_lang, tgt_lang, cache_dir)
-            for wanted, name in mapping.items()
-        }
+        {wanted: _load_json_file(files[name], langs, cache_dir) for wanted, name in mapping.items()}
     )
 
 
-def _load_json_file(file: Path, src_lang: str, tgt_lang: str, cache_dir: str | None) -> Dataset:
+def _load_json_file(file, langs, cache_dir):
     if not any(line.strip() for line in read_lines(file)):  # also checks that it is UTF-8
         raise ValueError(f"{file} is empty: no sentence pairs to load")
     loaded = datasets.load_dataset("json", data_files={"data": str(file)}, cache_dir=cache_dir)["data"]
-    return _to_language_columns(loaded, src_lang, tgt_lang, str(file))
+    return _to_language_columns(loaded, langs, str(file))
 
 
 def load_parallel_dataset(
@@ -246,7 +229,6 @@ def load_parallel_dataset(
     splits: Splits = None,
     *,
     config_name: str | None = None,
-    revision: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> DatasetDict:
     """Load a parallel corpus as a `DatasetDict` with two string columns, `src_lang` then `tgt_lang`.
@@ -258,7 +240,6 @@ def load_parallel_dataset(
             `translation` column or the per-language columns, and the columns of the result.
         splits: `None` for every split, a list of names, or `{name_wanted: name_in_source}`.
         config_name: the Hub dataset configuration (`"de-en"` for `wmt14`); Hub only.
-        revision: the Hub dataset revision; Hub only.
         cache_dir: where `datasets` keeps its Arrow cache (its default if `None`).
 
     Raises:
@@ -267,23 +248,21 @@ def load_parallel_dataset(
         ValueError: text files of one split with different line counts (naming both files), or a split or
             language that a dataset lacks.
     """
-    cache_dir = None if cache_dir is None else str(cache_dir)
-    path = Path(source)
-    origin = str(source)
+    path, origin, langs = Path(source), str(source), (src_lang, tgt_lang)
     if path.is_file():
         if not path.name.endswith(_JSON_SUFFIXES):
             raise ValueError(f"{path}: a single file must be JSON lines ({', '.join(_JSON_SUFFIXES)})")
-        return _load_json(path, src_lang, tgt_lang, splits, cache_dir)
+        return _load_json(path, langs, splits, cache_dir)
     if path.is_dir():
         if any((path / marker).is_file() for marker in _SAVED_DATASET_MARKERS):
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, Dataset):
                 loaded = DatasetDict({"train": loaded})
-            return _select_and_normalize(loaded, splits, src_lang, tgt_lang, origin)
-        if _text_splits(path, [src_lang, tgt_lang]):
-            return _load_text_directory(path, src_lang, tgt_lang, splits, cache_dir)
+            return _select_and_normalize(loaded, splits, langs, origin)
+        if _text_splits(path, langs):
+            return _load_text_directory(path, langs, splits, cache_dir)
         if _json_files(path):
-            return _load_json(path, src_lang, tgt_lang, splits, cache_dir)
+            return _load_json(path, langs, splits, cache_dir)
         raise FileNotFoundError(
             f"{path} holds no parallel data for {src_lang}-{tgt_lang}: expected text files such as "
             f"{path / f'train.{src_lang}'}[.gz] and {path / f'train.{tgt_lang}'}[.gz], JSON-lines files "
@@ -292,8 +271,8 @@ def load_parallel_dataset(
     # Hub ids are "name" or "owner/name": anything else that does not exist is a mistyped local path.
     if path.is_absolute() or origin.startswith(".") or origin.count("/") > 1:
         raise FileNotFoundError(f"No such file or directory: {origin}")
-    loaded = datasets.load_dataset(origin, name=config_name, revision=revision, cache_dir=cache_dir)
-    dataset = _select_and_normalize(loaded, splits, src_lang, tgt_lang, origin)
+    loaded = datasets.load_dataset(origin, name=config_name, cache_dir=cache_dir)
+    dataset = _select_and_normalize(loaded, splits, langs, origin)
     if empty := [split for split, ds in dataset.items() if len(ds) == 0]:
         raise ValueError(f"{origin}: split {empty[0]!r} holds no sentence pairs")
     return dataset
@@ -316,13 +295,11 @@ def load_parallel_file(
     """One split from files, as `run_translation.py --train_file` takes it: a JSON-lines file (`.jsonl`, `.json`,
     `.gz` allowed; a `translation` column or one column per language), or a prefix `PREFIX` of the line-aligned text
     files `PREFIX.{src_lang}` and `PREFIX.{tgt_lang}` (`.gz` allowed), fairseq's `--trainpref` convention."""
-    files = parallel_file_paths(path, src_lang, tgt_lang)
-    cache_dir = None if cache_dir is None else str(cache_dir)
+    files, langs = parallel_file_paths(path, src_lang, tgt_lang), (src_lang, tgt_lang)
     if len(files) == 1:
-        return _load_json_file(files[0], src_lang, tgt_lang, cache_dir)
-    source, target = files
-    split = _load_text_split(source, target, src_lang, tgt_lang, cache_dir)
-    logger.info("Loaded %d pairs from %s and %s", len(split), source, target)
+        return _load_json_file(files[0], langs, cache_dir)
+    split = _load_text_split(files, langs, cache_dir)
+    logger.info("Loaded %d pairs from %s and %s", len(split), *files)
     return split
 
 
@@ -339,20 +316,16 @@ def sample_pairs(dataset: Dataset, max_samples: int | None, seed: int = 0) -> Da
     is None or not smaller than it. To train a BPE vocabulary on a sample of a WMT-sized corpus."""
     if max_samples is None or max_samples >= len(dataset):
         return dataset
-    if max_samples < 1:
-        raise ValueError(f"max_samples must be positive, got {max_samples}")
     rows = np.random.default_rng(seed).choice(len(dataset), size=max_samples, replace=False)
     rows.sort()
     return dataset.select(rows)
 
 
-def _rust_ids(encoder: Tokenizer, texts: list[str]) -> list[list[int]]:
-    # encode_batch_fast (tokenizers >= 0.21) skips the offsets, which are not needed here
-    encode = getattr(encoder, "encode_batch_fast", encoder.encode_batch)
-    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+def _rust_ids(encoder, texts):
+    return [encoding.ids for encoding in encoder.encode_batch_fast(texts, add_special_tokens=True)]
 
 
-def _python_ids(tok, texts: list[str]) -> list[list[int]]:
+def _python_ids(tok, texts):
     return tok(texts, truncation=False)["input_ids"] if texts else []  # a batch whose every pair was dropped
 
 
@@ -367,48 +340,40 @@ def _encoder(tok):
     encoder = Tokenizer.from_str(backend.to_str())
     encoder.no_truncation()
     encoder.no_padding()
-    encoder.encode_special_tokens = bool(getattr(tok, "split_special_tokens", False))
+    encoder.encode_special_tokens = tok.split_special_tokens
     return partial(_rust_ids, encoder)
 
 
-def _list_array(ids: list[list[int]], lengths: np.ndarray) -> pa.ListArray:
-    """Token lists as an Arrow list<int32> array, built from one flat int32 buffer and its offsets."""
-    offsets = np.zeros(len(ids) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-
-
-def _encode_pairs(
-    batch: pa.Table, encoders: tuple, langs: tuple, keep: list[str], limits, split: str
-) -> pa.Table:
-    """One batch of `tokenize_dataset`'s single pass: both sides (`langs`) encoded, and with `limits` (the maximum
-    source and target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch may shrink."""
+def _encode_pairs(batch, encoders, langs, keep, limits, split):
+    """One batch of `tokenize_dataset`'s single pass: both sides (`langs`) encoded as int32 lists, and with `limits`
+    (the maximum source and target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch
+    may shrink."""
     texts = [batch.column(lang).to_pylist() for lang in langs]
-    rows = np.arange(batch.num_rows)
+    rows = list(range(batch.num_rows))
     if limits is None:
         for lang, side in zip(langs, texts, strict=True):
             if None in side:
                 raise ValueError(f"{split}: pair {side.index(None)} of a batch has no {lang} text (null)")
     else:  # `bool(s.strip())` without the copies; a null side is an empty one
         pairs = enumerate(zip(*texts, strict=True))
-        rows = np.array(
-            [i for i, (s, t) in pairs if s and t and not s.isspace() and not t.isspace()], dtype=np.int64
-        )
+        rows = [i for i, (s, t) in pairs if s and t and not s.isspace() and not t.isspace()]
         texts = [[side[i] for i in rows] for side in texts]
-    ids = [encode(side) for encode, side in zip(encoders, texts, strict=True)]
-    lengths = [np.fromiter(map(len, side), dtype=np.int32, count=len(side)) for side in ids]
-    if limits is not None:
-        kept = np.flatnonzero((lengths[0] <= limits[0]) & (lengths[1] <= limits[1]))
-        ids = [[side[i] for i in kept] for side in ids]
-        lengths, rows = [side[kept] for side in lengths], rows[kept]
-    encoded = {name: batch.column(name).take(rows) for name in keep}
-    encoded["input_ids"], encoded["labels"] = map(_list_array, ids, lengths)
-    encoded[LENGTH_COLUMN] = pa.array(np.maximum(*lengths))
-    return pa.table(encoded)
+    ids = [pa.array(encode(side), _IDS) for encode, side in zip(encoders, texts, strict=True)]
+    lengths = [pc.list_value_length(side) for side in ids]
+    encoded = pa.table(
+        {
+            **{name: batch.column(name).take(rows) for name in keep},
+            "input_ids": ids[0],
+            "labels": ids[1],
+            LENGTH_COLUMN: pc.max_element_wise(*lengths),
+        }
+    )
+    if limits is None:
+        return encoded
+    return encoded.filter(pc.and_(pc.less_equal(lengths[0], limits[0]), pc.less_equal(lengths[1], limits[1])))
 
 
-def _encoding_fingerprint(ds: Dataset, toks: tuple, langs: tuple, keep_text: bool, limits) -> str:
+def _encoding_fingerprint(ds, toks, langs, keep_text, limits):
     """A cache key for `_encode_pairs` from what decides its output: the input rows, both tokenizers' JSON, the
     columns kept and the filter's limits (None: no filter). The main process's cache file is the one every other
     rank and every rerun maps.
@@ -416,47 +381,11 @@ def _encoding_fingerprint(ds: Dataset, toks: tuple, langs: tuple, keep_text: boo
     `datasets` would otherwise hash the tokenizer objects, whose state (e.g. `name_or_path`) differs between
     a freshly trained and a reloaded tokenizer, so every run would tokenize again.
     """
-    digest = hashlib.sha256()
-    for part in (ds._fingerprint, *langs, str(keep_text), json.dumps(limits), "encode-v2"):
-        digest.update(part.encode())
+    parts = [ds._fingerprint, *langs, str(keep_text), json.dumps(limits), "encode-v2"]
     for tok in toks:
         backend = getattr(tok, "backend_tokenizer", None)
-        digest.update(backend.to_str().encode() if backend is not None else Hasher.hash(tok).encode())
-    return digest.hexdigest()[:32]
-
-
-def _encode_split(
-    ds: Dataset, split: str, toks: tuple, langs: tuple, keep_text: bool, limits, **map_args
-) -> Dataset:
-    """One split of `tokenize_dataset`, encoded in one `Dataset.map` pass (cached under `_encoding_fingerprint`)."""
-    if missing := [lang for lang in langs if lang not in ds.column_names]:
-        raise ValueError(f"split {split!r} has no text column {missing} (it has {ds.column_names})")
-    keep = [c for c in ds.column_names if c not in _ENCODED_COLUMNS and (keep_text or c not in langs)]
-    encoded = ds.with_format("arrow").map(
-        partial(
-            _encode_pairs,
-            encoders=tuple(map(_encoder, toks)),
-            langs=langs,
-            keep=keep,
-            limits=limits,
-            split=split,
-        ),
-        batched=True,
-        remove_columns=ds.column_names,
-        features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
-        new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
-        desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
-        **map_args,
-    )
-    if limits is not None:
-        logger.info(
-            "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
-            split,
-            len(ds) - len(encoded),
-            len(ds),
-            *limits,
-        )
-    return encoded.with_format(None)
+        parts.append(backend.to_str() if backend is not None else Hasher.hash(tok))
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
 
 
 def tokenize_dataset(
@@ -499,17 +428,39 @@ def tokenize_dataset(
     Returns:
         The tokenized `DatasetDict` and `{split: number of pairs dropped}`.
     """
-    max_target_length = max_length if max_target_length is None else max_target_length
+    max_target_length = max_target_length or max_length
     filtered = set(dataset) if filter_splits is None else set(filter_splits)
     if unknown := filtered - set(dataset):
         raise ValueError(
             f"filter_splits names splits the dataset lacks: {sorted(unknown)} (it has {list(dataset)})"
         )
     toks, langs = (src_tok, tgt_tok), (src_lang, tgt_lang)
+    encoders = tuple(map(_encoder, toks))
     result = DatasetDict()
     for split, ds in dataset.items():
         limits = (max_length, max_target_length) if split in filtered else None
-        result[split] = _encode_split(
-            ds, split, toks, langs, keep_text, limits, num_proc=num_proc, batch_size=batch_size
+        keep = [c for c in ds.column_names if c not in _ENCODED_FEATURES and (keep_text or c not in langs)]
+        encode = partial(_encode_pairs, encoders=encoders, langs=langs, keep=keep, limits=limits, split=split)
+        result[split] = (
+            ds.with_format("arrow")
+            .map(
+                encode,
+                batched=True,
+                batch_size=batch_size,
+                num_proc=num_proc,
+                remove_columns=ds.column_names,
+                features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
+                new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
+                desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
+            )
+            .with_format(None)
         )
+        if limits is not None:
+            logger.info(
+                "%s: dropped %d of %d pairs (an empty side, or over %d source or %d target tokens)",
+                split,
+                len(ds) - len(result[split]),
+                len(ds),
+                *limits,
+            )
     return result, {split: len(dataset[split]) - len(result[split]) for split in dataset}

@@ -20,10 +20,12 @@ def check_launch() -> None:
     """`accelerate launch --cpu --num_processes N` (N > 1, no MPI host file) starts one process that would train
     alone: refuse it with the launch that works."""
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    asked_for_several = (
-        "MASTER_ADDR" in os.environ
-    )  # accelerate's simple launcher sets it for num_processes > 1
-    if cpu and asked_for_several and not any(name in os.environ for name in _MPI_WORLD_SIZE_VARIABLES):
+    # accelerate's simple launcher sets MASTER_ADDR for num_processes > 1
+    if (
+        cpu
+        and "MASTER_ADDR" in os.environ
+        and not any(name in os.environ for name in _MPI_WORLD_SIZE_VARIABLES)
+    ):
         raise ValueError(
             "accelerate launch --cpu --num_processes N starts ONE process (Accelerate runs several CPU processes "
             "only through MPI): launch N processes on gloo with `accelerate launch --multi_gpu --num_processes N` "
@@ -59,18 +61,17 @@ def shard_with_fsdp2(model: torch.nn.Module, accelerator) -> None:
     # Imported here: FSDP2's public API is torch >= 2.6's (pyproject allows older), needed only by `--fsdp` runs.
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    if isinstance(model, FSDPModule) or accelerator.state.fsdp_plugin.fsdp_version != 2:
-        return
     plugin = accelerator.state.fsdp_plugin
+    if isinstance(model, FSDPModule) or plugin.fsdp_version != 2:
+        return
     # Resolve the plugin's wrap policy on the plain model (its layer classes by name; from `_no_split_modules`
     # unless --fsdp_config names others): Accelerate resolves it again on the sharded model, whose classes are renamed.
     plugin.set_auto_wrap_policy(model)
     layer_names = set(plugin.transformer_cls_names_to_wrap or model._no_split_modules or ())
     options = {
-        "reshard_after_forward": plugin.reshard_after_forward,
         "offload_policy": plugin.cpu_offload,
         "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
     }
     for module in [m for m in model.modules() if type(m).__name__ in layer_names]:
-        fully_shard(module, **options)
-    fully_shard(model, **{k: v for k, v in options.items() if k != "reshard_after_forward"})
+        fully_shard(module, reshard_after_forward=plugin.reshard_after_forward, **options)
+    fully_shard(model, **options)  # the root unit, with torch's reshard_after_forward for a root

@@ -33,13 +33,13 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..common.fileio import replace_files, temporary_sibling
+from ..common.fileio import replace_files, temporary_sibling, write_json
 from ..publishing.model_card import lowercases  # noqa: F401 (the card states it; the recipe asks it too)
 from .callbacks import saved_args
 from .data import read_lines
@@ -62,7 +62,7 @@ _MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens plus the byte 
 TextInput = str | os.PathLike | Iterable[str] | Iterable[list[str]]
 
 
-def _text_batches(files_or_iterator: TextInput, batch_size: int = 1000) -> Iterable:
+def _text_batches(files_or_iterator):
     """Sentences to train on: lines of files (a path or a list/tuple of paths), or the iterator as given.
 
     A list is always read as file paths, so a list of sentences fails loudly instead of being mistaken for
@@ -72,24 +72,16 @@ def _text_batches(files_or_iterator: TextInput, batch_size: int = 1000) -> Itera
         files_or_iterator = [files_or_iterator]
     if not isinstance(files_or_iterator, (list, tuple)):
         return files_or_iterator
-    paths = [Path(p) for p in files_or_iterator]
-    for path in paths:
-        if not path.is_file():
+    for path in files_or_iterator:
+        if not Path(path).is_file():
             raise FileNotFoundError(
                 f"No such text file: {str(path)!r}. To train on sentences rather than files, "
                 "pass an iterator such as iter(sentences)."
             )
-
-    def batches() -> Iterator[list[str]]:
-        for path in paths:
-            lines = read_lines(path)
-            while batch := list(itertools.islice(lines, batch_size)):
-                yield batch
-
-    return batches()
+    return itertools.chain.from_iterable(map(read_lines, files_or_iterator))
 
 
-def _new_bpe_tokenizer(lowercase: bool = False) -> Tokenizer:
+def _new_bpe_tokenizer(lowercase=False):
     """An untrained byte-level BPE pipeline whose decode exactly inverts encode (see module docstring); with
     `lowercase`, it inverts the lowercased text."""
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
@@ -106,23 +98,6 @@ def _new_bpe_tokenizer(lowercase: bool = False) -> Tokenizer:
         special_tokens=[(EOS_TOKEN, EOS_ID)],
     )
     return tokenizer
-
-
-def _wrap(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        pad_token=PAD_TOKEN,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        model_max_length=model_max_length,
-        padding_side="right",
-        truncation_side="right",
-        # The decoder already restores the exact text; clean-up would turn "a , b" into "a, b" (transformers 5
-        # skips it for BPE with a warning; saying so here keeps it off and silent).
-        clean_up_tokenization_spaces=False,
-        model_input_names=["input_ids", "attention_mask"],
-    )
 
 
 def check_special_ids(tokenizer: PreTrainedTokenizerFast, name: str = "tokenizer") -> None:
@@ -190,7 +165,20 @@ def train_bpe_tokenizer(
         vocab_size,
         " on lowercased text" if lowercase else "",
     )
-    return _wrap(tokenizer, model_max_length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        model_max_length=model_max_length,
+        padding_side="right",
+        truncation_side="right",
+        # The decoder already restores the exact text; clean-up would turn "a , b" into "a, b" (transformers 5
+        # skips it for BPE with a warning; saying so here keeps it off and silent).
+        clean_up_tokenization_spaces=False,
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def train_separate_tokenizers(
@@ -198,24 +186,20 @@ def train_separate_tokenizers(
     target_files_or_iterator: TextInput,
     vocab_size: int = 37000,
     target_vocab_size: int | None = None,
-    min_frequency: int = 2,
-    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
     save_directory: str | os.PathLike | None = None,
-    show_progress: bool = True,
-    lowercase: bool = False,
-    length: int | None = None,
+    **options,
 ) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
     """One BPE vocabulary per language instead of the paper's shared one (§5.1); same special ids in both.
 
     With separate vocabularies the encoder and decoder embeddings cannot be shared (§3.4 shares them only
     with a joint vocabulary). `vocab_size` sizes the source vocabulary and, unless `target_vocab_size` is
-    given, the target one; `length` is the number of sentences of each side, for the progress bar. If
+    given, the target one. `options` are `train_bpe_tokenizer`'s (`min_frequency`, `model_max_length`,
+    `show_progress`, `lowercase`, and `length`, the number of sentences of each side, for the progress bar). If
     `save_directory` is given, the tokenizers are written to `<save_directory>/source` and `<save_directory>/target`
     (see `save_tokenizers`).
     """
-    options = (min_frequency, model_max_length, show_progress, lowercase, length)
-    source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, *options)
-    target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, *options)
+    source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, **options)
+    target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, **options)
     if save_directory is not None:
         save_tokenizers(source, target, save_directory)
     return source, target
@@ -240,22 +224,11 @@ def save_tokenizers(
             target_tokenizer.save_pretrained(building / TARGET_SUBDIR)
             pair = _pair_digest(building / SOURCE_SUBDIR, building / TARGET_SUBDIR)
             for side in (SOURCE_SUBDIR, TARGET_SUBDIR):
-                (building / side / PAIR_FILE).write_text(json.dumps({"pair": pair}) + "\n", encoding="utf-8")
+                write_json(building / side / PAIR_FILE, {"pair": pair})
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    replace_files(building, directory)
-    if source_tokenizer is target_tokenizer:
-        logger.debug("Saved the joint tokenizer (%d tokens) to %s", len(source_tokenizer), directory)
-        return
-    logger.debug(
-        "Saved the source (%d tokens) and target (%d tokens) tokenizers to %s/{%s,%s}",
-        len(source_tokenizer),
-        len(target_tokenizer),
-        directory,
-        SOURCE_SUBDIR,
-        TARGET_SUBDIR,
-    )
+    replace_files(building, directory)  # the callers log what they saved
 
 
 def load_tokenizers(
@@ -339,14 +312,14 @@ def load_model_tokenizers(
     return tokenizers
 
 
-def _pair_digest(source_dir: Path, target_dir: Path) -> str:
+def _pair_digest(source_dir, target_dir):
     digest = hashlib.sha256()
     for folder in (source_dir, target_dir):
         digest.update((folder / "tokenizer.json").read_bytes())
     return digest.hexdigest()
 
 
-def _check_pair(source_dir: Path, target_dir: Path) -> None:
+def _check_pair(source_dir, target_dir):
     """Refuse separate vocabularies whose two sides were not saved together (see `PAIR_FILE`)."""
     marks = [folder / PAIR_FILE for folder in (source_dir, target_dir)]
     if not all(mark.is_file() for mark in marks):
@@ -359,7 +332,7 @@ def _check_pair(source_dir: Path, target_dir: Path) -> None:
         )
 
 
-def _load_tokenizer(folder: Path, check_ids: bool = True) -> PreTrainedTokenizerFast:
+def _load_tokenizer(folder, check_ids=True):
     """`AutoTokenizer.from_pretrained(folder)`, its special ids checked; a file that is not valid JSON (cut short by
     a kill, say) raises `ValueError` naming it."""
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
