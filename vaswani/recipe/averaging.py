@@ -227,12 +227,3 @@ def average_checkpoints(
     logger.info("Wrote the averaged model to %s (copied from %s: %s)", output_dir, newest, ", ".join(copied))
     return output_dir
 
-
-def average_last_checkpoints(
-    run_dir: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    num_checkpoints: int = 5,
-    show_progress: bool = True,
-) -> Path:
-    """Average the last `num_checkpoints` `checkpoint-<step>` folders of `run_dir` (§6.1: 5 for base, 20 for big)."""
-    return average_checkpoints(last_checkpoints(run_dir, num_checkpoints), output_dir, show_progress)
