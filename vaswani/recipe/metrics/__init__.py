@@ -6,8 +6,8 @@
   Multi30k results; not comparable with `compute_bleu` on raw text.
 - `compute_tokenized_bleu(...)`: the paper's WMT BLEU, case-sensitive on Moses-tokenized text with hyphenated
   compounds split (tensor2tensor's `get_ende_bleu.sh`, then `multi-bleu.perl`); not comparable with either.
-- `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
-- `reported_scores(...)`: both as the flat record a run reports (`test_results.json`, the model card's results).
+- `reported_scores(...)`: all of them as the flat record a run reports (`test_results.json`, the model card's results).
+- `score_files(...)`: that record for a hypothesis file and reference files (`vaswani-evaluate`).
 - `score_lines(...)`: that record as the tools print it, each line naming its BLEU.
 - `bleu_metric_fn(...)`: BLEU and chrF during training, as the Trainer's `compute_metrics`.
 
@@ -205,14 +205,9 @@ def score_files(
     lowercase: bool = False,
     chrf_word_order: int = 0,
     moses_lang: str | None = None,
-) -> dict[str, dict]:
-    """Score a hypothesis file against one or more reference files (one segment a line, `.gz` allowed).
-
-    Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` and
-    `"tokenized": compute_tokenized_bleu(..., lang=moses_lang)` when `moses_lang` is given, `lowercase` applying to
-    both BLEU and chrF and the tokenized BLEU. Raises `ValueError` naming the files if their line counts differ.
-    """
-    check_bleu_tokenizer(tokenize)
+) -> dict:
+    """`reported_scores` of a hypothesis file against one or more reference files (one segment a line, `.gz`
+    allowed). Raises `ValueError` naming the files if their line counts differ."""
     if moses_lang is not None:
         check_moses_lang(moses_lang)
     from ..data import read_lines  # here: scoring text files needs neither datasets nor torch
@@ -225,28 +220,29 @@ def score_files(
         if len(stream) != len(hypotheses):
             raise ValueError(f"{hypotheses_path} has {len(hypotheses)} lines but {path} has {len(stream)}")
     per_segment = [list(refs) for refs in zip(*references, strict=True)]
-    scores = {"sacrebleu": compute_bleu(hypotheses, per_segment, tokenize, lowercase, chrf_word_order)}
-    if moses_lang is not None:
-        scores["moses"] = compute_moses_bleu(hypotheses, per_segment, moses_lang)
-        scores["tokenized"] = compute_tokenized_bleu(hypotheses, per_segment, moses_lang, lowercase)
-    return scores
+    return reported_scores(hypotheses, per_segment, moses_lang, lowercase, tokenize, chrf_word_order)
 
 
 def reported_scores(
     predictions: Sequence[str],
     references: Sequence[str] | Sequence[Sequence[str]],
-    lang: str,
+    lang: str | None = None,
     lowercase: bool = False,
+    tokenize: str = "13a",
+    chrf_word_order: int = 0,
 ) -> dict:
-    """BLEU and chrF on the raw text, BLEU on lowercased Moses-tokenized `lang` text (published Multi30k figures) and
-    the paper's tokenized BLEU with compounds split (WMT), with their signatures, under the keys a run's
-    `test_results.json` uses and `vaswani.publishing.model_card.EvalResults` reads. `lowercase` makes the
+    """BLEU and chrF on the raw text (`compute_bleu` with `tokenize` and `chrf_word_order`), and for the target
+    language `lang` BLEU on lowercased Moses-tokenized text (published Multi30k figures, `compute_moses_bleu`) and the
+    paper's tokenized BLEU with compounds split (WMT, `compute_tokenized_bleu`), with their signatures, under the keys
+    a run's `test_results.json` uses and `vaswani.publishing.model_card.EvalResults` reads. `lowercase` makes the
     raw-text BLEU, chrF and the tokenized BLEU case-insensitive (signature `case:lc`), for a model that writes
     lowercase only: scored case-sensitively, its output loses every capitalised word.
 
     For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
-    raw = compute_bleu(predictions, references, lowercase=lowercase)
+    raw = compute_bleu(predictions, references, tokenize, lowercase, chrf_word_order)
     record = {key: raw[key] for key in ("bleu", "bleu_signature", "chrf", "chrf_signature")}
+    if lang is None:
+        return record
     if lang not in moses_languages():
         logger.warning("No Moses rules for %r: the scores leave out lowercased Moses-tokenized BLEU", lang)
         return record
