@@ -7,8 +7,6 @@ Files hold one segment a line (`.gz` allowed) and must have the same number of l
 `vaswani.recipe.metrics.score_files`; see `compute_moses_bleu` and `compute_tokenized_bleu` for what `--moses_lang` adds.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg

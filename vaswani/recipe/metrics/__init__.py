@@ -15,12 +15,8 @@ Both `compute_bleu` and the `evaluate` metric score with `sacrebleu_chrf/scoring
 `evaluate` copies the metric and that file out of the package before importing them.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 import re
-from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -35,7 +31,7 @@ METRIC_PATH = Path(__file__).parent / "sacrebleu_chrf"
 BLEU_TOKENIZERS = tuple(BLEU.TOKENIZERS)  # sacreBLEU's `tokenize` values: 13a, intl, char, none, ...
 
 
-def check_bleu_tokenizer(tokenize: str) -> None:
+def check_bleu_tokenizer(tokenize):
     """Raise `ValueError` unless sacreBLEU has the BLEU tokenizer `tokenize`."""
     if tokenize not in BLEU_TOKENIZERS:
         raise ValueError(
@@ -44,7 +40,7 @@ def check_bleu_tokenizer(tokenize: str) -> None:
 
 
 @cache
-def moses_languages() -> tuple[str, ...]:
+def moses_languages():
     """The language codes for which sacremoses has Moses' rules (nonbreaking prefixes)."""
     try:
         from sacremoses.corpus import NonbreakingPrefixes
@@ -55,7 +51,7 @@ def moses_languages() -> tuple[str, ...]:
     return tuple(sorted(set(NonbreakingPrefixes().available_langs.values())))
 
 
-def check_moses_lang(lang: str) -> None:
+def check_moses_lang(lang):
     """Raise `ValueError` unless Moses has rules for `lang` (sacremoses would silently tokenize anything else
     without them, giving BLEU that no published figure was computed with)."""
     if lang not in moses_languages():
@@ -76,12 +72,12 @@ def load_translation_metric(**kwargs):
 
 
 def compute_bleu(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    tokenize: str = "13a",
-    lowercase: bool = False,
-    chrf_word_order: int = 0,
-) -> dict:
+    predictions,
+    references,
+    tokenize="13a",
+    lowercase=False,
+    chrf_word_order=0,
+):
     """Corpus BLEU and chrF of detokenized `predictions` against `references`, with sacreBLEU signatures.
 
     Args:
@@ -100,14 +96,14 @@ def compute_bleu(
     return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order)
 
 
-def _check_counts(predictions: Sequence[str], references: Sequence) -> None:
+def _check_counts(predictions, references):
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
     if not predictions:
         raise ValueError("No predictions to score")
 
 
-def moses_lowercase_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+def moses_lowercase_tokenize(texts, lang):
     """Lowercase, normalize punctuation and Moses-tokenize, as Multi30k's `scripts/task1-tokenize.sh` does.
 
     That script runs `lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG` to make
@@ -124,10 +120,10 @@ def moses_lowercase_tokenize(texts: Sequence[str], lang: str) -> list[str]:
 
 
 def compute_moses_bleu(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    lang: str,
-) -> dict:
+    predictions,
+    references,
+    lang,
+):
     """BLEU "comparable to published Multi30k numbers": lowercased, Moses-tokenized, no further tokenization.
 
     Exactly: hypotheses and references (plain detokenized text) both go through `moses_lowercase_tokenize`
@@ -154,14 +150,14 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 TOKENIZED_BLEU_NOTE = "Moses-tokenized, compounds split as ##AT##-##AT##"
 
 
-def split_compounds(text: str) -> str:
+def split_compounds(text):
     """ "rich-text format" -> "rich ##AT##-##AT## text format", as the Stanford NMT and GNMT papers scored WMT en-de
     and tensor2tensor's `get_ende_bleu.sh` does it (one pass of non-overlapping matches: "a-b-c" keeps its second
     hyphen)."""
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
 
 
-def moses_compound_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+def moses_compound_tokenize(texts, lang):
     """`tokenizer.perl -l LANG` (escaping on, no aggressive hyphen splitting), then `split_compounds`: the text
     `multi-bleu.perl` scores in `get_ende_bleu.sh`. Case is kept."""
     from sacremoses import MosesTokenizer
@@ -171,11 +167,11 @@ def moses_compound_tokenize(texts: Sequence[str], lang: str) -> list[str]:
 
 
 def compute_tokenized_bleu(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    lang: str,
-    lowercase: bool = False,
-) -> dict:
+    predictions,
+    references,
+    lang,
+    lowercase=False,
+):
     """The BLEU the paper reports on WMT 2014 (27.3 base, 28.4 big on en-de): `multi-bleu.perl` on Moses-tokenized
     text with hyphenated compounds split, which tensor2tensor's `get_ende_bleu.sh` computes from detokenized output
     and references.
@@ -199,13 +195,13 @@ def compute_tokenized_bleu(
 
 
 def score_files(
-    hypotheses_path: str | os.PathLike,
-    reference_paths: Sequence[str | os.PathLike],
-    tokenize: str = "13a",
-    lowercase: bool = False,
-    chrf_word_order: int = 0,
-    moses_lang: str | None = None,
-) -> dict:
+    hypotheses_path,
+    reference_paths,
+    tokenize="13a",
+    lowercase=False,
+    chrf_word_order=0,
+    moses_lang=None,
+):
     """`reported_scores` of a hypothesis file against one or more reference files (one segment a line, `.gz`
     allowed). Raises `ValueError` naming the files if their line counts differ."""
     if moses_lang is not None:
@@ -224,13 +220,13 @@ def score_files(
 
 
 def reported_scores(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    lang: str | None = None,
-    lowercase: bool = False,
-    tokenize: str = "13a",
-    chrf_word_order: int = 0,
-) -> dict:
+    predictions,
+    references,
+    lang=None,
+    lowercase=False,
+    tokenize="13a",
+    chrf_word_order=0,
+):
     """BLEU and chrF on the raw text (`compute_bleu` with `tokenize` and `chrf_word_order`), and for the target
     language `lang` BLEU on lowercased Moses-tokenized text (published Multi30k figures, `compute_moses_bleu`) and the
     paper's tokenized BLEU with compounds split (WMT, `compute_tokenized_bleu`), with their signatures, under the keys
@@ -254,7 +250,7 @@ def reported_scores(
     return record
 
 
-def score_lines(record: dict, lang: str | None = None) -> list[str]:
+def score_lines(record, lang=None):
     """What `vaswani-evaluate` and `vaswani-translate --references` print for a record with `reported_scores`' keys:
     lines "NAME = score<TAB>signature", each saying which score it is. "BLEU" is sacreBLEU on the detokenized text
     (WMT's own figure, comparable across papers through its signature); "BLEU (tokenized, compounds split, ...)" is
@@ -277,7 +273,7 @@ def score_lines(record: dict, lang: str | None = None) -> list[str]:
     return lines
 
 
-def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
+def bleu_metric_fn(tokenizer, references):
     """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: sacreBLEU and chrF of the decoded
     predictions against the raw reference text, case-insensitive if the tokenizer lowercases (its model writes
     lowercase only). Under DDP the gathered predictions can carry padded duplicates at the end; only the first
@@ -286,7 +282,7 @@ def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
 
     lowercase = lowercases(tokenizer)
 
-    def compute(eval_prediction) -> dict:
+    def compute(eval_prediction):
         predictions = eval_prediction.predictions
         if isinstance(predictions, tuple):
             predictions = predictions[0]

@@ -5,7 +5,7 @@
 from sacrebleu.metrics import BLEU, CHRF
 
 
-def reference_streams(references) -> list[list[str]]:
+def reference_streams(references):
     """sacreBLEU's layout (one list per reference set) from one reference or a list of them per segment."""
     if references and isinstance(references[0], str):
         return [list(references)]
@@ -15,13 +15,13 @@ def reference_streams(references) -> list[list[str]]:
     return [[refs[i] for refs in references] for i in range(n_refs)]
 
 
-def bleu_statistics(score) -> dict:
+def bleu_statistics(score):
     """The n-gram statistics behind a sacreBLEU `BLEUScore`."""
     names = ("counts", "totals", "precisions", "bp", "sys_len", "ref_len")
     return {name: getattr(score, name) for name in names}
 
 
-def corpus_scores(predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0) -> dict:
+def corpus_scores(predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0):
     """BLEU and chrF of `predictions` against `references` (one or a list per segment), with their signatures and
     BLEU's n-gram statistics."""
     streams = reference_streams(references)
