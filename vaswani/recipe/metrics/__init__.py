@@ -31,14 +31,6 @@ METRIC_PATH = Path(__file__).parent / "sacrebleu_chrf"
 BLEU_TOKENIZERS = tuple(BLEU.TOKENIZERS)  # sacreBLEU's `tokenize` values: 13a, intl, char, none, ...
 
 
-def check_bleu_tokenizer(tokenize):
-    """Raise `ValueError` unless sacreBLEU has the BLEU tokenizer `tokenize`."""
-    if tokenize not in BLEU_TOKENIZERS:
-        raise ValueError(
-            f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
-        )
-
-
 @cache
 def moses_languages():
     """The language codes for which sacremoses has Moses' rules (nonbreaking prefixes)."""
@@ -92,7 +84,10 @@ def compute_bleu(
         "sys_len", "ref_len"}`, the same keys and values as `load_translation_metric().compute(...)`.
     """
     _check_counts(predictions, references)
-    check_bleu_tokenizer(tokenize)
+    if tokenize not in BLEU_TOKENIZERS:
+        raise ValueError(
+            f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
+        )
     return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order)
 
 
@@ -134,14 +129,14 @@ def compute_moses_bleu(
     `case:lc|tok:none`. chrF is computed on the same
     tokenized text. Scores of `compute_bleu` on raw text are a different measurement: never compare the two.
     """
-    _check_counts(predictions, references)
     check_moses_lang(lang)
-    streams = reference_streams(references)
-    tokenized_refs = [moses_lowercase_tokenize(stream, lang) for stream in streams]
-    per_segment = [list(refs) for refs in zip(*tokenized_refs, strict=True)]
+    streams = [moses_lowercase_tokenize(stream, lang) for stream in reference_streams(references)]
     # The text is lowercased already; `lowercase=True` changes no score and makes the signature say so (case:lc).
     return compute_bleu(
-        moses_lowercase_tokenize(predictions, lang), per_segment, tokenize="none", lowercase=True
+        moses_lowercase_tokenize(predictions, lang),
+        list(zip(*streams, strict=True)),
+        tokenize="none",
+        lowercase=True,
     )
 
 
@@ -256,21 +251,17 @@ def score_lines(record, lang=None):
     (WMT's own figure, comparable across papers through its signature); "BLEU (tokenized, compounds split, ...)" is
     the paper's WMT BLEU (`compute_tokenized_bleu`: 27.3 base, 28.4 big on newstest2014 en-de), higher than
     sacreBLEU's on the same output and never to be compared with it."""
-    lines = [
-        f"BLEU = {record['bleu']:.2f}\t{record['bleu_signature']}",
-        f"chrF = {record['chrf']:.2f}\t{record['chrf_signature']}",
+    names = {
+        "bleu": "BLEU",
+        "chrf": "chrF",
+        "bleu_lowercase_moses_tokenized": f"BLEU (lowercased, Moses-tokenized, {lang})",
+        "bleu_tokenized": f"BLEU (tokenized, compounds split, {lang}: the paper's WMT BLEU)",
+    }
+    return [
+        f"{name} = {record[key]:.2f}\t{record[f'{key}_signature']}"
+        for key, name in names.items()
+        if key in record
     ]
-    if "bleu_lowercase_moses_tokenized" in record:
-        lines.append(
-            f"BLEU (lowercased, Moses-tokenized, {lang}) = {record['bleu_lowercase_moses_tokenized']:.2f}\t"
-            f"{record['bleu_lowercase_moses_tokenized_signature']}"
-        )
-    if "bleu_tokenized" in record:
-        lines.append(
-            f"BLEU (tokenized, compounds split, {lang}: the paper's WMT BLEU) = {record['bleu_tokenized']:.2f}\t"
-            f"{record['bleu_tokenized_signature']}"
-        )
-    return lines
 
 
 def bleu_metric_fn(tokenizer, references):
