@@ -5,7 +5,6 @@ hand-over of mixed precision to the trainer."""
 import logging
 import time
 
-from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState, ProgressCallback
 
@@ -180,39 +179,32 @@ class RunProgress(ProgressCallback):
 
     def __init__(self, minutes=None):
         super().__init__()
-        self.seconds = None if minutes is None else minutes * 60
-        self.started = None
+        self.seconds = minutes * 60 if minutes else None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.seconds is None:
-            return super().on_train_begin(args, state, control, **kwargs)
-        self.current_step = state.global_step
+        super().on_train_begin(args, state, control, **kwargs)
         self.started = time.monotonic()
-        if state.is_world_process_zero:
+        if self.seconds and self.training_bar is not None:  # on the main process
             steps = "" if getattr(args, "timed_only", False) else f" or {state.max_steps} steps"
-            self.training_bar = tqdm(
-                total=1000,  # per mille of the run: the bar shows the time spent and left
-                dynamic_ncols=True,
-                desc=f"Training ({self.seconds / 60:g} min{steps})",
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]",
+            self.training_bar.reset(total=1000)  # per mille of the run: the bar shows the time spent and left
+            self.training_bar.set_description_str(
+                f"Training ({self.seconds / 60:g} min{steps})", refresh=False
+            )
+            self.training_bar.bar_format = (
+                "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
             )
 
-    def fraction(self, state):
-        """How much of the run is done: the larger of the time and the step fractions."""
-        elapsed = time.monotonic() - self.started
-        return min(1.0, max(elapsed / self.seconds, state.global_step / max(state.max_steps, 1)))
-
     def on_step_end(self, args, state, control, **kwargs):
-        if self.seconds is None:
+        if not self.seconds:
             return super().on_step_end(args, state, control, **kwargs)
-        self.current_step = state.global_step
-        if state.is_world_process_zero and self.training_bar is not None:
-            self.training_bar.n = round(self.fraction(state) * self.training_bar.total)
-            self.training_bar.set_postfix(step=state.global_step, refresh=False)
-            self.training_bar.refresh()
+        if self.training_bar is not None:  # the larger of the time and the step fractions
+            done = max(
+                (time.monotonic() - self.started) / self.seconds, state.global_step / max(state.max_steps, 1)
+            )
+            self.training_bar.n = round(min(1.0, done) * self.training_bar.total)
+            self.training_bar.set_postfix(step=state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and self.seconds is not None:
+        if self.seconds and self.training_bar is not None:
             self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
-            self.training_bar.refresh()
         return super().on_train_end(args, state, control, **kwargs)
