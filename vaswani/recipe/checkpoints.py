@@ -183,12 +183,7 @@ def _check_tokenizer(folder, digest):
         )
 
 
-def resolve_resume_checkpoint(
-    resume,
-    output_dir,
-    training_state=True,
-    tokenizer_digest=None,
-):
+def resolve_resume_checkpoint(resume, output_dir, training_state=True, tokenizer_digest=None):
     """The checkpoint to resume from: an explicit folder (verified; an error names the reason) or, for
     `True`/"last", the newest checkpoint in `output_dir` that verifies (one cut short by a kill, without its
     training state, with weights that are not finite or of another tokenizer is skipped with a warning naming the

@@ -63,13 +63,7 @@ def load_translation_metric(**kwargs):
     return evaluate.load(str(METRIC_PATH), **kwargs)
 
 
-def compute_bleu(
-    predictions,
-    references,
-    tokenize="13a",
-    lowercase=False,
-    chrf_word_order=0,
-):
+def compute_bleu(predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0):
     """Corpus BLEU and chrF of detokenized `predictions` against `references`, with sacreBLEU signatures.
 
     Args:
@@ -114,11 +108,7 @@ def moses_lowercase_tokenize(texts, lang):
     ]
 
 
-def compute_moses_bleu(
-    predictions,
-    references,
-    lang,
-):
+def compute_moses_bleu(predictions, references, lang):
     """BLEU "comparable to published Multi30k numbers": lowercased, Moses-tokenized, no further tokenization.
 
     Exactly: hypotheses and references (plain detokenized text) both go through `moses_lowercase_tokenize`
@@ -161,12 +151,7 @@ def moses_compound_tokenize(texts, lang):
     return [split_compounds(tokenizer.tokenize(text, return_str=True, escape=True)) for text in texts]
 
 
-def compute_tokenized_bleu(
-    predictions,
-    references,
-    lang,
-    lowercase=False,
-):
+def compute_tokenized_bleu(predictions, references, lang, lowercase=False):
     """The BLEU the paper reports on WMT 2014 (27.3 base, 28.4 big on en-de): `multi-bleu.perl` on Moses-tokenized
     text with hyphenated compounds split, which tensor2tensor's `get_ende_bleu.sh` computes from detokenized output
     and references.
@@ -190,12 +175,7 @@ def compute_tokenized_bleu(
 
 
 def score_files(
-    hypotheses_path,
-    reference_paths,
-    tokenize="13a",
-    lowercase=False,
-    chrf_word_order=0,
-    moses_lang=None,
+    hypotheses_path, reference_paths, tokenize="13a", lowercase=False, chrf_word_order=0, moses_lang=None
 ):
     """`reported_scores` of a hypothesis file against one or more reference files (one segment a line, `.gz`
     allowed). Raises `ValueError` naming the files if their line counts differ."""
@@ -214,14 +194,7 @@ def score_files(
     return reported_scores(hypotheses, per_segment, moses_lang, lowercase, tokenize, chrf_word_order)
 
 
-def reported_scores(
-    predictions,
-    references,
-    lang=None,
-    lowercase=False,
-    tokenize="13a",
-    chrf_word_order=0,
-):
+def reported_scores(predictions, references, lang=None, lowercase=False, tokenize="13a", chrf_word_order=0):
     """BLEU and chrF on the raw text (`compute_bleu` with `tokenize` and `chrf_word_order`), and for the target
     language `lang` BLEU on lowercased Moses-tokenized text (published Multi30k figures, `compute_moses_bleu`) and the
     paper's tokenized BLEU with compounds split (WMT, `compute_tokenized_bleu`), with their signatures, under the keys
