@@ -43,13 +43,12 @@ TOKENIZER_PATTERNS = (
 
 
 def find_checkpoints(run_dir):
-    """The `checkpoint-<step>` folders of a run directory, oldest first (by step number, not by name)."""
+    """The `checkpoint-<step>` folders of a run directory, oldest first (by step number, not by name); none when the
+    folder is missing."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"No such run directory: {run_dir}")
     found = [
         (int(match.group(1)), path)
-        for path in run_dir.iterdir()
+        for path in (run_dir.iterdir() if run_dir.is_dir() else ())
         if path.is_dir() and (match := CHECKPOINT_PATTERN.match(path.name))
     ]
     return [path for _, path in sorted(found)]
@@ -61,6 +60,8 @@ def last_checkpoints(run_dir, num_checkpoints):
     Raises `ValueError` if the run has fewer (e.g. `save_total_limit` deleted them): asking for the paper's 5 and
     silently averaging 2 would give a different model.
     """
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"No such run directory: {run_dir}")
     checkpoints = find_checkpoints(run_dir)
     if len(checkpoints) < num_checkpoints:
         names = ", ".join(path.name for path in checkpoints) or "none"

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from transformers import EarlyStoppingCallback, TrainerControl, TrainerState
 
 from ..common.fileio import replace_files, temporary_sibling
-from .averaging import find_checkpoints
+from .averaging import find_checkpoints as checkpoints  # a run's checkpoints, as finish.py names them
 from .callbacks import RunTokenizer, TimedCheckpoints, TrainingClock, saved_args
 from .model_folders import check_safetensors
 from .tokenization import saved_tokenizer_digest
@@ -32,11 +32,6 @@ logger = logging.getLogger(__name__)
 
 # The values of `--resume_from_checkpoint` that start a run from scratch.
 NO_RESUME = (None, False, "", "False", "false", "no")
-
-
-def checkpoints(run_dir):
-    """The `checkpoint-<step>` folders of a run, oldest first (by step number); none when the folder is missing."""
-    return find_checkpoints(run_dir) if Path(run_dir).is_dir() else []
 
 
 # What transformers' Trainer reads from a checkpoint when it resumes (all with `torch.load(weights_only=True)`), and
@@ -103,8 +98,13 @@ def verify_checkpoint(folder, training_state=False, tokenizer_digest=None):
                 raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
             if name == "trainer_state.json":
                 check_trainer_state(path, parsed)
-    if tokenizer_digest is not None:
-        _check_tokenizer(folder, tokenizer_digest)
+    saved = tokenizer_digest and saved_tokenizer_digest(folder)
+    if saved and saved != tokenizer_digest:
+        raise ValueError(
+            f"Checkpoint {folder} was trained with another tokenizer than this run's (its token ids mean other "
+            "tokens): resume with the run's own tokenizer (drop --tokenizer_name, or give the one it was trained "
+            "with), or start a new run in another --output_dir"
+        )
     if training_state:
         for what, patterns in TRAINING_STATE:
             if not any(any(folder.glob(pattern)) for pattern in patterns):
@@ -123,9 +123,16 @@ def verify_checkpoint(folder, training_state=False, tokenizer_digest=None):
     for pattern in TORCH_STATE_FILES:
         for path in sorted(folder.glob(pattern)):
             _check_torch_archive(path)
-    if training_state:
-        for path in weights:
-            _check_finite(path)
+    for path in weights if training_state else ():
+        # A run that diverged: training on from NaN or infinite weights trains nothing and saves a model that
+        # outputs nothing.
+        with safe_open(str(path), framework="pt", device="cpu") as tensors:
+            for key in tensors.keys():
+                tensor = tensors.get_tensor(key)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    raise ValueError(
+                        f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
+                    )
 
 
 def check_trainer_state(path, state):
@@ -134,13 +141,8 @@ def check_trainer_state(path, state):
     with a field or value its callback does not take. Resuming from it ended in a `TypeError` naming neither."""
     if not isinstance(state, dict):
         raise ValueError(f"Checkpoint file {path} is not a training state: it holds a {type(state).__name__}")
-    fields = {field.name for field in dataclasses.fields(TrainerState)}
-    unknown = sorted(set(state) - fields)
-    if unknown:
-        raise ValueError(
-            f"Checkpoint file {path} has an unknown field {unknown[0]!r}: transformers' TrainerState takes "
-            f"{', '.join(sorted(fields))}"
-        )
+    fields = sorted(field.name for field in dataclasses.fields(TrainerState))
+    _check_fields(f"Checkpoint file {path} has", state, "transformers' TrainerState", fields)
     saved_callbacks = state.get("stateful_callbacks") or {}
     for name, saved in saved_callbacks.items() if isinstance(saved_callbacks, dict) else ():
         callback = STATEFUL_CALLBACKS.get(name)
@@ -149,37 +151,19 @@ def check_trainer_state(path, state):
             where = f"Checkpoint file {path} has in stateful_callbacks.{name}.args"
             if not isinstance(args, dict):
                 raise ValueError(f"{where} a {type(args).__name__}, not the fields of {name}")
-            accepted = [p for p in inspect.signature(callback).parameters if p != "clock"]
-            unknown = sorted(set(args) - set(accepted))
-            if unknown:
-                raise ValueError(
-                    f"{where} an unknown field {unknown[0]!r}: {name} takes {', '.join(accepted) or 'none'}"
-                )
+            _check_fields(
+                where, args, name, [p for p in inspect.signature(callback).parameters if p != "clock"]
+            )
             try:
                 callback(**args)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{where} a value {name} does not take: {error}") from None
 
 
-def _check_finite(path):
-    """Raise `ValueError` naming the tensor when a weights file holds NaN or infinite values (a run that diverged):
-    training on from them trains nothing and saves a model that outputs nothing."""
-    with safe_open(str(path), framework="pt", device="cpu") as weights:
-        for key in weights.keys():
-            tensor = weights.get_tensor(key)
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise ValueError(
-                    f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
-                )
-
-
-def _check_tokenizer(folder, digest):
-    saved = saved_tokenizer_digest(folder)
-    if saved is not None and saved != digest:
+def _check_fields(where, given, owner, accepted):
+    if unknown := sorted(set(given) - set(accepted)):
         raise ValueError(
-            f"Checkpoint {folder} was trained with another tokenizer than this run's (its token ids mean other "
-            "tokens): resume with the run's own tokenizer (drop --tokenizer_name, or give the one it was trained "
-            "with), or start a new run in another --output_dir"
+            f"{where} an unknown field {unknown[0]!r}: {owner} takes {', '.join(accepted) or 'none'}"
         )
 
 
