@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-from .sacrebleu_chrf.scoring import bleu_statistics, corpus_scores, reference_streams
+from .sacrebleu_chrf.scoring import corpus_scores, reference_streams
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,9 @@ def load_translation_metric(**kwargs):
     return evaluate.load(str(METRIC_PATH), **kwargs)
 
 
-def compute_bleu(predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0):
+def compute_bleu(
+    predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0, smooth_method="exp"
+):
     """Corpus BLEU and chrF of detokenized `predictions` against `references`, with sacreBLEU signatures.
 
     Args:
@@ -72,6 +74,7 @@ def compute_bleu(predictions, references, tokenize="13a", lowercase=False, chrf_
         tokenize: sacreBLEU's BLEU tokenizer: "13a" (its default, WMT's mteval), "intl", "char", "none", ...
         lowercase: case-insensitive BLEU and chrF.
         chrf_word_order: 0 for chrF, 2 for chrF++.
+        smooth_method: sacreBLEU's BLEU smoothing: "exp" (its default), "none" (`multi-bleu.perl`), ...
 
     Returns:
         `{"bleu", "chrf", "bleu_signature", "chrf_signature", "counts", "totals", "precisions", "bp",
@@ -82,7 +85,7 @@ def compute_bleu(predictions, references, tokenize="13a", lowercase=False, chrf_
         raise ValueError(
             f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
         )
-    return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order)
+    return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order, smooth_method)
 
 
 def _check_counts(predictions, references):
@@ -119,15 +122,8 @@ def compute_moses_bleu(predictions, references, lang):
     `case:lc|tok:none`. chrF is computed on the same
     tokenized text. Scores of `compute_bleu` on raw text are a different measurement: never compare the two.
     """
-    check_moses_lang(lang)
-    streams = [moses_lowercase_tokenize(stream, lang) for stream in reference_streams(references)]
     # The text is lowercased already; `lowercase=True` changes no score and makes the signature say so (case:lc).
-    return compute_bleu(
-        moses_lowercase_tokenize(predictions, lang),
-        list(zip(*streams, strict=True)),
-        tokenize="none",
-        lowercase=True,
-    )
+    return _bleu_of_moses_tokens(moses_lowercase_tokenize, predictions, references, lang, lowercase=True)
 
 
 # tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as re.sub)
@@ -162,16 +158,18 @@ def compute_tokenized_bleu(predictions, references, lang, lowercase=False):
     than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
     `lowercase` scores it case-insensitively (`case:lc`), for a model that writes lowercase only.
     """
-    _check_counts(predictions, references)
+    scores = _bleu_of_moses_tokens(
+        moses_compound_tokenize, predictions, references, lang, lowercase=lowercase, smooth_method="none"
+    )
+    scores["bleu_signature"] += f" ({TOKENIZED_BLEU_NOTE})"
+    return scores
+
+
+def _bleu_of_moses_tokens(tokenize, predictions, references, lang, **options):
+    """`compute_bleu` of the texts as `tokenize(texts, lang)` writes them, split on spaces only."""
     check_moses_lang(lang)
-    streams = [moses_compound_tokenize(stream, lang) for stream in reference_streams(references)]
-    bleu = BLEU(tokenize="none", smooth_method="none", force=True, lowercase=lowercase)
-    score = bleu.corpus_score(moses_compound_tokenize(predictions, lang), streams)
-    return {
-        "bleu": score.score,
-        "bleu_signature": f"{score.name}|{bleu.get_signature()} ({TOKENIZED_BLEU_NOTE})",
-        **bleu_statistics(score),
-    }
+    streams = [tokenize(stream, lang) for stream in reference_streams(references)]
+    return compute_bleu(tokenize(predictions, lang), list(zip(*streams, strict=True)), "none", **options)
 
 
 def score_files(
