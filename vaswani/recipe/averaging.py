@@ -30,8 +30,10 @@ from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_to
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-# Tokenizer files `save_pretrained` of a tokenizer may write (fast and slow ones), copied from the newest checkpoint.
-TOKENIZER_PATTERNS = (
+# The files copied from the newest checkpoint: the generation config and those `save_pretrained` of a tokenizer may
+# write (fast and slow ones).
+COMPANION_PATTERNS = (
+    "generation_config.json",
     "tokenizer*",
     "special_tokens_map.json",
     "added_tokens.json",
@@ -153,12 +155,12 @@ def _copy_companion_files(newest, output_dir):
     """Copy the tokenizer files, `generation_config.json` and remote-code files of `newest` to `output_dir`."""
     copied = []
     for path in sorted(newest.iterdir()):
-        is_tokenizer_file = path.is_file() and any(
-            fnmatch.fnmatch(path.name, pattern) for pattern in TOKENIZER_PATTERNS
+        is_companion = path.is_file() and any(
+            fnmatch.fnmatch(path.name, pattern) for pattern in COMPANION_PATTERNS
         )
         # Code the config refers to (e.g. a custom pipeline) that save_pretrained did not write itself.
         is_extra_code = path.suffix == ".py" and not (output_dir / path.name).exists()
-        if is_tokenizer_file or is_extra_code or path.name == "generation_config.json":
+        if is_companion or is_extra_code:
             shutil.copy2(path, output_dir / path.name)
             copied.append(path.name)
         elif path.is_dir() and path.name in (SOURCE_SUBDIR, TARGET_SUBDIR):  # separate vocabularies

@@ -93,7 +93,6 @@ def seconds_to_decode(
     limits = [max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size]]
     batch = [torch.tensor(ids, dtype=torch.long) for ids in longest_first[:batch_size]]
     input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id)
-    attention_mask = pad_sequence([torch.ones_like(ids) for ids in batch], batch_first=True)
     device = next(model.parameters()).device
     training = model.training
     model.eval()
@@ -106,7 +105,7 @@ def seconds_to_decode(
             started = time.perf_counter()
             model.generate(
                 input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
+                attention_mask=(input_ids != pad_token_id).to(device),  # no source holds the padding id
                 num_beams=num_beams,
                 max_new_tokens=PROBE_STEPS,
                 min_new_tokens=PROBE_STEPS,

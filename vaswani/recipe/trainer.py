@@ -154,7 +154,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         every file appears whole (written beside the folder, then renamed into it), and `training_args.bin` never
         holds the Hub token. The model's `save_pretrained` makes the folder whole (code, pipeline, custom
         generate), FSDP-wrapped too."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        output_dir = output_dir or self.args.output_dir
         token, self.args.hub_token = self.args.hub_token, None
         try:
             if not self.args.should_save:
