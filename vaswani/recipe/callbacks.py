@@ -44,8 +44,7 @@ class CompileCounter(TrainerCallback):
     and whether that stopped."""
 
     def __init__(self):
-        self.seen = compiled_graphs()
-        self.at_start = self.seen
+        self.seen = self.at_start = compiled_graphs()
 
     def on_step_end(self, args, state, control, **kwargs):
         now = compiled_graphs()
@@ -103,13 +102,12 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
 
     def __init__(self, minutes, seconds_since_save=0.0, clock=time.monotonic):
         self.minutes = float(minutes)
-        self.seconds_before = float(seconds_since_save)
         self.clock = clock
-        self.since = clock()
+        self.saved_at = clock() - float(seconds_since_save)  # the clock's time at the last checkpoint
 
     @property
     def seconds_since_save(self):
-        return self.seconds_before + self.clock() - self.since
+        return self.clock() - self.saved_at
 
     def state(self):
         return {
@@ -121,8 +119,7 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         # A resumed run continues from its checkpoint's count; a fresh one (or a checkpoint written without this
         # callback) from zero.
         saved = saved_args(state.stateful_callbacks, type(self).__name__) or {}
-        self.seconds_before = float(saved.get("seconds_since_save", 0.0))
-        self.since = self.clock()
+        self.saved_at = self.clock() - float(saved.get("seconds_since_save", 0.0))
         if state.stateful_callbacks is not None:
             state.stateful_callbacks[type(self).__name__] = self.state()
 
@@ -130,7 +127,7 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         if self.seconds_since_save >= self.minutes * 60 or state.global_step >= state.max_steps:
             control.should_save = True
         if control.should_save:
-            self.seconds_before, self.since = 0.0, self.clock()
+            self.saved_at = self.clock()
         return control
 
 
