@@ -86,18 +86,18 @@ def verify_checkpoint(folder, training_state=False, tokenizer_digest=None):
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Checkpoint folder {folder} does not exist.")
-    for required in ("config.json", "trainer_state.json"):
-        if not (folder / required).is_file():
-            raise ValueError(f"Checkpoint {folder} is incomplete: {folder / required} is missing.")
     for name in JSON_FILES:
         path = folder / name
-        if path.is_file():
-            try:
-                parsed = json.loads(path.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as error:
-                raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
-            if name == "trainer_state.json":
-                check_trainer_state(path, parsed)
+        if not path.is_file():
+            if name == "generation_config.json":  # the only optional one
+                continue
+            raise ValueError(f"Checkpoint {folder} is incomplete: {path} is missing.")
+        try:
+            parsed = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
+        if name == "trainer_state.json":
+            check_trainer_state(path, parsed)
     saved = tokenizer_digest and saved_tokenizer_digest(folder)
     if saved and saved != tokenizer_digest:
         raise ValueError(

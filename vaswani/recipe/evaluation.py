@@ -63,12 +63,8 @@ def describe_decoding(pairs, num_beams, batch_size, processes=1, max_new_tokens=
     batches = math.ceil(pairs / max(1, batch_size * processes))
     per = f"{batch_size} a batch" + (f" on each of {processes} processes" if processes > 1 else "")
     per += f" ({batches} {'batch' if batches == 1 else 'batches'}{' each' if processes > 1 else ''})"
-    limit = (
-        f"at most {max_new_tokens} new tokens"
-        if max_new_tokens
-        else f"at most source length + {EXTRA_OUTPUT_TOKENS} new tokens"
-    )
-    return f"{pairs} pairs, {decoding}, {per}, {limit}"
+    limit = max_new_tokens or f"source length + {EXTRA_OUTPUT_TOKENS}"
+    return f"{pairs} pairs, {decoding}, {per}, at most {limit} new tokens"
 
 
 def seconds_to_decode(

@@ -69,7 +69,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         self.time_budget = TimeBudget(minutes) if minutes else None
         if self.time_budget:
             self.add_callback(self.time_budget)
-        if getattr(self.args, "paper_lr_schedule", False):
+        self.paper_schedule = getattr(self.args, "paper_lr_schedule", False)  # PaperTrainingArguments only
+        if self.paper_schedule:
             self.add_callback(WarmupEnd(minutes and minutes * 60))
         if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
             self.add_callback(TimedCheckpoints(self.args.save_minutes))
@@ -246,7 +247,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.model.generation_config = own
 
     def create_scheduler(self, num_training_steps, optimizer=None):
-        if not getattr(self.args, "paper_lr_schedule", False):
+        if not self.paper_schedule:
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
             self.lr_scheduler = paper_schedule(
@@ -263,8 +264,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         """transformers' loading, then the §5.3 schedule's peak is this run's learning rate: a checkpoint saved when
         the optimizer's rate was the formula's multiplier (1.0) would otherwise make the peak 1.0."""
         super()._load_optimizer_and_scheduler(checkpoint)
-        paper = getattr(self.args, "paper_lr_schedule", False)
-        if checkpoint is not None and paper and hasattr(self.lr_scheduler, "base_lrs"):
+        if checkpoint is not None and self.paper_schedule and hasattr(self.lr_scheduler, "base_lrs"):
             self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
 
     def train(self, *args, **kwargs):

@@ -188,7 +188,7 @@ def score_files(
     for path, stream in zip(reference_paths, references, strict=True):
         if len(stream) != len(hypotheses):
             raise ValueError(f"{hypotheses_path} has {len(hypotheses)} lines but {path} has {len(stream)}")
-    per_segment = [list(refs) for refs in zip(*references, strict=True)]
+    per_segment = list(zip(*references, strict=True))
     return reported_scores(hypotheses, per_segment, moses_lang, lowercase, tokenize, chrf_word_order)
 
 
