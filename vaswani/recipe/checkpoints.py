@@ -177,9 +177,8 @@ def resolve_resume_checkpoint(resume, output_dir, training_state=True, tokenizer
     than trained afresh among them."""
     if not asks_to_resume(resume):
         return None
-    check = {"training_state": training_state, "tokenizer_digest": tokenizer_digest}
     if resume not in (True, "True", "true", "last", "yes"):
-        verify_checkpoint(resume, **check)
+        verify_checkpoint(resume, training_state, tokenizer_digest)
         return str(resume)
     candidates = checkpoints(output_dir)
     if not candidates:
@@ -188,7 +187,7 @@ def resolve_resume_checkpoint(resume, output_dir, training_state=True, tokenizer
     reasons = {}  # each refused checkpoint's reason, its own path left out, so that equal reasons compare equal
     for candidate in reversed(candidates):
         try:
-            verify_checkpoint(candidate, **check)
+            verify_checkpoint(candidate, training_state, tokenizer_digest)
             return str(candidate)
         except ValueError as error:
             logger.warning("Skipping checkpoint %s: %s", candidate, error)

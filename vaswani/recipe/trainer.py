@@ -81,8 +81,6 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.add_callback(RunProgress(minutes))
         if hasattr(self.args, "learning_rate_constant"):  # PaperTrainingArguments: the peak needs d_model
             resolve_peak_learning_rate(self.args, self.model.config.d_model)
-        self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
-        self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
         self._owns_loss = False
         if self.args.label_smoothing_factor and self.compute_loss_func is None:
             self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
@@ -268,8 +266,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
 
     def train(self, *args, **kwargs):
-        self._trained = {"sentences": 0, "tokens": 0}
-        self._step_clock = None
+        self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
+        self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
         return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -291,7 +289,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
         target tokens, of every process. Each training log (`loss`) also gives `seconds_per_step`: the wall time per
         optimizer step since the previous one (since the first step for the first), evaluations included."""
-        clock = self._step_clock
+        clock = getattr(self, "_step_clock", None)  # None before train()
         if "loss" in logs and clock is not None and self.state.global_step > clock[1]:
             now = time.monotonic()
             logs["seconds_per_step"] = round((now - clock[0]) / (self.state.global_step - clock[1]), 4)
