@@ -80,19 +80,15 @@ def compute_bleu(
         `{"bleu", "chrf", "bleu_signature", "chrf_signature", "counts", "totals", "precisions", "bp",
         "sys_len", "ref_len"}`, the same keys and values as `load_translation_metric().compute(...)`.
     """
-    _check_counts(predictions, references)
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
+    if not predictions:
+        raise ValueError("No predictions to score")
     if tokenize not in BLEU_TOKENIZERS:
         raise ValueError(
             f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
         )
     return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order, smooth_method)
-
-
-def _check_counts(predictions, references):
-    if len(predictions) != len(references):
-        raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
-    if not predictions:
-        raise ValueError("No predictions to score")
 
 
 def moses_lowercase_tokenize(texts, lang):
