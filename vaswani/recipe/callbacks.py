@@ -168,40 +168,37 @@ class RunTokenizer(TrainerCallback, ExportableState):
 
 
 class RunProgress(ProgressCallback):
-    """The training progress bar, ending where the run ends: at `max_steps`, or at `minutes` of wall time when
-    `TimeBudget` stops the run first (`--max_train_minutes`), so that a 10-minute run never shows a 40-hour ETA.
+    """The training progress bar, ending where the run ends: at `max_steps`, or where the `budget` (a `TimeBudget`,
+    `--max_train_minutes`) stops the run first, so that a 10-minute run never shows a 40-hour ETA.
 
     With a time budget the bar fills with the time spent (the time left beside it, the step as a postfix), and moves
     ahead to the step fraction when steps run out first."""
 
-    def __init__(self, minutes=None):
+    def __init__(self, budget=None):
         super().__init__()
-        self.seconds = minutes * 60 if minutes else None
+        self.budget = budget
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
-        self.started = time.monotonic()
-        if self.seconds and self.training_bar is not None:  # on the main process
+        if self.budget and self.training_bar is not None:  # on the main process
             steps = "" if getattr(args, "timed_only", False) else f" or {state.max_steps} steps"
             self.training_bar.reset(total=1000)  # per mille of the run: the bar shows the time spent and left
             self.training_bar.set_description_str(
-                f"Training ({self.seconds / 60:g} min{steps})", refresh=False
+                f"Training ({self.budget.seconds / 60:g} min{steps})", refresh=False
             )
             self.training_bar.bar_format = (
                 "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
             )
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not self.seconds:
+        if not self.budget:
             return super().on_step_end(args, state, control, **kwargs)
         if self.training_bar is not None:  # the larger of the time and the step fractions
-            done = max(
-                (time.monotonic() - self.started) / self.seconds, state.global_step / max(state.max_steps, 1)
-            )
+            done = max(self.budget.elapsed_fraction(), state.global_step / max(state.max_steps, 1))
             self.training_bar.n = round(min(1.0, done) * self.training_bar.total)
             self.training_bar.set_postfix(step=state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.seconds and self.training_bar is not None:
+        if self.budget and self.training_bar is not None:
             self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
         return super().on_train_end(args, state, control, **kwargs)

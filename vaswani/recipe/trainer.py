@@ -78,7 +78,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.add_callback(CompileCounter())
         self.evaluation_clock = EvaluationClock()
         if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
-            self.add_callback(RunProgress(minutes))
+            self.add_callback(RunProgress(self.time_budget))
         if hasattr(self.args, "learning_rate_constant"):  # PaperTrainingArguments: the peak needs d_model
             resolve_peak_learning_rate(self.args, self.model.config.d_model)
         self._owns_loss = False
