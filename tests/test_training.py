@@ -1097,7 +1097,9 @@ def test_the_progress_bar_ends_where_the_run_ends():
 
     state, control = TrainerState(), TrainerControl()
     state.max_steps, state.global_step = 100000, 0
-    bar = RunProgress(minutes=0.001)  # 60 ms of a run whose --max_steps would take 40 hours
+    budget = TimeBudget(minutes=0.001)  # 60 ms of a run whose --max_steps would take 40 hours
+    bar = RunProgress(budget)
+    budget.on_train_begin(None, state, control)  # before the bar, as the trainer adds them
     bar.on_train_begin(None, state, control)
     assert bar.training_bar.total == 1000  # per mille of the run
     time.sleep(0.1)

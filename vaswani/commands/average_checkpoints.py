@@ -6,8 +6,6 @@ The paper averages the last 5 checkpoints (written every 10 minutes) for base mo
 newest checkpoint's tokenizer and generation config, and replaces an earlier one in one step (never half-written).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg

@@ -7,8 +7,6 @@ Files hold one segment a line (`.gz` allowed) and must have the same number of l
 `vaswani.recipe.metrics.score_files`; see `compute_moses_bleu` and `compute_tokenized_bleu` for what `--moses_lang` adds.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
@@ -64,16 +62,12 @@ def main(argv):
     check_input_file(args.hypotheses, "hypotheses")
     for path in args.references:
         check_input_file(path, "references")
-    scores = score_files(
+    record = score_files(
         args.hypotheses, args.references, args.tokenize, args.lowercase, args.chrf_word_order, args.moses_lang
     )
-    record = {key: scores["sacrebleu"][key] for key in ("bleu", "bleu_signature", "chrf", "chrf_signature")}
-    for name, key in (("moses", "bleu_lowercase_moses_tokenized"), ("tokenized", "bleu_tokenized")):
-        if name in scores:
-            record[key], record[f"{key}_signature"] = scores[name]["bleu"], scores[name]["bleu_signature"]
     for line in score_lines(record, args.moses_lang):
         print(line)
-    return scores
+    return record
 
 
 if __name__ == "__main__":

@@ -11,21 +11,17 @@ config, tied weights stored once and tied again on load, plus the newest checkpo
 `generation_config.json` and any remote-code files.
 """
 
-from __future__ import annotations
-
 import fnmatch
 import json
 import logging
-import os
 import re
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel
 
 from ..common.fileio import atomic_folder
 from .model_folders import load_model
@@ -34,11 +30,10 @@ from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_to
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-GENERATION_CONFIG_FILE = "generation_config.json"
-# Tokenizer files `save_pretrained` of a tokenizer may write (fast and slow ones), copied from the newest checkpoint.
-TOKENIZER_PATTERNS = (
+# The files copied from the newest checkpoint: the generation config and those `save_pretrained` of a tokenizer may
+# write (fast and slow ones).
+COMPANION_PATTERNS = (
+    "generation_config.json",
     "tokenizer*",
     "special_tokens_map.json",
     "added_tokens.json",
@@ -49,27 +44,26 @@ TOKENIZER_PATTERNS = (
 )
 
 
-def find_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """The `checkpoint-<step>` folders of a run directory, oldest first (by step number, not by name)."""
+def find_checkpoints(run_dir):
+    """The `checkpoint-<step>` folders of a run directory, oldest first (by step number, not by name); none when the
+    folder is missing."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"No such run directory: {run_dir}")
     found = [
         (int(match.group(1)), path)
-        for path in run_dir.iterdir()
+        for path in (run_dir.iterdir() if run_dir.is_dir() else ())
         if path.is_dir() and (match := CHECKPOINT_PATTERN.match(path.name))
     ]
     return [path for _, path in sorted(found)]
 
 
-def last_checkpoints(run_dir: str | os.PathLike, num_checkpoints: int) -> list[Path]:
+def last_checkpoints(run_dir, num_checkpoints):
     """The newest `num_checkpoints` checkpoint folders of a run, oldest first.
 
     Raises `ValueError` if the run has fewer (e.g. `save_total_limit` deleted them): asking for the paper's 5 and
     silently averaging 2 would give a different model.
     """
-    if num_checkpoints < 1:
-        raise ValueError(f"num_checkpoints must be at least 1, got {num_checkpoints}")
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"No such run directory: {run_dir}")
     checkpoints = find_checkpoints(run_dir)
     if len(checkpoints) < num_checkpoints:
         names = ", ".join(path.name for path in checkpoints) or "none"
@@ -80,11 +74,11 @@ def last_checkpoints(run_dir: str | os.PathLike, num_checkpoints: int) -> list[P
     return checkpoints[-num_checkpoints:]
 
 
-def _weight_files(checkpoint: Path) -> list[Path]:
+def _weight_files(checkpoint):
     """The safetensors file(s) of a checkpoint folder: `model.safetensors` or the shards of its index."""
-    if (checkpoint / SAFETENSORS_FILE).is_file():
-        return [checkpoint / SAFETENSORS_FILE]
-    index = checkpoint / SAFETENSORS_INDEX
+    if (checkpoint / "model.safetensors").is_file():
+        return [checkpoint / "model.safetensors"]
+    index = checkpoint / "model.safetensors.index.json"
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -95,28 +89,24 @@ def _weight_files(checkpoint: Path) -> list[Path]:
         if outside:  # e.g. "../other/model.safetensors": never read weights from outside the checkpoint
             raise ValueError(f"{index} names weight files outside its folder: {outside}")
         return [checkpoint / name for name in names]
-    raise FileNotFoundError(f"No {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} in {checkpoint}")
+    raise FileNotFoundError(f"No model.safetensors or model.safetensors.index.json in {checkpoint}")
 
 
-def load_safetensors_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
+def load_safetensors_state_dict(checkpoint):
     """The tensors stored in a checkpoint folder's safetensors file(s), on the CPU.
 
     Raises `ValueError` naming the file when it is missing, truncated or otherwise unreadable.
     """
-    state_dict: dict[str, torch.Tensor] = {}
+    state_dict = {}
     for path in _weight_files(Path(checkpoint)):
         try:
-            with safe_open(path, framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    state_dict[key] = f.get_tensor(key)
+            state_dict.update(load_file(path))
         except (SafetensorError, OSError, RuntimeError) as err:
             raise ValueError(f"Cannot read the safetensors file {path}: {err}") from err
     return state_dict
 
 
-def _check_compatible(
-    shapes: dict[str, torch.Size], reference_name: Path, state_dict: dict[str, torch.Tensor], name: Path
-) -> None:
+def _check_compatible(shapes, reference_name, state_dict, name):
     missing, extra = sorted(shapes.keys() - state_dict.keys()), sorted(state_dict.keys() - shapes.keys())
     if missing or extra:
         few = [f"{keys[:5]}{'...' if len(keys) > 5 else ''}" for keys in (missing, extra)]
@@ -132,9 +122,7 @@ def _check_compatible(
             )
 
 
-def average_state_dicts(
-    checkpoints: Sequence[str | os.PathLike], show_progress: bool = True
-) -> dict[str, torch.Tensor]:
+def average_state_dicts(checkpoints, show_progress=True):
     """The average of the checkpoints' safetensors state dicts.
 
     Floating-point tensors: the mean, summed in float64 and cast to the newest (last) checkpoint's dtype.
@@ -163,16 +151,16 @@ def average_state_dicts(
     }
 
 
-def _copy_companion_files(newest: Path, output_dir: Path) -> list[str]:
+def _copy_companion_files(newest, output_dir):
     """Copy the tokenizer files, `generation_config.json` and remote-code files of `newest` to `output_dir`."""
     copied = []
     for path in sorted(newest.iterdir()):
-        is_tokenizer_file = path.is_file() and any(
-            fnmatch.fnmatch(path.name, pattern) for pattern in TOKENIZER_PATTERNS
+        is_companion = path.is_file() and any(
+            fnmatch.fnmatch(path.name, pattern) for pattern in COMPANION_PATTERNS
         )
         # Code the config refers to (e.g. a custom pipeline) that save_pretrained did not write itself.
         is_extra_code = path.suffix == ".py" and not (output_dir / path.name).exists()
-        if is_tokenizer_file or is_extra_code or path.name == GENERATION_CONFIG_FILE:
+        if is_companion or is_extra_code:
             shutil.copy2(path, output_dir / path.name)
             copied.append(path.name)
         elif path.is_dir() and path.name in (SOURCE_SUBDIR, TARGET_SUBDIR):  # separate vocabularies
@@ -181,27 +169,7 @@ def _copy_companion_files(newest: Path, output_dir: Path) -> list[str]:
     return copied
 
 
-def _load_averaged_model(newest: Path, averaged: dict[str, torch.Tensor]) -> PreTrainedModel:
-    """The newest checkpoint's model with the averaged weights; the keys not stored must all be tied ones."""
-    model = load_model(newest)
-    result = model.load_state_dict(averaged, strict=False)
-    if result.unexpected_keys:
-        raise ValueError(f"Tensors of {newest} that the model does not have: {result.unexpected_keys}")
-    state_dict = model.state_dict()
-    stored = {state_dict[key].data_ptr() for key in averaged}
-    untied = [key for key in result.missing_keys if state_dict[key].data_ptr() not in stored]
-    if untied:
-        raise ValueError(f"{newest} does not store {untied}, which are not tied to a stored tensor")
-    model.config.use_cache = True  # the Trainer switches the cache off in the checkpoints it writes
-    return model
-
-
-def average_checkpoints(
-    checkpoints: Sequence[str | os.PathLike],
-    output_dir: str | os.PathLike,
-    show_progress: bool = True,
-    tokenizer_dir: str | os.PathLike | None = None,
-) -> Path:
+def average_checkpoints(checkpoints, output_dir, show_progress=True, tokenizer_dir=None):
     """Average `checkpoints` (oldest first) and write the result as a model folder to `output_dir`.
 
     The folder loads with `AutoModelForSeq2SeqLM.from_pretrained` / `VaswaniForConditionalGeneration.from_pretrained`
@@ -218,7 +186,11 @@ def average_checkpoints(
     logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(path.name for path in paths))
     averaged = average_state_dicts(paths, show_progress=show_progress)
     newest = paths[-1]
-    model = _load_averaged_model(newest, averaged)
+    # `load_model` refuses a folder whose stored tensors are not the model's; the averaged ones are the same tensors,
+    # so the only keys left out are the tied ones.
+    model = load_model(newest)
+    model.load_state_dict(averaged, strict=False)
+    model.config.use_cache = True  # the Trainer switches the cache off in the checkpoints it writes
     with atomic_folder(output_dir) as building:
         model.save_pretrained(building)
         copied = _copy_companion_files(newest, building)
@@ -226,13 +198,3 @@ def average_checkpoints(
             save_tokenizers(*load_tokenizers(tokenizer_dir), building)
     logger.info("Wrote the averaged model to %s (copied from %s: %s)", output_dir, newest, ", ".join(copied))
     return output_dir
-
-
-def average_last_checkpoints(
-    run_dir: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    num_checkpoints: int = 5,
-    show_progress: bool = True,
-) -> Path:
-    """Average the last `num_checkpoints` `checkpoint-<step>` folders of `run_dir` (§6.1: 5 for base, 20 for big)."""
-    return average_checkpoints(last_checkpoints(run_dir, num_checkpoints), output_dir, show_progress)

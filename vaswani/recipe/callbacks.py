@@ -2,22 +2,16 @@
 (`--save_minutes`), a training clock that survives resuming, a progress bar that ends where the run ends, and the
 hand-over of mixed precision to the trainer."""
 
-from __future__ import annotations
-
-import json
 import logging
-import os
 import time
-from pathlib import Path
 
-from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState, ProgressCallback
 
 logger = logging.getLogger(__name__)
 
 
-def saved_args(stateful_callbacks: dict | None, name: str) -> dict | None:
+def saved_args(stateful_callbacks, name):
     """The arguments that a `trainer_state.json`'s `stateful_callbacks` keeps of the callback class `name` (None: it
     keeps none). The Trainer stores every stateful callback's state under its class name at each checkpoint."""
     saved = (stateful_callbacks or {}).get(name)
@@ -37,7 +31,7 @@ class AutocastInTheTrainer(TrainerCallback):
         self.trainer.take_over_autocast()
 
 
-def compiled_graphs() -> int:
+def compiled_graphs():
     """The graphs `torch.compile` has compiled in this process so far, recompilations included."""
     from torch._dynamo.utils import counters
 
@@ -50,8 +44,7 @@ class CompileCounter(TrainerCallback):
     and whether that stopped."""
 
     def __init__(self):
-        self.seen = compiled_graphs()
-        self.at_start = self.seen
+        self.seen = self.at_start = compiled_graphs()
 
     def on_step_end(self, args, state, control, **kwargs):
         now = compiled_graphs()
@@ -77,14 +70,14 @@ class TimeBudget(TrainerCallback):
     checkpoint at the step that crosses the line. The §5.3 schedule does not depend on the number of steps, so a
     run may stop at any point; with `--lr_cooldown_fraction` the learning rate falls to 0 as the budget runs out."""
 
-    def __init__(self, minutes: float):
+    def __init__(self, minutes):
         self.seconds = minutes * 60
         self.started = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started = time.monotonic()
 
-    def elapsed_fraction(self) -> float:
+    def elapsed_fraction(self):
         """The share of the budget spent so far (0 before training starts)."""
         return 0.0 if self.started is None else (time.monotonic() - self.started) / self.seconds
 
@@ -107,17 +100,16 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
     `trainer_state.json` (`stateful_callbacks`), where a resumed run picks the interval up (`on_train_begin`).
     `clock` returns seconds (tests pass a fake one)."""
 
-    def __init__(self, minutes: float, seconds_since_save: float = 0.0, clock=time.monotonic):
+    def __init__(self, minutes, seconds_since_save=0.0, clock=time.monotonic):
         self.minutes = float(minutes)
-        self.seconds_before = float(seconds_since_save)
         self.clock = clock
-        self.since = clock()
+        self.saved_at = clock() - float(seconds_since_save)  # the clock's time at the last checkpoint
 
     @property
-    def seconds_since_save(self) -> float:
-        return self.seconds_before + self.clock() - self.since
+    def seconds_since_save(self):
+        return self.clock() - self.saved_at
 
-    def state(self) -> dict:
+    def state(self):
         return {
             "args": {"minutes": self.minutes, "seconds_since_save": self.seconds_since_save},
             "attributes": {},
@@ -127,8 +119,7 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         # A resumed run continues from its checkpoint's count; a fresh one (or a checkpoint written without this
         # callback) from zero.
         saved = saved_args(state.stateful_callbacks, type(self).__name__) or {}
-        self.seconds_before = float(saved.get("seconds_since_save", 0.0))
-        self.since = self.clock()
+        self.saved_at = self.clock() - float(saved.get("seconds_since_save", 0.0))
         if state.stateful_callbacks is not None:
             state.stateful_callbacks[type(self).__name__] = self.state()
 
@@ -136,16 +127,16 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         if self.seconds_since_save >= self.minutes * 60 or state.global_step >= state.max_steps:
             control.should_save = True
         if control.should_save:
-            self.seconds_before, self.since = 0.0, self.clock()
+            self.saved_at = self.clock()
         return control
 
 
 class TrainingClock(TrainerCallback, ExportableState):
     """Seconds of training over every process of a run. The Trainer's `train_runtime` counts one process: a run
     killed and resumed would report only its last part. Each checkpoint's `trainer_state.json` keeps the clock
-    (`stateful_callbacks`), and `from_checkpoint` starts the resumed process from it."""
+    (`stateful_callbacks`), where `checkpoints.train_or_resume` starts the resumed process from it."""
 
-    def __init__(self, seconds_before: float = 0.0):
+    def __init__(self, seconds_before=0.0):
         self.seconds_before = float(seconds_before)
         self.started = time.monotonic()
         self.ended = None
@@ -157,29 +148,11 @@ class TrainingClock(TrainerCallback, ExportableState):
         self.ended = time.monotonic()
 
     @property
-    def seconds(self) -> float:
+    def seconds(self):
         return self.seconds_before + (self.ended or time.monotonic()) - self.started
 
-    def state(self) -> dict:
+    def state(self):
         return {"args": {"seconds_before": self.seconds}, "attributes": {}}
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: str | os.PathLike) -> TrainingClock:
-        """The clock as `checkpoint` saved it; from zero, with a warning, for a checkpoint written without one."""
-        state = json.loads(Path(checkpoint, "trainer_state.json").read_text())
-        saved = saved_args(state.get("stateful_callbacks"), cls.__name__)
-        if saved is None:
-            logger.warning(
-                "%s holds no training clock: the training time reported counts from this resumption only",
-                checkpoint,
-            )
-            return cls()
-        try:
-            return cls(**saved)
-        except (TypeError, ValueError) as error:  # checkpoints.check_trainer_state names the field
-            raise ValueError(
-                f"{checkpoint}/trainer_state.json holds a {cls.__name__} it cannot take: {error}"
-            ) from None
 
 
 class RunTokenizer(TrainerCallback, ExportableState):
@@ -187,55 +160,45 @@ class RunTokenizer(TrainerCallback, ExportableState):
     `trainer_state.json` (`stateful_callbacks`), so that a run resumed with another tokenizer of the same size is
     refused instead of training one vocabulary's embeddings on the other's ids (`checkpoints.verify_checkpoint`)."""
 
-    def __init__(self, digest: str | None = None):
+    def __init__(self, digest=None):
         self.digest = digest
 
-    def state(self) -> dict:
+    def state(self):
         return {"args": {"digest": self.digest}, "attributes": {}}
 
 
 class RunProgress(ProgressCallback):
-    """The training progress bar, ending where the run ends: at `max_steps`, or at `minutes` of wall time when
-    `TimeBudget` stops the run first (`--max_train_minutes`), so that a 10-minute run never shows a 40-hour ETA.
+    """The training progress bar, ending where the run ends: at `max_steps`, or where the `budget` (a `TimeBudget`,
+    `--max_train_minutes`) stops the run first, so that a 10-minute run never shows a 40-hour ETA.
 
     With a time budget the bar fills with the time spent (the time left beside it, the step as a postfix), and moves
     ahead to the step fraction when steps run out first."""
 
-    def __init__(self, minutes: float | None = None):
+    def __init__(self, budget=None):
         super().__init__()
-        self.seconds = None if minutes is None else minutes * 60
-        self.started = None
+        self.budget = budget
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.seconds is None:
-            return super().on_train_begin(args, state, control, **kwargs)
-        self.current_step = state.global_step
-        self.started = time.monotonic()
-        if state.is_world_process_zero:
+        super().on_train_begin(args, state, control, **kwargs)
+        if self.budget and self.training_bar is not None:  # on the main process
             steps = "" if getattr(args, "timed_only", False) else f" or {state.max_steps} steps"
-            self.training_bar = tqdm(
-                total=1000,  # per mille of the run: the bar shows the time spent and left
-                dynamic_ncols=True,
-                desc=f"Training ({self.seconds / 60:g} min{steps})",
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]",
+            self.training_bar.reset(total=1000)  # per mille of the run: the bar shows the time spent and left
+            self.training_bar.set_description_str(
+                f"Training ({self.budget.seconds / 60:g} min{steps})", refresh=False
+            )
+            self.training_bar.bar_format = (
+                "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
             )
 
-    def fraction(self, state) -> float:
-        """How much of the run is done: the larger of the time and the step fractions."""
-        elapsed = time.monotonic() - self.started
-        return min(1.0, max(elapsed / self.seconds, state.global_step / max(state.max_steps, 1)))
-
     def on_step_end(self, args, state, control, **kwargs):
-        if self.seconds is None:
+        if not self.budget:
             return super().on_step_end(args, state, control, **kwargs)
-        self.current_step = state.global_step
-        if state.is_world_process_zero and self.training_bar is not None:
-            self.training_bar.n = round(self.fraction(state) * self.training_bar.total)
-            self.training_bar.set_postfix(step=state.global_step, refresh=False)
-            self.training_bar.refresh()
+        if self.training_bar is not None:  # the larger of the time and the step fractions
+            done = max(self.budget.elapsed_fraction(), state.global_step / max(state.max_steps, 1))
+            self.training_bar.n = round(min(1.0, done) * self.training_bar.total)
+            self.training_bar.set_postfix(step=state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and self.seconds is not None:
+        if self.budget and self.training_bar is not None:
             self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
-            self.training_bar.refresh()
         return super().on_train_end(args, state, control, **kwargs)

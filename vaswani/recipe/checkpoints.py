@@ -7,27 +7,24 @@ cannot rebuild, or saved with another tokenizer than the run's is skipped with a
 every checkpoint is refused for one reason, the error gives it), a folder resumes from that checkpoint once it
 verifies (or is refused, with the reason), and `train_or_resume` trains from there: with the training clock the
 checkpoint saved, or, for a run that had already reached `--max_steps`, nothing more than restoring its state and
-final model (`restore_finished_run`).
+final model.
 """
-
-from __future__ import annotations
 
 import dataclasses
 import inspect
 import json
 import logging
-import os
 import shutil
 import zipfile
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import EarlyStoppingCallback, Trainer, TrainerControl, TrainerState
+from transformers import EarlyStoppingCallback, TrainerControl, TrainerState
 
 from ..common.fileio import replace_files, temporary_sibling
-from .averaging import find_checkpoints
-from .callbacks import RunTokenizer, TimedCheckpoints, TrainingClock
+from .averaging import find_checkpoints as checkpoints  # a run's checkpoints, as finish.py names them
+from .callbacks import RunTokenizer, TimedCheckpoints, TrainingClock, saved_args
 from .model_folders import check_safetensors
 from .tokenization import saved_tokenizer_digest
 
@@ -35,11 +32,6 @@ logger = logging.getLogger(__name__)
 
 # The values of `--resume_from_checkpoint` that start a run from scratch.
 NO_RESUME = (None, False, "", "False", "false", "no")
-
-
-def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """The `checkpoint-<step>` folders of a run, oldest first (by step number); none when the folder is missing."""
-    return find_checkpoints(run_dir) if Path(run_dir).is_dir() else []
 
 
 # What transformers' Trainer reads from a checkpoint when it resumes (all with `torch.load(weights_only=True)`), and
@@ -70,7 +62,7 @@ STATEFUL_CALLBACKS = {
 }
 
 
-def _check_torch_archive(path: Path) -> None:
+def _check_torch_archive(path):
     """Check a `torch.save` file without unpickling it: it is a zip archive (torch's format) whose every member's
     CRC matches, which a file cut short or damaged is not."""
     try:
@@ -82,9 +74,7 @@ def _check_torch_archive(path: Path) -> None:
         raise ValueError(f"Checkpoint file {path} is corrupt: member {bad} fails its CRC check")
 
 
-def verify_checkpoint(
-    folder: str | os.PathLike, training_state: bool = False, tokenizer_digest: str | None = None
-) -> None:
+def verify_checkpoint(folder, training_state=False, tokenizer_digest=None):
     """Raise `ValueError` naming the file when a checkpoint is incomplete, corrupt or truncated.
 
     Reads the safetensors headers and tensors, parses the JSON files, and checks the archives of the files the
@@ -96,20 +86,25 @@ def verify_checkpoint(
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Checkpoint folder {folder} does not exist.")
-    for required in ("config.json", "trainer_state.json"):
-        if not (folder / required).is_file():
-            raise ValueError(f"Checkpoint {folder} is incomplete: {folder / required} is missing.")
     for name in JSON_FILES:
         path = folder / name
-        if path.is_file():
-            try:
-                parsed = json.loads(path.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as error:
-                raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
-            if name == "trainer_state.json":
-                check_trainer_state(path, parsed)
-    if tokenizer_digest is not None:
-        _check_tokenizer(folder, tokenizer_digest)
+        if not path.is_file():
+            if name == "generation_config.json":  # the only optional one
+                continue
+            raise ValueError(f"Checkpoint {folder} is incomplete: {path} is missing.")
+        try:
+            parsed = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
+        if name == "trainer_state.json":
+            check_trainer_state(path, parsed)
+    saved = tokenizer_digest and saved_tokenizer_digest(folder)
+    if saved and saved != tokenizer_digest:
+        raise ValueError(
+            f"Checkpoint {folder} was trained with another tokenizer than this run's (its token ids mean other "
+            "tokens): resume with the run's own tokenizer (drop --tokenizer_name, or give the one it was trained "
+            "with), or start a new run in another --output_dir"
+        )
     if training_state:
         for what, patterns in TRAINING_STATE:
             if not any(any(folder.glob(pattern)) for pattern in patterns):
@@ -128,24 +123,26 @@ def verify_checkpoint(
     for pattern in TORCH_STATE_FILES:
         for path in sorted(folder.glob(pattern)):
             _check_torch_archive(path)
-    if training_state:
-        for path in weights:
-            _check_finite(path)
+    for path in weights if training_state else ():
+        # A run that diverged: training on from NaN or infinite weights trains nothing and saves a model that
+        # outputs nothing.
+        with safe_open(str(path), framework="pt", device="cpu") as tensors:
+            for key in tensors.keys():
+                tensor = tensors.get_tensor(key)
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    raise ValueError(
+                        f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
+                    )
 
 
-def check_trainer_state(path: Path, state) -> None:
+def check_trainer_state(path, state):
     """Raise `ValueError` naming the file and the field when a `trainer_state.json` holds what a resumed run cannot
     rebuild: a field transformers' `TrainerState` does not take, or a saved callback state (`STATEFUL_CALLBACKS`)
     with a field or value its callback does not take. Resuming from it ended in a `TypeError` naming neither."""
     if not isinstance(state, dict):
         raise ValueError(f"Checkpoint file {path} is not a training state: it holds a {type(state).__name__}")
-    fields = {field.name for field in dataclasses.fields(TrainerState)}
-    unknown = sorted(set(state) - fields)
-    if unknown:
-        raise ValueError(
-            f"Checkpoint file {path} has an unknown field {unknown[0]!r}: transformers' TrainerState takes "
-            f"{', '.join(sorted(fields))}"
-        )
+    fields = sorted(field.name for field in dataclasses.fields(TrainerState))
+    _check_fields(f"Checkpoint file {path} has", state, "transformers' TrainerState", fields)
     saved_callbacks = state.get("stateful_callbacks") or {}
     for name, saved in saved_callbacks.items() if isinstance(saved_callbacks, dict) else ():
         callback = STATEFUL_CALLBACKS.get(name)
@@ -154,55 +151,23 @@ def check_trainer_state(path: Path, state) -> None:
             where = f"Checkpoint file {path} has in stateful_callbacks.{name}.args"
             if not isinstance(args, dict):
                 raise ValueError(f"{where} a {type(args).__name__}, not the fields of {name}")
-            accepted = [p for p in inspect.signature(callback).parameters if p != "clock"]
-            unknown = sorted(set(args) - set(accepted))
-            if unknown:
-                raise ValueError(
-                    f"{where} an unknown field {unknown[0]!r}: {name} takes {', '.join(accepted) or 'none'}"
-                )
+            _check_fields(
+                where, args, name, [p for p in inspect.signature(callback).parameters if p != "clock"]
+            )
             try:
                 callback(**args)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{where} a value {name} does not take: {error}") from None
 
 
-def _check_finite(path: Path) -> None:
-    """Raise `ValueError` naming the tensor when a weights file holds NaN or infinite values (a run that diverged):
-    training on from them trains nothing and saves a model that outputs nothing."""
-    with safe_open(str(path), framework="pt", device="cpu") as weights:
-        for key in weights.keys():
-            tensor = weights.get_tensor(key)
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise ValueError(
-                    f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
-                )
-
-
-def _check_tokenizer(folder: Path, digest: str) -> None:
-    saved = saved_tokenizer_digest(folder)
-    if saved is not None and saved != digest:
+def _check_fields(where, given, owner, accepted):
+    if unknown := sorted(set(given) - set(accepted)):
         raise ValueError(
-            f"Checkpoint {folder} was trained with another tokenizer than this run's (its token ids mean other "
-            "tokens): resume with the run's own tokenizer (drop --tokenizer_name, or give the one it was trained "
-            "with), or start a new run in another --output_dir"
+            f"{where} an unknown field {unknown[0]!r}: {owner} takes {', '.join(accepted) or 'none'}"
         )
 
 
-def checkpoint_step(folder: str | os.PathLike) -> int:
-    """The global step a checkpoint was saved at, from its `trainer_state.json`."""
-    path = Path(folder) / "trainer_state.json"
-    try:
-        return int(json.loads(path.read_text(encoding="utf-8"))["global_step"])
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"Cannot read the step of {path}: {error}") from None
-
-
-def resolve_resume_checkpoint(
-    resume: str | bool | None,
-    output_dir: str | os.PathLike,
-    training_state: bool = True,
-    tokenizer_digest: str | None = None,
-) -> str | None:
+def resolve_resume_checkpoint(resume, output_dir, training_state=True, tokenizer_digest=None):
     """The checkpoint to resume from: an explicit folder (verified; an error names the reason) or, for
     `True`/"last", the newest checkpoint in `output_dir` that verifies (one cut short by a kill, without its
     training state, with weights that are not finite or of another tokenizer is skipped with a warning naming the
@@ -212,9 +177,8 @@ def resolve_resume_checkpoint(
     than trained afresh among them."""
     if not asks_to_resume(resume):
         return None
-    check = {"training_state": training_state, "tokenizer_digest": tokenizer_digest}
     if resume not in (True, "True", "true", "last", "yes"):
-        verify_checkpoint(resume, **check)
+        verify_checkpoint(resume, training_state, tokenizer_digest)
         return str(resume)
     candidates = checkpoints(output_dir)
     if not candidates:
@@ -223,7 +187,7 @@ def resolve_resume_checkpoint(
     reasons = {}  # each refused checkpoint's reason, its own path left out, so that equal reasons compare equal
     for candidate in reversed(candidates):
         try:
-            verify_checkpoint(candidate, **check)
+            verify_checkpoint(candidate, training_state, tokenizer_digest)
             return str(candidate)
         except ValueError as error:
             logger.warning("Skipping checkpoint %s: %s", candidate, error)
@@ -243,37 +207,37 @@ def resolve_resume_checkpoint(
     )
 
 
-def asks_to_resume(resume: str | bool | None) -> bool:
+def asks_to_resume(resume):
     """Whether a `--resume_from_checkpoint` value continues a run (`last`, `true` or a checkpoint folder)."""
     return resume not in NO_RESUME
 
 
-def train_or_resume(trainer: Trainer, checkpoint: str | None):
-    """Train from scratch, or continue from `checkpoint` (as `resolve_resume_checkpoint` chose it) with the training
-    clock it saved. Returns the Trainer's `TrainOutput`, or None when `checkpoint` had already reached
-    `--max_steps`: then nothing is trained (`restore_finished_run`)."""
+def train_or_resume(trainer, checkpoint):
+    """Train from scratch, or continue from `checkpoint` (as `resolve_resume_checkpoint` chose and verified it) with
+    the training clock it saved (the training time counts every process of the run). Returns the Trainer's
+    `TrainOutput`, or None when `checkpoint` had already reached `--max_steps`: then nothing is trained, the run takes
+    the checkpoint's state (for the averaging and the learning curves) and keeps its final model, restored from the
+    checkpoint only if the run was killed before writing it."""
     if checkpoint is None:
         return trainer.train()
-    trainer.pop_callback(TrainingClock)  # the training time counts every process of the run
-    trainer.add_callback(TrainingClock.from_checkpoint(checkpoint))
-    step = checkpoint_step(checkpoint)
-    if 0 < trainer.args.max_steps <= step:
-        restore_finished_run(trainer, checkpoint)
-        return None
-    logger.info("Resuming from %s (step %d)", checkpoint, step)
-    return trainer.train(resume_from_checkpoint=checkpoint)
-
-
-def restore_finished_run(trainer: Trainer, checkpoint: str) -> None:
-    """A run resumed from a checkpoint at or past --max_steps has nothing left to train: take its state (for the
-    averaging and the learning curves), keep its final model, and restore that model from the checkpoint only if the
-    run was killed before writing it."""
-    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    clock = saved_args(state.stateful_callbacks, TrainingClock.__name__)
+    if clock is None:
+        logger.warning(
+            "%s holds no training clock: the training time reported counts from this resumption only",
+            checkpoint,
+        )
+    trainer.pop_callback(TrainingClock)
+    trainer.add_callback(TrainingClock(**(clock or {})))  # its fields were checked by `check_trainer_state`
+    if not 0 < trainer.args.max_steps <= state.global_step:
+        logger.info("Resuming from %s (step %d)", checkpoint, state.global_step)
+        return trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.state = state
     logger.info(
         "%s already reached --max_steps %d (step %d): nothing left to train",
         checkpoint,
         trainer.args.max_steps,
-        trainer.state.global_step,
+        state.global_step,
     )
     output_dir = Path(trainer.args.output_dir)
     if trainer.is_world_process_zero() and not (output_dir / "model.safetensors").is_file():
@@ -287,3 +251,4 @@ def restore_finished_run(trainer: Trainer, checkpoint: str) -> None:
                 shutil.copy2(path, building / path.name)
         replace_files(building, output_dir)
         logger.info("Restored the final model of %s from %s", output_dir, checkpoint)
+    return None

@@ -13,8 +13,6 @@
   that nobody is surprised by the time a run takes after its budget.
 """
 
-from __future__ import annotations
-
 import contextlib
 import logging
 import math
@@ -48,7 +46,7 @@ def sort_by_source_length(tokenized, raw):
     return tokenized.select(order), raw.select(order)
 
 
-def describe_seconds(seconds: float) -> str:
+def describe_seconds(seconds):
     """3.2 s, 41 s, 6.5 min, 2.1 h."""
     if seconds < 10:
         return f"{seconds:.1f} s"
@@ -59,32 +57,26 @@ def describe_seconds(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def describe_decoding(
-    pairs: int, num_beams: int, batch_size: int, processes: int = 1, max_new_tokens: int | None = None
-) -> str:
+def describe_decoding(pairs, num_beams, batch_size, processes=1, max_new_tokens=None):
     """'3000 pairs, greedy, 64 a batch (47 batches), at most source length + 50 new tokens'."""
     decoding = "greedy" if num_beams == 1 else f"beam {num_beams}"
     batches = math.ceil(pairs / max(1, batch_size * processes))
     per = f"{batch_size} a batch" + (f" on each of {processes} processes" if processes > 1 else "")
     per += f" ({batches} {'batch' if batches == 1 else 'batches'}{' each' if processes > 1 else ''})"
-    limit = (
-        f"at most {max_new_tokens} new tokens"
-        if max_new_tokens
-        else f"at most source length + {EXTRA_OUTPUT_TOKENS} new tokens"
-    )
-    return f"{pairs} pairs, {decoding}, {per}, {limit}"
+    limit = max_new_tokens or f"source length + {EXTRA_OUTPUT_TOKENS}"
+    return f"{pairs} pairs, {decoding}, {per}, at most {limit} new tokens"
 
 
 def seconds_to_decode(
     model,
     source_ids,
-    batch_size: int,
-    pad_token_id: int,
-    num_beams: int,
-    max_new_tokens: int | None = None,
-    processes: int = 1,
-    bf16_autocast: bool = False,
-) -> float:
+    batch_size,
+    pad_token_id,
+    num_beams,
+    max_new_tokens=None,
+    processes=1,
+    bf16_autocast=False,
+):
     """About the most seconds `model` should take to decode `source_ids` (`num_beams` beams each): the decoder steps
     if every output runs to its limit, as an untrained model's do (over batches of `batch_size` sources of similar
     length, the longest source + `EXTRA_OUTPUT_TOKENS` each, or `max_new_tokens`; the batches shared among
@@ -97,7 +89,6 @@ def seconds_to_decode(
     limits = [max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size]]
     batch = [torch.tensor(ids, dtype=torch.long) for ids in longest_first[:batch_size]]
     input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id)
-    attention_mask = pad_sequence([torch.ones_like(ids) for ids in batch], batch_first=True)
     device = next(model.parameters()).device
     training = model.training
     model.eval()
@@ -110,7 +101,7 @@ def seconds_to_decode(
             started = time.perf_counter()
             model.generate(
                 input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
+                attention_mask=(input_ids != pad_token_id).to(device),  # no source holds the padding id
                 num_beams=num_beams,
                 max_new_tokens=PROBE_STEPS,
                 min_new_tokens=PROBE_STEPS,
@@ -130,11 +121,11 @@ class EvaluationClock:
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
-        self.rate: float | None = None  # validation pairs per second, the last evaluation's
-        self.after_training: AfterTraining | None = None
+        self.rate = None  # validation pairs per second, the last evaluation's
+        self.after_training = None  # an AfterTraining, with a time budget
 
     @contextlib.contextmanager
-    def timing(self, pairs: int, description: str):
+    def timing(self, pairs, description):
         """Around one evaluation of `pairs` validation pairs that decodes as `description` says."""
         if not self.rate:
             logger.info("Evaluating: decoding %s; its time is logged when it ends", description)
@@ -156,7 +147,7 @@ class EvaluationClock:
             logger.info(self.after_training.describe(self.rate))
 
 
-def generation_settings(trainer, gen_kwargs: dict) -> tuple[int, int | None]:
+def generation_settings(trainer, gen_kwargs):
     """The beams and the fixed output limit (None: source length + 50) of the trainer's evaluation, as
     `Seq2SeqTrainer.evaluate` and `VaswaniTrainer.prediction_step` will choose them."""
     args = trainer.args
@@ -177,7 +168,7 @@ class AfterTraining:
     when: str
     parts: list[tuple[str, float | None, float | None]]
 
-    def describe(self, rate: float | None = None) -> str:
+    def describe(self, rate=None):
         """One line; `rate`: the last evaluation's validation pairs per second (greedy, every process)."""
         if not self.parts:
             return f"After {self.when}: nothing more than saving the final model"

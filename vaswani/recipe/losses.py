@@ -2,14 +2,12 @@
 (`label_smoothed_loss`, a `compute_loss_func`) or with the output projection inside the loss, without the logits
 (`fused_output_loss`)."""
 
-from __future__ import annotations
-
 import torch
 
 from ..kernels import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 
 
-def label_smoothed_loss(outputs, labels: torch.Tensor, num_items_in_batch=None, epsilon: float = 0.1):
+def label_smoothed_loss(outputs, labels, num_items_in_batch=None, epsilon=0.1):
     """The training loss of §5.4 as a `compute_loss_func`: label-smoothed cross-entropy of the model's logits against
     `labels` (-100 ignored), the mean over target tokens or the sum divided by `num_items_in_batch` (all target tokens
     of a gradient-accumulation step)."""
@@ -18,7 +16,7 @@ def label_smoothed_loss(outputs, labels: torch.Tensor, num_items_in_batch=None, 
     return _per_target_token(total, labels, num_items_in_batch)
 
 
-def fused_output_loss(model, inputs: dict, epsilon: float, num_items_in_batch=None) -> torch.Tensor:
+def fused_output_loss(model, inputs, epsilon, num_items_in_batch=None):
     """`label_smoothed_loss(model(**inputs without labels), labels, ...)` without the logits: the decoder's last
     hidden states (`model.base_model`) and the output projection's weights go to
     `kernels.linear_label_smoothed_cross_entropy`, which never holds the (tokens, V) logits. The mean over
@@ -33,7 +31,7 @@ def fused_output_loss(model, inputs: dict, epsilon: float, num_items_in_batch=No
     return _per_target_token(total, labels, num_items_in_batch)
 
 
-def _per_target_token(total: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+def _per_target_token(total, labels, num_items_in_batch=None):
     if num_items_in_batch is None:
         num_items_in_batch = (labels != -100).sum().clamp(min=1)
     if isinstance(num_items_in_batch, torch.Tensor):

@@ -5,8 +5,6 @@ The pieces are in their own modules: `batching`, `schedule`, `losses`, `callback
 checkpoints and resuming in `checkpoints`; the flags in `arguments.PaperTrainingArguments`.
 """
 
-from __future__ import annotations
-
 import contextlib
 import copy
 import logging
@@ -65,12 +63,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self._train_sampler = None
         self.add_callback(TrainingClock())
-        if self._autocast_dtype is not None:
+        if self.accelerator.native_amp:  # bf16 or fp16 mixed precision
             self.add_callback(AutocastInTheTrainer(self))
         minutes = getattr(self.args, "max_train_minutes", None)
-        if minutes:
-            self.add_callback(TimeBudget(minutes))
-        if getattr(self.args, "paper_lr_schedule", False):
+        self.time_budget = TimeBudget(minutes) if minutes else None
+        if self.time_budget:
+            self.add_callback(self.time_budget)
+        self.paper_schedule = getattr(self.args, "paper_lr_schedule", False)  # PaperTrainingArguments only
+        if self.paper_schedule:
             self.add_callback(WarmupEnd(minutes and minutes * 60))
         if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
             self.add_callback(TimedCheckpoints(self.args.save_minutes))
@@ -78,11 +78,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.add_callback(CompileCounter())
         self.evaluation_clock = EvaluationClock()
         if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
-            self.add_callback(RunProgress(minutes))
+            self.add_callback(RunProgress(self.time_budget))
         if hasattr(self.args, "learning_rate_constant"):  # PaperTrainingArguments: the peak needs d_model
             resolve_peak_learning_rate(self.args, self.model.config.d_model)
-        self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
-        self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
         self._owns_loss = False
         if self.args.label_smoothing_factor and self.compute_loss_func is None:
             self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
@@ -97,7 +95,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         return fused_output_loss(model, inputs, self.args.label_smoothing_factor, num_items_in_batch)
 
-    def fuses_output_loss(self, model, inputs) -> bool:
+    def fuses_output_loss(self, model, inputs):
         """Whether this step takes `fused_output_loss`: `--fused_output_loss` (the default), the recipe's own
         label-smoothed loss, a training step of the bare model in one process (not wrapped for DDP, FSDP or PEFT)
         on the CPU, under the trainer's bf16/fp16 autocast (where it is measured faster: BENCHMARKS.md)."""
@@ -120,12 +118,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
         # 5.6 by handing Accelerate 1).
         self.accelerator.gradient_accumulation_steps = 1
         enable_fsdp_on_cpu(self)
-        self._autocast_dtype = None
-        self._owns_autocast = False  # set by take_over_autocast
-        if self.accelerator.native_amp:  # bf16 or fp16 mixed precision
-            self._autocast_dtype = torch.bfloat16 if self.args.bf16 else torch.float16
+        self._autocast_dtype = None  # set by take_over_autocast
 
-    def take_over_autocast(self) -> None:
+    def take_over_autocast(self):
         """Run mixed precision through `autocast_smart_context_manager` instead of Accelerate's forward wrapper.
 
         Under bf16 or fp16 mixed precision, Accelerate wraps the model's forward in autocast and converts every
@@ -137,33 +132,28 @@ class VaswaniTrainer(Seq2SeqTrainer):
         dtype and computes in float32 chunk by chunk (`kernels.label_smoothed_cross_entropy`). Weights,
         gradients and Adam's state stay in float32, as before.
         """
-        if self._autocast_dtype is None or self._owns_autocast:
-            return
-        extract_model_from_parallel(self.model_wrapped, keep_fp32_wrapper=False)
-        self._owns_autocast = True
+        if self._autocast_dtype is None:
+            extract_model_from_parallel(self.model_wrapped, keep_fp32_wrapper=False)
+            self._autocast_dtype = torch.bfloat16 if self.args.bf16 else torch.float16
 
-    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+    def autocast_smart_context_manager(self, cache_enabled=True):
         """transformers leaves autocast to Accelerate's forward wrapper; once `take_over_autocast` has removed that
         wrapper, the trainer's loss and evaluation enter torch's autocast here, in the same dtype."""
-        if not self._owns_autocast:
+        if self._autocast_dtype is None:
             return super().autocast_smart_context_manager(cache_enabled)
-        return torch.autocast(
-            device_type=self.accelerator.device.type,
-            dtype=self._autocast_dtype,
-            cache_enabled=cache_enabled,
-        )
+        return torch.autocast(self.accelerator.device.type, self._autocast_dtype, cache_enabled=cache_enabled)
 
     def create_optimizer(self, model=None):
         if self.is_fsdp_enabled:
             shard_with_fsdp2(self.model, self.accelerator)
         return super().create_optimizer(model)
 
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+    def _save(self, output_dir=None, state_dict=None):
         """Save the model folder (a checkpoint's or the final one) as transformers does, with two differences:
         every file appears whole (written beside the folder, then renamed into it), and `training_args.bin` never
         holds the Hub token. The model's `save_pretrained` makes the folder whole (code, pipeline, custom
         generate), FSDP-wrapped too."""
-        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        output_dir = output_dir or self.args.output_dir
         token, self.args.hub_token = self.args.hub_token, None
         try:
             if not self.args.should_save:
@@ -184,7 +174,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         finally:
             self.args.hub_token = token
 
-    def token_sampler(self) -> TokenBudgetBatchSampler:
+    def token_sampler(self):
         """The §5.1 batches of the training set, built once: the lengths are read from Arrow (`example_lengths`), so
         no token list becomes a Python object, in any process."""
         if self._train_sampler is None:
@@ -205,7 +195,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             )
         return self._train_sampler
 
-    def get_train_dataloader(self) -> DataLoader:
+    def get_train_dataloader(self):
         if getattr(self.args, "max_tokens", None) is None:
             return super().get_train_dataloader()
         dataset = self.train_dataset.select_columns(
@@ -254,32 +244,30 @@ class VaswaniTrainer(Seq2SeqTrainer):
         finally:
             self.model.generation_config = own
 
-    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
-        if not getattr(self.args, "paper_lr_schedule", False):
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        if not self.paper_schedule:
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
-            budget = next((c for c in self.callback_handler.callbacks if isinstance(c, TimeBudget)), None)
             self.lr_scheduler = paper_schedule(
                 optimizer or self.optimizer,
                 int(self.args.warmup_steps),
-                cooldown_fraction=getattr(self.args, "lr_cooldown_fraction", 0.0),
+                cooldown_fraction=self.args.lr_cooldown_fraction,
                 max_steps=num_training_steps,
-                budget=budget,
+                budget=self.time_budget,
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+    def _load_optimizer_and_scheduler(self, checkpoint):
         """transformers' loading, then the §5.3 schedule's peak is this run's learning rate: a checkpoint saved when
         the optimizer's rate was the formula's multiplier (1.0) would otherwise make the peak 1.0."""
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and getattr(self.args, "paper_lr_schedule", False) and self.lr_scheduler:
-            if hasattr(self.lr_scheduler, "base_lrs"):
-                self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
+        if checkpoint is not None and self.paper_schedule and hasattr(self.lr_scheduler, "base_lrs"):
+            self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
 
     def train(self, *args, **kwargs):
-        self._trained = {"sentences": 0, "tokens": 0}
-        self._step_clock = None
+        self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
+        self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
         return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -295,13 +283,13 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self._trained["tokens"] = self._trained["tokens"] + (labels != -100).sum()  # no sync per step
         return super().training_step(model, inputs, num_items_in_batch)
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+    def log(self, logs, start_time=None):
         """transformers' log, where the end-of-training metrics count what was trained on: transformers'
         `train_samples_per_second` assumes `--per_device_train_batch_size` sentences per micro-batch (8 for a
         token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
         target tokens, of every process. Each training log (`loss`) also gives `seconds_per_step`: the wall time per
         optimizer step since the previous one (since the first step for the first), evaluations included."""
-        clock = self._step_clock
+        clock = getattr(self, "_step_clock", None)  # None before train()
         if "loss" in logs and clock is not None and self.state.global_step > clock[1]:
             now = time.monotonic()
             logs["seconds_per_step"] = round((now - clock[0]) / (self.state.global_step - clock[1]), 4)

@@ -6,8 +6,8 @@
   Multi30k results; not comparable with `compute_bleu` on raw text.
 - `compute_tokenized_bleu(...)`: the paper's WMT BLEU, case-sensitive on Moses-tokenized text with hyphenated
   compounds split (tensor2tensor's `get_ende_bleu.sh`, then `multi-bleu.perl`); not comparable with either.
-- `score_files(...)`: both, for a hypothesis file and reference files (used by `scripts/evaluate.py`).
-- `reported_scores(...)`: both as the flat record a run reports (`test_results.json`, the model card's results).
+- `reported_scores(...)`: all of them as the flat record a run reports (`test_results.json`, the model card's results).
+- `score_files(...)`: that record for a hypothesis file and reference files (`vaswani-evaluate`).
 - `score_lines(...)`: that record as the tools print it, each line naming its BLEU.
 - `bleu_metric_fn(...)`: BLEU and chrF during training, as the Trainer's `compute_metrics`.
 
@@ -15,19 +15,15 @@ Both `compute_bleu` and the `evaluate` metric score with `sacrebleu_chrf/scoring
 `evaluate` copies the metric and that file out of the package before importing them.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 import re
-from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-from .sacrebleu_chrf.scoring import bleu_statistics, corpus_scores, reference_streams
+from .sacrebleu_chrf.scoring import corpus_scores, reference_streams
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +31,8 @@ METRIC_PATH = Path(__file__).parent / "sacrebleu_chrf"
 BLEU_TOKENIZERS = tuple(BLEU.TOKENIZERS)  # sacreBLEU's `tokenize` values: 13a, intl, char, none, ...
 
 
-def check_bleu_tokenizer(tokenize: str) -> None:
-    """Raise `ValueError` unless sacreBLEU has the BLEU tokenizer `tokenize`."""
-    if tokenize not in BLEU_TOKENIZERS:
-        raise ValueError(
-            f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
-        )
-
-
 @cache
-def moses_languages() -> tuple[str, ...]:
+def moses_languages():
     """The language codes for which sacremoses has Moses' rules (nonbreaking prefixes)."""
     try:
         from sacremoses.corpus import NonbreakingPrefixes
@@ -55,7 +43,7 @@ def moses_languages() -> tuple[str, ...]:
     return tuple(sorted(set(NonbreakingPrefixes().available_langs.values())))
 
 
-def check_moses_lang(lang: str) -> None:
+def check_moses_lang(lang):
     """Raise `ValueError` unless Moses has rules for `lang` (sacremoses would silently tokenize anything else
     without them, giving BLEU that no published figure was computed with)."""
     if lang not in moses_languages():
@@ -76,12 +64,8 @@ def load_translation_metric(**kwargs):
 
 
 def compute_bleu(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    tokenize: str = "13a",
-    lowercase: bool = False,
-    chrf_word_order: int = 0,
-) -> dict:
+    predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0, smooth_method="exp"
+):
     """Corpus BLEU and chrF of detokenized `predictions` against `references`, with sacreBLEU signatures.
 
     Args:
@@ -90,24 +74,24 @@ def compute_bleu(
         tokenize: sacreBLEU's BLEU tokenizer: "13a" (its default, WMT's mteval), "intl", "char", "none", ...
         lowercase: case-insensitive BLEU and chrF.
         chrf_word_order: 0 for chrF, 2 for chrF++.
+        smooth_method: sacreBLEU's BLEU smoothing: "exp" (its default), "none" (`multi-bleu.perl`), ...
 
     Returns:
         `{"bleu", "chrf", "bleu_signature", "chrf_signature", "counts", "totals", "precisions", "bp",
         "sys_len", "ref_len"}`, the same keys and values as `load_translation_metric().compute(...)`.
     """
-    _check_counts(predictions, references)
-    check_bleu_tokenizer(tokenize)
-    return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order)
-
-
-def _check_counts(predictions: Sequence[str], references: Sequence) -> None:
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
     if not predictions:
         raise ValueError("No predictions to score")
+    if tokenize not in BLEU_TOKENIZERS:
+        raise ValueError(
+            f"sacreBLEU has no tokenizer {tokenize!r}; choose one of {', '.join(BLEU_TOKENIZERS)}"
+        )
+    return corpus_scores(predictions, references, tokenize, lowercase, chrf_word_order, smooth_method)
 
 
-def moses_lowercase_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+def moses_lowercase_tokenize(texts, lang):
     """Lowercase, normalize punctuation and Moses-tokenize, as Multi30k's `scripts/task1-tokenize.sh` does.
 
     That script runs `lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG` to make
@@ -123,11 +107,7 @@ def moses_lowercase_tokenize(texts: Sequence[str], lang: str) -> list[str]:
     ]
 
 
-def compute_moses_bleu(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    lang: str,
-) -> dict:
+def compute_moses_bleu(predictions, references, lang):
     """BLEU "comparable to published Multi30k numbers": lowercased, Moses-tokenized, no further tokenization.
 
     Exactly: hypotheses and references (plain detokenized text) both go through `moses_lowercase_tokenize`
@@ -138,15 +118,8 @@ def compute_moses_bleu(
     `case:lc|tok:none`. chrF is computed on the same
     tokenized text. Scores of `compute_bleu` on raw text are a different measurement: never compare the two.
     """
-    _check_counts(predictions, references)
-    check_moses_lang(lang)
-    streams = reference_streams(references)
-    tokenized_refs = [moses_lowercase_tokenize(stream, lang) for stream in streams]
-    per_segment = [list(refs) for refs in zip(*tokenized_refs, strict=True)]
     # The text is lowercased already; `lowercase=True` changes no score and makes the signature say so (case:lc).
-    return compute_bleu(
-        moses_lowercase_tokenize(predictions, lang), per_segment, tokenize="none", lowercase=True
-    )
+    return _bleu_of_moses_tokens(moses_lowercase_tokenize, predictions, references, lang, lowercase=True)
 
 
 # tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as re.sub)
@@ -154,14 +127,14 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 TOKENIZED_BLEU_NOTE = "Moses-tokenized, compounds split as ##AT##-##AT##"
 
 
-def split_compounds(text: str) -> str:
+def split_compounds(text):
     """ "rich-text format" -> "rich ##AT##-##AT## text format", as the Stanford NMT and GNMT papers scored WMT en-de
     and tensor2tensor's `get_ende_bleu.sh` does it (one pass of non-overlapping matches: "a-b-c" keeps its second
     hyphen)."""
     return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
 
 
-def moses_compound_tokenize(texts: Sequence[str], lang: str) -> list[str]:
+def moses_compound_tokenize(texts, lang):
     """`tokenizer.perl -l LANG` (escaping on, no aggressive hyphen splitting), then `split_compounds`: the text
     `multi-bleu.perl` scores in `get_ende_bleu.sh`. Case is kept."""
     from sacremoses import MosesTokenizer
@@ -170,12 +143,7 @@ def moses_compound_tokenize(texts: Sequence[str], lang: str) -> list[str]:
     return [split_compounds(tokenizer.tokenize(text, return_str=True, escape=True)) for text in texts]
 
 
-def compute_tokenized_bleu(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    lang: str,
-    lowercase: bool = False,
-) -> dict:
+def compute_tokenized_bleu(predictions, references, lang, lowercase=False):
     """The BLEU the paper reports on WMT 2014 (27.3 base, 28.4 big on en-de): `multi-bleu.perl` on Moses-tokenized
     text with hyphenated compounds split, which tensor2tensor's `get_ende_bleu.sh` computes from detokenized output
     and references.
@@ -186,33 +154,25 @@ def compute_tokenized_bleu(
     than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
     `lowercase` scores it case-insensitively (`case:lc`), for a model that writes lowercase only.
     """
-    _check_counts(predictions, references)
+    scores = _bleu_of_moses_tokens(
+        moses_compound_tokenize, predictions, references, lang, lowercase=lowercase, smooth_method="none"
+    )
+    scores["bleu_signature"] += f" ({TOKENIZED_BLEU_NOTE})"
+    return scores
+
+
+def _bleu_of_moses_tokens(tokenize, predictions, references, lang, **options):
+    """`compute_bleu` of the texts as `tokenize(texts, lang)` writes them, split on spaces only."""
     check_moses_lang(lang)
-    streams = [moses_compound_tokenize(stream, lang) for stream in reference_streams(references)]
-    bleu = BLEU(tokenize="none", smooth_method="none", force=True, lowercase=lowercase)
-    score = bleu.corpus_score(moses_compound_tokenize(predictions, lang), streams)
-    return {
-        "bleu": score.score,
-        "bleu_signature": f"{score.name}|{bleu.get_signature()} ({TOKENIZED_BLEU_NOTE})",
-        **bleu_statistics(score),
-    }
+    streams = [tokenize(stream, lang) for stream in reference_streams(references)]
+    return compute_bleu(tokenize(predictions, lang), list(zip(*streams, strict=True)), "none", **options)
 
 
 def score_files(
-    hypotheses_path: str | os.PathLike,
-    reference_paths: Sequence[str | os.PathLike],
-    tokenize: str = "13a",
-    lowercase: bool = False,
-    chrf_word_order: int = 0,
-    moses_lang: str | None = None,
-) -> dict[str, dict]:
-    """Score a hypothesis file against one or more reference files (one segment a line, `.gz` allowed).
-
-    Returns `{"sacrebleu": compute_bleu(...)}`, plus `"moses": compute_moses_bleu(..., lang=moses_lang)` and
-    `"tokenized": compute_tokenized_bleu(..., lang=moses_lang)` when `moses_lang` is given, `lowercase` applying to
-    both BLEU and chrF and the tokenized BLEU. Raises `ValueError` naming the files if their line counts differ.
-    """
-    check_bleu_tokenizer(tokenize)
+    hypotheses_path, reference_paths, tokenize="13a", lowercase=False, chrf_word_order=0, moses_lang=None
+):
+    """`reported_scores` of a hypothesis file against one or more reference files (one segment a line, `.gz`
+    allowed). Raises `ValueError` naming the files if their line counts differ."""
     if moses_lang is not None:
         check_moses_lang(moses_lang)
     from ..data import read_lines  # here: scoring text files needs neither datasets nor torch
@@ -224,29 +184,23 @@ def score_files(
     for path, stream in zip(reference_paths, references, strict=True):
         if len(stream) != len(hypotheses):
             raise ValueError(f"{hypotheses_path} has {len(hypotheses)} lines but {path} has {len(stream)}")
-    per_segment = [list(refs) for refs in zip(*references, strict=True)]
-    scores = {"sacrebleu": compute_bleu(hypotheses, per_segment, tokenize, lowercase, chrf_word_order)}
-    if moses_lang is not None:
-        scores["moses"] = compute_moses_bleu(hypotheses, per_segment, moses_lang)
-        scores["tokenized"] = compute_tokenized_bleu(hypotheses, per_segment, moses_lang, lowercase)
-    return scores
+    per_segment = list(zip(*references, strict=True))
+    return reported_scores(hypotheses, per_segment, moses_lang, lowercase, tokenize, chrf_word_order)
 
 
-def reported_scores(
-    predictions: Sequence[str],
-    references: Sequence[str] | Sequence[Sequence[str]],
-    lang: str,
-    lowercase: bool = False,
-) -> dict:
-    """BLEU and chrF on the raw text, BLEU on lowercased Moses-tokenized `lang` text (published Multi30k figures) and
-    the paper's tokenized BLEU with compounds split (WMT), with their signatures, under the keys a run's
-    `test_results.json` uses and `vaswani.publishing.model_card.EvalResults` reads. `lowercase` makes the
+def reported_scores(predictions, references, lang=None, lowercase=False, tokenize="13a", chrf_word_order=0):
+    """BLEU and chrF on the raw text (`compute_bleu` with `tokenize` and `chrf_word_order`), and for the target
+    language `lang` BLEU on lowercased Moses-tokenized text (published Multi30k figures, `compute_moses_bleu`) and the
+    paper's tokenized BLEU with compounds split (WMT, `compute_tokenized_bleu`), with their signatures, under the keys
+    a run's `test_results.json` uses and `vaswani.publishing.model_card.EvalResults` reads. `lowercase` makes the
     raw-text BLEU, chrF and the tokenized BLEU case-insensitive (signature `case:lc`), for a model that writes
     lowercase only: scored case-sensitively, its output loses every capitalised word.
 
     For a language Moses has no rules for, the record has no Moses-tokenized BLEU (a warning says so)."""
-    raw = compute_bleu(predictions, references, lowercase=lowercase)
+    raw = compute_bleu(predictions, references, tokenize, lowercase, chrf_word_order)
     record = {key: raw[key] for key in ("bleu", "bleu_signature", "chrf", "chrf_signature")}
+    if lang is None:
+        return record
     if lang not in moses_languages():
         logger.warning("No Moses rules for %r: the scores leave out lowercased Moses-tokenized BLEU", lang)
         return record
@@ -258,30 +212,26 @@ def reported_scores(
     return record
 
 
-def score_lines(record: dict, lang: str | None = None) -> list[str]:
+def score_lines(record, lang=None):
     """What `vaswani-evaluate` and `vaswani-translate --references` print for a record with `reported_scores`' keys:
     lines "NAME = score<TAB>signature", each saying which score it is. "BLEU" is sacreBLEU on the detokenized text
     (WMT's own figure, comparable across papers through its signature); "BLEU (tokenized, compounds split, ...)" is
     the paper's WMT BLEU (`compute_tokenized_bleu`: 27.3 base, 28.4 big on newstest2014 en-de), higher than
     sacreBLEU's on the same output and never to be compared with it."""
-    lines = [
-        f"BLEU = {record['bleu']:.2f}\t{record['bleu_signature']}",
-        f"chrF = {record['chrf']:.2f}\t{record['chrf_signature']}",
+    names = {
+        "bleu": "BLEU",
+        "chrf": "chrF",
+        "bleu_lowercase_moses_tokenized": f"BLEU (lowercased, Moses-tokenized, {lang})",
+        "bleu_tokenized": f"BLEU (tokenized, compounds split, {lang}: the paper's WMT BLEU)",
+    }
+    return [
+        f"{name} = {record[key]:.2f}\t{record[f'{key}_signature']}"
+        for key, name in names.items()
+        if key in record
     ]
-    if "bleu_lowercase_moses_tokenized" in record:
-        lines.append(
-            f"BLEU (lowercased, Moses-tokenized, {lang}) = {record['bleu_lowercase_moses_tokenized']:.2f}\t"
-            f"{record['bleu_lowercase_moses_tokenized_signature']}"
-        )
-    if "bleu_tokenized" in record:
-        lines.append(
-            f"BLEU (tokenized, compounds split, {lang}: the paper's WMT BLEU) = {record['bleu_tokenized']:.2f}\t"
-            f"{record['bleu_tokenized_signature']}"
-        )
-    return lines
 
 
-def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
+def bleu_metric_fn(tokenizer, references):
     """`compute_metrics` for `Seq2SeqTrainer(predict_with_generate=True)`: sacreBLEU and chrF of the decoded
     predictions against the raw reference text, case-insensitive if the tokenizer lowercases (its model writes
     lowercase only). Under DDP the gathered predictions can carry padded duplicates at the end; only the first
@@ -290,7 +240,7 @@ def bleu_metric_fn(tokenizer, references: Sequence[str]) -> Callable:
 
     lowercase = lowercases(tokenizer)
 
-    def compute(eval_prediction) -> dict:
+    def compute(eval_prediction):
         predictions = eval_prediction.predictions
         if isinstance(predictions, tuple):
             predictions = predictions[0]

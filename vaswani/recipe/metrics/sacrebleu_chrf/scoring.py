@@ -5,7 +5,7 @@
 from sacrebleu.metrics import BLEU, CHRF
 
 
-def reference_streams(references) -> list[list[str]]:
+def reference_streams(references):
     """sacreBLEU's layout (one list per reference set) from one reference or a list of them per segment."""
     if references and isinstance(references[0], str):
         return [list(references)]
@@ -15,17 +15,13 @@ def reference_streams(references) -> list[list[str]]:
     return [[refs[i] for refs in references] for i in range(n_refs)]
 
 
-def bleu_statistics(score) -> dict:
-    """The n-gram statistics behind a sacreBLEU `BLEUScore`."""
-    names = ("counts", "totals", "precisions", "bp", "sys_len", "ref_len")
-    return {name: getattr(score, name) for name in names}
-
-
-def corpus_scores(predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0) -> dict:
+def corpus_scores(
+    predictions, references, tokenize="13a", lowercase=False, chrf_word_order=0, smooth_method="exp"
+):
     """BLEU and chrF of `predictions` against `references` (one or a list per segment), with their signatures and
     BLEU's n-gram statistics."""
     streams = reference_streams(references)
-    bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none", smooth_method=smooth_method)
     chrf = CHRF(word_order=chrf_word_order, lowercase=lowercase)
     bleu_score = bleu.corpus_score(list(predictions), streams)
     chrf_score = chrf.corpus_score(list(predictions), streams)
@@ -34,5 +30,8 @@ def corpus_scores(predictions, references, tokenize="13a", lowercase=False, chrf
         "chrf": chrf_score.score,
         "bleu_signature": f"{bleu_score.name}|{bleu.get_signature()}",
         "chrf_signature": f"{chrf_score.name}|{chrf.get_signature()}",
-        **bleu_statistics(bleu_score),
+        **{
+            name: getattr(bleu_score, name)
+            for name in ("counts", "totals", "precisions", "bp", "sys_len", "ref_len")
+        },
     }
