@@ -33,9 +33,6 @@ from torch import nn
 from torch.torch_version import TorchVersion
 from transformers import GenerationMixin
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerationMode
-from transformers.utils import logging
-
-logger = logging.get_logger(__name__)
 
 # §6.1, written into a model's GenerationConfig by `paper_decoding`.
 PAPER_NUM_BEAMS = 4
@@ -57,8 +54,7 @@ BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
 def paper_decoding(generation_config) -> None:
     """Write §6.1's decoding (`PAPER_DECODING`) into a model's `GenerationConfig`, saved as generation_config.json,
     where transformers keeps a checkpoint's decoding (as Marian's and BART's folders do)."""
-    for key, value in PAPER_DECODING.items():
-        setattr(generation_config, key, value)
+    generation_config.update(**PAPER_DECODING, allow_custom_entries=True)
     # A generation config marked as made from the model config drops the settings transformers does not know
     # (`length_penalty_form`) when it is loaded again; this one holds the model's own settings.
     generation_config._from_model_config = False
@@ -90,8 +86,11 @@ def generate(*args, model, **kwargs):
     drop_trainer_defaults(model.generation_config)
     config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
     config.update(**kwargs)  # sets only the generation settings among them
-    form = kwargs.pop("length_penalty_form", None) or getattr(config, "length_penalty_form", None)
-    form = form or PAPER_LENGTH_PENALTY_FORM
+    form = (
+        kwargs.pop("length_penalty_form", None)
+        or getattr(config, "length_penalty_form", None)
+        or PAPER_LENGTH_PENALTY_FORM
+    )
     length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
     _check_settings(config)
     if config.max_length is None and config.max_new_tokens is None:  # the call's settings are in `config`
@@ -119,13 +118,13 @@ def check_token_ids(ids, vocab_size: int, name: str) -> None:
         )
 
 
-def _check_settings(config) -> None:
+def _check_settings(config):
     """Name a decoding setting that cannot work before any work. transformers checks the lengths itself; a beam count
     below 1 failed deep in the decoding (`ZeroDivisionError`, "upper bound and lower bound inconsistent with step
     sign"), a number of returned sequences below 1 returned another number of rows, and a length penalty that is
     not a number failed inside `math`."""
     for name in ("num_beams", "num_return_sequences"):
-        value = getattr(config, name, None)
+        value = getattr(config, name)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
         ):
@@ -156,7 +155,7 @@ def drop_trainer_defaults(generation_config) -> None:
         generation_config.max_length = None
 
 
-def _source_length(source, kwargs) -> int:
+def _source_length(source, kwargs):
     """Tokens in the longest source of the batch (padding excluded), for the paper's `input length + 50`."""
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2:
@@ -168,16 +167,15 @@ def _source_length(source, kwargs) -> int:
     return int(source.shape[1]) if source is not None and source.dim() >= 2 else 0
 
 
-def _check_beam_search_vocabulary(config, uses_beams: bool) -> None:
+def _check_beam_search_vocabulary(config, uses_beams):
     """A clear error where transformers' own beam search cannot handle separate vocabularies of different sizes."""
-    decoder_vocab_size = config.decoder_vocab_size
     if (
         uses_beams
-        and decoder_vocab_size != config.vocab_size
+        and config.decoder_vocab_size != config.vocab_size
         and TorchVersion(transformers.__version__) < BEAM_SEARCH_OVER_ANY_VOCABULARY
     ):
         raise ValueError(
-            f"Beam search over a target vocabulary ({decoder_vocab_size} tokens) of another size than the source's "
+            f"Beam search over a target vocabulary ({config.decoder_vocab_size} tokens) of another size than the source's "
             f"({config.vocab_size}) with length_penalty_form='power' needs transformers >= "
             f"{BEAM_SEARCH_OVER_ANY_VOCABULARY} (found {transformers.__version__}); upgrade transformers, or use the "
             "paper's length penalty (length_penalty_form='gnmt'), greedy decoding or sampling."
@@ -206,7 +204,7 @@ class BeamSearch:
         rows, self.cur_len = input_ids.shape
         k, max_length, device = config.num_beams, config.max_length, input_ids.device
         batch = rows // k
-        self.batch_size, self.num_beams, self.max_length, self.prompt_len = batch, k, max_length, self.cur_len
+        self.max_length, self.prompt_len = max_length, self.cur_len
         self.alpha = 1.0 if config.length_penalty is None else config.length_penalty
         self.form, self.early_stopping = form, config.early_stopping
         # The end-of-sentence ids, and the id that fills the positions after a hypothesis ends, as transformers' beam
@@ -214,7 +212,12 @@ class BeamSearch:
         eos = [] if config.eos_token_id is None else torch.tensor(config.eos_token_id).view(-1).tolist()
         fill = int(config.pad_token_id or eos[0]) if eos else -1
         self.keep = max(2, 1 + len(eos)) * k  # continuations kept per step
-        self.running = torch.full((batch, k, max_length), fill, dtype=torch.long, device=device)
+        # A hypothesis is a row of its `max_length` tokens, then, per generated position, the row of the batch
+        # (source x num_beams + beam) it came from (-1 before it is generated).
+        self.running = torch.full(
+            (batch, k, 2 * max_length - self.cur_len), -1, dtype=torch.long, device=device
+        )
+        self.running[:, :, :max_length] = fill
         self.running[:, :, : self.cur_len] = input_ids.view(batch, k, self.cur_len)
         self.finished = self.running.clone()
         self.running_scores = torch.zeros(batch, k, device=device)
@@ -222,54 +225,47 @@ class BeamSearch:
         self.finished_scores = torch.full((batch, k), -1e9, device=device)
         self.is_finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
         self.can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
-        self.stops = self.is_finished
-        # per generated position, the row (source x num_beams + beam) each hypothesis came from; -1 before
-        self.running_origins = torch.full(
-            (batch, k, max_length - self.cur_len), -1, dtype=torch.int32, device=device
-        )
-        self.finished_origins = self.running_origins.clone()
 
-    def sequences(self) -> torch.Tensor:  # (batch x num_beams, cur_len)
-        return self.running[:, :, : self.cur_len].reshape(-1, self.cur_len)
+    def sequences(self):  # (batch x num_beams, cur_len)
+        return self.running[:, :, : self.cur_len].flatten(0, 1)
 
-    def step(self, log_probs: torch.Tensor, stop) -> torch.Tensor:
+    def step(self, log_probs, stop):
         """Take a step. The best `keep` continuations of all the beams of each source, by log-probability + beam
         score over the num_beams x vocabulary continuations, are among the best `keep` of each beam (a beam adds one
         score to all its continuations), so those are found first, each beam's row on its own. `stop` tells which of
         them stop (their sequences, (batch x keep, cur_len + 1) -> bool); the best num_beams that did not stop go on,
         those that stopped among the first num_beams join the finished hypotheses. Returns the row
         (batch x num_beams) each running beam extends."""
-        batch, k, generated = self.batch_size, self.num_beams, self.cur_len + 1 - self.prompt_len
+        (batch, k), generated = self.running_scores.shape, self.cur_len + 1 - self.prompt_len
         per_beam = min(self.keep, log_probs.shape[-1])
         beam_best, beam_tokens = torch.topk(log_probs, per_beam)  # (batch x num_beams, per_beam)
         totals = (beam_best.view(batch, k, per_beam) + self.running_scores[:, :, None]).view(batch, -1)
         top_scores, picked = torch.topk(totals, self.keep)
         from_beam = picked // per_beam
-        candidates, origins = _take(self.running, from_beam), _take(self.running_origins, from_beam)
+        candidates = _take(self.running, from_beam)
         candidates[:, :, self.cur_len] = beam_tokens.view(batch, -1).gather(1, picked)
-        rows = torch.arange(batch, device=from_beam.device)[:, None] * k
-        origins[:, :, generated - 1] = (from_beam + rows).int()
+        origin = self.max_length + generated - 1  # where the candidates' origins go
+        candidates[:, :, origin] = from_beam + torch.arange(batch, device=from_beam.device)[:, None] * k
         self.stops = stops = stop(candidates[:, :, : self.cur_len + 1].flatten(0, 1)).view(batch, -1)
         live_scores = top_scores + stops.float() * -1e9
         chosen = torch.topk(live_scores, k).indices
-        self.running, self.running_origins = _take(candidates, chosen), _take(origins, chosen)
+        self.running = _take(candidates, chosen)
         self.running_scores = live_scores.gather(1, chosen)
         penalised = top_scores / length_penalty_factor(generated, self.alpha, self.form)
         full = self.is_finished.all(dim=-1, keepdim=True) & (self.early_stopping is True)
-        just_finished = stops & (torch.arange(stops.shape[1], device=stops.device) < k)[None, :]
+        just_finished = stops & (torch.arange(self.keep, device=stops.device) < k)
         for excluded in (full, ~self.can_improve, ~just_finished):  # added one by one, as transformers does
             penalised = penalised + excluded.float() * -1e9
         merged_scores = torch.cat([self.finished_scores, penalised], dim=1)
         best = torch.topk(merged_scores, k).indices
         self.finished = _take(torch.cat([self.finished, candidates], dim=1), best)
-        self.finished_origins = _take(torch.cat([self.finished_origins, origins], dim=1), best)
         self.finished_scores = merged_scores.gather(1, best)
         self.is_finished = torch.cat([self.is_finished, just_finished], dim=1).gather(1, best)
         self.cur_len += 1
         self.can_improve &= self.may_improve()
-        return self.running_origins[:, :, generated - 1].reshape(-1).long()
+        return self.running[:, :, origin].flatten()
 
-    def may_improve(self) -> torch.Tensor:
+    def may_improve(self):
         """Per source, whether its best running beam may still beat its worst finished hypothesis, as transformers
         bounds it: at the current length, or at the maximum length with early_stopping="never" and alpha > 0."""
         never = self.early_stopping == "never" and self.alpha > 0.0
@@ -280,20 +276,20 @@ class BeamSearch:
         )
         return (best_running > worst_finished).any(dim=-1, keepdim=True)
 
-    def done(self) -> bool:
+    def done(self):
         """Whether no source can change any more (a host-device sync: once per step)."""
         full = self.is_finished.all() & (self.early_stopping is True)
         return not bool(self.can_improve.any() & ~full & ~self.stops.all())
 
-    def best(self, count: int):
+    def best(self, count):
         """The best `count` finished hypotheses per source, cut to the longest: sequences, scores, origins."""
-        sequences = self.finished[:, :count].flatten(0, 1)
-        origins = self.finished_origins[:, :count].flatten(0, 1)
+        hypotheses = self.finished[:, :count].flatten(0, 1)
+        origins = hypotheses[:, self.max_length :]
         generated = int((origins + 1).bool().sum(dim=1).max())  # the origin of an ungenerated position is -1
         return (
-            sequences[:, : self.prompt_len + generated],
+            hypotheses[:, : self.prompt_len + generated],
             self.finished_scores[:, :count].flatten(),
-            origins[:, :generated],
+            origins[:, :generated].int(),
         )
 
 
@@ -309,10 +305,12 @@ def beam_search(
     """Beam search (`BeamSearch`) on the model's public forward and the cache's public `reorder_cache`, as
     transformers runs it, with finished hypotheses scored by `length_penalty_factor(|Y|, alpha, length_penalty_form)`.
     Called by `GenerationMixin.generate(..., custom_generate=beam_search)` once it has prepared everything: `input_ids`
-    (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache per beam.
-    (`generate` hands a `custom_generate` function no `synced_gpus`: one process decodes on its own.)"""
+    (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache per beam
+    (`generate` hands a `custom_generate` function no `synced_gpus`: each process decodes on its own)."""
     beams = BeamSearch(input_ids, generation_config, length_penalty_form)
-    config, collect = generation_config, _collected(generation_config)
+    config = generation_config
+    asked = config.return_dict_in_generate
+    collect = {name: () for name, flag in _COLLECTED.items() if asked and getattr(config, flag)}
     use_cache = model_kwargs.pop("use_cache", True)
     # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
     for key in ("output_attentions", "output_hidden_states", "return_dict", "labels"):
@@ -356,23 +354,20 @@ def beam_search(
             return _beam_search_output(beams, config, collect, model_kwargs)
 
 
-def _collected(generation_config) -> dict:
-    """The per-step outputs `return_dict_in_generate` asks a decoding loop to collect: field name -> tuple so far."""
-    config = generation_config
-    asked = {
-        "scores": config.output_scores,
-        "logits": config.output_logits,
-        "decoder_attentions": config.output_attentions,
-        "cross_attentions": config.output_attentions,
-        "decoder_hidden_states": config.output_hidden_states,
-    }
-    return {name: () for name, on in asked.items() if on and config.return_dict_in_generate}
-
-
-def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def _take(tensor, index):
     """The rows `index` (batch, n) picks from each source's rows of `tensor` (batch, rows, length): (batch, n, length)."""
     return tensor.gather(1, index[:, :, None].expand(-1, -1, tensor.shape[2]))
 
+
+# What `return_dict_in_generate` has a decoding loop collect at each step: output field -> the generation config's flag
+# asking for it.
+_COLLECTED = {
+    "scores": "output_scores",
+    "logits": "output_logits",
+    "decoder_attentions": "output_attentions",
+    "cross_attentions": "output_attentions",
+    "decoder_hidden_states": "output_hidden_states",
+}
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`
 _CACHE_FIELD = (
@@ -380,7 +375,7 @@ _CACHE_FIELD = (
 )
 
 
-def _beam_search_output(beams: BeamSearch, generation_config, collect: dict, model_kwargs: dict):
+def _beam_search_output(beams, generation_config, collect, model_kwargs):
     """The best `num_return_sequences` hypotheses per source, cut to the longest one, as transformers returns them."""
     sequences, scores, origins = beams.best(generation_config.num_return_sequences or 1)
     if not generation_config.return_dict_in_generate:
