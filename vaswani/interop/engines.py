@@ -64,7 +64,7 @@ class Exported:
         self.metadata = read_metadata(folder)
         self.generation_config = SimpleNamespace(**self.metadata["decoding"])
 
-    def decoding(self, length_penalty, length_penalty_form, early_stopping, **fields) -> SimpleNamespace:
+    def decoding(self, length_penalty, length_penalty_form, early_stopping, **fields):
         """The settings asked for, the export's generation config where a setting is None, and `fields`."""
         config = self.generation_config
         return SimpleNamespace(
@@ -147,9 +147,7 @@ class CTranslate2Engine(Exported):
             for result in results
         ]
 
-    def note_length_penalty(
-        self, num_beams: int, length_penalty: float | None, length_penalty_form: str | None
-    ) -> float:
+    def note_length_penalty(self, num_beams, length_penalty, length_penalty_form):
         """Warn, once per engine, when a beam search asks for a length penalty CTranslate2 cannot apply: it divides
         by |Y|^alpha only (`translate_batch` has no other form), not by the GNMT ((5 + |Y|) / 6)^alpha of §6.1.
         Returns the alpha it applies."""
@@ -190,31 +188,22 @@ class OnnxEngine(Exported):
             for name in (ENCODER_FILE, DECODER_FILE)
         )
         layers = self.metadata["decoder_layers"]
-        self.cross_names, self.past_names = cache_names("cross", layers), cache_names("past", layers)
-        self.empty_cache_shape = (self.metadata["decoder_attention_heads"], 0, self.metadata["head_dim"])
+        self.cache_names = cache_names("past", layers) + cache_names(
+            "cross", layers
+        )  # the decoder graph's order
         self.eos = self.metadata["eos_token_id"]
 
-    def encode(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(B, S) int64 ids and mask -> the encoder output (B, S, d_model) and the cross-attention cache."""
+    def encode(self, input_ids, attention_mask):
+        """(B, S) int64 ids and mask -> the encoder output (B, S, d_model) and the cross-attention cache (a list of
+        (B, h, S, d_k) arrays: `cache_names("cross", layers)`)."""
         memory, *cross = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
         return memory, cross
 
-    def empty_cache(self, rows: int) -> list[np.ndarray]:
-        return [np.zeros((rows, *self.empty_cache_shape), dtype=np.float32)] * len(self.past_names)
-
-    def decode(
-        self,
-        decoder_input_ids: np.ndarray,
-        attention_mask: np.ndarray,
-        past: list[np.ndarray],
-        cross: list[np.ndarray],
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One decoder call: (B, T) new ids after the cached `past` -> logits (B, T, V) and the extended cache."""
+    def decode(self, decoder_input_ids, attention_mask, past, cross):
+        """One decoder call: (B, T) new ids after the cached `past` -> logits (B, T, V) and the extended cache. An
+        empty `past` is the cross-attention cache cut to no position: `[c[:, :, :0] for c in cross]`."""
         feed = {"decoder_input_ids": decoder_input_ids, "encoder_attention_mask": attention_mask}
-        feed.update(zip(self.past_names, past, strict=True))
-        feed.update(zip(self.cross_names, cross, strict=True))
+        feed.update(zip(self.cache_names, [*past, *cross], strict=True))
         logits, *present = self.decoder.run(None, feed)
         return logits, present
 
@@ -251,7 +240,7 @@ class OnnxEngine(Exported):
         mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
         cross = [np.repeat(c, k, axis=0) for c in cross]
         tokens = np.full((len(mask), 1), self.metadata["decoder_start_token_id"], dtype=np.int64)
-        past = self.empty_cache(len(mask))
+        past = [c[:, :, :0] for c in cross]  # (B * k, h, 0, d_k): no target position yet
         # greedy search: one beam without a length penalty, done at its first `</s>`
         settings = (length_penalty, length_penalty_form, early_stopping) if k > 1 else (0.0, "power", True)
         max_length = 1 + max_new_tokens
