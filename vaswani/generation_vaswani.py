@@ -221,10 +221,10 @@ class BeamSearch:
         self.running[:, :, : self.cur_len] = input_ids.view(batch, k, self.cur_len)
         self.finished = self.running.clone()
         self.running_scores = torch.zeros(batch, k, device=device)
+        self.finished_scores = torch.full_like(self.running_scores, -1e9)
         self.running_scores[:, 1:] = -1e9  # only the first beam's continuations count at the first step
-        self.finished_scores = torch.full((batch, k), -1e9, device=device)
-        self.is_finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
-        self.can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
+        self.is_finished = torch.zeros_like(self.running_scores, dtype=torch.bool)
+        self.can_improve = torch.ones_like(self.is_finished[:, :1])
 
     def sequences(self):  # (batch x num_beams, cur_len)
         return self.running[:, :, : self.cur_len].flatten(0, 1)
