@@ -209,7 +209,7 @@ class BeamSearch:
         self.form, self.early_stopping = form, config.early_stopping
         # The end-of-sentence ids, and the id that fills the positions after a hypothesis ends, as transformers' beam
         # search chooses it: the pad id unless it is 0 or missing, else the first end-of-sentence id.
-        eos = [] if config.eos_token_id is None else torch.tensor(config.eos_token_id).view(-1).tolist()
+        eos = [] if config.eos_token_id is None else torch.as_tensor(config.eos_token_id).view(-1).tolist()
         fill = int(config.pad_token_id or eos[0]) if eos else -1
         self.keep = max(2, 1 + len(eos)) * k  # continuations kept per step
         # A hypothesis is a row of its `max_length` tokens, then, per generated position, the row of the batch
