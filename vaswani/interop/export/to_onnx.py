@@ -104,48 +104,43 @@ def export_graphs(model, output_dir: Path) -> None:
     layers = model.config.decoder_layers
     batch, source, past, target = (torch.export.Dim(name) for name in ("batch", "source", "past", "target"))
     encoder_inputs, decoder_inputs = example_inputs(model.config)
-    past_cache = [{0: batch, 2: past}] * layers
-    cross_cache = [{0: batch, 2: source}] * layers
-    graphs = [
-        (
-            EncoderGraph(model),
-            encoder_inputs,
-            ENCODER_FILE,
-            ["input_ids", "attention_mask"],
-            ["last_hidden_state", *cache_names("cross", layers)],
-            ({0: batch, 1: source}, {0: batch, 1: source}),
-        ),
-        (
-            DecoderGraph(model),
-            decoder_inputs,
-            DECODER_FILE,
-            [
-                "decoder_input_ids",
-                "encoder_attention_mask",
-                *cache_names("past", layers),
-                *cache_names("cross", layers),
-            ],
-            ["logits", *cache_names("present", layers)],
-            ({0: batch, 1: target}, {0: batch, 1: source}, past_cache, past_cache, cross_cache, cross_cache),
-        ),
-    ]
-    for module, inputs, name, input_names, output_names, dynamic_shapes in graphs:
-        logger.info("Exporting %s", name)
-        with warnings.catch_warnings():
-            # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
-            # exporter itself still calls a `_pytree` name that torch deprecates.
-            warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
-            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-            torch.onnx.export(
-                module.eval(),
-                inputs,
-                str(output_dir / name),
-                dynamo=True,
-                verbose=False,
-                input_names=input_names,
-                output_names=output_names,
-                dynamic_shapes=dynamic_shapes,
-            )
+    tokens, cross = {0: batch, 1: source}, cache_names("cross", layers)
+    past_cache, cross_cache = [{0: batch, 2: past}] * layers, [{0: batch, 2: source}] * layers
+    _export(
+        EncoderGraph(model),
+        encoder_inputs,
+        output_dir / ENCODER_FILE,
+        ["input_ids", "attention_mask"],
+        ["last_hidden_state", *cross],
+        (tokens, tokens),
+    )
+    _export(
+        DecoderGraph(model),
+        decoder_inputs,
+        output_dir / DECODER_FILE,
+        ["decoder_input_ids", "encoder_attention_mask", *cache_names("past", layers), *cross],
+        ["logits", *cache_names("present", layers)],
+        ({0: batch, 1: target}, tokens, past_cache, past_cache, cross_cache, cross_cache),
+    )
+
+
+def _export(module, inputs, path, input_names, output_names, dynamic_shapes):
+    logger.info("Exporting %s", path.name)
+    with warnings.catch_warnings():
+        # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
+        # exporter itself still calls a `_pytree` name that torch deprecates.
+        warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+        torch.onnx.export(
+            module.eval(),
+            inputs,
+            str(path),
+            dynamo=True,
+            verbose=False,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_shapes=dynamic_shapes,
+        )
 
 
 def export_onnx(model_path: str | os.PathLike, output_dir: Path) -> dict:
