@@ -5,6 +5,7 @@ import itertools
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -131,17 +132,17 @@ def test_the_early_stop_bound_uses_the_length_penalty_form():
     beat the worst finished one. Here the best running log-probability is -2.0 after 9 generated tokens and the worst
     finished score is -0.55: dividing by 9 ** 0.6 = 3.74 gives -0.53 (keep searching), by (14 / 6) ** 0.6 = 1.66
     gives -1.20 (stop)."""
-    kw = dict(
-        running_scores=torch.tensor([[-2.0, -3.0]]),
-        finished_scores=torch.tensor([[-0.5, -0.55]]),
-        is_finished=torch.tensor([[True, True]]),
-        cur_len=10,
-        max_length=30,
-        prompt_len=1,
-        early_stopping=False,
-        alpha=0.6,
-    )
-    decisions = {form: bool(generation_vaswani._may_improve(**kw, form=form)) for form in ("power", "gnmt")}
+    decisions = {}
+    for form in ("power", "gnmt"):
+        search = dict(
+            num_beams=2, max_length=30, eos_token_id=2, pad_token_id=0, length_penalty=0.6, early_stopping=False
+        )
+        beams = generation_vaswani.BeamSearch(torch.ones(2, 1, dtype=torch.long), SimpleNamespace(**search), form)
+        beams.running_scores = torch.tensor([[-2.0, -3.0]])
+        beams.finished_scores = torch.tensor([[-0.5, -0.55]])
+        beams.is_finished = torch.tensor([[True, True]])
+        beams.cur_len = 10
+        decisions[form] = bool(beams.may_improve())
     assert decisions == {"power": True, "gnmt": False}
 
 

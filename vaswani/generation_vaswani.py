@@ -26,16 +26,13 @@ here: one statement of the penalty.
 import copy
 import math
 import numbers
-import re
 
 import torch
 import transformers
 from torch import nn
+from torch.torch_version import TorchVersion
 from transformers import GenerationMixin
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerationMode
-from transformers.utils import logging
-
-logger = logging.get_logger(__name__)
 
 # §6.1, written into a model's GenerationConfig by `paper_decoding`.
 PAPER_NUM_BEAMS = 4
@@ -57,8 +54,7 @@ BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
 def paper_decoding(generation_config) -> None:
     """Write §6.1's decoding (`PAPER_DECODING`) into a model's `GenerationConfig`, saved as generation_config.json,
     where transformers keeps a checkpoint's decoding (as Marian's and BART's folders do)."""
-    for key, value in PAPER_DECODING.items():
-        setattr(generation_config, key, value)
+    generation_config.update(**PAPER_DECODING, allow_custom_entries=True)
     # A generation config marked as made from the model config drops the settings transformers does not know
     # (`length_penalty_form`) when it is loaded again; this one holds the model's own settings.
     generation_config._from_model_config = False
@@ -84,15 +80,17 @@ def generate(*args, model, **kwargs):
     generation config's, else "gnmt")."""
     source = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     check_token_ids(source, model.config.vocab_size, "input_ids")
-    decoder_vocab_size = getattr(model.config, "decoder_vocab_size", model.config.vocab_size)
-    check_token_ids(kwargs.get("decoder_input_ids"), decoder_vocab_size, "decoder_input_ids")
+    check_token_ids(kwargs.get("decoder_input_ids"), model.config.decoder_vocab_size, "decoder_input_ids")
     if kwargs.get("custom_generate") is not None:  # the caller's own decoding
         return GenerationMixin.generate(model, *args, **kwargs)
     drop_trainer_defaults(model.generation_config)
     config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
-    config.update(**{k: v for k, v in kwargs.items() if hasattr(config, k) and k != "generation_config"})
-    form = kwargs.pop("length_penalty_form", None) or getattr(config, "length_penalty_form", None)
-    form = form or PAPER_LENGTH_PENALTY_FORM
+    config.update(**kwargs)  # sets only the generation settings among them
+    form = (
+        kwargs.pop("length_penalty_form", None)
+        or getattr(config, "length_penalty_form", None)
+        or PAPER_LENGTH_PENALTY_FORM
+    )
     length_penalty_factor(1, 1.0, form)  # a bad form is named before any work
     _check_settings(config)
     if config.max_length is None and config.max_new_tokens is None:  # the call's settings are in `config`
@@ -120,13 +118,13 @@ def check_token_ids(ids, vocab_size: int, name: str) -> None:
         )
 
 
-def _check_settings(config) -> None:
+def _check_settings(config):
     """Name a decoding setting that cannot work before any work. transformers checks the lengths itself; a beam count
     below 1 failed deep in the decoding (`ZeroDivisionError`, "upper bound and lower bound inconsistent with step
     sign"), a number of returned sequences below 1 returned another number of rows, and a length penalty that is
     not a number failed inside `math`."""
     for name in ("num_beams", "num_return_sequences"):
-        value = getattr(config, name, None)
+        value = getattr(config, name)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
         ):
@@ -157,7 +155,7 @@ def drop_trainer_defaults(generation_config) -> None:
         generation_config.max_length = None
 
 
-def _source_length(source, kwargs) -> int:
+def _source_length(source, kwargs):
     """Tokens in the longest source of the batch (padding excluded), for the paper's `input length + 50`."""
     mask = kwargs.get("attention_mask")
     if mask is not None and mask.dim() == 2:
@@ -169,21 +167,15 @@ def _source_length(source, kwargs) -> int:
     return int(source.shape[1]) if source is not None and source.dim() >= 2 else 0
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """(major, minor, patch) of a version string; this file imports torch and transformers only."""
-    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-
-
-def _check_beam_search_vocabulary(config, uses_beams: bool) -> None:
+def _check_beam_search_vocabulary(config, uses_beams):
     """A clear error where transformers' own beam search cannot handle separate vocabularies of different sizes."""
-    decoder_vocab_size = getattr(config, "decoder_vocab_size", config.vocab_size)
     if (
         uses_beams
-        and decoder_vocab_size != config.vocab_size
-        and _release(transformers.__version__) < _release(BEAM_SEARCH_OVER_ANY_VOCABULARY)
+        and config.decoder_vocab_size != config.vocab_size
+        and TorchVersion(transformers.__version__) < BEAM_SEARCH_OVER_ANY_VOCABULARY
     ):
         raise ValueError(
-            f"Beam search over a target vocabulary ({decoder_vocab_size} tokens) of another size than the source's "
+            f"Beam search over a target vocabulary ({config.decoder_vocab_size} tokens) of another size than the source's "
             f"({config.vocab_size}) with length_penalty_form='power' needs transformers >= "
             f"{BEAM_SEARCH_OVER_ANY_VOCABULARY} (found {transformers.__version__}); upgrade transformers, or use the "
             "paper's length penalty (length_penalty_form='gnmt'), greedy decoding or sampling."
@@ -200,92 +192,104 @@ class BeamSearch:
     stopped among the first num_beams join a sorted set of num_beams finished hypotheses, scored by their summed
     log-probability divided by `length_penalty_factor(|Y|, alpha, form)`; transformers' early-stopping rules.
 
-    `input_ids` (batch x num_beams, prompt) are the decoder's start. A decoding loop calls `candidates` with each
-    step's log-probabilities, then `advance` with which candidates stop (its stopping criteria); `advance` returns the
-    row each beam that goes on extends (to reorder a cache), `done` whether every source is finished, `best` the
-    result. Used by `beam_search` (transformers' `custom_generate`) and by `vaswani.interop.engines` (ONNX Runtime).
+    `input_ids` (batch x num_beams, prompt) are the decoder's start. A decoding loop calls `step` with each step's
+    log-probabilities and its stopping rule (the candidates' sequences -> which of them stop); `step` returns the row
+    each beam that goes on extends (to reorder a cache), `done` whether every source is finished, `best` the result.
+    Used by `beam_search` (transformers' `custom_generate`) and by `vaswani.interop.engines` (ONNX Runtime).
     """
 
-    def __init__(self, input_ids, num_beams, max_length, fill, eos_count, alpha, form, early_stopping):
-        rows, self.cur_len = input_ids.shape[:2]
-        batch, k, device = rows // num_beams, num_beams, input_ids.device
-        self.batch_size, self.num_beams, self.max_length, self.prompt_len = batch, k, max_length, self.cur_len
-        self.alpha, self.form, self.early_stopping = alpha, form, early_stopping
-        self.keep = max(2, 1 + eos_count) * k  # continuations kept per step
-        self.running = torch.full((batch, k, max_length), fill, dtype=torch.long, device=device)
+    def __init__(self, input_ids, config, form):
+        """`config`: a generation config's num_beams, max_length, eos_token_id, pad_token_id, length_penalty and
+        early_stopping (True, False (None) or "never", read as transformers does)."""
+        rows, self.cur_len = input_ids.shape
+        k, max_length, device = config.num_beams, config.max_length, input_ids.device
+        batch = rows // k
+        self.max_length, self.prompt_len = max_length, self.cur_len
+        self.alpha = 1.0 if config.length_penalty is None else config.length_penalty
+        self.form, self.early_stopping = form, config.early_stopping
+        # The end-of-sentence ids, and the id that fills the positions after a hypothesis ends, as transformers' beam
+        # search chooses it: the pad id unless it is 0 or missing, else the first end-of-sentence id.
+        eos = [] if config.eos_token_id is None else torch.as_tensor(config.eos_token_id).view(-1).tolist()
+        fill = int(config.pad_token_id or eos[0]) if eos else -1
+        self.keep = max(2, 1 + len(eos)) * k  # continuations kept per step
+        # A hypothesis is a row of its `max_length` tokens, then, per generated position, the row of the batch
+        # (source x num_beams + beam) it came from (-1 before it is generated).
+        self.running = torch.full(
+            (batch, k, 2 * max_length - self.cur_len), -1, dtype=torch.long, device=device
+        )
+        self.running[:, :, :max_length] = fill
         self.running[:, :, : self.cur_len] = input_ids.view(batch, k, self.cur_len)
         self.finished = self.running.clone()
         self.running_scores = torch.zeros(batch, k, device=device)
+        self.finished_scores = torch.full_like(self.running_scores, -1e9)
         self.running_scores[:, 1:] = -1e9  # only the first beam's continuations count at the first step
-        self.finished_scores = torch.full((batch, k), -1e9, device=device)
-        self.is_finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
-        self.can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
-        # per generated position, the row (source x num_beams + beam) each hypothesis came from; -1 before
-        self.running_origins = torch.full(
-            (batch, k, max_length - self.cur_len), -1, dtype=torch.int32, device=device
-        )
-        self.finished_origins = self.running_origins.clone()
+        self.is_finished = torch.zeros_like(self.running_scores, dtype=torch.bool)
+        self.can_improve = torch.ones_like(self.is_finished[:, :1])
 
-    def sequences(self) -> torch.Tensor:  # (batch x num_beams, cur_len)
-        return self.running[:, :, : self.cur_len].reshape(-1, self.cur_len)
+    def sequences(self):  # (batch x num_beams, cur_len)
+        return self.running[:, :, : self.cur_len].flatten(0, 1)
 
-    def candidates(self, log_probs: torch.Tensor):
-        """The best `keep` continuations of all the beams of each source, by log-probability + beam score over the
-        num_beams x vocabulary continuations: they are among the best `keep` of each beam (a beam adds one score to
-        all its continuations), so those are found first, each beam's row on its own. Returns their sequences
-        (batch, keep, max_length), scores (batch, keep) and origins."""
-        batch, k, cur = self.batch_size, self.num_beams, self.cur_len
+    def step(self, log_probs, stop):
+        """Take a step. The best `keep` continuations of all the beams of each source, by log-probability + beam
+        score over the num_beams x vocabulary continuations, are among the best `keep` of each beam (a beam adds one
+        score to all its continuations), so those are found first, each beam's row on its own. `stop` tells which of
+        them stop (their sequences, (batch x keep, cur_len + 1) -> bool); the best num_beams that did not stop go on,
+        those that stopped among the first num_beams join the finished hypotheses. Returns the row
+        (batch x num_beams) each running beam extends."""
+        (batch, k), generated = self.running_scores.shape, self.cur_len + 1 - self.prompt_len
         per_beam = min(self.keep, log_probs.shape[-1])
         beam_best, beam_tokens = torch.topk(log_probs, per_beam)  # (batch x num_beams, per_beam)
         totals = (beam_best.view(batch, k, per_beam) + self.running_scores[:, :, None]).view(batch, -1)
         top_scores, picked = torch.topk(totals, self.keep)
         from_beam = picked // per_beam
         candidates = _take(self.running, from_beam)
-        candidates[:, :, cur] = beam_tokens.view(batch, -1).gather(1, picked)
-        origins = _take(self.running_origins, from_beam)
-        rows = torch.arange(batch, device=from_beam.device)[:, None] * k
-        origins[:, :, cur - self.prompt_len] = (from_beam + rows).int()
-        return candidates, top_scores, origins
-
-    def advance(self, candidates, top_scores, origins, stops: torch.Tensor) -> torch.Tensor:
-        """Take a step: the best num_beams candidates that did not stop go on; those that stopped among the first
-        num_beams join the finished hypotheses. Returns the row (batch x num_beams) each running beam extends."""
-        k, generated = self.num_beams, self.cur_len + 1 - self.prompt_len
+        candidates[:, :, self.cur_len] = beam_tokens.view(batch, -1).gather(1, picked)
+        origin = self.max_length + generated - 1  # where the candidates' origins go
+        candidates[:, :, origin] = from_beam + torch.arange(batch, device=from_beam.device)[:, None] * k
+        self.stops = stops = stop(candidates[:, :, : self.cur_len + 1].flatten(0, 1)).view(batch, -1)
         live_scores = top_scores + stops.float() * -1e9
         chosen = torch.topk(live_scores, k).indices
-        self.running, self.running_origins = _take(candidates, chosen), _take(origins, chosen)
+        self.running = _take(candidates, chosen)
         self.running_scores = live_scores.gather(1, chosen)
         penalised = top_scores / length_penalty_factor(generated, self.alpha, self.form)
         full = self.is_finished.all(dim=-1, keepdim=True) & (self.early_stopping is True)
-        just_finished = stops & (torch.arange(stops.shape[1], device=stops.device) < k)[None, :]
+        just_finished = stops & (torch.arange(self.keep, device=stops.device) < k)
         for excluded in (full, ~self.can_improve, ~just_finished):  # added one by one, as transformers does
             penalised = penalised + excluded.float() * -1e9
         merged_scores = torch.cat([self.finished_scores, penalised], dim=1)
         best = torch.topk(merged_scores, k).indices
         self.finished = _take(torch.cat([self.finished, candidates], dim=1), best)
-        self.finished_origins = _take(torch.cat([self.finished_origins, origins], dim=1), best)
         self.finished_scores = merged_scores.gather(1, best)
         self.is_finished = torch.cat([self.is_finished, just_finished], dim=1).gather(1, best)
-        beam_idx = self.running_origins[:, :, generated - 1].reshape(-1).long()
         self.cur_len += 1
-        bound = (self.cur_len, self.max_length, self.prompt_len, self.early_stopping, self.alpha, self.form)
-        self.can_improve &= _may_improve(self.running_scores, self.finished_scores, self.is_finished, *bound)
-        return beam_idx
+        self.can_improve &= self.may_improve()
+        return self.running[:, :, origin].flatten()
 
-    def done(self, stops: torch.Tensor) -> bool:
+    def may_improve(self):
+        """Per source, whether its best running beam may still beat its worst finished hypothesis, as transformers
+        bounds it: at the current length, or at the maximum length with early_stopping="never" and alpha > 0."""
+        never = self.early_stopping == "never" and self.alpha > 0.0
+        length = (self.max_length if never else self.cur_len) - self.prompt_len
+        best_running = self.running_scores[:, :1] / length_penalty_factor(length, self.alpha, self.form)
+        worst_finished = torch.where(
+            self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values, -1.0e9
+        )
+        return (best_running > worst_finished).any(dim=-1, keepdim=True)
+
+    def done(self):
         """Whether no source can change any more (a host-device sync: once per step)."""
         full = self.is_finished.all() & (self.early_stopping is True)
-        return not bool(self.can_improve.any() & ~full & ~stops.all())
+        return not bool(self.can_improve.any() & ~full & ~self.stops.all())
 
-    def best(self, count: int):
+    def best(self, count):
         """The best `count` finished hypotheses per source, cut to the longest: sequences, scores, origins."""
-        sequences = self.finished[:, :count].flatten(0, 1)
-        origins = self.finished_origins[:, :count].flatten(0, 1)
+        hypotheses = self.finished[:, :count].flatten(0, 1)
+        origins = hypotheses[:, self.max_length :]
         generated = int((origins + 1).bool().sum(dim=1).max())  # the origin of an ungenerated position is -1
         return (
-            sequences[:, : self.prompt_len + generated],
+            hypotheses[:, : self.prompt_len + generated],
             self.finished_scores[:, :count].flatten(),
-            origins[:, :generated],
+            origins[:, :generated].int(),
         )
 
 
@@ -295,28 +299,25 @@ def beam_search(
     logits_processor,
     stopping_criteria,
     generation_config,
-    synced_gpus: bool = False,
     length_penalty_form: str = PAPER_LENGTH_PENALTY_FORM,
     **model_kwargs,
 ):
     """Beam search (`BeamSearch`) on the model's public forward and the cache's public `reorder_cache`, as
     transformers runs it, with finished hypotheses scored by `length_penalty_factor(|Y|, alpha, length_penalty_form)`.
     Called by `GenerationMixin.generate(..., custom_generate=beam_search)` once it has prepared everything: `input_ids`
-    (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache per beam."""
-    config = generation_config  # its early_stopping: True, False (None) or "never", read as transformers does
-    eos, fill = _special_tokens(model, config)
-    alpha = 1.0 if config.length_penalty is None else config.length_penalty
-    sizes = (config.num_beams, config.max_length, fill, len(eos), alpha, length_penalty_form)
-    beams = BeamSearch(input_ids, *sizes, config.early_stopping)
-    collect = _collected(config)
+    (batch x num_beams, prompt) the decoder's start, `model_kwargs` the encoder output, masks and cache per beam
+    (`generate` hands a `custom_generate` function no `synced_gpus`: each process decodes on its own)."""
+    beams = BeamSearch(input_ids, generation_config, length_penalty_form)
+    config = generation_config
+    asked = config.return_dict_in_generate
+    collect = {name: () for name, flag in _COLLECTED.items() if asked and getattr(config, flag)}
     use_cache = model_kwargs.pop("use_cache", True)
     # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
     for key in ("output_attentions", "output_hidden_states", "return_dict", "labels"):
         model_kwargs.pop(key, None)
     cache = model_kwargs.get(_CACHE_FIELD)
     past_length = cache.get_seq_length() if cache is not None else 0
-    this_peer_finished = False
-    while _continues(this_peer_finished, synced_gpus, input_ids.device):
+    while True:
         sequences = beams.sequences()
         outputs = model(
             decoder_input_ids=sequences[:, past_length:] if use_cache else sequences,
@@ -330,89 +331,43 @@ def beam_search(
             model_kwargs[_CACHE_FIELD], past_length = getattr(outputs, _CACHE_FIELD), beams.cur_len
         mask = model_kwargs.get("decoder_attention_mask")
         if mask is not None:  # one more target position
-            model_kwargs["decoder_attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
-        if synced_gpus and this_peer_finished:
-            continue
-        # float32 logits as they are (log_softmax writes a new tensor; `collect` keeps copies), others converted
+            model_kwargs["decoder_attention_mask"] = torch.cat(
+                [mask, mask.new_ones(mask.shape[0], 1)], dim=-1
+            )
+        # float32 logits as they are (log_softmax writes a new tensor; the collected logits are a copy), others
+        # converted
         logits = outputs.logits[:, -1, :].float()
         log_probs = logits_processor(sequences, nn.functional.log_softmax(logits, dim=-1))
-        _collect(collect, outputs, logits, log_probs)
-        del outputs, logits
-        candidates, scores, origins = beams.candidates(log_probs)
-        stops = stopping_criteria(candidates[:, :, : beams.cur_len + 1].flatten(0, 1), collect["scores"])
-        stops = stops.view(beams.batch_size, -1)
-        beam_idx = beams.advance(candidates, scores, origins, stops)
+        step = {**outputs, "scores": log_probs, "logits": logits.clone() if "logits" in collect else None}
+        collect = {name: (*so_far, step[name]) for name, so_far in collect.items()}
+        del outputs, logits, step
+        scores = collect.get("scores")
+        beam_idx = beams.step(
+            log_probs, lambda candidates, scores=scores: stopping_criteria(candidates, scores)
+        )
         if use_cache:
             # Each beam's decoder self-attention keys and values follow it. The encoder-decoder attention's stay:
             # a beam moves within its own source, whose beams all hold the same ones.
             cache = model_kwargs[_CACHE_FIELD]
             getattr(cache, "self_attention_cache", cache).reorder_cache(beam_idx)
-        this_peer_finished = beams.done(stops)
-    return _beam_search_output(beams, config, collect, model_kwargs)
+        if beams.done():
+            return _beam_search_output(beams, config, collect, model_kwargs)
 
 
-def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def _take(tensor, index):
     """The rows `index` (batch, n) picks from each source's rows of `tensor` (batch, rows, length): (batch, n, length)."""
     return tensor.gather(1, index[:, :, None].expand(-1, -1, tensor.shape[2]))
 
 
-def _special_tokens(model, generation_config) -> tuple[list[int], int]:
-    """The end-of-sentence ids, and the id that fills the positions after a hypothesis ends, as transformers' beam
-    search chooses it: the pad id unless it is 0 or missing, else the first end-of-sentence id."""
-    eos = generation_config.eos_token_id
-    if eos is None:
-        eos = model.config.eos_token_id
-    eos = [] if eos is None else [int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    pad = generation_config.pad_token_id
-    if pad is None:
-        pad = model.config.pad_token_id
-    if not eos:
-        return eos, -1
-    return eos, int(pad) if pad else eos[0]
-
-
-def _may_improve(
-    running_scores, finished_scores, is_finished, cur_len, max_length, prompt_len, early_stopping, alpha, form
-):
-    """Per source, whether its best running beam may still beat its worst finished hypothesis, as transformers
-    bounds it: at the current length, or at the maximum length with early_stopping="never" and alpha > 0."""
-    never = early_stopping == "never" and alpha > 0.0
-    length = (max_length if never else cur_len) - prompt_len
-    best_running = running_scores[:, :1] / length_penalty_factor(length, alpha, form)
-    worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, -1.0e9)
-    return (best_running > worst_finished).any(dim=-1, keepdim=True)
-
-
-def _continues(this_peer_finished: bool, synced_gpus: bool, device) -> bool:
-    """Whether to run another step: until this process is done, or, with `synced_gpus`, until every process is."""
-    if not synced_gpus:
-        return not this_peer_finished
-    flag = torch.tensor(0.0 if this_peer_finished else 1.0, device=device)
-    torch.distributed.all_reduce(flag)
-    return flag.item() > 0.0
-
-
-def _collected(generation_config) -> dict:
-    """The per-step outputs `return_dict_in_generate` asks a decoding loop to collect: field name -> tuple so far
-    (None where not asked for)."""
-    config = generation_config
-    asked = {
-        "scores": config.output_scores,
-        "logits": config.output_logits,
-        "decoder_attentions": config.output_attentions,
-        "cross_attentions": config.output_attentions,
-        "decoder_hidden_states": config.output_hidden_states,
-    }
-    return {name: () if config.return_dict_in_generate and on else None for name, on in asked.items()}
-
-
-def _collect(collect: dict, outputs, logits: torch.Tensor, log_probs: torch.Tensor) -> None:
-    """Add a step's outputs to those collected (`_collected`); its logits and scores as copies."""
-    for name, so_far in collect.items():
-        if so_far is not None:
-            value = {"scores": log_probs, "logits": logits}.get(name)
-            collect[name] = so_far + (outputs[name] if value is None else value.clone(),)
-
+# What `return_dict_in_generate` has a decoding loop collect at each step: output field -> the generation config's flag
+# asking for it.
+_COLLECTED = {
+    "scores": "output_scores",
+    "logits": "output_logits",
+    "decoder_attentions": "output_attentions",
+    "cross_attentions": "output_attentions",
+    "decoder_hidden_states": "output_hidden_states",
+}
 
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`
 _CACHE_FIELD = (
@@ -420,7 +375,7 @@ _CACHE_FIELD = (
 )
 
 
-def _beam_search_output(beams: BeamSearch, generation_config, collect: dict, model_kwargs: dict):
+def _beam_search_output(beams, generation_config, collect, model_kwargs):
     """The best `num_return_sequences` hypotheses per source, cut to the longest one, as transformers returns them."""
     sequences, scores, origins = beams.best(generation_config.num_return_sequences or 1)
     if not generation_config.return_dict_in_generate:
@@ -435,20 +390,3 @@ def _beam_search_output(beams: BeamSearch, generation_config, collect: dict, mod
         **collect,
         **{_CACHE_FIELD: model_kwargs.get(_CACHE_FIELD)},
     )
-
-
-__all__ = [
-    "BeamSearch",
-    "EXTRA_OUTPUT_TOKENS",
-    "LENGTH_PENALTY_FORMS",
-    "PAPER_DECODING",
-    "PAPER_LENGTH_PENALTY",
-    "PAPER_LENGTH_PENALTY_FORM",
-    "PAPER_NUM_BEAMS",
-    "beam_search",
-    "check_token_ids",
-    "drop_trainer_defaults",
-    "generate",
-    "length_penalty_factor",
-    "paper_decoding",
-]

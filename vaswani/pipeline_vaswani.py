@@ -39,13 +39,17 @@ class VaswaniTranslationPipeline(Pipeline):
     def _sanitize_parameters(
         self, truncation=None, return_tensors=None, skip_special_tokens=None, **generate_kwargs
     ):
-        preprocess_params = {} if truncation is None else {"truncation": truncation}
         postprocess_params = {"return_tensors": return_tensors, "skip_special_tokens": skip_special_tokens}
-        postprocess_params = {key: value for key, value in postprocess_params.items() if value is not None}
-        return preprocess_params, generate_kwargs, postprocess_params
+        return (
+            {} if truncation is None else {"truncation": truncation},
+            generate_kwargs,
+            {key: value for key, value in postprocess_params.items() if value is not None},
+        )
 
     def __call__(self, inputs, **kwargs):
-        if not isinstance(inputs, (str, list)):  # a generator or a dataset, as transformers' pipelines take them
+        if not isinstance(
+            inputs, (str, list)
+        ):  # a generator or a dataset, as transformers' pipelines take them
             return super().__call__(inputs, **kwargs)
         # An empty (or all-whitespace) text translates to "" without running the model, as `vaswani.translate`
         # does: a decoder given only `</s>` would otherwise invent a sentence.
@@ -53,7 +57,11 @@ class VaswaniTranslationPipeline(Pipeline):
         blank = [isinstance(text, str) and not text.strip() for text in texts]
         todo = [text for text, is_blank in zip(texts, blank, strict=True) if not is_blank]
         done = iter(super().__call__(todo, **kwargs) if todo else [])
-        empty = [self._empty_result(kwargs)] * int(kwargs.get("num_return_sequences") or 1)
+        if kwargs.get("return_tensors"):
+            empty = {"translation_token_ids": torch.zeros(0, dtype=torch.long)}
+        else:
+            empty = {"translation_text": ""}
+        empty = [empty] * int(kwargs.get("num_return_sequences") or 1)
         results = [list(empty) if is_blank else next(done) for is_blank in blank]
         results = [result if isinstance(result, list) else [result] for result in results]
         if isinstance(inputs, str):
@@ -61,17 +69,12 @@ class VaswaniTranslationPipeline(Pipeline):
         # One translation per input: a list of inputs gives a list of dicts, as transformers 4's pipeline did.
         return [result[0] for result in results] if all(len(result) == 1 for result in results) else results
 
-    def _empty_result(self, kwargs) -> dict:
-        if kwargs.get("return_tensors"):
-            return {"translation_token_ids": torch.zeros(0, dtype=torch.long)}
-        return {"translation_text": ""}
-
     def preprocess(self, text, truncation=False):
         if not isinstance(text, str):
             raise TypeError(f"The translation pipeline translates strings, got {type(text).__name__}.")
         return self.tokenizer(text, truncation=truncation, return_tensors="pt")
 
-    def _generate_kwargs_for_call(self, generate_kwargs: dict) -> dict:
+    def _generate_kwargs_for_call(self, generate_kwargs):
         """The call's generation parameters on top of those given at construction (unless the call passes a whole
         `generation_config`), with the tokenizer's pad id.
 
@@ -79,13 +82,9 @@ class VaswaniTranslationPipeline(Pipeline):
         ones pass them to `_sanitize_parameters` with the call's. That attribute, read where it exists, is the only
         transformers internal used: this file runs as remote code on the user's release."""
         if "generation_config" not in generate_kwargs:
-            generate_kwargs = {**(getattr(self, "_generate_kwargs", None) or {}), **generate_kwargs}
-        else:
-            generate_kwargs = dict(generate_kwargs)
-        pad_token_id = getattr(self.tokenizer, "pad_token_id", None)
-        if pad_token_id is not None:
-            generate_kwargs.setdefault("pad_token_id", pad_token_id)
-        return generate_kwargs
+            generate_kwargs = {**getattr(self, "_generate_kwargs", {}), **generate_kwargs}
+        pad_token_id = self.tokenizer.pad_token_id
+        return {**({} if pad_token_id is None else {"pad_token_id": pad_token_id}), **generate_kwargs}
 
     def _forward(self, model_inputs, **generate_kwargs):
         output_ids = self.model.generate(
@@ -93,20 +92,16 @@ class VaswaniTranslationPipeline(Pipeline):
             attention_mask=model_inputs["attention_mask"],
             **self._generate_kwargs_for_call(generate_kwargs),
         )
-        sequences = output_ids if isinstance(output_ids, torch.Tensor) else output_ids.sequences
-        batch_size = model_inputs["input_ids"].shape[0]
+        sequences = output_ids if torch.is_tensor(output_ids) else output_ids.sequences
         # (batch * num_return_sequences, T) -> (batch, num_return_sequences, T), so batches unbatch per input.
-        return {"output_ids": sequences.reshape(batch_size, -1, sequences.shape[-1])}
+        return {"output_ids": sequences.reshape(len(model_inputs["input_ids"]), -1, sequences.shape[-1])}
 
     def postprocess(self, model_outputs, return_tensors=False, skip_special_tokens=True):
-        records = []
-        for ids in model_outputs["output_ids"][0]:  # (num_return_sequences, T)
-            if return_tensors:
-                records.append({"translation_token_ids": ids})
-            else:
-                text = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-                records.append({"translation_text": text})
-        return records
+        output_ids = model_outputs["output_ids"][0]  # (num_return_sequences, T)
+        if return_tensors:
+            return [{"translation_token_ids": ids} for ids in output_ids]
+        texts = self.tokenizer.batch_decode(output_ids, skip_special_tokens=skip_special_tokens)
+        return [{"translation_text": text} for text in texts]
 
 
 __all__ = ["VaswaniTranslationPipeline"]

@@ -64,13 +64,14 @@ class Exported:
         self.metadata = read_metadata(folder)
         self.generation_config = SimpleNamespace(**self.metadata["decoding"])
 
-    def decoding(self, length_penalty, length_penalty_form, early_stopping) -> tuple:
-        """The settings asked for, the export's generation config where a setting is None."""
+    def decoding(self, length_penalty, length_penalty_form, early_stopping, **fields):
+        """The settings asked for, the export's generation config where a setting is None, and `fields`."""
         config = self.generation_config
-        return (
-            config.length_penalty if length_penalty is None else length_penalty,
-            length_penalty_form or config.length_penalty_form,
-            config.early_stopping if early_stopping is None else early_stopping,
+        return SimpleNamespace(
+            length_penalty=config.length_penalty if length_penalty is None else length_penalty,
+            length_penalty_form=length_penalty_form or config.length_penalty_form,
+            early_stopping=config.early_stopping if early_stopping is None else early_stopping,
+            **fields,
         )
 
 
@@ -90,8 +91,14 @@ class CTranslate2Engine(Exported):
             str(folder), device=device, compute_type=compute_type, intra_threads=threads
         )
         # CTranslate2 writes one vocabulary file when both sides are equal
-        sides = ("shared", "shared") if (self.folder / "shared_vocabulary.json").is_file() else ("source", "target")
-        self.source_tokens, target_tokens = (read_json(self.folder / f"{side}_vocabulary.json") for side in sides)
+        sides = (
+            ("shared", "shared")
+            if (self.folder / "shared_vocabulary.json").is_file()
+            else ("source", "target")
+        )
+        self.source_tokens, target_tokens = (
+            read_json(self.folder / f"{side}_vocabulary.json") for side in sides
+        )
         self.target_ids = {token: i for i, token in enumerate(target_tokens)}
         self.max_positions = self.metadata["max_positions"]
         self.warned = False  # about the length-penalty form, once
@@ -140,13 +147,12 @@ class CTranslate2Engine(Exported):
             for result in results
         ]
 
-    def note_length_penalty(
-        self, num_beams: int, length_penalty: float | None, length_penalty_form: str | None
-    ) -> float:
+    def note_length_penalty(self, num_beams, length_penalty, length_penalty_form):
         """Warn, once per engine, when a beam search asks for a length penalty CTranslate2 cannot apply: it divides
         by |Y|^alpha only (`translate_batch` has no other form), not by the GNMT ((5 + |Y|) / 6)^alpha of §6.1.
         Returns the alpha it applies."""
-        length_penalty, length_penalty_form, _ = self.decoding(length_penalty, length_penalty_form, None)
+        decoding = self.decoding(length_penalty, length_penalty_form, None)
+        length_penalty, length_penalty_form = decoding.length_penalty, decoding.length_penalty_form
         if num_beams > 1 and length_penalty and length_penalty_form != "power" and not self.warned:
             self.warned = True
             logger.warning(
@@ -182,31 +188,22 @@ class OnnxEngine(Exported):
             for name in (ENCODER_FILE, DECODER_FILE)
         )
         layers = self.metadata["decoder_layers"]
-        self.cross_names, self.past_names = cache_names("cross", layers), cache_names("past", layers)
-        self.empty_cache_shape = (self.metadata["decoder_attention_heads"], 0, self.metadata["head_dim"])
+        self.cache_names = cache_names("past", layers) + cache_names(
+            "cross", layers
+        )  # the decoder graph's order
         self.eos = self.metadata["eos_token_id"]
 
-    def encode(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(B, S) int64 ids and mask -> the encoder output (B, S, d_model) and the cross-attention cache."""
+    def encode(self, input_ids, attention_mask):
+        """(B, S) int64 ids and mask -> the encoder output (B, S, d_model) and the cross-attention cache (a list of
+        (B, h, S, d_k) arrays: `cache_names("cross", layers)`)."""
         memory, *cross = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
         return memory, cross
 
-    def empty_cache(self, rows: int) -> list[np.ndarray]:
-        return [np.zeros((rows, *self.empty_cache_shape), dtype=np.float32)] * len(self.past_names)
-
-    def decode(
-        self,
-        decoder_input_ids: np.ndarray,
-        attention_mask: np.ndarray,
-        past: list[np.ndarray],
-        cross: list[np.ndarray],
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One decoder call: (B, T) new ids after the cached `past` -> logits (B, T, V) and the extended cache."""
+    def decode(self, decoder_input_ids, attention_mask, past, cross):
+        """One decoder call: (B, T) new ids after the cached `past` -> logits (B, T, V) and the extended cache. An
+        empty `past` is the cross-attention cache cut to no position: `[c[:, :, :0] for c in cross]`."""
         feed = {"decoder_input_ids": decoder_input_ids, "encoder_attention_mask": attention_mask}
-        feed.update(zip(self.past_names, past, strict=True))
-        feed.update(zip(self.cross_names, cross, strict=True))
+        feed.update(zip(self.cache_names, [*past, *cross], strict=True))
         logits, *present = self.decoder.run(None, feed)
         return logits, present
 
@@ -231,10 +228,9 @@ class OnnxEngine(Exported):
         if k == 1 and num_return_sequences != 1:
             raise ValueError("greedy search returns one sequence per source: num_return_sequences must be 1")
         if not 1 <= num_return_sequences <= k:
-            raise ValueError(f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}")
-        alpha, form, early_stopping = (
-            (0.0, "power", True) if k == 1 else self.decoding(length_penalty, length_penalty_form, early_stopping)
-        )
+            raise ValueError(
+                f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
+            )
         longest = max(len(ids) for ids in input_ids)
         ids = np.full((len(input_ids), longest), self.metadata["pad_token_id"], dtype=np.int64)
         mask = np.zeros_like(ids)
@@ -244,20 +240,26 @@ class OnnxEngine(Exported):
         mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
         cross = [np.repeat(c, k, axis=0) for c in cross]
         tokens = np.full((len(mask), 1), self.metadata["decoder_start_token_id"], dtype=np.int64)
-        past = self.empty_cache(len(mask))
-        beams = BeamSearch(torch.from_numpy(tokens), k, 1 + max_new_tokens, eos, 1, alpha, form, early_stopping)
+        past = [c[:, :, :0] for c in cross]  # (B * k, h, 0, d_k): no target position yet
+        # greedy search: one beam without a length penalty, done at its first `</s>`
+        settings = (length_penalty, length_penalty_form, early_stopping) if k > 1 else (0.0, "power", True)
+        max_length = 1 + max_new_tokens
+        # `pad_token_id=None`: the positions after a hypothesis' `</s>` hold `</s>`
+        search = self.decoding(
+            *settings, num_beams=k, max_length=max_length, eos_token_id=eos, pad_token_id=None
+        )
+        beams = BeamSearch(torch.from_numpy(tokens), search, search.length_penalty_form)
         for step in range(max_new_tokens):
             logits, past = self.decode(tokens, mask, past, cross)
             log_probs = torch.from_numpy(logits[:, -1]).float().log_softmax(-1)  # (B * k, V)
             if step < min_new_tokens:
                 log_probs[:, eos] = -torch.inf
-            candidates, scores, origins = beams.candidates(log_probs)
-            stops = (candidates[:, :, beams.cur_len] == eos) | (beams.cur_len + 1 == beams.max_length)
-            order = beams.advance(candidates, scores, origins, stops).numpy()
-            if beams.done(stops):
+            # a hypothesis stops at `</s>` or at the length limit
+            order = beams.step(log_probs, lambda seqs: (seqs[:, -1] == eos) | (seqs.shape[1] == max_length))
+            if beams.done():
                 break
             # the cache rows each continuing beam extends
-            past = [np.take(cache, order, axis=0) for cache in past]
+            past = [np.take(cache, order.numpy(), axis=0) for cache in past]
             tokens = beams.sequences()[:, -1:].numpy()
         sequences, scores, _ = beams.best(num_return_sequences)
         outputs = [
@@ -289,4 +291,3 @@ def load_exported(folder: str | os.PathLike, engine: str | None = None, **option
     """`(engine, source_tokenizer, target_tokenizer)` of an exported folder (the tokenizers were exported with it)."""
     loaded = load_engine(folder, engine, **options)  # first: a folder that is no export is named as such
     return (loaded, *load_tokenizers(folder))
-

@@ -45,7 +45,7 @@ class EncoderGraph(nn.Module):
         self.encoder = model.get_encoder()
         self.cross_attentions = nn.ModuleList(layer.encoder_attn for layer in model.get_decoder().layers)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def forward(self, input_ids, attention_mask):
         memory = self.encoder(
             input_ids=input_ids, attention_mask=attention_mask
         ).last_hidden_state  # (B, S, d)
@@ -67,14 +67,12 @@ class DecoderGraph(nn.Module):
         self, decoder_input_ids, encoder_attention_mask, past_keys, past_values, cross_keys, cross_values
     ):
         config = self.model.config
-        cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
-        for i, (key, value) in enumerate(zip(past_keys, past_values, strict=True)):
-            cache.self_attention_cache.update(key, value, i)
-        for i, (key, value) in enumerate(zip(cross_keys, cross_values, strict=True)):
-            cache.cross_attention_cache.update(key, value, i)
-            cache.is_updated[i] = (
-                True  # the encoder-decoder attention reads its keys and values from the cache
-            )
+        cache = EncoderDecoderCache(
+            DynamicCache(zip(past_keys, past_values, strict=True), config=config),
+            DynamicCache(zip(cross_keys, cross_values, strict=True), config=config),
+        )
+        # the encoder-decoder attention reads its keys and values from the cache
+        cache.is_updated = dict.fromkeys(range(len(cross_keys)), True)
         # The encoder output itself is never read once its keys and values are cached: only its (B, S) shape is.
         batch, source_length = encoder_attention_mask.shape
         memory = cross_keys[0].new_zeros(batch, source_length, 0)
@@ -89,8 +87,9 @@ class DecoderGraph(nn.Module):
         return outputs.logits, [layer.keys for layer in layers], [layer.values for layer in layers]
 
 
-def example_inputs(config, batch: int = 2, source: int = 5, past: int = 3, target: int = 2):
+def example_inputs(config):
     """Inputs to trace with: sizes above 1 (torch.export specialises sizes 0 and 1) and different from each other."""
+    batch, source, past, target = 2, 5, 3, 2
     heads, layers = config.decoder_attention_heads, config.decoder_layers
     head_dim = config.d_model // heads
     # One tensor object per input: the exporter would read an object passed twice as one input used twice.
@@ -105,48 +104,43 @@ def export_graphs(model, output_dir: Path) -> None:
     layers = model.config.decoder_layers
     batch, source, past, target = (torch.export.Dim(name) for name in ("batch", "source", "past", "target"))
     encoder_inputs, decoder_inputs = example_inputs(model.config)
-    past_cache = [{0: batch, 2: past}] * layers
-    cross_cache = [{0: batch, 2: source}] * layers
-    graphs = [
-        (
-            EncoderGraph(model),
-            encoder_inputs,
-            ENCODER_FILE,
-            ["input_ids", "attention_mask"],
-            ["last_hidden_state", *cache_names("cross", layers)],
-            ({0: batch, 1: source}, {0: batch, 1: source}),
-        ),
-        (
-            DecoderGraph(model),
-            decoder_inputs,
-            DECODER_FILE,
-            [
-                "decoder_input_ids",
-                "encoder_attention_mask",
-                *cache_names("past", layers),
-                *cache_names("cross", layers),
-            ],
-            ["logits", *cache_names("present", layers)],
-            ({0: batch, 1: target}, {0: batch, 1: source}, past_cache, past_cache, cross_cache, cross_cache),
-        ),
-    ]
-    for module, inputs, name, input_names, output_names, dynamic_shapes in graphs:
-        logger.info("Exporting %s", name)
-        with warnings.catch_warnings():
-            # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
-            # exporter itself still calls a `_pytree` name that torch deprecates.
-            warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
-            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-            torch.onnx.export(
-                module.eval(),
-                inputs,
-                str(output_dir / name),
-                dynamo=True,
-                verbose=False,
-                input_names=input_names,
-                output_names=output_names,
-                dynamic_shapes=dynamic_shapes,
-            )
+    tokens, cross = {0: batch, 1: source}, cache_names("cross", layers)
+    past_cache, cross_cache = [{0: batch, 2: past}] * layers, [{0: batch, 2: source}] * layers
+    _export(
+        EncoderGraph(model),
+        encoder_inputs,
+        output_dir / ENCODER_FILE,
+        ["input_ids", "attention_mask"],
+        ["last_hidden_state", *cross],
+        (tokens, tokens),
+    )
+    _export(
+        DecoderGraph(model),
+        decoder_inputs,
+        output_dir / DECODER_FILE,
+        ["decoder_input_ids", "encoder_attention_mask", *cache_names("past", layers), *cross],
+        ["logits", *cache_names("present", layers)],
+        ({0: batch, 1: target}, tokens, past_cache, past_cache, cross_cache, cross_cache),
+    )
+
+
+def _export(module, inputs, path, input_names, output_names, dynamic_shapes):
+    logger.info("Exporting %s", path.name)
+    with warnings.catch_warnings():
+        # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
+        # exporter itself still calls a `_pytree` name that torch deprecates.
+        warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+        torch.onnx.export(
+            module.eval(),
+            inputs,
+            str(path),
+            dynamo=True,
+            verbose=False,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_shapes=dynamic_shapes,
+        )
 
 
 def export_onnx(model_path: str | os.PathLike, output_dir: Path) -> dict:
