@@ -429,7 +429,7 @@ class VaswaniStack(nn.Module):
     encodings (§3.5), dropout on the sum (§5.4), N layers, and, in the pre-norm layout only, a final LayerNorm
     (post-norm layers already end normalised)."""
 
-    def __init__(self, config, embed_tokens, layer_class, num_layers):
+    def __init__(self, config, embed_tokens):
         super().__init__()
         self.config = config
         self.embed_tokens = embed_tokens
@@ -443,7 +443,8 @@ class VaswaniStack(nn.Module):
                 config.d_model, config.sinusoid_layout, config.sinusoid_frequencies, config.position_offset
             )
         self.dropout = nn.Dropout(config.dropout)  # P_drop on the sums (§5.4)
-        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
+        num_layers = getattr(config, self.num_layers)
+        self.layers = nn.ModuleList([self.layer_class(config, i) for i in range(num_layers)])
         self.layer_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         )
@@ -458,56 +459,64 @@ class VaswaniStack(nn.Module):
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
         return self.dropout(hidden_states)
 
-    def run_layers(self, hidden_states, output_attentions, output_hidden_states, *args, **kwargs):
-        """The N layers, then the final LayerNorm of the pre-norm layout: the output's fields, with each layer's input
-        and attention maps (self-attention, and encoder-decoder attention in the decoder) when asked for."""
-        all_hidden, all_weights = (), []
+    def run_layers(
+        self,
+        output_class,
+        hidden_states,
+        *args,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        fields=None,
+        **kwargs,
+    ):
+        """The N layers, then the final LayerNorm of the pre-norm layout, as `output_class` (with the other `fields`)
+        or its tuple: each layer's input and attention maps (self-attention, and encoder-decoder attention in the
+        decoder) when asked for."""
+        all_hidden, all_weights = [], []
         for layer in self.layers:
-            all_hidden += (hidden_states,)
+            all_hidden.append(hidden_states)
             hidden_states, *weights = layer(hidden_states, *args, **kwargs)
             all_weights.append(weights)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        outputs = dict(last_hidden_state=hidden_states, hidden_states=None)
-        if flag(output_hidden_states, self.config):
-            outputs["hidden_states"] = all_hidden + (hidden_states,)
-        attentions = flag(output_attentions, self.config, "output_attentions")
-        for i, name in enumerate(("attentions", "cross_attentions")[: len(weights)]):
-            outputs[name] = tuple(layer_weights[i] for layer_weights in all_weights) if attentions else None
-        return outputs
+        if flag(output_attentions, self.config, "output_attentions"):
+            # the self-attention maps of every layer, then (in the decoder) the encoder-decoder ones
+            attentions = zip(*all_weights, strict=True)
+        else:
+            attentions = [None] * len(weights)
+        output = output_class(
+            last_hidden_state=hidden_states,
+            hidden_states=(*all_hidden, hidden_states) if flag(output_hidden_states, self.config) else None,
+            **dict(zip(("attentions", "cross_attentions"), attentions, strict=False)),
+            **(fields or {}),
+        )
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 class VaswaniEncoder(VaswaniStack):
     """The encoder: N layers of self-attention and FFN over the embedded source (§3.1)."""
 
-    def __init__(self, config, embed_tokens):
-        super().__init__(config, embed_tokens, VaswaniEncoderLayer, config.encoder_layers)
+    layer_class, num_layers = VaswaniEncoderLayer, "encoder_layers"
 
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         inputs_embeds=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
         **kwargs,
     ):
         hidden_states = self.embed(input_ids, inputs_embeds, "input_ids")  # (B, S, d_model)
         check_mask(attention_mask, hidden_states.shape[:2], "attention_mask", "the source (batch, length)")
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
-        output = BaseModelOutput(
-            **self.run_layers(hidden_states, output_attentions, output_hidden_states, mask, **kwargs)
-        )
-        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
+        return self.run_layers(BaseModelOutput, hidden_states, mask, **kwargs)
 
 
 class VaswaniDecoder(VaswaniStack):
     """The decoder: N layers whose self-attention is masked, so that position i sees only positions up to i
     (§3.1, §3.2.3), attending to the encoder output ("memory")."""
 
-    def __init__(self, config, embed_tokens):
-        super().__init__(config, embed_tokens, VaswaniDecoderLayer, config.decoder_layers)
+    layer_class, num_layers = VaswaniDecoderLayer, "decoder_layers"
 
     def forward(
         self,
@@ -518,9 +527,6 @@ class VaswaniDecoder(VaswaniStack):
         cache=None,
         inputs_embeds=None,
         use_cache=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
         **kwargs,
     ):
         cache = cache_argument(cache, kwargs)
@@ -544,20 +550,16 @@ class VaswaniDecoder(VaswaniStack):
         cross_mask = create_bidirectional_mask(
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states
         )
-        outputs = self.run_layers(
+        return self.run_layers(
+            BaseModelOutputWithPastAndCrossAttentions,
             hidden_states,
-            output_attentions,
-            output_hidden_states,
             self_mask,
             encoder_hidden_states,
             cross_mask,
             cache,
+            fields={CACHE_NAME: cache if use_cache else None},
             **kwargs,
         )
-        output = BaseModelOutputWithPastAndCrossAttentions(
-            **outputs, **{CACHE_NAME: cache if use_cache else None}
-        )
-        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 # --------------------------------------------------------------------------------------------------------------------
