@@ -83,7 +83,7 @@ def sinusoidal_positional_encoding(
     half = (d_model + 1) // 2
     i = torch.arange(half, dtype=torch.float32, device=positions.device)
     exponent = 2 * i / d_model if frequencies == "paper" else i / (half - 1)
-    angles = positions.to(torch.float32)[:, None] * torch.pow(10000.0, -exponent)[None, :]  # (T, half)
+    angles = positions[:, None].float() * torch.pow(10000.0, -exponent)  # (T, half)
     if layout == "interleaved":  # sin, cos, sin, ...
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[:, :d_model]
     return torch.cat((angles.sin(), angles.cos()[:, : d_model - half]), dim=-1)  # sin ... sin, cos ... cos
@@ -377,12 +377,14 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         """Resize the (source) vocabulary. With one shared vocabulary (the paper) transformers' resizing applies to
         all its uses; with separate vocabularies only the source side changes (the target side:
         `resize_decoder_token_embeddings`)."""
-        output = None if self.config.share_encoder_decoder_embeddings else self.get_output_embeddings()
+        output = self.get_output_embeddings()
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if output is not None:  # transformers resized it with the source side; the target side is unchanged
-            self.set_output_embeddings(output)
-        else:  # one vocabulary: transformers set `vocab_size`, the target side is the same
+        if (
+            self.config.share_encoder_decoder_embeddings
+        ):  # transformers set `vocab_size`: the target side is the same
             self.config.decoder_vocab_size = self.config.vocab_size
+        elif output is not None:  # transformers resized it with the source side; the target side is unchanged
+            self.set_output_embeddings(output)
         return embeddings
 
     def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
@@ -641,15 +643,13 @@ class VaswaniModel(VaswaniPreTrainedModel):
             **outputs,
             **kwargs,
         )
+        # the decoder's fields (its hidden states and self-attention maps as `decoder_*`), then the encoder's
+        decoder_fields = {
+            f"decoder_{name}" if name in ("hidden_states", "attentions") else name: value
+            for name, value in decoder_outputs.items()
+        }
         output = Seq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            decoder_hidden_states=decoder_outputs.hidden_states,
-            decoder_attentions=decoder_outputs.attentions,
-            cross_attentions=decoder_outputs.cross_attentions,
-            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
+            **decoder_fields, **{f"encoder_{name}": value for name, value in encoder_outputs.items()}
         )
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 

@@ -91,7 +91,7 @@ def tied_weights_saved_once(model, built=False):
     return {
         target
         for target, source in tied.items()
-        if built or (target in weights and source in weights and weights[target] is weights[source])
+        if built or weights.get(target, target) is weights.get(source, source)
     }
 
 
