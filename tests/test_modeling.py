@@ -260,6 +260,14 @@ def test_separate_vocabularies():
     assert untied.lm_head.weight is not untied.model.decoder.embed_tokens.weight
 
 
+def test_resizing_the_source_vocabulary_of_a_bare_model_leaves_its_target_vocabulary():
+    config = tiny_config(vocab_size=41, decoder_vocab_size=37, share_encoder_decoder_embeddings=False)
+    model = VaswaniModel(config)
+    model.resize_token_embeddings(45)
+    assert (model.config.vocab_size, model.encoder.embed_tokens.num_embeddings) == (45, 45)
+    assert (model.config.decoder_vocab_size, model.decoder.embed_tokens.num_embeddings) == (37, 37)
+
+
 def test_learned_positions():
     model = tiny_model(position_embedding_type="learned", max_position_embeddings=10)
     out = model(input_ids=torch.randint(4, 53, (2, 10)), labels=torch.randint(4, 53, (2, 10)))

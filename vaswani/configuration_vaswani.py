@@ -22,7 +22,7 @@ from transformers import PreTrainedConfig
 MIN_TRANSFORMERS_VERSION = "5.5.0"
 
 
-def _release(version: str) -> tuple[int, ...]:
+def _release(version):
     """(major, minor, patch) of a version string ("5.5.0.dev0" -> (5, 5, 0)): the files import torch and
     transformers only, so not `packaging`."""
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
@@ -35,8 +35,7 @@ if _release(transformers.__version__) < _release(MIN_TRANSFORMERS_VERSION):
     )
 
 
-
-def _preset(d_model: int, layers: int, heads: int, ffn_dim: int, dropout: float) -> dict:
+def _preset(d_model, layers, heads, ffn_dim, dropout):
     """N layers, h heads and d_ff on each side (the paper's stacks are symmetric)."""
     return dict(
         d_model=d_model,
@@ -249,7 +248,7 @@ class VaswaniConfig(PreTrainedConfig):
         self.validate_fields()  # a ValueError naming the field, before anything else is set
         super().__post_init__(**kwargs)
 
-    def validate_fields(self) -> None:
+    def validate_fields(self):
         """Raise `ValueError` naming the field when the configuration cannot work (the types are `@strict`'s). Run
         when the config is built, by the model's constructor (fields may have been changed since) and, as a
         `@strict` validator, when transformers saves the config."""
@@ -262,7 +261,7 @@ class VaswaniConfig(PreTrainedConfig):
                     f"`d_model` ({self.d_model}) must be divisible by `{name}` ({getattr(self, name)}): "
                     "each head gets d_k = d_model / h dimensions (§3.2.2)."
                 )
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
+        for name in DROPOUT_FIELDS:
             if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too
                 raise ValueError(f"`{name}` must be a probability in [0, 1], got {getattr(self, name)!r}.")
         for name in ("layer_norm_eps", "qkv_init_gain", "init_std"):
@@ -273,10 +272,6 @@ class VaswaniConfig(PreTrainedConfig):
             raise ValueError(
                 f"`position_offset` must be a non-negative integer, got {self.position_offset!r}."
             )
-        self.validate_choices()
-
-    def validate_choices(self) -> None:
-        """Raise `ValueError` naming the field for a choice that does not exist or a combination that cannot work."""
         for name, allowed in (
             ("position_embedding_type", POSITION_EMBEDDING_TYPES),
             ("sinusoid_layout", SINUSOID_LAYOUTS),

@@ -20,7 +20,6 @@ transformers 5.5 and later (`configuration_vaswani.MIN_TRANSFORMERS_VERSION`).
 """
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -38,7 +37,6 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import logging
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS, VaswaniConfig
 from .generation_vaswani import drop_trainer_defaults
@@ -59,8 +57,6 @@ from .utils_vaswani import (
     tied_weights_saved_once,
     write_model_code,
 )
-
-logger = logging.get_logger(__name__)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -87,7 +83,7 @@ def sinusoidal_positional_encoding(
     half = (d_model + 1) // 2
     i = torch.arange(half, dtype=torch.float32, device=positions.device)
     exponent = 2 * i / d_model if frequencies == "paper" else i / (half - 1)
-    angles = positions.to(torch.float32)[:, None] * torch.pow(10000.0, -exponent)[None, :]  # (T, half)
+    angles = positions[:, None].float() * torch.pow(10000.0, -exponent)  # (T, half)
     if layout == "interleaved":  # sin, cos, sin, ...
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[:, :d_model]
     return torch.cat((angles.sin(), angles.cos()[:, : d_model - half]), dim=-1)  # sin ... sin, cos ... cos
@@ -97,13 +93,11 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
     """The fixed encodings of §3.5, computed for the positions asked for: no table, so any length works and nothing
     needs restoring after loading."""
 
-    def __init__(
-        self, d_model: int, layout: str = "interleaved", frequencies: str = "paper", offset: int = 0
-    ):
+    def __init__(self, d_model, layout="interleaved", frequencies="paper", offset=0):
         super().__init__()
         self.d_model, self.layout, self.frequencies, self.offset = d_model, layout, frequencies, offset
 
-    def forward(self, past_length: int | torch.Tensor, seq_len: int, device: torch.device) -> torch.Tensor:
+    def forward(self, past_length, seq_len, device):
         """Encodings of positions past_length .. past_length + seq_len - 1 (plus the offset), (seq_len, d_model)."""
         positions = torch.arange(seq_len, device=device) + past_length + self.offset
         return sinusoidal_positional_encoding(positions, self.d_model, self.layout, self.frequencies)
@@ -112,11 +106,11 @@ class VaswaniSinusoidalPositionalEncoding(nn.Module):
 class VaswaniLearnedPositionalEmbedding(nn.Embedding):
     """Learned absolute positions: the alternative of Table 3 row (E), `position_embedding_type="learned"`."""
 
-    def __init__(self, num_positions: int, d_model: int, offset: int = 0):
+    def __init__(self, num_positions, d_model, offset=0):
         super().__init__(num_positions + offset, d_model)
         self.offset = offset
 
-    def forward(self, past_length: int | torch.Tensor, seq_len: int, device: torch.device) -> torch.Tensor:
+    def forward(self, past_length, seq_len, device):
         # a static cache counts its past on the device: reading it would cost a host-device sync
         if not torch.is_tensor(past_length) and past_length + seq_len + self.offset > self.num_embeddings:
             raise ValueError(
@@ -131,9 +125,7 @@ class VaswaniLearnedPositionalEmbedding(nn.Embedding):
 # --------------------------------------------------------------------------------------------------------------------
 # §3.2.1 Scaled dot-product attention
 # --------------------------------------------------------------------------------------------------------------------
-def attention_scores(
-    query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float
-) -> torch.Tensor:
+def attention_scores(query, key, attention_mask, scaling):
     """QK^T / sqrt(d_k) in float32, (B, h, Tq, Tk), masked positions at float32's most negative value (a boolean
     mask) or plus an additive mask."""
     scores = torch.matmul(query, key.transpose(-1, -2)).float() * scaling
@@ -146,15 +138,15 @@ def attention_scores(
 
 
 def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling,
+    dropout=0.0,
     **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
+):
     """Attention(Q, K, V) = softmax(QK^T / sqrt(d_k)) V (Eq. 1), in plain torch (`attn_implementation="eager"`).
 
     query (B, h, Tq, d_k), key/value (B, h, Tk, d_k); `attention_mask` is boolean (True = attend) or additive,
@@ -184,9 +176,7 @@ class VaswaniAttention(nn.Module):
     they are installed, or any registered one (`"vaswani_sdpa"`, faster on the CPU: `vaswani.kernels`).
     """
 
-    def __init__(
-        self, config: VaswaniConfig, num_heads: int, is_causal=False, is_cross_attention=False, layer_idx=0
-    ):
+    def __init__(self, config, num_heads, is_causal=False, is_cross_attention=False, layer_idx=0):
         super().__init__()
         self.config = config
         self.num_heads = num_heads
@@ -204,36 +194,35 @@ class VaswaniAttention(nn.Module):
         for projection in (self.q_proj, self.k_proj, self.v_proj):
             projection.is_query_key_value = True  # initialised with `config.qkv_init_gain`
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, h, T, d_k)
+    def split_heads(self, x):  # (B, T, d) -> (B, h, T, d_k)
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
-        hidden_states: torch.Tensor,
-        key_value_states: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: EncoderDecoderCache | None = None,
+        hidden_states,
+        key_value_states=None,
+        attention_mask=None,
+        cache=None,
         **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ):
         query = self.split_heads(self.q_proj(hidden_states))  # (B, h, Tq, d_k)
-
-        if not self.is_cross_attention:
-            key = self.split_heads(self.k_proj(hidden_states))  # (B, h, Tq, d_k)
-            value = self.split_heads(self.v_proj(hidden_states))
-            if cache is not None:  # append to the keys and values of earlier steps: (B, h, T_past + Tq, d_k)
-                key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
-        elif cache is not None and cache.is_updated.get(self.layer_idx):
+        if self.is_cross_attention and cache is not None and cache.is_updated.get(self.layer_idx):
             # the encoder output's keys and values, computed at the first decoding step
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             key, value = layer.keys, layer.values
         else:
-            key = self.split_heads(self.k_proj(key_value_states))  # (B, h, Ts, d_k)
-            value = self.split_heads(self.v_proj(key_value_states))
-            if cache is not None:
+            source = key_value_states if self.is_cross_attention else hidden_states
+            key = self.split_heads(self.k_proj(source))  # (B, h, Tk, d_k)
+            value = self.split_heads(self.v_proj(source))
+            if self.is_cross_attention and cache is not None:
                 key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                 cache.is_updated[self.layer_idx] = True
+            elif (
+                cache is not None
+            ):  # append to the keys and values of earlier steps: (B, h, T_past + Tq, d_k)
+                key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
 
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
         dropout = self.config.attention_dropout if self.training else 0.0  # not in the paper; 0 by default
@@ -254,7 +243,7 @@ class VaswaniLayer(GradientCheckpointingLayer):
     Pre-norm (`config.normalize_before`): x + Dropout(Sublayer(LayerNorm(x))).
     """
 
-    def __init__(self, config: VaswaniConfig, ffn_dim: int):
+    def __init__(self, config, ffn_dim):
         super().__init__()
         self.normalize_before = config.normalize_before
         self.dropout = nn.Dropout(config.dropout)  # P_drop on each sublayer output (§5.4)
@@ -264,14 +253,14 @@ class VaswaniLayer(GradientCheckpointingLayer):
         self.fc2 = nn.Linear(ffn_dim, config.d_model)  # W2, b2: d_ff -> d_model
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def sublayer_input(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    def sublayer_input(self, norm, x):
         return norm(x) if self.normalize_before else x
 
-    def sublayer_output(self, norm: nn.LayerNorm, residual: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def sublayer_output(self, norm, residual, y):
         x = residual + self.dropout(y)
         return x if self.normalize_before else norm(x)
 
-    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def feed_forward(self, x):
         """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, Eq. 2), as a residual sublayer."""
         y = self.activation_fn(self.fc1(self.sublayer_input(self.final_layer_norm, x)))  # (B, T, d_ff)
         y = self.fc2(self.activation_dropout(y))  # (B, T, d_model)
@@ -284,12 +273,12 @@ class VaswaniLayer(GradientCheckpointingLayer):
 class VaswaniEncoderLayer(VaswaniLayer):
     """Encoder layer (§3.1): multi-head self-attention, then the position-wise FFN."""
 
-    def __init__(self, config: VaswaniConfig, layer_idx: int):
+    def __init__(self, config, layer_idx):
         super().__init__(config, config.encoder_ffn_dim)
         self.self_attn = VaswaniAttention(config, config.encoder_attention_heads, layer_idx=layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, **kwargs) -> tuple[torch.Tensor, ...]:
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
         x = self.sublayer_input(self.self_attn_layer_norm, hidden_states)
         y, weights = self.self_attn(x, attention_mask=attention_mask, **kwargs)
         hidden_states = self.sublayer_output(self.self_attn_layer_norm, hidden_states, y)
@@ -299,7 +288,7 @@ class VaswaniEncoderLayer(VaswaniLayer):
 class VaswaniDecoderLayer(VaswaniLayer):
     """Decoder layer (§3.1): masked self-attention, encoder-decoder attention over the encoder output, then the FFN."""
 
-    def __init__(self, config: VaswaniConfig, layer_idx: int):
+    def __init__(self, config, layer_idx):
         super().__init__(config, config.decoder_ffn_dim)
         heads = config.decoder_attention_heads
         self.self_attn = VaswaniAttention(config, heads, is_causal=True, layer_idx=layer_idx)
@@ -309,13 +298,13 @@ class VaswaniDecoderLayer(VaswaniLayer):
 
     def forward(
         self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        cache: EncoderDecoderCache | None = None,
+        hidden_states,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        cache=None,
         **kwargs,
-    ) -> tuple[torch.Tensor, ...]:
+    ):
         x = self.sublayer_input(self.self_attn_layer_norm, hidden_states)
         y, self_weights = self.self_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = self.sublayer_output(self.self_attn_layer_norm, hidden_states, y)
@@ -336,9 +325,7 @@ class VaswaniDecoderLayer(VaswaniLayer):
 # --------------------------------------------------------------------------------------------------------------------
 class VaswaniPreTrainedModel(PreTrainedModel):
     config: VaswaniConfig
-    config_class = VaswaniConfig
     base_model_prefix = "model"
-    main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["VaswaniEncoderLayer", "VaswaniDecoderLayer"]
     _supports_sdpa = True
@@ -347,7 +334,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_compile_fullgraph = True
 
-    def __init__(self, config: VaswaniConfig, *args, **kwargs):
+    def __init__(self, config, *args, **kwargs):
         # One vocabulary, one size: `config.vocab_size = n` sets both (transformers' common tests build models so).
         if config.share_encoder_decoder_embeddings:
             config.decoder_vocab_size = config.vocab_size
@@ -377,7 +364,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             write_model_code(save_directory)
         return saved
 
-    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+    def get_expanded_tied_weights_keys(self, all_submodels=False):
         """The `{target: source}` weights that transformers ties. It ties nothing when `tie_word_embeddings=False`;
         here the source and target embeddings stay one matrix whenever `share_encoder_decoder_embeddings` (§3.4), so
         that an untied output projection still has one embedding matrix under it."""
@@ -390,12 +377,14 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         """Resize the (source) vocabulary. With one shared vocabulary (the paper) transformers' resizing applies to
         all its uses; with separate vocabularies only the source side changes (the target side:
         `resize_decoder_token_embeddings`)."""
-        output = None if self.config.share_encoder_decoder_embeddings else self.get_output_embeddings()
+        output = self.get_output_embeddings()
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if output is not None:  # transformers resized it with the source side; the target side is unchanged
-            self.set_output_embeddings(output)
-        else:  # one vocabulary: transformers set `vocab_size`, the target side is the same
+        if (
+            self.config.share_encoder_decoder_embeddings
+        ):  # transformers set `vocab_size`: the target side is the same
             self.config.decoder_vocab_size = self.config.vocab_size
+        elif output is not None:  # transformers resized it with the source side; the target side is unchanged
+            self.set_output_embeddings(output)
         return embeddings
 
     def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
@@ -405,16 +394,16 @@ class VaswaniPreTrainedModel(PreTrainedModel):
                 "One vocabulary is shared (`share_encoder_decoder_embeddings=True`): use `resize_token_embeddings`."
             )
         decoder = self.base_model.decoder
-        decoder.embed_tokens = resized_rows(decoder.embed_tokens, new_num_tokens, pad_to_multiple_of)
+        resized_rows(decoder.embed_tokens, new_num_tokens, pad_to_multiple_of)
         self.config.decoder_vocab_size = decoder.embed_tokens.num_embeddings
         output = self.get_output_embeddings()
-        if output is not None and self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings:
             self.tie_weights()
         elif output is not None:
-            self.set_output_embeddings(resized_rows(output, new_num_tokens, pad_to_multiple_of))
+            resized_rows(output, new_num_tokens, pad_to_multiple_of)
         return decoder.embed_tokens
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def _init_weights(self, module):
         """The paper gives no initialisation. Linear layers: Xavier-uniform, zero biases (tensor2tensor, fairseq);
         W^Q, W^K, W^V (marked `is_query_key_value`) with the gain `config.qkv_init_gain`.
         Embeddings: N(0, d_model^-0.5) (or `config.init_std`), which the sqrt(d_model) scaling of §3.4 brings to unit
@@ -442,7 +431,7 @@ class VaswaniStack(nn.Module):
     encodings (§3.5), dropout on the sum (§5.4), N layers, and, in the pre-norm layout only, a final LayerNorm
     (post-norm layers already end normalised)."""
 
-    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding, layer_class: type, num_layers: int):
+    def __init__(self, config, embed_tokens):
         super().__init__()
         self.config = config
         self.embed_tokens = embed_tokens
@@ -456,13 +445,14 @@ class VaswaniStack(nn.Module):
                 config.d_model, config.sinusoid_layout, config.sinusoid_frequencies, config.position_offset
             )
         self.dropout = nn.Dropout(config.dropout)  # P_drop on the sums (§5.4)
-        self.layers = nn.ModuleList([layer_class(config, i) for i in range(num_layers)])
+        num_layers = getattr(config, self.num_layers)
+        self.layers = nn.ModuleList([self.layer_class(config, i) for i in range(num_layers)])
         self.layer_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         )
         self.gradient_checkpointing = False
 
-    def embed(self, input_ids, inputs_embeds, name: str, past_length: int | torch.Tensor = 0) -> torch.Tensor:
+    def embed(self, input_ids, inputs_embeds, name, past_length=0):
         """Token embeddings x sqrt(d_model) + positional encodings, then dropout: (B, T) ids -> (B, T, d_model)."""
         check_embedding_inputs(input_ids, inputs_embeds, name, self.embed_tokens)
         if inputs_embeds is None:
@@ -471,71 +461,76 @@ class VaswaniStack(nn.Module):
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
         return self.dropout(hidden_states)
 
-    def run_layers(self, hidden_states, output_attentions, output_hidden_states, *args, **kwargs) -> dict:
-        """The N layers, then the final LayerNorm of the pre-norm layout: the output's fields, with each layer's input
-        and attention maps (self-attention, and encoder-decoder attention in the decoder) when asked for."""
-        all_hidden, all_weights = (), []
+    def run_layers(
+        self,
+        output_class,
+        hidden_states,
+        *args,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        fields=None,
+        **kwargs,
+    ):
+        """The N layers, then the final LayerNorm of the pre-norm layout, as `output_class` (with the other `fields`)
+        or its tuple: each layer's input and attention maps (self-attention, and encoder-decoder attention in the
+        decoder) when asked for."""
+        all_hidden, all_weights = [], []
         for layer in self.layers:
-            all_hidden += (hidden_states,)
+            all_hidden.append(hidden_states)
             hidden_states, *weights = layer(hidden_states, *args, **kwargs)
             all_weights.append(weights)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        outputs = dict(last_hidden_state=hidden_states, hidden_states=None)
-        if flag(output_hidden_states, self.config):
-            outputs["hidden_states"] = all_hidden + (hidden_states,)
-        attentions = flag(output_attentions, self.config, "output_attentions")
-        for i, name in enumerate(("attentions", "cross_attentions")[: len(weights)]):
-            outputs[name] = tuple(layer_weights[i] for layer_weights in all_weights) if attentions else None
-        return outputs
+        if flag(output_attentions, self.config, "output_attentions"):
+            # the self-attention maps of every layer, then (in the decoder) the encoder-decoder ones
+            attentions = zip(*all_weights, strict=True)
+        else:
+            attentions = [None] * len(weights)
+        output = output_class(
+            last_hidden_state=hidden_states,
+            hidden_states=(*all_hidden, hidden_states) if flag(output_hidden_states, self.config) else None,
+            **dict(zip(("attentions", "cross_attentions"), attentions, strict=False)),
+            **(fields or {}),
+        )
+        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 class VaswaniEncoder(VaswaniStack):
     """The encoder: N layers of self-attention and FFN over the embedded source (§3.1)."""
 
-    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, VaswaniEncoderLayer, config.encoder_layers)
+    layer_class, num_layers = VaswaniEncoderLayer, "encoder_layers"
 
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
         **kwargs,
-    ) -> BaseModelOutput | tuple:
+    ):
         hidden_states = self.embed(input_ids, inputs_embeds, "input_ids")  # (B, S, d_model)
         check_mask(attention_mask, hidden_states.shape[:2], "attention_mask", "the source (batch, length)")
         mask = create_bidirectional_mask(self.config, hidden_states, attention_mask)
-        output = BaseModelOutput(
-            **self.run_layers(hidden_states, output_attentions, output_hidden_states, mask, **kwargs)
-        )
-        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
+        return self.run_layers(BaseModelOutput, hidden_states, mask, **kwargs)
 
 
 class VaswaniDecoder(VaswaniStack):
     """The decoder: N layers whose self-attention is masked, so that position i sees only positions up to i
     (§3.1, §3.2.3), attending to the encoder output ("memory")."""
 
-    def __init__(self, config: VaswaniConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, VaswaniDecoderLayer, config.decoder_layers)
+    layer_class, num_layers = VaswaniDecoderLayer, "decoder_layers"
 
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        cache: EncoderDecoderCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        input_ids=None,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        cache=None,
+        inputs_embeds=None,
+        use_cache=None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+    ):
         cache = cache_argument(cache, kwargs)
         kwargs.pop("cache_position", None)  # positions come from the cache's length
         if encoder_hidden_states is None:
@@ -557,20 +552,16 @@ class VaswaniDecoder(VaswaniStack):
         cross_mask = create_bidirectional_mask(
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states
         )
-        outputs = self.run_layers(
+        return self.run_layers(
+            BaseModelOutputWithPastAndCrossAttentions,
             hidden_states,
-            output_attentions,
-            output_hidden_states,
             self_mask,
             encoder_hidden_states,
             cross_mask,
             cache,
+            fields={CACHE_NAME: cache if use_cache else None},
             **kwargs,
         )
-        output = BaseModelOutputWithPastAndCrossAttentions(
-            **outputs, **{CACHE_NAME: cache if use_cache else None}
-        )
-        return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -582,7 +573,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
     With `share_encoder_decoder_embeddings` (the paper, §3.4) one matrix `shared` embeds source and target tokens.
     """
 
-    def __init__(self, config: VaswaniConfig):
+    def __init__(self, config):
         super().__init__(config)
         if config.share_encoder_decoder_embeddings:  # one matrix for source and target tokens, tied below
             self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
@@ -597,10 +588,10 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.post_init()
         self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
 
-    def get_input_embeddings(self) -> nn.Embedding:
+    def get_input_embeddings(self):
         return self.encoder.embed_tokens
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
+    def set_input_embeddings(self, value):
         self.encoder.embed_tokens = value
         if self.config.share_encoder_decoder_embeddings:
             self.shared = self.decoder.embed_tokens = value
@@ -652,15 +643,13 @@ class VaswaniModel(VaswaniPreTrainedModel):
             **outputs,
             **kwargs,
         )
+        # the decoder's fields (its hidden states and self-attention maps as `decoder_*`), then the encoder's
+        decoder_fields = {
+            f"decoder_{name}" if name in ("hidden_states", "attentions") else name: value
+            for name, value in decoder_outputs.items()
+        }
         output = Seq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            decoder_hidden_states=decoder_outputs.hidden_states,
-            decoder_attentions=decoder_outputs.attentions,
-            cross_attentions=decoder_outputs.cross_attentions,
-            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
+            **decoder_fields, **{f"encoder_{name}": value for name, value in encoder_outputs.items()}
         )
         return output if flag(return_dict, self.config, "return_dict") else output.to_tuple()
 
@@ -678,7 +667,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
     trains); a model built from a config decodes greedily, as every transformers model does, until told otherwise.
     """
 
-    def __init__(self, config: VaswaniConfig):
+    def __init__(self, config):
         super().__init__(config)
         self.model = VaswaniModel(config)
         self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=config.output_bias)
@@ -695,7 +684,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         self.post_init()
         self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
 
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+    def prepare_decoder_input_ids_from_labels(self, labels):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     def forward(
@@ -762,7 +751,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         return paper_generate(*args, model=self, **kwargs)
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+def cross_entropy(logits, labels, num_items_in_batch=None):
     """Cross-entropy of the logits against the labels (-100 ignored), in float32: the mean over target tokens, or the
     sum divided by `num_items_in_batch` (the target tokens of all micro-batches of a gradient-accumulation step)."""
     total = F.cross_entropy(

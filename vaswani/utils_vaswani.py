@@ -42,7 +42,7 @@ CUSTOM_PIPELINES = {
 }
 
 
-def write_model_code(folder: str | Path) -> None:
+def write_model_code(folder):
     """Copy the code files of `CODE_FILES` into a model folder (they sit beside this file, also in transformers'
     cache of a folder loaded with `trust_remote_code=True`, whose relative imports it copies)."""
     here = Path(__file__).resolve().parent
@@ -52,35 +52,35 @@ def write_model_code(folder: str | Path) -> None:
         shutil.copyfile(here / source, target)
 
 
-def follow_config(model) -> None:
+def follow_config(model):
     """Keep a built model in agreement with its config: a dropout rate changed on the config (`DROPOUT_FIELDS`:
     regularisation in training only) applies to the model's own dropout modules (not PEFT's) from there on; any other
     field the modules follow (`ARCHITECTURE_FIELDS`) changed since the model was built is refused, naming it, as the
     model would train, evaluate and save as another one. The model calls it in each training forward (before a step
     is trained, no tensor read) and before it is saved."""
     built, config = model._built_as, model.config
-    changed = {
-        name: (built[name], getattr(config, name))
+    changed = [
+        f"`{name}` from {built[name]!r} to {getattr(config, name)!r}"
         for name in ARCHITECTURE_FIELDS
         if getattr(config, name) != built[name]
-    }
+    ]
     if changed:
-        fields = ", ".join(f"`{name}` from {old!r} to {new!r}" for name, (old, new) in changed.items())
         raise ValueError(
-            f"The config was changed after the model was built ({fields}): the model's modules and weights follow "
-            "the config they were built from, so it would train, evaluate and save as another model. Build a new "
-            "model from the changed config, or change the fields back."
+            f"The config was changed after the model was built ({', '.join(changed)}): the model's modules and "
+            "weights follow the config they were built from, so it would train, evaluate and save as another model. "
+            "Build a new model from the changed config, or change the fields back."
         )
     rates = {name: getattr(config, name) for name in DROPOUT_FIELDS}
-    if any(built[name] != rate for name, rate in rates.items()):
+    if rates.items() - built.items():
         # the model's own `dropout`, `activation_dropout`; `attention_dropout` is read at each call
         for name, module in model.named_modules():
-            if isinstance(module, nn.Dropout) and name.rpartition(".")[2] in rates:
-                module.p = rates[name.rpartition(".")[2]]
+            rate = rates.get(name.rpartition(".")[2])
+            if isinstance(module, nn.Dropout) and rate is not None:
+                module.p = rate
         built.update(rates)
 
 
-def tied_weights_saved_once(model, built: bool = False) -> set[str]:
+def tied_weights_saved_once(model, built=False):
     """The tied weights (`all_tied_weights_keys`) that are one tensor with the weight they are tied to: a saved folder
     holds them once, under that weight. The model sets them as transformers' `_keys_to_ignore_on_save` when it is
     `built` (all of them: transformers ties them when it loads the weights; its Trainer compares them with the keys a
@@ -91,7 +91,7 @@ def tied_weights_saved_once(model, built: bool = False) -> set[str]:
     return {
         target
         for target, source in tied.items()
-        if built or (target in weights and source in weights and weights[target] is weights[source])
+        if built or weights.get(target, target) is weights.get(source, source)
     }
 
 
@@ -100,7 +100,7 @@ def tied_weights_saved_once(model, built: bool = False) -> set[str]:
 CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
-def cache_argument(cache, kwargs: dict):
+def cache_argument(cache, kwargs):
     """The cache, given as `cache` or as the older `past_key_values` (removed from `kwargs`)."""
     old = kwargs.pop("past_key_values", None)
     if old is not None and CACHE_NAME == "cache":
@@ -126,29 +126,30 @@ def causal_mask(config, hidden_states, attention_mask, cache, past_length):
     return create_causal_mask(config, hidden_states, attention_mask, **kwargs)
 
 
-def resized_rows(module: nn.Embedding | nn.Linear, rows: int, pad_to_multiple_of: int | None = None):
-    """A copy of an embedding (or output projection) with `rows` rows: the first rows kept, new rows (and biases)
-    set to the mean of the old ones."""
+def resized_rows(module, rows, pad_to_multiple_of=None):
+    """Resize an embedding (or output projection) in place to `rows` rows: the first rows kept, new rows (and
+    biases) set to the mean of the old ones."""
     if pad_to_multiple_of is not None:
         if not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0:
             raise ValueError(f"`pad_to_multiple_of` must be a positive integer, got {pad_to_multiple_of!r}.")
         rows = -(-rows // pad_to_multiple_of) * pad_to_multiple_of
-    if isinstance(module, nn.Embedding):
-        padding_idx = module.padding_idx if module.padding_idx is not None and module.padding_idx < rows else None
-        copy = nn.Embedding(rows, module.embedding_dim, padding_idx, device="meta")
-    else:
-        copy = nn.Linear(module.in_features, rows, bias=module.bias is not None, device="meta")
     for name, old in module.named_parameters(recurse=False):  # (rows, ...)
-        new_rows = old.mean(dim=0, keepdim=True).expand(max(rows - old.shape[0], 0), *old.shape[1:])
-        setattr(copy, name, nn.Parameter(torch.cat([old[:rows], new_rows]).detach().clone()))
-    return copy
+        new_rows = old.mean(dim=0, keepdim=True).expand(max(rows - len(old), 0), *old.shape[1:])
+        setattr(module, name, nn.Parameter(torch.cat([old[:rows], new_rows]).detach()))
+    if isinstance(module, nn.Linear):
+        module.out_features = rows
+    else:
+        module.num_embeddings = rows
+        if module.padding_idx is not None and module.padding_idx >= rows:
+            module.padding_idx = None
+    return module
 
 
-def flag(value: bool | None, config, name: str = "output_hidden_states") -> bool:
+def flag(value, config, name="output_hidden_states"):
     return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
 
 
-def check_embedding_inputs(input_ids, inputs_embeds, name: str, embed_tokens: nn.Embedding) -> None:
+def check_embedding_inputs(input_ids, inputs_embeds, name, embed_tokens):
     """A clear error naming the argument for token ids or embeddings that a stack cannot embed: neither or both
     given, ids that are not (batch, length), embeddings that are not (batch, length, d_model), empty inputs. Shapes
     only: no value is read, so the check costs no host-device sync and compiles. Ids outside the vocabulary are named
@@ -175,7 +176,7 @@ def check_embedding_inputs(input_ids, inputs_embeds, name: str, embed_tokens: nn
         raise ValueError(f"The embeddings given for `{name}` are empty: shape {tuple(inputs_embeds.shape)}.")
 
 
-def check_mask(mask: torch.Tensor | None, expected, name: str, of: str) -> None:
+def check_mask(mask, expected, name, of):
     # 4-D masks are taken as already prepared
     if mask is not None and mask.dim() != 4 and tuple(mask.shape) != tuple(expected):
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but {of} needs {tuple(expected)}.")
@@ -183,7 +184,7 @@ def check_mask(mask: torch.Tensor | None, expected, name: str, of: str) -> None:
 
 def check_decoder_inputs(
     attention_mask, encoder_attention_mask, encoder_hidden_states, batch_size, seq_len, past_length
-) -> None:
+):
     """A clear error for decoder masks of the wrong shape (the target's covers past and current tokens) and a decoder
     batch that is not the encoder's. A static cache counts its past on the device: the target mask's
     length is then not checked, which would cost a host-device sync."""
