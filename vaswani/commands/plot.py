@@ -6,8 +6,6 @@ checkpoint's) and plots training/eval loss, eval BLEU and learning rate against 
 --target_text the model's own translation of --source_text is used.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
