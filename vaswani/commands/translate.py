@@ -123,6 +123,7 @@ class TranslationArguments:
     threads: int = HfArg(default=0, help="CPU threads of an exported engine (0: its default).")
 
     def __post_init__(self):
+        from ..recipe.arguments import check_languages
         from ..recipe.translation import check_decoding
 
         with flag_errors("num_beams"):
@@ -130,7 +131,13 @@ class TranslationArguments:
         if self.length_penalty is not None:
             with flag_errors("length_penalty"):
                 check_decoding(self.num_beams, self.length_penalty)
-        self._check_languages()
+        check_languages(self.source_lang, self.target_lang)
+        suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2]  # "de" of test.de.gz
+        if self.source_lang and self.target_lang and suffix == self.target_lang:
+            raise UsageError(
+                f"--input {self.input} is named as {self.target_lang} text, the target language "
+                f"(--target_lang {self.target_lang}): give a file of --source_lang {self.source_lang} text"
+            )
         require_positive(self, "batch_size", "max_tokens", "max_new_tokens", "max_source_length")
         if self.n_best is not None and not 1 <= self.n_best <= self.num_beams:
             raise UsageError(
@@ -155,17 +162,6 @@ class TranslationArguments:
             )
         if self.threads < 0:
             raise UsageError(f"--threads must be 0 or more, got {self.threads}")
-
-    def _check_languages(self):
-        from ..recipe.arguments import check_languages
-
-        check_languages(self.source_lang, self.target_lang)
-        suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2] if self.input != "-" else ""
-        if self.source_lang and self.target_lang and suffix == self.target_lang:
-            raise UsageError(
-                f"--input {self.input} is named as {self.target_lang} text, the target language "
-                f"(--target_lang {self.target_lang}): give a file of --source_lang {self.source_lang} text"
-            )
 
 
 @dataclass
@@ -318,30 +314,34 @@ def _score(translations, scoring, args, model, target_tokenizer):
     from ..recipe.tokenization import lowercases
     from ..recipe.translation import length_penalty_form_of, length_penalty_of, score_translations
 
-    lowercase = lowercases(target_tokenizer)
     scores = score_translations(
-        translations, scoring.references, moses_lang=scoring.moses_lang, lowercase=lowercase
+        translations,
+        scoring.references,
+        moses_lang=scoring.moses_lang,
+        lowercase=lowercases(target_tokenizer),
     )
     for line in score_lines(scores, scoring.moses_lang):
         print(line, file=sys.stderr)
     if scoring.results_json:
-        record = {
-            **scores,
-            "dataset": scoring.dataset_name,
-            "split": scoring.split,
-            "num_beams": args.num_beams,
-            # what ran: the flags, else the model's generation config (an export keeps it); CTranslate2 has only
-            # |Y| ** alpha
-            "length_penalty": length_penalty_of(model, args.length_penalty),
-            "length_penalty_form": "power"
-            if args.engine == "ctranslate2"
-            else length_penalty_form_of(model, args.length_penalty_form),
-            "engine": args.engine,
-            "model": args.model_name_or_path,
-            "input": args.input,
-            "references": scoring.references,
-        }
-        write_json(scoring.results_json, record)
+        write_json(
+            scoring.results_json,
+            {
+                **scores,
+                "dataset": scoring.dataset_name,
+                "split": scoring.split,
+                "num_beams": args.num_beams,
+                # what ran: the flags, else the model's generation config (an export keeps it); CTranslate2 has only
+                # |Y| ** alpha
+                "length_penalty": length_penalty_of(model, args.length_penalty),
+                "length_penalty_form": "power"
+                if args.engine == "ctranslate2"
+                else length_penalty_form_of(model, args.length_penalty_form),
+                "engine": args.engine,
+                "model": args.model_name_or_path,
+                "input": args.input,
+                "references": scoring.references,
+            },
+        )
 
 
 if __name__ == "__main__":

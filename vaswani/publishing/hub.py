@@ -63,7 +63,7 @@ def check_repo_id(repo_id):
 def check_model_dir(model_dir, tokenizer_dir=None):
     """Raise `PublishError` unless `model_dir` holds a config and weights and `tokenizer_dir` a fast tokenizer."""
     model_dir = Path(model_dir)
-    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
+    tokenizer_dir = Path(tokenizer_dir or model_dir)
     if not model_dir.is_dir():
         raise PublishError(f"No model folder at {str(model_dir)!r}: no such folder.")
     if not (model_dir / "config.json").is_file():
@@ -87,17 +87,6 @@ def check_model_dir(model_dir, tokenizer_dir=None):
             f"{str(tokenizer_dir)!r} has no tokenizer (tokenizer.json): save the tokenizer with the model or "
             "pass `tokenizer_dir`."
         )
-
-
-def _check_tokenizer(tokenizer, model):
-    config = model.config
-    for name in ("pad_token_id", "eos_token_id"):
-        if getattr(tokenizer, name) != getattr(config, name):
-            raise PublishError(
-                f"The tokenizer's {name} ({getattr(tokenizer, name)}) differs from the model's ({getattr(config, name)})."
-            )
-    if len(tokenizer) > config.vocab_size:
-        raise PublishError(f"The tokenizer has {len(tokenizer)} tokens, the model only {config.vocab_size}.")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -128,10 +117,15 @@ def build_folder(
         logger.warning("No evaluation results: the card will have no model-index.")
 
     model = load_model(model_dir, VaswaniForConditionalGeneration)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(
-        tokenizer_dir if tokenizer_dir is not None else model_dir
-    )
-    _check_tokenizer(tokenizer, model)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir or model_dir)
+    config = model.config
+    for name in ("pad_token_id", "eos_token_id"):
+        if getattr(tokenizer, name) != getattr(config, name):
+            raise PublishError(
+                f"The tokenizer's {name} ({getattr(tokenizer, name)}) differs from the model's ({getattr(config, name)})."
+            )
+    if len(tokenizer) > config.vocab_size:
+        raise PublishError(f"The tokenizer has {len(tokenizer)} tokens, the model only {config.vocab_size}.")
     model.config.use_cache = True  # Trainer saves use_cache=False; decoding wants the cache
     # The folder's own decoding (vaswani-train --length_penalty may have chosen alpha on validation), the paper's for
     # what it does not say. setattr, not update(): a generation config saved before `length_penalty_form` existed

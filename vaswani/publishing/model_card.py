@@ -48,56 +48,81 @@ _EXAMPLES = {
 # --------------------------------------------------------------------------------------------------------------------
 # What the run reports: evaluation results and training summary
 # --------------------------------------------------------------------------------------------------------------------
-def _from_json(cls, path, what):
-    """`cls` from a JSON file of the run: keys with a `Trainer` prefix (`test_`, ...) read as theirs, other keys
-    ignored (logged); `PublishError` names the file that is missing, not a JSON object, or lacks or breaks a field."""
-    where = f"The {what} file {str(path)!r}"
-    if not Path(path).is_file():
-        raise PublishError(f"No {what} file at {str(path)!r}.")
-    try:
-        values = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise PublishError(f"{where} is not valid JSON: {error}") from None
-    if not isinstance(values, dict):
-        raise PublishError(f"{where} must hold a JSON object.")
-    known = {field.name for field in dataclasses.fields(cls)}
-    kwargs, unknown = {}, []
-    for key, value in values.items():
-        # "bleu", or "test_bleu" read as "bleu"
-        name = next(
-            (name for prefix in _METRIC_PREFIXES if (name := key.removeprefix(prefix)) in known), None
-        )
-        if name:
-            kwargs[name] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
-    try:
-        return cls(**kwargs)
-    except TypeError as error:  # a required field is missing
-        raise PublishError(f"{where} lacks a required key: {error}") from None
-    except ValueError as error:  # a value the card cannot state
-        raise PublishError(f"{where}: {error}") from None
-
-
 def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_fields(record, rules):
-    """Raise `ValueError` naming the first field of `record` whose value fails its rule: `rules` is a list of
-    (field names, test, what the value must be). None passes for a field with a default."""
-    required = {field.name for field in dataclasses.fields(record) if field.default is dataclasses.MISSING}
-    for names, test, what in rules:
-        for name in names:
-            value = getattr(record, name)
-            if (value is not None or name in required) and not test(value):
-                raise ValueError(f"{name!r} must be {what}, got {value!r}")
+_SCORE = (lambda value: _is_number(value) and 0 <= value <= 100, "a score between 0 and 100")
+_STRING = (lambda value: isinstance(value, str), "a string")
+_WHOLE = (
+    lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+    "a whole number",
+)
+_NON_NEGATIVE = (lambda value: _is_number(value) and value >= 0, "a non-negative number")
+_LANGUAGE = (lambda value: value and isinstance(value, str), "a language code")
+# What each field of the run's records must hold: (test, what the error says it must be).
+_RULES = {
+    **dict.fromkeys(("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"), _SCORE),
+    **dict.fromkeys(("bleu_signature", "chrf_signature", "dataset", "dataset_name", "split"), _STRING),
+    "length_penalty_form": _STRING,
+    "num_beams": (lambda value: isinstance(value, int) and value >= 1, "a positive integer"),
+    "length_penalty": (_is_number, "a number"),
+    "source_lang": _LANGUAGE,
+    "target_lang": _LANGUAGE,
+    **dict.fromkeys(("steps", "batch_tokens", "warmup_steps"), _WHOLE),
+    **dict.fromkeys(("peak_learning_rate", "label_smoothing", "train_runtime"), _NON_NEGATIVE),
+}
+
+
+class _RunRecord:
+    """A JSON file of the run read as a dataclass: each field checked by its rule in `_RULES` (None passes for a
+    field with a default), `ValueError` naming the first that fails."""
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in _RULES and (value is not None or field.default is dataclasses.MISSING):
+                test, what = _RULES[field.name]
+                if not test(value):
+                    raise ValueError(f"{field.name!r} must be {what}, got {value!r}")
+
+    @classmethod
+    def from_json(cls, path):
+        """The record in a JSON file of the run: keys with a `Trainer` prefix (`test_`, ...) read as theirs, other
+        keys ignored (logged); `PublishError` names the file that is missing, not a JSON object, or lacks or breaks
+        a field."""
+        what, where = cls.what, f"The {cls.what} file {str(path)!r}"
+        if not Path(path).is_file():
+            raise PublishError(f"No {what} file at {str(path)!r}.")
+        try:
+            values = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise PublishError(f"{where} is not valid JSON: {error}") from None
+        if not isinstance(values, dict):
+            raise PublishError(f"{where} must hold a JSON object.")
+        known = {field.name for field in dataclasses.fields(cls)}
+        kwargs, unknown = {}, []
+        for key, value in values.items():
+            # "bleu", or "test_bleu" read as "bleu"
+            name = next(
+                (name for prefix in _METRIC_PREFIXES if (name := key.removeprefix(prefix)) in known), None
+            )
+            if name:
+                kwargs[name] = value
+            else:
+                unknown.append(key)
+        if unknown:
+            logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
+        try:
+            return cls(**kwargs)
+        except TypeError as error:  # a required field is missing
+            raise PublishError(f"{where} lacks a required key: {error}") from None
+        except ValueError as error:  # a value the card cannot state
+            raise PublishError(f"{where}: {error}") from None
 
 
 @dataclass
-class EvalResults:
+class EvalResults(_RunRecord):
     """Scores of the published model on a test set, as computed by sacreBLEU (corpus level, 0-100)."""
 
     bleu: float
@@ -116,33 +141,11 @@ class EvalResults:
     length_penalty: float | None = None
     length_penalty_form: str | None = None
 
-    def __post_init__(self):
-        scores = ("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized")
-        strings = (
-            "bleu_signature",
-            "chrf_signature",
-            "dataset",
-            "dataset_name",
-            "split",
-            "length_penalty_form",
-        )
-        _check_fields(
-            self,
-            [
-                (scores, lambda value: _is_number(value) and 0 <= value <= 100, "a score between 0 and 100"),
-                (("num_beams",), lambda value: isinstance(value, int) and value >= 1, "a positive integer"),
-                (("length_penalty",), _is_number, "a number"),
-                (strings, lambda value: isinstance(value, str), "a string"),
-            ],
-        )
-
-    @classmethod
-    def from_json(cls, path):
-        return _from_json(cls, path, "evaluation results")
+    what = "evaluation results"
 
 
 @dataclass
-class TrainingSummary:
+class TrainingSummary(_RunRecord):
     """How the published model was trained: what the card reports as the training recipe."""
 
     source_lang: str
@@ -159,31 +162,7 @@ class TrainingSummary:
     label_smoothing: float | None = None
     train_runtime: float | None = None
 
-    def __post_init__(self):
-        _check_fields(
-            self,
-            [
-                (
-                    ("source_lang", "target_lang"),
-                    lambda value: value and isinstance(value, str),
-                    "a language code",
-                ),
-                (
-                    ("steps", "batch_tokens", "warmup_steps"),
-                    lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-                    "a whole number",
-                ),
-                (
-                    ("peak_learning_rate", "label_smoothing", "train_runtime"),
-                    lambda value: _is_number(value) and value >= 0,
-                    "a non-negative number",
-                ),
-            ],
-        )
-
-    @classmethod
-    def from_json(cls, path):
-        return _from_json(cls, path, "training summary")
+    what = "training summary"
 
     @property
     def train_time(self):
@@ -276,12 +255,12 @@ def card_metadata(
         results.dataset if results else None,
         *(dataset_tags or []),
     }
-    datasets = [d for d in named if d and _is_hub_dataset(d)]
+    datasets = sorted(d for d in named if d and _is_hub_dataset(d))
     return ModelCardData(
         model_name=model_name,
         language=[summary.source_lang, summary.target_lang] if summary else None,
         license=license or UNSET_LICENSE,
-        datasets=sorted(datasets) or None,
+        datasets=datasets or None,
         metrics=["bleu", "chrf"],
         tags=list(TAGS),
         library_name="transformers",
@@ -309,12 +288,11 @@ def render_card(
 ):
     """Render the model card from the Jinja template `hub_card.md` (or `template_path`) and check it. `lowercase`:
     the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`), which the card states."""
-    template_path = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
+    template_path = Path(template_path or DEFAULT_TEMPLATE)
     if not template_path.is_file():
         raise PublishError(f"No model card template at {str(template_path)!r}.")
     model_name = repo_id.rstrip("/").split("/")[-1]
     data = card_metadata(model_name, results, summary, license=license, dataset_tags=dataset_tags)
-    config = model.config
     if example_text is None:
         example_text = _EXAMPLES.get(summary.source_lang if summary else "", "Hello world!")
     card = ModelCard.from_template(
@@ -325,7 +303,7 @@ def render_card(
         repo_literal=json.dumps(repo_id, ensure_ascii=False),
         example_literal=json.dumps(example_text, ensure_ascii=False),
         model_name=model_name,
-        config=config,
+        config=model.config,
         num_parameters=f"{model.num_parameters():,}",
         num_parameters_millions=f"{model.num_parameters() / 1e6:.1f}M",
         generation=model.generation_config,

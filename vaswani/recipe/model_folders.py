@@ -160,8 +160,6 @@ _RECORDING_FILES = (
 
 
 def _direction(record):
-    if isinstance(record.get("languages"), dict):  # vaswani_export.json
-        record = record["languages"]
     pairs = [(record.get(source_key), record.get(target_key)) for source_key, target_key in _DIRECTION_KEYS]
     if isinstance(record.get("langs"), list) and len(record["langs"]) == 2:
         pairs.append(tuple(record["langs"]))
@@ -184,12 +182,14 @@ def model_languages(model_path):
         if not path.is_file():
             continue
         record = read_json(path)
+        if path.name == "vaswani_export.json":  # what the exported model recorded, under "languages"
+            record = record.get("languages") or {}
         direction = _direction(record) if isinstance(record, dict) else None
         if direction:
             return ModelLanguages(direction, path, *direction)
-        known = (record.get("languages") or {}).get("known") if path.name == "vaswani_export.json" else None
-        if known:  # an export of a model whose card named its languages without a direction
-            return ModelLanguages(tuple(known), path)
+        if path.name == "vaswani_export.json" and record.get("known"):
+            # an export of a model whose card named its languages without a direction
+            return ModelLanguages(tuple(record["known"]), path)
     card = folder / "README.md"
     if card.is_file():
         try:
@@ -199,10 +199,9 @@ def model_languages(model_path):
         languages = metadata.get("language")
         languages = [languages] if isinstance(languages, str) else languages
         if isinstance(languages, list) and languages and all(isinstance(code, str) for code in languages):
-            tags = metadata.get("tags") or []
-            if len(languages) == 2 and "vaswani" in tags:  # this package's cards list [source, target]
-                return ModelLanguages(tuple(languages), card, *languages)
-            return ModelLanguages(tuple(languages), card)
+            # this package's cards list [source, target]
+            direction = languages if len(languages) == 2 and "vaswani" in (metadata.get("tags") or []) else ()
+            return ModelLanguages(tuple(languages), card, *direction)
     return None
 
 

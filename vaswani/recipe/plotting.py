@@ -56,14 +56,11 @@ def find_trainer_state(path):
     path = Path(path)
     if path.is_file():
         return path
-    if (path / TRAINER_STATE_FILE).is_file():
-        return path / TRAINER_STATE_FILE
-    if path.is_dir():
-        for checkpoint in reversed(find_checkpoints(path)):
-            if (checkpoint / TRAINER_STATE_FILE).is_file():
-                return checkpoint / TRAINER_STATE_FILE
     if not path.exists():
         raise FileNotFoundError(f"No run folder at {path} (no such path) to read {TRAINER_STATE_FILE} from")
+    for folder in [path, *reversed(find_checkpoints(path))]:
+        if (folder / TRAINER_STATE_FILE).is_file():
+            return folder / TRAINER_STATE_FILE
     raise FileNotFoundError(f"No {TRAINER_STATE_FILE} in {path} or in its checkpoint-<step> folders")
 
 
@@ -187,8 +184,7 @@ def attention_maps(
     Without `target`, the model's own translation of `source` (§6.1 decoding, `translation.translate`) is used.
     The model must use the eager attention (see `load_attention_model`).
     """
-    if model.config._attn_implementation != "eager":
-        model.set_attn_implementation("eager")
+    model.set_attn_implementation("eager")  # transformers' switch; nothing to do for a model that has it
     if model.config._attn_implementation != "eager":
         raise ValueError(
             f"Attention weights need the eager attention, but the model uses "

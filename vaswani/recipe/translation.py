@@ -49,9 +49,7 @@ def length_penalty_form_of(model, requested=None):
 
 def length_penalty_of(model, requested=None):
     """The length penalty alpha a beam search of `model` uses: `requested`, else its generation config's."""
-    if requested is not None:
-        return requested
-    value = getattr(model.generation_config, "length_penalty", None)
+    value = getattr(model.generation_config, "length_penalty", None) if requested is None else requested
     return 1.0 if value is None else float(value)  # transformers' default when the config has none
 
 
@@ -170,7 +168,6 @@ class Hypothesis:
     score: float
 
 
-@torch.inference_mode()
 def translate(sentences, model, source_tokenizer, target_tokenizer=None, **options):
     """Translate `sentences`, returning one translation per sentence in the same order.
 
@@ -230,8 +227,8 @@ def translate_n_best(
     target_tokenizer = target_tokenizer or source_tokenizer
     results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
-    encoded = source_tokenizer([sentences[i] for i in todo], **truncation)["input_ids"] if todo else []
+    cut = dict(truncation=bool(max_source_length), max_length=max_source_length)  # None: no source is cut
+    encoded = source_tokenizer([sentences[i] for i in todo], **cut)["input_ids"] if todo else []
     with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
         progress.update(len(sentences) - len(todo))  # the empty lines
         for batch in make_batches([len(ids) for ids in encoded], batch_size, max_tokens):
