@@ -235,7 +235,12 @@ def main(argv):
         with_scores=with_scores,
     )
     if args.interactive:
-        return _interactive(decode, with_scores)
+        # fairseq-interactive: each line is written (flushed) before the next is read, a conversation through pipes
+        if sys.stdin.isatty():
+            print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
+        for index, line in enumerate(translation.stdin_lines()):
+            _write(decode([line], show_progress=False), "-", with_scores, first_index=index)
+        return None
     if args.input == "-" and sys.stdin.isatty():
         print(
             f"{current_prog()}: reading sentences from standard input, one a line; Ctrl-D ends them "
@@ -279,17 +284,6 @@ def _check_files(args, scoring):
     for flag, path in (("output", args.output), ("results_json", scoring.results_json)):
         if path and path != "-" and Path(path).is_dir():
             raise UsageError(f"--{flag} {path} is a folder: give a file")
-
-
-def _interactive(decode, with_scores):
-    """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
-    one is read, so that another program can hold a conversation with this one through pipes."""
-    from ..recipe.translation import stdin_lines
-
-    if sys.stdin.isatty():
-        print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
-    for index, line in enumerate(stdin_lines()):
-        _write(decode([line], show_progress=False), "-", with_scores, first_index=index)
 
 
 def _write(results, output, with_scores, first_index=0):

@@ -33,6 +33,7 @@ from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..recipe.model_folders import load_model
+from ..recipe.tokenization import load_model_tokenizers
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -92,15 +93,7 @@ def check_model_dir(model_dir, tokenizer_dir=None):
 # --------------------------------------------------------------------------------------------------------------------
 # The folder that is published
 # --------------------------------------------------------------------------------------------------------------------
-def build_folder(
-    model_dir,
-    output_dir,
-    repo_id=None,
-    tokenizer_dir=None,
-    results=None,
-    summary=None,
-    **card,
-):
+def build_folder(model_dir, output_dir, repo_id=None, tokenizer_dir=None, results=None, summary=None, **card):
     """Write the folder to publish into `output_dir` (which must be new or empty) and check it; `model_dir` and
     `tokenizer_dir` were checked (`check_model_dir`).
 
@@ -177,6 +170,24 @@ def check_folder(folder):
 # --------------------------------------------------------------------------------------------------------------------
 # Upload and the one-call entry point
 # --------------------------------------------------------------------------------------------------------------------
+def _upload(api, folder, repo_id, private, revision, commit_message, create_pr):
+    """Upload the checked `folder` to `repo_id` in one commit, creating the repo (and branch `revision`) if needed.
+    `private` applies when the repo is created; an existing repo keeps its visibility. Pickled files already in the
+    repo are deleted in the same commit."""
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+    if revision not in (None, "main"):
+        api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
+        revision=revision,
+        commit_message=commit_message or "Upload Transformer (Vaswani et al., 2017) translation model",
+        delete_patterns=PICKLE_PATTERNS,
+        create_pr=create_pr,
+    )
+
+
 @dataclass
 class Published:
     """What `publish` did: the folder it built (None when it was a temporary one) and the commit, if it pushed."""
@@ -217,6 +228,8 @@ def publish(
         raise PublishError("Nothing to do: give a `repo_id` to push to, or an `output_dir` for a dry run.")
     if dry_run and output_dir is None:
         raise PublishError("A dry run writes the folder to `output_dir`; give one.")
+    check_model_dir(model_dir, tokenizer_dir)
+    load_model_tokenizers(model_dir, tokenizer_dir)  # another run's tokenizer is refused
     if repo_id is not None:
         check_repo_id(repo_id)
     if push:
@@ -229,28 +242,11 @@ def publish(
         api = HfApi(token=token)
         if "/" not in repo_id:  # the card's usage example needs the full id: the token's user namespace
             repo_id = f"{api.whoami()['name']}/{repo_id}"
-    check_model_dir(model_dir, tokenizer_dir)
     if results is not None and not isinstance(results, EvalResults):
         results = EvalResults.from_json(results)
     if summary is not None and not isinstance(summary, TrainingSummary):
         summary = TrainingSummary.from_json(summary)
     with tempfile.TemporaryDirectory(prefix="vaswani-publish-") as tmp:
         folder = build_folder(model_dir, output_dir or tmp, repo_id, tokenizer_dir, results, summary, **card)
-        commit = None
-        if push:
-            # One commit; `private` applies when the repo is created (an existing repo keeps its visibility), and
-            # pickled files already in the repo are deleted in the same commit.
-            repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
-            if revision not in (None, "main"):
-                api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-            commit = api.upload_folder(
-                repo_id=repo_id,
-                folder_path=str(folder),
-                repo_type="model",
-                revision=revision,
-                commit_message=commit_message
-                or "Upload Transformer (Vaswani et al., 2017) translation model",
-                delete_patterns=PICKLE_PATTERNS,
-                create_pr=create_pr,
-            )
+        commit = _upload(api, folder, repo_id, private, revision, commit_message, create_pr) if push else None
         return Published(folder=folder if output_dir is not None else None, commit=commit)

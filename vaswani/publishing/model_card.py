@@ -210,21 +210,13 @@ def _dataset_id(named, dataset_tags):
 UNSET_LICENSE = "other"
 
 
-def card_metadata(
-    model_name,
-    results,
-    summary,
-    license=None,
-    dataset_tags=None,
-):
+def card_metadata(model_name, results, summary, license=None, dataset_tags=None):
     """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`.
     `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
     id the card could name)."""
     eval_results = None
     if results is not None:
-        dataset_type = _dataset_id(
-            results.dataset or (summary.dataset if summary else None) or "custom", dataset_tags
-        )
+        dataset_type = _dataset_id(results.dataset or (summary and summary.dataset) or "custom", dataset_tags)
         common = dict(
             task_type="translation",
             task_name="Translation",
@@ -251,8 +243,8 @@ def card_metadata(
             if getattr(results, key) is not None
         ]
     named = {
-        summary.dataset if summary else None,
-        results.dataset if results else None,
+        summary and summary.dataset,
+        results and results.dataset,
         *(dataset_tags or []),
     }
     datasets = sorted(d for d in named if d and _is_hub_dataset(d))
@@ -309,7 +301,7 @@ def render_card(
         generation=model.generation_config,
         results=results,
         summary=summary,
-        training_data=_dataset_id(summary.dataset if summary else None, dataset_tags),
+        training_data=_dataset_id(summary and summary.dataset, dataset_tags),
         license_chosen=bool(license),
         test_data=data.eval_results[0].dataset_name if data.eval_results else None,
         example_text=example_text,

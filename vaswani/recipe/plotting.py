@@ -84,12 +84,7 @@ def _save(figure, output_path, dpi):
     return output_path
 
 
-def plot_learning_curves(
-    log_history_or_path,
-    output_path,
-    title=None,
-    dpi=120,
-):
+def plot_learning_curves(log_history_or_path, output_path, title=None, dpi=120):
     """Plot loss (training and eval), eval BLEU and learning rate against the step into one PNG.
 
     `log_history_or_path`: a `log_history` list, or a run, checkpoint or `trainer_state.json` whose `log_history` is
@@ -142,11 +137,7 @@ class AttentionMaps:
     cross: torch.Tensor  # (layers, heads, Tt, Ts)
 
 
-def load_attention_model(
-    model_path,
-    tokenizer_path=None,
-    device=None,
-):
+def load_attention_model(model_path, tokenizer_path=None, device=None):
     """`(model, source_tokenizer, target_tokenizer)` with the eager attention that returns attention weights."""
     return load_translation_model(model_path, tokenizer_path, device=device, attn_implementation="eager")
 
@@ -172,13 +163,7 @@ def token_labels(tokenizer, ids):
 
 
 @torch.inference_mode()
-def attention_maps(
-    model,
-    source_tokenizer,
-    source,
-    target=None,
-    target_tokenizer=None,
-):
+def attention_maps(model, source_tokenizer, source, target=None, target_tokenizer=None):
     """The attention weights of `model` on `source` and `target`, the target fed to the decoder (teacher forcing).
 
     Without `target`, the model's own translation of `source` (§6.1 decoding, `translation.translate`) is used.

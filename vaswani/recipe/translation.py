@@ -54,12 +54,7 @@ def length_penalty_of(model, requested=None):
 
 
 def load_translation_model(
-    model_path,
-    tokenizer_path=None,
-    device=None,
-    bf16=False,
-    int8=False,
-    **model_kwargs,
+    model_path, tokenizer_path=None, device=None, bf16=False, int8=False, **model_kwargs
 ):
     """Load `(model, source_tokenizer, target_tokenizer)` for inference, the model in eval mode on `device`.
 
@@ -78,14 +73,14 @@ def load_translation_model(
     weights file that is cut short or corrupt, weights that do not match the config.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu"))
-    if int8 and (bf16 or device.type != "cpu"):
-        raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
-    if int8 and not exact_int8_products():
-        raise ValueError(
-            "int8 decoding needs a CPU with VNNI or AMX: without them oneDNN's int8 products (torchao's too) add "
-            "byte products in saturating 16-bit pairs, so they are not exact; decode in float32"
-        )
     if int8:
+        if bf16 or device.type != "cpu":
+            raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
+        if not exact_int8_products():
+            raise ValueError(
+                "int8 decoding needs a CPU with VNNI or AMX: without them oneDNN's int8 products (torchao's too) "
+                "add byte products in saturating 16-bit pairs, so they are not exact; decode in float32"
+            )
         try:
             from torchao.quantization import Int8DynamicActivationInt8WeightConfig
         except ImportError as error:
@@ -93,8 +88,8 @@ def load_translation_model(
                 "int8 decoding loads the model through transformers' torchao quantization: "
                 "pip install vaswani-transformer[int8] (or pip install torchao)"
             ) from error
-        quantization = TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
-        model_kwargs.update(quantization_config=quantization, device_map="cpu")
+        int8_config = TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+        model_kwargs.update(quantization_config=int8_config, device_map="cpu")
     model = (
         load_model(model_path, **model_kwargs)
         .to(device=device, dtype=torch.bfloat16 if bf16 else None)
@@ -312,12 +307,7 @@ def write_sentences(sentences, path):
         f.writelines(ended)
 
 
-def score_translations(
-    translations,
-    reference_paths,
-    moses_lang=None,
-    **bleu_kwargs,
-):
+def score_translations(translations, reference_paths, moses_lang=None, **bleu_kwargs):
     """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`);
     with `moses_lang`, the record a run reports instead (`metrics.reported_scores`: also BLEU on lowercased
     Moses-tokenized text of that language, the published Multi30k convention; of `bleu_kwargs` it takes
