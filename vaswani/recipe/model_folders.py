@@ -100,9 +100,9 @@ def load_model(model_path, model_class=AutoModelForSeq2SeqLM, **kwargs):
 def check_hub_model(name):
     """Return when `name`, which is no local folder, can be a model on the Hub: one in the local cache, or one the
     Hub holds. Otherwise raise `FileNotFoundError` naming both places at once: a name that can only be a path (no
-    valid repo id: "./x", "/data", "~/x", "a/b/c"), a name not in the cache while offline (`HF_HUB_OFFLINE=1`), a repository the Hub does not have,
-    or a Hub that cannot be reached (one request, no retries: transformers' loading retries for about a minute).
-    A gated repository is left to `from_pretrained`, which says how to ask for access."""
+    valid repo id: "./x", "/data", "~/x", "a/b/c"), a name not in the cache while offline (`HF_HUB_OFFLINE=1`), a
+    repository the Hub does not have, or a Hub that cannot be reached (one request, no retries: transformers' loading
+    retries for about a minute). A gated repository is left to `from_pretrained`, which says how to ask for access."""
     if not is_repo_id(name):
         raise FileNotFoundError(
             f"No model folder at {name}: no such path (and {name!r} is not a Hub model id 'namespace/name')"
