@@ -240,11 +240,9 @@ def translate_n_best(
             else:  # an export (`vaswani.interop.engines`): (ids, score) rows per source
                 rows = model.generate(sources, with_scores=with_scores, **settings)
             for j, hypotheses in zip(batch, rows, strict=True):
-                texts = target_tokenizer.batch_decode(
-                    [ids for ids, _ in hypotheses], skip_special_tokens=True
-                )
                 results[todo[j]] = [
-                    Hypothesis(t, float(s)) for t, (_, s) in zip(texts, hypotheses, strict=True)
+                    Hypothesis(target_tokenizer.decode(ids, skip_special_tokens=True), float(score))
+                    for ids, score in hypotheses
                 ]
             progress.update(len(batch))
     return results
