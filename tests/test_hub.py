@@ -25,8 +25,9 @@ from vaswani.commands import push_to_hub as push_command
 from vaswani.common.errors import PublishError
 from vaswani.generation_vaswani import EXTRA_OUTPUT_TOKENS, paper_decoding
 from vaswani.pipeline_vaswani import VaswaniTranslationPipeline
-from vaswani.publishing.hub import AUTO_CLASSES, check_folder, publish
+from vaswani.publishing.hub import check_folder, publish
 from vaswani.publishing.model_card import EvalResults, TrainingSummary, render_card, validate_card
+from vaswani.utils_vaswani import AUTO_MAP
 
 REPO_ID = "someone/vaswani-de-en"
 PUBLISHED_FILES = {
@@ -226,7 +227,7 @@ def hub(monkeypatch) -> HubRecorder:
 def test_dry_run_writes_exactly_the_published_files(published, trained_dir):
     assert files_in(published) == PUBLISHED_FILES  # no training_args.bin, no pickles
     config = json.loads((published / "config.json").read_text())
-    assert config["auto_map"] == AUTO_CLASSES
+    assert config["auto_map"] == AUTO_MAP
     assert config["custom_pipelines"]["translation"] == {
         "impl": "pipeline_vaswani.VaswaniTranslationPipeline",
         "pt": ["AutoModelForSeq2SeqLM"],

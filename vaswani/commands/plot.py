@@ -6,8 +6,6 @@ checkpoint's) and plots training/eval loss, eval BLEU and learning rate against 
 --target_text the model's own translation of --source_text is used.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
@@ -70,8 +68,10 @@ def main(argv):
         return None
     if not argv or argv[0] not in COMMANDS:
         raise UsageError(f"the first argument must be one of {', '.join(COMMANDS)} (vaswani-plot --help)")
-    name, rest = argv[0], argv[1:]
-    (args,) = parse_args(COMMANDS[name], rest, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED[name])
+    name = argv[0]
+    (args,) = parse_args(
+        COMMANDS[name], argv[1:], description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED[name]
+    )
     setup_logging()
     from ..recipe.plotting import (  # torch and matplotlib: only when the tool runs
         attention_maps,

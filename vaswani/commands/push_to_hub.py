@@ -5,8 +5,6 @@ The token comes from --hub_token, else `HF_TOKEN`, else `hf auth login`. All the
 card template ships with the package (`vaswani/publishing/hub_card.md`).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
@@ -79,18 +77,10 @@ class PushArguments:
 def main(argv):
     (args,) = parse_args(PushArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
-    from ..modeling_vaswani import VaswaniForConditionalGeneration
-    from ..publishing.hub import check_model_dir, publish  # torch and transformers: only when the tool runs
-    from ..recipe.model_folders import load_model
-    from ..recipe.tokenization import load_model_tokenizers
+    from ..publishing.hub import publish  # torch and transformers: only when the tool runs
 
-    check_model_dir(args.model_name_or_path, args.tokenizer_name)  # a missing or corrupt file, named
-    load_model_tokenizers(args.model_name_or_path, args.tokenizer_name)  # another run's tokenizer is refused
     published = publish(
         args.model_name_or_path,
-        model=load_model(
-            args.model_name_or_path, VaswaniForConditionalGeneration
-        ),  # mismatched weights: refused
         repo_id=args.hub_model_id,
         output_dir=args.output_dir,
         dry_run=args.dry_run,

@@ -7,8 +7,6 @@ not at all. With --references, BLEU and chrF (sacreBLEU) go to standard error, n
 --moses_lang too, the paper's tokenized BLEU with compounds split (WMT 2014) beside them, each line labelled.
 """
 
-from __future__ import annotations
-
 import functools
 import logging
 import sys
@@ -125,6 +123,7 @@ class TranslationArguments:
     threads: int = HfArg(default=0, help="CPU threads of an exported engine (0: its default).")
 
     def __post_init__(self):
+        from ..recipe.arguments import check_languages
         from ..recipe.translation import check_decoding
 
         with flag_errors("num_beams"):
@@ -132,7 +131,13 @@ class TranslationArguments:
         if self.length_penalty is not None:
             with flag_errors("length_penalty"):
                 check_decoding(self.num_beams, self.length_penalty)
-        self._check_languages()
+        check_languages(self.source_lang, self.target_lang)
+        suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2]  # "de" of test.de.gz
+        if self.source_lang and self.target_lang and suffix == self.target_lang:
+            raise UsageError(
+                f"--input {self.input} is named as {self.target_lang} text, the target language "
+                f"(--target_lang {self.target_lang}): give a file of --source_lang {self.source_lang} text"
+            )
         require_positive(self, "batch_size", "max_tokens", "max_new_tokens", "max_source_length")
         if self.n_best is not None and not 1 <= self.n_best <= self.num_beams:
             raise UsageError(
@@ -157,17 +162,6 @@ class TranslationArguments:
             )
         if self.threads < 0:
             raise UsageError(f"--threads must be 0 or more, got {self.threads}")
-
-    def _check_languages(self) -> None:
-        from ..recipe.arguments import check_languages
-
-        check_languages(self.source_lang, self.target_lang)
-        suffix = Path(self.input).name.removesuffix(".gz").rpartition(".")[2] if self.input != "-" else ""
-        if self.source_lang and self.target_lang and suffix == self.target_lang:
-            raise UsageError(
-                f"--input {self.input} is named as {self.target_lang} text, the target language "
-                f"(--target_lang {self.target_lang}): give a file of --source_lang {self.source_lang} text"
-            )
 
 
 @dataclass
@@ -224,6 +218,7 @@ def main(argv):
                 "No lowercased Moses-tokenized BLEU for --target_lang %s: %s", args.target_lang, error
             )
     model, source_tokenizer, target_tokenizer = _load(args)
+    with_scores = args.n_best is not None  # n-best lines: index<TAB>score<TAB>translation
     decode = functools.partial(
         translation.translate_n_best,
         model=model,
@@ -237,10 +232,15 @@ def main(argv):
         length_penalty_form=args.length_penalty_form,
         max_new_tokens=args.max_new_tokens,
         max_source_length=args.max_source_length,
-        with_scores=args.n_best is not None,
+        with_scores=with_scores,
     )
     if args.interactive:
-        return _interactive(decode, args.n_best is not None)
+        # fairseq-interactive: each line is written (flushed) before the next is read, a conversation through pipes
+        if sys.stdin.isatty():
+            print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
+        for index, line in enumerate(translation.stdin_lines()):
+            _write(decode([line], show_progress=False), "-", with_scores, first_index=index)
+        return None
     if args.input == "-" and sys.stdin.isatty():
         print(
             f"{current_prog()}: reading sentences from standard input, one a line; Ctrl-D ends them "
@@ -248,13 +248,13 @@ def main(argv):
             file=sys.stderr,
         )
     results = decode(translation.read_sentences(args.input), show_progress=args.progress)
-    translations = _write(results, args.output, args.n_best is not None)
+    translations = _write(results, args.output, with_scores)
     if scoring.references:
         _score(translations, scoring, args, model, target_tokenizer)
     return translations
 
 
-def _load(args: TranslationArguments):
+def _load(args):
     """`(model, source_tokenizer, target_tokenizer)`: the PyTorch model, or an exported one that decodes the same
     way by CTranslate2 or ONNX Runtime (`vaswani.interop.engines`)."""
     if args.engine != "pytorch":
@@ -264,18 +264,17 @@ def _load(args: TranslationArguments):
         return load_exported(args.model_name_or_path, args.engine, threads=args.threads, **options)
     from ..recipe.translation import load_translation_model
 
-    model_kwargs = {"attn_implementation": args.attn_implementation} if args.attn_implementation else {}
     return load_translation_model(
         args.model_name_or_path,
         args.tokenizer_name,
         device=args.device,
         bf16=args.bf16,
         int8=args.quantization == "int8",
-        **model_kwargs,
+        attn_implementation=args.attn_implementation,
     )
 
 
-def _check_files(args: TranslationArguments, scoring: ScoringArguments) -> None:
+def _check_files(args, scoring):
     """What is read and written, checked before the model loads: a typo costs no minute of loading, and a missing
     reference file is not found after the whole translation."""
     check_input_file(args.input, "input")
@@ -287,63 +286,56 @@ def _check_files(args: TranslationArguments, scoring: ScoringArguments) -> None:
             raise UsageError(f"--{flag} {path} is a folder: give a file")
 
 
-def _interactive(decode, with_scores: bool) -> None:
-    """fairseq-interactive: each line of standard input is translated and written (and flushed) before the next
-    one is read, so that another program can hold a conversation with this one through pipes."""
-    from ..recipe.translation import stdin_lines
-
-    if sys.stdin.isatty():
-        print("Type a sentence and press return (Ctrl-D ends):", file=sys.stderr)
-    for index, line in enumerate(stdin_lines()):
-        _write(decode([line], show_progress=False), "-", with_scores, first_index=index)
-
-
-def _write(results, output: str, with_scores: bool, first_index: int = 0) -> list[str]:
+def _write(results, output, with_scores, first_index=0):
     """Write the best translation of each source, or with `with_scores` its n-best list (lines numbered from
     `first_index`), to `output`; returns the best translations."""
-    from ..recipe.translation import format_n_best, write_lines, write_sentences
+    from ..recipe.translation import write_sentences
 
     translations = [hypotheses[0].text for hypotheses in results]
-    if with_scores:
-        lines = (line for i, h in enumerate(results, first_index) for line in format_n_best(i, h))
-        write_lines(lines, output)
-    else:
-        write_sentences(translations, output)
+    # an n-best line: index<TAB>score<TAB>translation, best first
+    n_best = [
+        f"{i}\t{h.score:.4f}\t{h.text}"
+        for i, hypotheses in enumerate(results, first_index)
+        for h in hypotheses
+    ]
+    write_sentences(n_best if with_scores else translations, output)
     return translations
 
 
-def _score(
-    translations, scoring: ScoringArguments, args: TranslationArguments, model, target_tokenizer
-) -> None:
+def _score(translations, scoring, args, model, target_tokenizer):
     # A model whose tokenizer lowercases writes lowercase only: its raw-text scores are case-insensitive
     # (signature case:lc), never a case-sensitive score it cannot earn.
     from ..recipe.tokenization import lowercases
     from ..recipe.translation import length_penalty_form_of, length_penalty_of, score_translations
 
-    lowercase = lowercases(target_tokenizer)
     scores = score_translations(
-        translations, scoring.references, moses_lang=scoring.moses_lang, lowercase=lowercase
+        translations,
+        scoring.references,
+        moses_lang=scoring.moses_lang,
+        lowercase=lowercases(target_tokenizer),
     )
     for line in score_lines(scores, scoring.moses_lang):
         print(line, file=sys.stderr)
     if scoring.results_json:
-        record = {
-            **scores,
-            "dataset": scoring.dataset_name,
-            "split": scoring.split,
-            "num_beams": args.num_beams,
-            # what ran: the flags, else the model's generation config (an export keeps it); CTranslate2 has only
-            # |Y| ** alpha
-            "length_penalty": length_penalty_of(model, args.length_penalty),
-            "length_penalty_form": "power"
-            if args.engine == "ctranslate2"
-            else length_penalty_form_of(model, args.length_penalty_form),
-            "engine": args.engine,
-            "model": args.model_name_or_path,
-            "input": args.input,
-            "references": scoring.references,
-        }
-        write_json(scoring.results_json, record)
+        write_json(
+            scoring.results_json,
+            {
+                **scores,
+                "dataset": scoring.dataset_name,
+                "split": scoring.split,
+                "num_beams": args.num_beams,
+                # what ran: the flags, else the model's generation config (an export keeps it); CTranslate2 has only
+                # |Y| ** alpha
+                "length_penalty": length_penalty_of(model, args.length_penalty),
+                "length_penalty_form": "power"
+                if args.engine == "ctranslate2"
+                else length_penalty_form_of(model, args.length_penalty_form),
+                "engine": args.engine,
+                "model": args.model_name_or_path,
+                "input": args.input,
+                "references": scoring.references,
+            },
+        )
 
 
 if __name__ == "__main__":

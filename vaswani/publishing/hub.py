@@ -18,10 +18,7 @@ a model folder without weights or tokenizer) raises before the first call to the
 The card and the two JSON files it reports (evaluation results, training summary) are `vaswani.publishing.model_card`'s.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 import re
 import tempfile
 from dataclasses import dataclass
@@ -29,12 +26,14 @@ from pathlib import Path
 
 from huggingface_hub import CommitInfo, HfApi, get_token
 from huggingface_hub.utils import validate_repo_id
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from ..common.errors import PublishError
 from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
+from ..recipe.model_folders import load_model
+from ..recipe.tokenization import load_model_tokenizers
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -49,13 +48,12 @@ WEIGHT_FILES = (
 )
 # Deleted from the repo in the same commit, so that a re-published repo holds no stale pickled weights.
 PICKLE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt"]
-AUTO_CLASSES = AUTO_MAP
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Checks on the inputs, all before anything is built or uploaded
 # --------------------------------------------------------------------------------------------------------------------
-def check_repo_id(repo_id: str) -> None:
+def check_repo_id(repo_id):
     """Raise `PublishError` unless `repo_id` is a valid model repo id ("name" or "namespace/name")."""
     try:
         validate_repo_id(repo_id)
@@ -63,21 +61,10 @@ def check_repo_id(repo_id: str) -> None:
         raise PublishError(f"Invalid repo id {repo_id!r}: {error}") from None
 
 
-def resolve_token(token: str | None = None) -> str:
-    """The token to upload with: `token`, else `HF_TOKEN` or the one saved by `hf auth login`."""
-    token = token or get_token()
-    if not token:
-        raise PublishError(
-            "No Hugging Face token: pass `token` (`--token`), set the HF_TOKEN environment variable, "
-            "or log in with `hf auth login`."
-        )
-    return token
-
-
-def check_model_dir(model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike | None = None) -> None:
+def check_model_dir(model_dir, tokenizer_dir=None):
     """Raise `PublishError` unless `model_dir` holds a config and weights and `tokenizer_dir` a fast tokenizer."""
     model_dir = Path(model_dir)
-    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
+    tokenizer_dir = Path(tokenizer_dir or model_dir)
     if not model_dir.is_dir():
         raise PublishError(f"No model folder at {str(model_dir)!r}: no such folder.")
     if not (model_dir / "config.json").is_file():
@@ -103,35 +90,15 @@ def check_model_dir(model_dir: str | os.PathLike, tokenizer_dir: str | os.PathLi
         )
 
 
-def _check_tokenizer(tokenizer: PreTrainedTokenizerFast, model: VaswaniForConditionalGeneration) -> None:
-    config = model.config
-    for name in ("pad_token_id", "eos_token_id"):
-        if getattr(tokenizer, name) != getattr(config, name):
-            raise PublishError(
-                f"The tokenizer's {name} ({getattr(tokenizer, name)}) differs from the model's ({getattr(config, name)})."
-            )
-    if len(tokenizer) > config.vocab_size:
-        raise PublishError(f"The tokenizer has {len(tokenizer)} tokens, the model only {config.vocab_size}.")
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # The folder that is published
 # --------------------------------------------------------------------------------------------------------------------
-def build_folder(
-    model_dir: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    repo_id: str | None = None,
-    tokenizer_dir: str | os.PathLike | None = None,
-    results: EvalResults | None = None,
-    summary: TrainingSummary | None = None,
-    model: PreTrainedModel | None = None,
-    **card,
-) -> Path:
+def build_folder(model_dir, output_dir, repo_id=None, tokenizer_dir=None, results=None, summary=None, **card):
     """Write the folder to publish into `output_dir` (which must be new or empty) and check it; `model_dir` and
     `tokenizer_dir` were checked (`check_model_dir`).
 
-    `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`. `model`:
-    the folder's model loaded already (the push command loads it checked against its config), else loaded here.
+    `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`. The model
+    loads checked against its config (`model_folders.load_model`: weights it does not describe are refused).
     `card`: `render_card`'s `template_path`, `license`, `example_text` and `dataset_tags`.
     """
     output_dir = Path(output_dir)
@@ -142,12 +109,16 @@ def build_folder(
     if results is None:
         logger.warning("No evaluation results: the card will have no model-index.")
 
-    if model is None:
-        model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(
-        tokenizer_dir if tokenizer_dir is not None else model_dir
-    )
-    _check_tokenizer(tokenizer, model)
+    model = load_model(model_dir, VaswaniForConditionalGeneration)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir or model_dir)
+    config = model.config
+    for name in ("pad_token_id", "eos_token_id"):
+        if getattr(tokenizer, name) != getattr(config, name):
+            raise PublishError(
+                f"The tokenizer's {name} ({getattr(tokenizer, name)}) differs from the model's ({getattr(config, name)})."
+            )
+    if len(tokenizer) > config.vocab_size:
+        raise PublishError(f"The tokenizer has {len(tokenizer)} tokens, the model only {config.vocab_size}.")
     model.config.use_cache = True  # Trainer saves use_cache=False; decoding wants the cache
     # The folder's own decoding (vaswani-train --length_penalty may have chosen alpha on validation), the paper's for
     # what it does not say. setattr, not update(): a generation config saved before `length_penalty_form` existed
@@ -172,7 +143,7 @@ def build_folder(
     return output_dir
 
 
-def check_folder(folder: str | os.PathLike) -> None:
+def check_folder(folder):
     """Raise `PublishError` unless `folder` is exactly what is published: safetensors weights, no pickles, the code
     files, a config whose `auto_map` and `custom_pipelines` point at them, the tokenizer, and a valid card."""
     folder = Path(folder)
@@ -188,8 +159,8 @@ def check_folder(folder: str | os.PathLike) -> None:
     if extra := sorted(names - required - shards):
         raise PublishError(f"{str(folder)!r} holds files that should not be published: {extra}.")
     config = read_json(folder / "config.json")
-    if config.get("auto_map") != AUTO_CLASSES:
-        raise PublishError(f"config.json has auto_map {config.get('auto_map')}, expected {AUTO_CLASSES}.")
+    if config.get("auto_map") != AUTO_MAP:
+        raise PublishError(f"config.json has auto_map {config.get('auto_map')}, expected {AUTO_MAP}.")
     impl = config.get("custom_pipelines", {}).get("translation", {}).get("impl")
     if impl != CUSTOM_PIPELINES["translation"]["impl"]:
         raise PublishError(f"config.json does not register the translation pipeline (found {impl!r}).")
@@ -199,26 +170,12 @@ def check_folder(folder: str | os.PathLike) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 # Upload and the one-call entry point
 # --------------------------------------------------------------------------------------------------------------------
-def upload_folder(
-    folder: str | os.PathLike,
-    repo_id: str,
-    token: str | None = None,
-    private: bool | None = None,
-    revision: str | None = None,
-    commit_message: str | None = None,
-    create_pr: bool = False,
-) -> CommitInfo:
-    """Upload a checked folder to `repo_id` in one commit, creating the repo (and branch `revision`) if needed.
-
+def _upload(api, folder, repo_id, private, revision, commit_message, create_pr):
+    """Upload the checked `folder` to `repo_id` in one commit, creating the repo (and branch `revision`) if needed.
     `private` applies when the repo is created; an existing repo keeps its visibility. Pickled files already in the
-    repo are deleted in the same commit.
-    """
-    check_repo_id(repo_id)
-    token = resolve_token(token)
-    check_folder(folder)
-    api = HfApi(token=token)
+    repo are deleted in the same commit."""
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
-    if revision is not None and revision != "main":
+    if revision not in (None, "main"):
         api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
     return api.upload_folder(
         repo_id=repo_id,
@@ -240,21 +197,21 @@ class Published:
 
 
 def publish(
-    model_dir: str | os.PathLike,
-    repo_id: str | None = None,
-    output_dir: str | os.PathLike | None = None,
+    model_dir,
+    repo_id=None,
+    output_dir=None,
     *,
-    dry_run: bool = False,
-    tokenizer_dir: str | os.PathLike | None = None,
-    results: EvalResults | str | os.PathLike | None = None,
-    summary: TrainingSummary | str | os.PathLike | None = None,
-    private: bool | None = None,
-    revision: str | None = None,
-    token: str | None = None,
-    commit_message: str | None = None,
-    create_pr: bool = False,
+    dry_run=False,
+    tokenizer_dir=None,
+    results=None,
+    summary=None,
+    private=None,
+    revision=None,
+    token=None,
+    commit_message=None,
+    create_pr=False,
     **card,
-) -> Published:
+):
     """Build the publishable folder from a trained model folder and push it to `repo_id` in one commit.
 
     - `repo_id` only: build in a temporary folder, push.
@@ -262,29 +219,34 @@ def publish(
     - `output_dir` only, or `dry_run=True`: build in `output_dir`, push nothing.
 
     A `repo_id` without namespace goes to the token's user (one `whoami` call). `results` and `summary` are
-    `EvalResults` / `TrainingSummary` objects or paths of their JSON files. `card`: `build_folder`'s `model`
-    and `render_card`'s `template_path`, `license`, `example_text` and `dataset_tags`. Every check (repo id, token, input
-    folders, output folder) runs before the model is loaded, and the built folder is checked before it is uploaded.
+    `EvalResults` / `TrainingSummary` objects or paths of their JSON files. `card`: `render_card`'s `template_path`,
+    `license`, `example_text` and `dataset_tags`. Every check (repo id, token, input folders, output folder) runs
+    before the model is loaded, and the built folder is checked before it is uploaded.
     """
     push = repo_id is not None and not dry_run
     if repo_id is None and output_dir is None:
         raise PublishError("Nothing to do: give a `repo_id` to push to, or an `output_dir` for a dry run.")
     if dry_run and output_dir is None:
         raise PublishError("A dry run writes the folder to `output_dir`; give one.")
+    check_model_dir(model_dir, tokenizer_dir)
+    load_model_tokenizers(model_dir, tokenizer_dir)  # another run's tokenizer is refused
     if repo_id is not None:
         check_repo_id(repo_id)
     if push:
-        token = resolve_token(token)
+        token = token or get_token()  # else HF_TOKEN or the one saved by `hf auth login`
+        if not token:
+            raise PublishError(
+                "No Hugging Face token: pass `token` (`--token`), set the HF_TOKEN environment variable, "
+                "or log in with `hf auth login`."
+            )
+        api = HfApi(token=token)
         if "/" not in repo_id:  # the card's usage example needs the full id: the token's user namespace
-            repo_id = f"{HfApi(token=token).whoami()['name']}/{repo_id}"
-    check_model_dir(model_dir, tokenizer_dir)
+            repo_id = f"{api.whoami()['name']}/{repo_id}"
     if results is not None and not isinstance(results, EvalResults):
         results = EvalResults.from_json(results)
     if summary is not None and not isinstance(summary, TrainingSummary):
         summary = TrainingSummary.from_json(summary)
     with tempfile.TemporaryDirectory(prefix="vaswani-publish-") as tmp:
         folder = build_folder(model_dir, output_dir or tmp, repo_id, tokenizer_dir, results, summary, **card)
-        commit = None
-        if push:
-            commit = upload_folder(folder, repo_id, token, private, revision, commit_message, create_pr)
+        commit = _upload(api, folder, repo_id, private, revision, commit_message, create_pr) if push else None
         return Published(folder=folder if output_dir is not None else None, commit=commit)

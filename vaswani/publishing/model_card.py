@@ -19,22 +19,17 @@ Two JSON files describe the run. Every key is optional unless noted; other keys 
   `"bf16 autocast"`), `label_smoothing` (ε_ls of the training loss), `train_runtime` (seconds).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import logging
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.utils import validate_repo_id
-from transformers import PreTrainedTokenizerBase
 
 from ..common.errors import PublishError
-from ..modeling_vaswani import VaswaniForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -53,42 +48,81 @@ _EXAMPLES = {
 # --------------------------------------------------------------------------------------------------------------------
 # What the run reports: evaluation results and training summary
 # --------------------------------------------------------------------------------------------------------------------
-def _from_json(cls, path: str | os.PathLike, what: str):
-    """`cls` from a JSON file of the run: keys with a `Trainer` prefix (`test_`, ...) read as theirs, other keys
-    ignored (logged); `PublishError` names the file that is missing, not a JSON object, or lacks or breaks a field."""
-    where = f"The {what} file {str(path)!r}"
-    if not Path(path).is_file():
-        raise PublishError(f"No {what} file at {str(path)!r}.")
-    try:
-        values = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise PublishError(f"{where} is not valid JSON: {error}") from None
-    if not isinstance(values, dict):
-        raise PublishError(f"{where} must hold a JSON object.")
-    known = {field.name for field in dataclasses.fields(cls)}
-    kwargs, unknown = {}, []
-    for key, value in values.items():
-        name = next((key[len(p) :] for p in _METRIC_PREFIXES if key.startswith(p) and key[len(p) :] in known), key)
-        if name in known:
-            kwargs[name] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
-    try:
-        return cls(**kwargs)
-    except TypeError as error:  # a required field is missing
-        raise PublishError(f"{where} lacks a required key: {error}") from None
-    except ValueError as error:  # a value the card cannot state
-        raise PublishError(f"{where}: {error}") from None
-
-
-def _is_number(value) -> bool:
+def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+_SCORE = (lambda value: _is_number(value) and 0 <= value <= 100, "a score between 0 and 100")
+_STRING = (lambda value: isinstance(value, str), "a string")
+_WHOLE = (
+    lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+    "a whole number",
+)
+_NON_NEGATIVE = (lambda value: _is_number(value) and value >= 0, "a non-negative number")
+_LANGUAGE = (lambda value: value and isinstance(value, str), "a language code")
+# What each field of the run's records must hold: (test, what the error says it must be).
+_RULES = {
+    **dict.fromkeys(("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"), _SCORE),
+    **dict.fromkeys(("bleu_signature", "chrf_signature", "dataset", "dataset_name", "split"), _STRING),
+    "length_penalty_form": _STRING,
+    "num_beams": (lambda value: isinstance(value, int) and value >= 1, "a positive integer"),
+    "length_penalty": (_is_number, "a number"),
+    "source_lang": _LANGUAGE,
+    "target_lang": _LANGUAGE,
+    **dict.fromkeys(("steps", "batch_tokens", "warmup_steps"), _WHOLE),
+    **dict.fromkeys(("peak_learning_rate", "label_smoothing", "train_runtime"), _NON_NEGATIVE),
+}
+
+
+class _RunRecord:
+    """A JSON file of the run read as a dataclass: each field checked by its rule in `_RULES` (None passes for a
+    field with a default), `ValueError` naming the first that fails."""
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name in _RULES and (value is not None or field.default is dataclasses.MISSING):
+                test, what = _RULES[field.name]
+                if not test(value):
+                    raise ValueError(f"{field.name!r} must be {what}, got {value!r}")
+
+    @classmethod
+    def from_json(cls, path):
+        """The record in a JSON file of the run: keys with a `Trainer` prefix (`test_`, ...) read as theirs, other
+        keys ignored (logged); `PublishError` names the file that is missing, not a JSON object, or lacks or breaks
+        a field."""
+        what, where = cls.what, f"The {cls.what} file {str(path)!r}"
+        if not Path(path).is_file():
+            raise PublishError(f"No {what} file at {str(path)!r}.")
+        try:
+            values = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise PublishError(f"{where} is not valid JSON: {error}") from None
+        if not isinstance(values, dict):
+            raise PublishError(f"{where} must hold a JSON object.")
+        known = {field.name for field in dataclasses.fields(cls)}
+        kwargs, unknown = {}, []
+        for key, value in values.items():
+            # "bleu", or "test_bleu" read as "bleu"
+            name = next(
+                (name for prefix in _METRIC_PREFIXES if (name := key.removeprefix(prefix)) in known), None
+            )
+            if name:
+                kwargs[name] = value
+            else:
+                unknown.append(key)
+        if unknown:
+            logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
+        try:
+            return cls(**kwargs)
+        except TypeError as error:  # a required field is missing
+            raise PublishError(f"{where} lacks a required key: {error}") from None
+        except ValueError as error:  # a value the card cannot state
+            raise PublishError(f"{where}: {error}") from None
+
+
 @dataclass
-class EvalResults:
+class EvalResults(_RunRecord):
     """Scores of the published model on a test set, as computed by sacreBLEU (corpus level, 0-100)."""
 
     bleu: float
@@ -107,33 +141,11 @@ class EvalResults:
     length_penalty: float | None = None
     length_penalty_form: str | None = None
 
-    def __post_init__(self):
-        for name in ("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"):
-            value = getattr(self, name)
-            if (value is not None or name == "bleu") and not (_is_number(value) and 0 <= value <= 100):
-                raise ValueError(f"{name!r} must be a score between 0 and 100, got {value!r}")
-        if self.num_beams is not None and (not isinstance(self.num_beams, int) or self.num_beams < 1):
-            raise ValueError(f"'num_beams' must be a positive integer, got {self.num_beams!r}")
-        if self.length_penalty is not None and not _is_number(self.length_penalty):
-            raise ValueError(f"'length_penalty' must be a number, got {self.length_penalty!r}")
-        for name in (
-            "bleu_signature",
-            "chrf_signature",
-            "dataset",
-            "dataset_name",
-            "split",
-            "length_penalty_form",
-        ):
-            if not isinstance(getattr(self, name), (str, type(None))):
-                raise ValueError(f"{name!r} must be a string, got {getattr(self, name)!r}")
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> EvalResults:
-        return _from_json(cls, path, "evaluation results")
+    what = "evaluation results"
 
 
 @dataclass
-class TrainingSummary:
+class TrainingSummary(_RunRecord):
     """How the published model was trained: what the card reports as the training recipe."""
 
     source_lang: str
@@ -150,25 +162,10 @@ class TrainingSummary:
     label_smoothing: float | None = None
     train_runtime: float | None = None
 
-    def __post_init__(self):
-        for name in ("source_lang", "target_lang"):
-            if not (getattr(self, name) and isinstance(getattr(self, name), str)):
-                raise ValueError(f"{name!r} must be a language code, got {getattr(self, name)!r}")
-        for name in ("steps", "batch_tokens", "warmup_steps"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ValueError(f"{name!r} must be a whole number, got {value!r}")
-        for name in ("peak_learning_rate", "label_smoothing", "train_runtime"):
-            value = getattr(self, name)
-            if value is not None and (not _is_number(value) or value < 0):
-                raise ValueError(f"{name!r} must be a non-negative number, got {value!r}")
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> TrainingSummary:
-        return _from_json(cls, path, "training summary")
+    what = "training summary"
 
     @property
-    def train_time(self) -> str | None:
+    def train_time(self):
         """`train_runtime` for people: "3 h 05 min", "12 min", "40 s"."""
         if self.train_runtime is None:
             return None
@@ -182,10 +179,9 @@ class TrainingSummary:
 # --------------------------------------------------------------------------------------------------------------------
 # The model card
 # --------------------------------------------------------------------------------------------------------------------
-def _is_hub_dataset(name: str) -> bool:
-    """Whether `name` reads as a Hub dataset id ("wmt14", "bentrevett/multi30k") rather than a local path."""
-    if Path(name).is_absolute() or name.startswith(".") or Path(name).exists():
-        return False
+def is_repo_id(name):
+    """Whether `name` is a valid Hub repo id ("name" or "namespace/name"); one that is not ("/data", "./x", "~/x",
+    "a/b/c", "x/") can only be a local path."""
     try:
         validate_repo_id(name)
     except ValueError:
@@ -193,7 +189,12 @@ def _is_hub_dataset(name: str) -> bool:
     return True
 
 
-def _dataset_id(named: str | None, dataset_tags: list[str] | None) -> str | None:
+def _is_hub_dataset(name):
+    """Whether `name` reads as a Hub dataset id ("wmt14", "bentrevett/multi30k") rather than a local path."""
+    return is_repo_id(name) and not Path(name).exists()
+
+
+def _dataset_id(named, dataset_tags):
     """How the card names a dataset (the model-index `dataset.type`, the training data): its Hub id; for a local
     copy, the first of `dataset_tags` (the Hub ids of the data), else the folder or file name."""
     if named and _is_hub_dataset(named):
@@ -209,19 +210,13 @@ def _dataset_id(named: str | None, dataset_tags: list[str] | None) -> str | None
 UNSET_LICENSE = "other"
 
 
-def card_metadata(
-    model_name: str,
-    results: EvalResults | None,
-    summary: TrainingSummary | None,
-    license: str | None = None,
-    dataset_tags: list[str] | None = None,
-) -> ModelCardData:
+def card_metadata(model_name, results, summary, license=None, dataset_tags=None):
     """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`.
     `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
     id the card could name)."""
     eval_results = None
     if results is not None:
-        dataset_type = _dataset_id(results.dataset or (summary.dataset if summary else None) or "custom", dataset_tags)
+        dataset_type = _dataset_id(results.dataset or (summary and summary.dataset) or "custom", dataset_tags)
         common = dict(
             task_type="translation",
             task_name="Translation",
@@ -248,16 +243,16 @@ def card_metadata(
             if getattr(results, key) is not None
         ]
     named = {
-        summary.dataset if summary else None,
-        results.dataset if results else None,
+        summary and summary.dataset,
+        results and results.dataset,
         *(dataset_tags or []),
     }
-    datasets = [d for d in named if d and _is_hub_dataset(d)]
+    datasets = sorted(d for d in named if d and _is_hub_dataset(d))
     return ModelCardData(
         model_name=model_name,
         language=[summary.source_lang, summary.target_lang] if summary else None,
         license=license or UNSET_LICENSE,
-        datasets=sorted(datasets) or None,
+        datasets=datasets or None,
         metrics=["bleu", "chrf"],
         tags=list(TAGS),
         library_name="transformers",
@@ -266,31 +261,30 @@ def card_metadata(
     )
 
 
-def lowercases(tokenizer: PreTrainedTokenizerBase) -> bool:
+def lowercases(tokenizer):
     """Whether the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`)."""
     normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
     return normalizer is not None and normalizer.normalize_str("A").strip() == "a"
 
 
 def render_card(
-    model: VaswaniForConditionalGeneration,
-    repo_id: str,
-    results: EvalResults | None = None,
-    summary: TrainingSummary | None = None,
-    template_path: str | os.PathLike | None = None,
-    license: str | None = None,
-    example_text: str | None = None,
-    lowercase: bool = False,
-    dataset_tags: list[str] | None = None,
-) -> ModelCard:
+    model,
+    repo_id,
+    results=None,
+    summary=None,
+    template_path=None,
+    license=None,
+    example_text=None,
+    lowercase=False,
+    dataset_tags=None,
+):
     """Render the model card from the Jinja template `hub_card.md` (or `template_path`) and check it. `lowercase`:
     the tokenizer lowercases what it encodes (`train_bpe_tokenizer(lowercase=True)`), which the card states."""
-    template_path = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
+    template_path = Path(template_path or DEFAULT_TEMPLATE)
     if not template_path.is_file():
         raise PublishError(f"No model card template at {str(template_path)!r}.")
     model_name = repo_id.rstrip("/").split("/")[-1]
     data = card_metadata(model_name, results, summary, license=license, dataset_tags=dataset_tags)
-    config = model.config
     if example_text is None:
         example_text = _EXAMPLES.get(summary.source_lang if summary else "", "Hello world!")
     card = ModelCard.from_template(
@@ -301,13 +295,13 @@ def render_card(
         repo_literal=json.dumps(repo_id, ensure_ascii=False),
         example_literal=json.dumps(example_text, ensure_ascii=False),
         model_name=model_name,
-        config=config,
+        config=model.config,
         num_parameters=f"{model.num_parameters():,}",
         num_parameters_millions=f"{model.num_parameters() / 1e6:.1f}M",
         generation=model.generation_config,
         results=results,
         summary=summary,
-        training_data=_dataset_id(summary.dataset if summary else None, dataset_tags),
+        training_data=_dataset_id(summary and summary.dataset, dataset_tags),
         license_chosen=bool(license),
         test_data=data.eval_results[0].dataset_name if data.eval_results else None,
         example_text=example_text,
@@ -317,7 +311,7 @@ def render_card(
     return card
 
 
-def validate_card(text: str) -> ModelCard:
+def validate_card(text):
     """Check a card offline (`ModelCard.validate` asks the Hub): its YAML parses into valid `ModelCardData`, the
     `model-index` into `EvalResult`s, and it names the library, task and license; every placeholder was filled."""
     card = ModelCard(text)  # raises on a malformed model-index

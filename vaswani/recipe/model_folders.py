@@ -3,10 +3,7 @@ when it is neither (`check_model_path`); loaded only when its weights are the on
 (`load_model`, which every tool that loads a model calls); and the languages a folder records of itself, against which
 `--source_lang`/`--target_lang` are checked (`model_languages`, `check_model_languages`)."""
 
-from __future__ import annotations
-
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,32 +16,18 @@ from huggingface_hub.errors import (
     StrictDataclassError,
 )
 from huggingface_hub.repocard import metadata_load
-from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
-from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers import AutoModelForSeq2SeqLM
 
 from .. import register
 from ..common.errors import UsageError
 from ..common.fileio import read_json
+from ..publishing.model_card import is_repo_id
 
 logger = logging.getLogger(__name__)
 
 
-def _looks_local(name: str) -> bool:
-    """Whether a model name can only be a local path: it starts with "/", "./", "../" or "~", holds more than one
-    separator, ends with one, or is no valid Hub repo id ("name" or "namespace/name")."""
-    if Path(name).is_absolute() or name.startswith((".", "~")) or name.endswith(("/", os.sep)):
-        return True
-    if name.count("/") > 1 or (os.sep != "/" and os.sep in name):
-        return True
-    try:
-        validate_repo_id(name)
-    except ValueError:
-        return True
-    return False
-
-
-def check_model_path(model_path: str | os.PathLike) -> None:
+def check_model_path(model_path):
     """Raise, naming the path, when `model_path` is not a usable model folder: a file, a folder without `config.json`,
     a `config.json` or `generation_config.json` that is not valid JSON, safetensors weights that are cut short or
     corrupt; or a name that is neither a local folder nor a model on the Hub (`check_hub_model`)."""
@@ -63,7 +46,7 @@ def check_model_path(model_path: str | os.PathLike) -> None:
     check_hub_model(str(model_path))
 
 
-def check_safetensors(path: str | os.PathLike) -> None:
+def check_safetensors(path):
     """Raise `ValueError` naming `path` unless it is a complete safetensors file (its header parses and every
     tensor it lists lies inside the file); no tensor data is read."""
     try:
@@ -74,12 +57,12 @@ def check_safetensors(path: str | os.PathLike) -> None:
         raise ValueError(f"{path} is corrupt or truncated: {' '.join(str(error).split())}") from None
 
 
-def _first(names, few: int = 3) -> str:
+def _first(names, few=3):
     names = sorted(names)
     return ", ".join(names[:few]) + (f" and {len(names) - few} more" if len(names) > few else "")
 
 
-def load_model(model_path: str | os.PathLike, model_class=AutoModelForSeq2SeqLM, **kwargs) -> PreTrainedModel:
+def load_model(model_path, model_class=AutoModelForSeq2SeqLM, **kwargs):
     """`model_class.from_pretrained(model_path, **kwargs)` after `check_model_path`, refusing with a `ValueError` a
     folder whose weights are not those its config describes (weights transformers would invent, throw away or
     reshape: a mistyped config key falls back to the default), naming the first few; config keys the model does not
@@ -114,13 +97,13 @@ def load_model(model_path: str | os.PathLike, model_class=AutoModelForSeq2SeqLM,
     return model
 
 
-def check_hub_model(name: str) -> None:
+def check_hub_model(name):
     """Return when `name`, which is no local folder, can be a model on the Hub: one in the local cache, or one the
-    Hub holds. Otherwise raise `FileNotFoundError` naming both places at once: a name that can only be a path (see
-    `_looks_local`), a name not in the cache while offline (`HF_HUB_OFFLINE=1`), a repository the Hub does not have,
-    or a Hub that cannot be reached (one request, no retries: transformers' loading retries for about a minute).
-    A gated repository is left to `from_pretrained`, which says how to ask for access."""
-    if _looks_local(name):
+    Hub holds. Otherwise raise `FileNotFoundError` naming both places at once: a name that can only be a path (no
+    valid repo id: "./x", "/data", "~/x", "a/b/c"), a name not in the cache while offline (`HF_HUB_OFFLINE=1`), a
+    repository the Hub does not have, or a Hub that cannot be reached (one request, no retries: transformers' loading
+    retries for about a minute). A gated repository is left to `from_pretrained`, which says how to ask for access."""
+    if not is_repo_id(name):
         raise FileNotFoundError(
             f"No model folder at {name}: no such path (and {name!r} is not a Hub model id 'namespace/name')"
         )
@@ -157,7 +140,7 @@ class ModelLanguages:
     source: str | None = None
     target: str | None = None
 
-    def describe(self) -> str:
+    def describe(self):
         if self.source and self.target:
             return f"translates {self.source} into {self.target} (as {self.recorded_in} records)"
         return f"knows {', '.join(self.known)} (as {self.recorded_in} records)"
@@ -176,16 +159,14 @@ _RECORDING_FILES = (
 )
 
 
-def _direction(record: dict) -> tuple[str, str] | None:
-    if isinstance(record.get("languages"), dict):  # vaswani_export.json
-        record = record["languages"]
+def _direction(record):
     pairs = [(record.get(source_key), record.get(target_key)) for source_key, target_key in _DIRECTION_KEYS]
     if isinstance(record.get("langs"), list) and len(record["langs"]) == 2:
         pairs.append(tuple(record["langs"]))
     return next((pair for pair in pairs if all(isinstance(code, str) and code for code in pair)), None)
 
 
-def model_languages(model_path: str | os.PathLike) -> ModelLanguages | None:
+def model_languages(model_path):
     """The languages a local model folder (or an export) records, or None when it records none. Read, in order: an
     export's `vaswani_export.json`, `config.json`, `generation_config.json`, the tokenizer's config (Marian, FSMT,
     NLLB-style keys), `training_summary.json` of the folder or, for a run's `averaged/` or `checkpoint-<step>/`
@@ -201,12 +182,14 @@ def model_languages(model_path: str | os.PathLike) -> ModelLanguages | None:
         if not path.is_file():
             continue
         record = read_json(path)
+        if path.name == "vaswani_export.json":  # what the exported model recorded, under "languages"
+            record = record.get("languages") or {}
         direction = _direction(record) if isinstance(record, dict) else None
         if direction:
             return ModelLanguages(direction, path, *direction)
-        known = (record.get("languages") or {}).get("known") if path.name == "vaswani_export.json" else None
-        if known:  # an export of a model whose card named its languages without a direction
-            return ModelLanguages(tuple(known), path)
+        if path.name == "vaswani_export.json" and record.get("known"):
+            # an export of a model whose card named its languages without a direction
+            return ModelLanguages(tuple(record["known"]), path)
     card = folder / "README.md"
     if card.is_file():
         try:
@@ -216,28 +199,25 @@ def model_languages(model_path: str | os.PathLike) -> ModelLanguages | None:
         languages = metadata.get("language")
         languages = [languages] if isinstance(languages, str) else languages
         if isinstance(languages, list) and languages and all(isinstance(code, str) for code in languages):
-            tags = metadata.get("tags") or []
-            if len(languages) == 2 and "vaswani" in tags:  # this package's cards list [source, target]
-                return ModelLanguages(tuple(languages), card, *languages)
-            return ModelLanguages(tuple(languages), card)
+            # this package's cards list [source, target]
+            direction = languages if len(languages) == 2 and "vaswani" in (metadata.get("tags") or []) else ()
+            return ModelLanguages(tuple(languages), card, *direction)
     return None
 
 
-def _primary(code: str) -> str:
+def _primary(code):
     """A language code without case, region or script (`en-US` is `en`)."""
     return code.lower().replace("_", "-").split("-")[0]
 
 
-def _is_one_language(code: str) -> bool:
+def _is_one_language(code):
     """Whether a recorded code names one language (an ISO 639 code of 2 or 3 letters, with or without a region or
     script), not a group such as Marian's "ROMANCE" or ISO's "mul" (multiple) and "und" (undetermined)."""
     primary = _primary(code)
     return 2 <= len(primary) <= 3 and primary.isalpha() and primary not in ("mul", "und")
 
 
-def check_model_languages(
-    model_path: str | os.PathLike, source_lang: str | None, target_lang: str | None
-) -> ModelLanguages | None:
+def check_model_languages(model_path, source_lang, target_lang):
     """Raise `UsageError` naming the flag when `source_lang` or `target_lang` (None: not given) is not a language the
     folder `model_path` records (`model_languages`), saying which it knows. Returns what it records (None: nothing;
     then the flags are not checked, and a warning says so when a flag was given)."""

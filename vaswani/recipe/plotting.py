@@ -11,19 +11,15 @@ Attention weights come from `output_attentions=True`, which needs the eager atte
 with the Agg canvas, without pyplot, so nothing here changes the process's matplotlib backend.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..common.fileio import atomic_write
 from .averaging import find_checkpoints
@@ -39,18 +35,19 @@ CURVES = {
     "eval_bleu": "eval BLEU",
     "learning_rate": "learning rate",
 }
-# The kinds of attention, with the title of each one's figure.
+# The kinds of attention: the title of each one's figure, and the `AttentionMaps` labels of its rows (the queries)
+# and columns (the keys).
 ATTENTION_KINDS = {
-    "encoder": "Encoder self-attention",
-    "decoder": "Decoder self-attention (masked)",
-    "cross": "Encoder-decoder attention",
+    "encoder": ("Encoder self-attention", "source_tokens", "source_tokens"),
+    "decoder": ("Decoder self-attention (masked)", "target_tokens", "target_tokens"),
+    "cross": ("Encoder-decoder attention", "target_tokens", "source_tokens"),
 }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Learning curves
 # ----------------------------------------------------------------------------------------------------------------
-def find_trainer_state(path: str | os.PathLike) -> Path:
+def find_trainer_state(path):
     """The `trainer_state.json` for a file, a checkpoint folder or a run folder.
 
     A run folder's own `trainer_state.json` (written by `trainer.save_state()` at the end of training) is preferred;
@@ -59,31 +56,26 @@ def find_trainer_state(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_file():
         return path
-    if (path / TRAINER_STATE_FILE).is_file():
-        return path / TRAINER_STATE_FILE
-    if path.is_dir():
-        for checkpoint in reversed(find_checkpoints(path)):
-            if (checkpoint / TRAINER_STATE_FILE).is_file():
-                return checkpoint / TRAINER_STATE_FILE
     if not path.exists():
         raise FileNotFoundError(f"No run folder at {path} (no such path) to read {TRAINER_STATE_FILE} from")
+    for folder in [path, *reversed(find_checkpoints(path))]:
+        if (folder / TRAINER_STATE_FILE).is_file():
+            return folder / TRAINER_STATE_FILE
     raise FileNotFoundError(f"No {TRAINER_STATE_FILE} in {path} or in its checkpoint-<step> folders")
 
 
-def learning_curves(log_history: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
+def learning_curves(log_history):
     """`{key: (steps, values)}` for each key of `CURVES`, from the log entries that have the key and a step."""
-    curves: dict[str, tuple[list[int], list[float]]] = {key: ([], []) for key in CURVES}
+    curves = {key: ([], []) for key in CURVES}
     for entry in log_history:
-        if "step" not in entry:
-            continue
         for key, (steps, values) in curves.items():
-            if isinstance(entry.get(key), (int, float)):
+            if "step" in entry and isinstance(entry.get(key), (int, float)):
                 steps.append(entry["step"])
                 values.append(float(entry[key]))
     return curves
 
 
-def _save(figure: Figure, output_path: str | os.PathLike, dpi: int) -> Path:
+def _save(figure, output_path, dpi):
     output_path = Path(output_path)
     FigureCanvasAgg(figure)
     with atomic_write(output_path, "wb") as handle:  # a PNG is complete or absent
@@ -92,12 +84,7 @@ def _save(figure: Figure, output_path: str | os.PathLike, dpi: int) -> Path:
     return output_path
 
 
-def plot_learning_curves(
-    log_history_or_path: Sequence[dict] | str | os.PathLike,
-    output_path: str | os.PathLike,
-    title: str | None = None,
-    dpi: int = 120,
-) -> Path:
+def plot_learning_curves(log_history_or_path, output_path, title=None, dpi=120):
     """Plot loss (training and eval), eval BLEU and learning rate against the step into one PNG.
 
     `log_history_or_path`: a `log_history` list, or a run, checkpoint or `trainer_state.json` whose `log_history` is
@@ -113,13 +100,8 @@ def plot_learning_curves(
             raise ValueError(f"{state_file} is not a Trainer state with a log_history: {err}") from err
     curves = learning_curves(log_history)
     figure = Figure(figsize=(15, 4.2), layout="constrained")
-    loss_ax, bleu_ax, lr_ax = figure.subplots(1, 3)
-    panels = [
-        (loss_ax, ("loss", "eval_loss"), "loss"),
-        (bleu_ax, ("eval_bleu",), "BLEU"),
-        (lr_ax, ("learning_rate",), "learning rate"),
-    ]
-    for ax, keys, ylabel in panels:
+    panels = {"loss": ("loss", "eval_loss"), "BLEU": ("eval_bleu",), "learning rate": ("learning_rate",)}
+    for ax, (ylabel, keys) in zip(figure.subplots(1, 3), panels.items(), strict=True):
         drawn = [key for key in keys if curves[key][0]]
         for key in drawn:
             marker = "o" if key.startswith("eval_") else None
@@ -131,7 +113,7 @@ def plot_learning_curves(
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))  # the learning rate's
     if title:
         figure.suptitle(title)
     return _save(figure, output_path, dpi)
@@ -155,16 +137,12 @@ class AttentionMaps:
     cross: torch.Tensor  # (layers, heads, Tt, Ts)
 
 
-def load_attention_model(
-    model_path: str | os.PathLike,
-    tokenizer_path: str | os.PathLike | None = None,
-    device: str | torch.device | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerBase]:
+def load_attention_model(model_path, tokenizer_path=None, device=None):
     """`(model, source_tokenizer, target_tokenizer)` with the eager attention that returns attention weights."""
     return load_translation_model(model_path, tokenizer_path, device=device, attn_implementation="eager")
 
 
-def token_labels(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list[str]:
+def token_labels(tokenizer, ids):
     """A label per token: the text it adds to the decoded sentence, a space shown as "▁" so that word starts stay
     visible; special tokens as themselves. A token that ends inside a multi-byte character (byte-level BPE) is
     labelled "�", and the character goes to the token that completes it."""
@@ -185,20 +163,13 @@ def token_labels(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> list
 
 
 @torch.inference_mode()
-def attention_maps(
-    model: PreTrainedModel,
-    source_tokenizer: PreTrainedTokenizerBase,
-    source: str,
-    target: str | None = None,
-    target_tokenizer: PreTrainedTokenizerBase | None = None,
-) -> AttentionMaps:
+def attention_maps(model, source_tokenizer, source, target=None, target_tokenizer=None):
     """The attention weights of `model` on `source` and `target`, the target fed to the decoder (teacher forcing).
 
     Without `target`, the model's own translation of `source` (§6.1 decoding, `translation.translate`) is used.
     The model must use the eager attention (see `load_attention_model`).
     """
-    if model.config._attn_implementation != "eager":
-        model.set_attn_implementation("eager")
+    model.set_attn_implementation("eager")  # transformers' switch; nothing to do for a model that has it
     if model.config._attn_implementation != "eager":
         raise ValueError(
             f"Attention weights need the eager attention, but the model uses "
@@ -218,7 +189,6 @@ def attention_maps(
     decoder_input_ids = model.prepare_decoder_input_ids_from_labels(torch.tensor([labels]))  # <s> y_1 ... y_n
     outputs = model(
         input_ids=torch.tensor([source_ids], device=model.device),
-        attention_mask=torch.ones(1, len(source_ids), dtype=torch.long, device=model.device),
         decoder_input_ids=decoder_input_ids.to(model.device),
         output_attentions=True,
         use_cache=False,
@@ -237,41 +207,29 @@ def attention_maps(
     )
 
 
-def plot_attention_maps(
-    maps: AttentionMaps,
-    output_dir: str | os.PathLike,
-    prefix: str = "attention",
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
-    dpi: int = 100,
-) -> dict[str, Path]:
+def plot_attention_maps(maps, output_dir, prefix="attention", layers=None, heads=None, dpi=100):
     """Write `<prefix>_encoder.png`, `<prefix>_decoder.png` and `<prefix>_cross.png` to `output_dir`: for each kind
-    of attention, a grid of heatmaps, a row per layer and a column per head.
+    of attention, a grid of heatmaps, a row per layer and a column per head; returns their paths by kind.
 
     `layers` / `heads` (0-based) restrict the grid, e.g. for the big model's 6 x 16 heads. Colours share one
     scale from 0 to 1.
     """
-    source, target = maps.source_tokens, maps.target_tokens
-    labels = {"encoder": (source, source), "decoder": (target, target), "cross": (target, source)}
     layers = range(maps.encoder.shape[0]) if layers is None else layers
     heads = range(maps.encoder.shape[1]) if heads is None else heads
-    paths = {kind: Path(output_dir) / f"{prefix}_{kind}.png" for kind in ATTENTION_KINDS}
-    for kind, path in paths.items():
-        _plot_grid(getattr(maps, kind), *labels[kind], ATTENTION_KINDS[kind], path, layers, heads, dpi)
+    paths = {}
+    for kind, (title, rows, columns) in ATTENTION_KINDS.items():
+        rows, columns = getattr(maps, rows), getattr(maps, columns)
+        cell = min(max(2.5, 0.24 * max(len(rows), len(columns)) + 1.3), 9.0)  # inches: a label per token
+        figure = Figure(figsize=(cell * len(heads) + 1.0, cell * len(layers) + 0.6), layout="constrained")
+        axes = figure.subplots(len(layers), len(heads), squeeze=False)
+        for axes_row, layer in zip(axes, layers, strict=True):
+            for ax, head in zip(axes_row, heads, strict=True):
+                weights = getattr(maps, kind)[layer, head].numpy()  # (rows, columns)
+                image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+                ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+                ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
+                ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+        figure.suptitle(f"{title}: rows attend to columns")
+        paths[kind] = _save(figure, Path(output_dir) / f"{prefix}_{kind}.png", dpi)
     return paths
-
-
-def _plot_grid(weights, row_labels, col_labels, title, output_path, layers, heads, dpi) -> None:
-    """One PNG of one kind of attention `weights` (layers, heads, rows, columns): a heatmap per layer and head."""
-    cell = min(max(2.5, 0.24 * max(len(row_labels), len(col_labels)) + 1.3), 9.0)  # inches: a label per token
-    figure = Figure(figsize=(cell * len(heads) + 1.0, cell * len(layers) + 0.6), layout="constrained")
-    axes = figure.subplots(len(layers), len(heads), squeeze=False)
-    for row, layer in zip(axes, layers, strict=True):
-        for ax, head in zip(row, heads, strict=True):
-            image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
-            ax.set_xticks(range(len(col_labels)), col_labels, rotation=90, fontsize=7)
-            ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
-    figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
-    figure.suptitle(f"{title}: rows attend to columns")
-    _save(figure, output_path, dpi)

@@ -12,21 +12,17 @@ length during inference to input length + 50, but terminate early when possible.
   line-aligned with their inputs.
 """
 
-from __future__ import annotations
-
 import io
 import logging
 import math
-import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from huggingface_hub import snapshot_download
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, TorchAoConfig
 
 from ..common.fileio import atomic_write
 from ..generation_vaswani import (
@@ -43,7 +39,7 @@ from .tokenization import load_model_tokenizers
 logger = logging.getLogger(__name__)
 
 
-def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None) -> str:
+def length_penalty_form_of(model, requested=None):
     """The length penalty form a beam search of `model` uses: `requested`, else its generation config's, else the
     paper's ("gnmt") for this package's models, which default to it, and transformers' |Y| ** alpha ("power") for
     any other model."""
@@ -53,44 +49,23 @@ def length_penalty_form_of(model: PreTrainedModel, requested: str | None = None)
     return PAPER_LENGTH_PENALTY_FORM if getattr(model.config, "model_type", None) == "vaswani" else "power"
 
 
-def length_penalty_of(model: PreTrainedModel, requested: float | None = None) -> float:
+def length_penalty_of(model, requested=None):
     """The length penalty alpha a beam search of `model` uses: `requested`, else its generation config's."""
-    if requested is not None:
-        return requested
-    value = getattr(model.generation_config, "length_penalty", None)
+    value = getattr(model.generation_config, "length_penalty", None) if requested is None else requested
     return 1.0 if value is None else float(value)  # transformers' default when the config has none
 
 
-def int8_quantization_config():
-    """transformers' CPU int8 quantization as `vaswani-translate --quantization int8` loads it:
-    `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())` (torchao; `pip install vaswani-transformer[int8]`), int8
-    weights with one scale per output row, the input quantized per row at each call."""
-    try:
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
-    except ImportError as error:
-        raise ImportError(
-            "int8 decoding loads the model through transformers' torchao quantization: "
-            "pip install vaswani-transformer[int8] (or pip install torchao)"
-        ) from error
-    from transformers import TorchAoConfig
-
-    return TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
-
-
 def load_translation_model(
-    model_path: str | os.PathLike,
-    tokenizer_path: str | os.PathLike | None = None,
-    device: str | torch.device | None = None,
-    bf16: bool = False,
-    int8: bool = False,
-    **model_kwargs,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerBase]:
+    model_path, tokenizer_path=None, device=None, bf16=False, int8=False, **model_kwargs
+):
     """Load `(model, source_tokenizer, target_tokenizer)` for inference, the model in eval mode on `device`.
 
     The tokenizer(s) come from `tokenizer_path`, else from the model folder: a joint vocabulary
     (`tokenizer.json`) or separate ones (`source/` and `target/`), see `tokenization.load_tokenizers`.
-    `bf16` casts the weights to bfloat16. `int8` (the CPU, the default device then) loads the linear layers in int8 through transformers'
-    torchao quantization (`int8_quantization_config`); a folder saved quantized loads in int8 without it.
+    `bf16` casts the weights to bfloat16. `int8` (the CPU, the default device then) loads the linear layers in int8
+    through transformers' torchao quantization, `TorchAoConfig(Int8DynamicActivationInt8WeightConfig())` (torchao;
+    `pip install vaswani-transformer[int8]`): int8 weights with one scale per output row, the input quantized per row
+    at each call. A folder saved quantized loads in int8 without it.
     `model_kwargs` go to `from_pretrained`. On the CPU the model runs this package's CPU kernels
     (`kernels.use_cpu_kernels`: its linear layers, int8 ones through an int8 GEMM with the tied output projection
     in int8 too, and, unless `attn_implementation` is given, the "vaswani_sdpa" attention).
@@ -100,19 +75,32 @@ def load_translation_model(
     weights file that is cut short or corrupt, weights that do not match the config.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() and not int8 else "cpu"))
-    if int8 and (bf16 or device.type != "cpu"):
-        raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
-    if int8 and not exact_int8_products():
-        raise ValueError(
-            "int8 decoding needs a CPU with VNNI or AMX: without them oneDNN's int8 products (torchao's too) add "
-            "byte products in saturating 16-bit pairs, so they are not exact; decode in float32"
-        )
     if int8:
-        model_kwargs.update(quantization_config=int8_quantization_config(), device_map="cpu")
-    model = load_model(model_path, **model_kwargs).to(device=device, dtype=torch.bfloat16 if bf16 else None).eval()
+        if bf16 or device.type != "cpu":
+            raise ValueError(f"int8 decoding runs in float32 on the CPU: not with bf16={bf16} on {device}")
+        if not exact_int8_products():
+            raise ValueError(
+                "int8 decoding needs a CPU with VNNI or AMX: without them oneDNN's int8 products (torchao's too) "
+                "add byte products in saturating 16-bit pairs, so they are not exact; decode in float32"
+            )
+        try:
+            from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+        except ImportError as error:
+            raise ImportError(
+                "int8 decoding loads the model through transformers' torchao quantization: "
+                "pip install vaswani-transformer[int8] (or pip install torchao)"
+            ) from error
+        int8_config = TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
+        model_kwargs.update(quantization_config=int8_config, device_map="cpu")
+    model = (
+        load_model(model_path, **model_kwargs)
+        .to(device=device, dtype=torch.bfloat16 if bf16 else None)
+        .eval()
+    )
     if device.type == "cpu":
-        use_cpu_kernels(model, attention="attn_implementation" not in model_kwargs)
-    if tokenizer_path is None and not Path(model_path).is_dir():  # a Hub model: its tokenizer files, from the cache
+        use_cpu_kernels(model, attention=model_kwargs.get("attn_implementation") is None)
+    if tokenizer_path is None and not Path(model_path).is_dir():
+        # a Hub model: its tokenizer files, from the cache
         tokenizer_path = snapshot_download(str(model_path), allow_patterns=TOKENIZER_PATTERNS)
     source_tokenizer, target_tokenizer = load_model_tokenizers(model_path, tokenizer_path)
     logger.info(
@@ -130,9 +118,7 @@ def load_translation_model(
 TOKENIZER_PATTERNS = ["*.json", "*.spm", "*.model", "*.txt", "source/*", "target/*"]
 
 
-def check_decoding(
-    num_beams: int, length_penalty: float, max_new_tokens: int | None = None, n_best: int = 1
-) -> None:
+def check_decoding(num_beams, length_penalty, max_new_tokens=None, n_best=1):
     """Raise `ValueError` naming the setting that beam search cannot run with."""
     if not isinstance(num_beams, int) or num_beams < 1:
         raise ValueError(f"num_beams must be at least 1, got {num_beams!r}")
@@ -144,7 +130,7 @@ def check_decoding(
         raise ValueError(f"n_best must be between 1 and num_beams ({num_beams}), got {n_best!r}")
 
 
-def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+def make_batches(lengths, batch_size, max_tokens=None):
     """Group the indices of `lengths`, longest first, into batches.
 
     A batch holds at most `batch_size` sentences and, if `max_tokens` is given, at most `max_tokens` padded source
@@ -154,7 +140,7 @@ def make_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    batches: list[list[int]] = []
+    batches = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: ties keep input order
         current = batches[-1] if batches else []
         # Sorted longest first, so the batch's first sentence is its longest.
@@ -179,10 +165,7 @@ class Hypothesis:
     score: float
 
 
-@torch.inference_mode()
-def translate(
-    sentences: Iterable[str], model, source_tokenizer, target_tokenizer=None, **options
-) -> list[str]:
+def translate(sentences, model, source_tokenizer, target_tokenizer=None, **options):
     """Translate `sentences`, returning one translation per sentence in the same order.
 
     Args:
@@ -209,22 +192,22 @@ def translate(
 
 @torch.inference_mode()
 def translate_n_best(
-    sentences: Iterable[str],
+    sentences,
     model,
-    source_tokenizer: PreTrainedTokenizerBase,
-    target_tokenizer: PreTrainedTokenizerBase | None = None,
-    n_best: int = 1,
-    batch_size: int = 64,
-    max_tokens: int | None = None,
-    num_beams: int = PAPER_NUM_BEAMS,
-    length_penalty: float | None = None,
-    max_new_tokens: int | None = None,
-    extra_output_tokens: int = EXTRA_OUTPUT_TOKENS,
-    show_progress: bool = True,
-    with_scores: bool = True,
-    max_source_length: int | None = None,
+    source_tokenizer,
+    target_tokenizer=None,
+    n_best=1,
+    batch_size=64,
+    max_tokens=None,
+    num_beams=PAPER_NUM_BEAMS,
+    length_penalty=None,
+    max_new_tokens=None,
+    extra_output_tokens=EXTRA_OUTPUT_TOKENS,
+    show_progress=True,
+    with_scores=True,
+    max_source_length=None,
     **generate_kwargs,
-) -> list[list[Hypothesis]]:
+):
     """The `n_best` best translations of each sentence, best first, with their scores (`Hypothesis`), as
     fairseq-generate's H lines or OpenNMT's `-n_best`, in input order. `n_best` is at most `num_beams`. An empty
     sentence gives `n_best` empty translations of score 0 without decoding. `max_source_length` truncates longer
@@ -241,8 +224,8 @@ def translate_n_best(
     target_tokenizer = target_tokenizer or source_tokenizer
     results = [[Hypothesis("", 0.0)] * n_best for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    truncation = {"truncation": True, "max_length": max_source_length} if max_source_length else {}
-    encoded = source_tokenizer([sentences[i] for i in todo], **truncation)["input_ids"] if todo else []
+    cut = dict(truncation=bool(max_source_length), max_length=max_source_length)  # None: no source is cut
+    encoded = source_tokenizer([sentences[i] for i in todo], **cut)["input_ids"] if todo else []
     with tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not show_progress) as progress:
         progress.update(len(sentences) - len(todo))  # the empty lines
         for batch in make_batches([len(ids) for ids in encoded], batch_size, max_tokens):
@@ -259,21 +242,21 @@ def translate_n_best(
             else:  # an export (`vaswani.interop.engines`): (ids, score) rows per source
                 rows = model.generate(sources, with_scores=with_scores, **settings)
             for j, hypotheses in zip(batch, rows, strict=True):
-                texts = target_tokenizer.batch_decode(
-                    [ids for ids, _ in hypotheses], skip_special_tokens=True
-                )
                 results[todo[j]] = [
-                    Hypothesis(t, float(s)) for t, (_, s) in zip(texts, hypotheses, strict=True)
+                    Hypothesis(target_tokenizer.decode(ids, skip_special_tokens=True), float(score))
+                    for ids, score in hypotheses
                 ]
             progress.update(len(batch))
     return results
 
 
-def _generate(model: PreTrainedModel, tokenizer, sources: list[list[int]], with_scores: bool, settings: dict):
+def _generate(model, tokenizer, sources, with_scores, settings):
     """`model.generate` on a batch of id lists: `num_return_sequences` (ids, score) rows per source. The score of
     beam search is the beam's own; of greedy search, the summed log-probabilities of the tokens up to `</s>`."""
     inputs = tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(model.device)
-    output = model.generate(**inputs, **settings, output_scores=with_scores, return_dict_in_generate=with_scores)
+    output = model.generate(
+        **inputs, **settings, output_scores=with_scores, return_dict_in_generate=with_scores
+    )
     if not with_scores:
         sequences, scores = output, [0.0] * len(output)
     elif settings["num_beams"] > 1:
@@ -290,13 +273,13 @@ def _generate(model: PreTrainedModel, tokenizer, sources: list[list[int]], with_
     return [rows[k * n : (k + 1) * n] for k in range(len(sources))]
 
 
-def read_sentences(path: str | os.PathLike | None) -> list[str]:
+def read_sentences(path):
     """The lines of a UTF-8 file (`.gz` allowed), or of standard input for `None` or "-". A line that is not UTF-8
     raises `ValueError` naming the file (or standard input) and the line."""
     return list(stdin_lines() if path is None or str(path) == "-" else read_lines(path))
 
 
-def stdin_lines() -> Iterator[str]:
+def stdin_lines():
     """The lines of standard input as they arrive (UTF-8, without line ends); `ValueError` names a bad line."""
     for number, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
         try:
@@ -307,22 +290,13 @@ def stdin_lines() -> Iterator[str]:
             ) from None
 
 
-def _one_line(text: str) -> str:
-    """A translation as one output line: a line break the decoder produced would shift all later lines."""
-    return text.replace("\r", " ").replace("\n", " ")
-
-
-def write_sentences(sentences: Iterable[str], path: str | os.PathLike | None) -> None:
-    """Write one sentence a line to a UTF-8 file, or to standard output for `None` or "-".
+def write_sentences(sentences, path):
+    """Write one sentence a line to a UTF-8 file, or to standard output for `None` or "-". A line break inside a
+    sentence (one the decoder produced) is written as a space: it would shift all later lines.
 
     A file appears whole when everything is written (`fileio.atomic_write`): a kill leaves the earlier file as it
     was, and two processes writing one path leave one complete file, never a mix."""
-    write_lines((_one_line(sentence) for sentence in sentences), path)
-
-
-def write_lines(lines: Iterable[str], path: str | os.PathLike | None) -> None:
-    """Write lines (without their line end) to a UTF-8 file atomically, or to standard output for `None` or "-"."""
-    ended: Iterator[str] = (line + "\n" for line in lines)
+    ended = (sentence.replace("\r", " ").replace("\n", " ") + "\n" for sentence in sentences)
     if path is None or str(path) == "-":
         stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n", write_through=True)
         stdout.writelines(ended)
@@ -333,17 +307,7 @@ def write_lines(lines: Iterable[str], path: str | os.PathLike | None) -> None:
         f.writelines(ended)
 
 
-def format_n_best(index: int, hypotheses: Sequence[Hypothesis]) -> list[str]:
-    """The output lines of one source's n-best list: `index<TAB>score<TAB>translation`, best first."""
-    return [f"{index}\t{h.score:.4f}\t{_one_line(h.text)}" for h in hypotheses]
-
-
-def score_translations(
-    translations: Sequence[str],
-    reference_paths: Sequence[str | os.PathLike],
-    moses_lang: str | None = None,
-    **bleu_kwargs,
-) -> dict:
+def score_translations(translations, reference_paths, moses_lang=None, **bleu_kwargs):
     """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`);
     with `moses_lang`, the record a run reports instead (`metrics.reported_scores`: also BLEU on lowercased
     Moses-tokenized text of that language, the published Multi30k convention; of `bleu_kwargs` it takes
