@@ -15,8 +15,7 @@ did not write.
   a tokenizer, a file a user put into a checkpoint stay) and says what it kept.
 """
 
-from __future__ import annotations
-
+import contextlib
 import fnmatch
 import json
 import logging
@@ -24,9 +23,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from ..common.errors import UsageError
 from ..common.fileio import write_json
@@ -119,15 +116,14 @@ TRAINED_EVIDENCE = (
 )
 UNTRAINED = "replacing a run that saved nothing of its training (no checkpoint, model or score)"
 OVERWRITE = "--overwrite_output_dir"
-T = TypeVar("T")
 
-_held: dict[str, int] = {}  # the output folders this process has locked: resolved path -> descriptor
+_held = {}  # the output folders this process has locked: resolved path -> descriptor
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The lock
 # ---------------------------------------------------------------------------------------------------------------------
-def lock_output_dir(output_dir: str | os.PathLike) -> None:
+def lock_output_dir(output_dir):
     """Take the run's exclusive lock on `output_dir` (created if needed), or raise `UsageError` naming the folder
     and the process that holds it. The lock is the kernel's (`flock`): it ends with the process however it ends. A
     process that holds the lock already takes it again at no cost."""
@@ -135,14 +131,14 @@ def lock_output_dir(output_dir: str | os.PathLike) -> None:
     _write_holder(Path(output_dir))
 
 
-def release_output_dir(output_dir: str | os.PathLike) -> None:
+def release_output_dir(output_dir):
     """Release the lock `lock_output_dir` took (nothing if this process holds none)."""
     descriptor = _held.pop(str(Path(output_dir).resolve()), None)
     if descriptor is not None:
         os.close(descriptor)  # closing the descriptor releases the flock
 
 
-def _lock(path: Path, create: bool = True) -> list[Path]:
+def _lock(path, create=True):
     """Take the lock on `path`, writing nothing into it but what is missing (the folder, an empty lock file), which is
     returned, newest first, so that a refusal can remove it again; `_write_holder` then names this process in the
     lock file. With `create` false, only refuse a folder another process holds, creating and keeping nothing."""
@@ -157,8 +153,9 @@ def _lock(path: Path, create: bool = True) -> list[Path]:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
-            holder = json.loads(os.pread(descriptor, 4096, 0).decode() or "{}")
-            holder = f" (process {holder['pid']} on {holder['host']}, since {holder['since']})"
+            holder = " (process {pid} on {host}, since {since})".format(
+                **json.loads(os.pread(descriptor, 4096, 0))
+            )
         except (OSError, ValueError, KeyError, TypeError):
             holder = ""
         os.close(descriptor)
@@ -173,42 +170,35 @@ def _lock(path: Path, create: bool = True) -> list[Path]:
     return created
 
 
-def _write_holder(path: Path) -> None:
+def _write_holder(path):
     descriptor = _held.get(str(path.resolve()))
     if descriptor is not None:
-        os.ftruncate(descriptor, 0)
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
+        os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Whose folder it is
 # ---------------------------------------------------------------------------------------------------------------------
-def holds_run(path: Path) -> bool:
+def holds_run(path):
     """Whether the folder holds a vaswani run: its marker, or the training state of a run from before the marker."""
-    if any((path / name).is_file() for name in (MARKER, "training_summary.json", "trainer_state.json")):
-        return True
-    return any((folder / "trainer_state.json").is_file() for folder in path.glob("checkpoint-*"))
+    names = (MARKER, "training_summary.json", "trainer_state.json", "checkpoint-*/trainer_state.json")
+    return any(item.is_file() for name in names for item in path.glob(name))
 
 
-def trained(path: Path) -> bool:
+def trained(path):
     """Whether the run in `path` trained: a checkpoint, the Trainer's state or logs, a final or averaged model, a
     summary or scores. A run that stopped before its first step (a bad input found after the tokenizer was trained)
     leaves nothing of that, and nothing to protect."""
-    return any((path / name).exists() for name in TRAINED_EVIDENCE) or any(path.glob("checkpoint-*"))
+    return any(_matches(name, (*TRAINED_EVIDENCE, "checkpoint-*")) for name in os.listdir(path))
 
 
-def take_output_dir(
-    output_dir: str | os.PathLike,
-    overwrite: bool,
-    resuming: bool,
-    check: Callable[[], T] | None = None,
-    claim: bool = True,
-) -> T | None:
+def take_output_dir(output_dir, overwrite, resuming, check, claim=True):
     """Lock `output_dir` for this run and make it this run's folder, marked (`MARKER`); `check` (e.g. choosing the
     checkpoint to resume from) runs under the lock before anything is written, and its result is returned. A folder
     that holds anything is refused (`UsageError`) unless it holds a run that this one continues (`resuming`) or
@@ -228,27 +218,26 @@ def take_output_dir(
     created = _lock(path, create=claim)
     try:
         replacing = _replacing(path, overwrite, resuming)
-        result = check() if check is not None else None
+        result = check()
     except BaseException:
         if claim:  # undo `_lock`: release it and remove what it created (only if still empty)
             release_output_dir(path)
-            for item in created:
-                try:
-                    item.unlink() if item.name == LOCK_FILE else item.rmdir()
-                except OSError:
-                    pass  # no longer empty: something else wrote there
+        for item in created:
+            with contextlib.suppress(OSError):  # no longer empty: something else wrote there
+                item.unlink() if item.name == LOCK_FILE else item.rmdir()
         raise
     if claim:
         _write_holder(path)
         if replacing:
             _remove_run(path, replacing)
         if replacing or not (path / MARKER).is_file():
-            claimed = time.strftime("%Y-%m-%d %H:%M:%S")
-            write_json(path / MARKER, {"written_by": "vaswani-train", "claimed": claimed})
+            write_json(
+                path / MARKER, {"written_by": "vaswani-train", "claimed": time.strftime("%Y-%m-%d %H:%M:%S")}
+            )
     return result
 
 
-def _replacing(path: Path, overwrite: bool, resuming: bool) -> str | None:
+def _replacing(path, overwrite, resuming):
     """Why claiming `path` replaces the run in it (`OVERWRITE` or `UNTRAINED`; None: the claim only marks it), or the
     `UsageError` that refuses it; nothing is written."""
     entries = _entries(path, overwrite)
@@ -259,12 +248,11 @@ def _replacing(path: Path, overwrite: bool, resuming: bool) -> str | None:
             f"--output_dir {path} already holds a run ({_shown(entries)}): continue it with "
             "--resume_from_checkpoint last, replace it with --overwrite_output_dir, or choose another --output_dir"
         )
-    why = OVERWRITE if overwrite else UNTRAINED
     # A file of the user's inside a folder that a run replaces whole would be lost later: replacing is refused.
     inside = [
         f"{entry.name}/{relative}"
         for entry in sorted(path.iterdir())
-        if entry.is_dir() and not entry.is_symlink() and _matches(entry.name, REPLACED_WHOLE)
+        if _matches(entry.name, REPLACED_WHOLE) and _real_folder(entry)
         for _, relative in _files(entry)
         if not _matches(relative, _run_patterns(entry))
     ]
@@ -274,17 +262,15 @@ def _replacing(path: Path, overwrite: bool, resuming: bool) -> str | None:
             f"{what}: {path} holds files that a run did not write inside folders a run replaces "
             f"whole ({_shown(inside)}); move them out of {path} first (nothing was removed)"
         )
-    return why
+    return OVERWRITE if overwrite else UNTRAINED
 
 
-def _entries(path: Path, overwrite: bool) -> list[str]:
+def _entries(path, overwrite):
     """The folder's entries (none for a new or empty folder), or `UsageError` naming a few when `path` is a file, or a
     folder that holds things but no run."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"--output_dir {path} is a file, not a folder")
-    entries = (
-        sorted(p.name for p in path.iterdir() if p.name not in (MARKER, LOCK_FILE)) if path.is_dir() else []
-    )
+    entries = sorted(set(os.listdir(path)) - {MARKER, LOCK_FILE}) if path.is_dir() else []
     if entries and not holds_run(path):
         extra = (
             " (--overwrite_output_dir removes only what a run wrote, never other files)" if overwrite else ""
@@ -296,27 +282,34 @@ def _entries(path: Path, overwrite: bool) -> list[str]:
     return entries
 
 
-def _shown(names: list[str]) -> str:
+def _shown(names):
     return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
-def _matches(name: str, patterns) -> bool:
+def _matches(name, patterns):
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def _files(folder: Path) -> list[tuple[Path, str]]:
+def _real_folder(item):
+    return item.is_dir() and not item.is_symlink()
+
+
+def _files(folder):
     """Every file (or link) under `folder`, with its path relative to it."""
-    items = (item for item in sorted(folder.rglob("*")) if not (item.is_dir() and not item.is_symlink()))
-    return [(item, item.relative_to(folder).as_posix()) for item in items]
+    return [
+        (item, item.relative_to(folder).as_posix())
+        for item in sorted(folder.rglob("*"))
+        if not _real_folder(item)
+    ]
 
 
-def _run_patterns(entry: Path) -> tuple[str, ...] | bool | None:
+def _run_patterns(entry):
     """What a run wrote of `entry`, a top-level entry of its folder: all of it (True), the files under it that match
     the patterns returned (a run's folder), or nothing (None: another model's `config.json` too)."""
     name = entry.name
     if _matches(name, TEMPORARIES) or (entry.is_symlink() and _matches(name, RUN_FOLDERS)):
         return True
-    if entry.is_dir() and not entry.is_symlink():
+    if _real_folder(entry):
         if name in ("source", "target") and not (entry / "tokenizer.json").is_file():
             return None  # a folder of that name without a tokenizer is not the run's
         return next(
@@ -330,36 +323,39 @@ def _run_patterns(entry: Path) -> tuple[str, ...] | bool | None:
     return _matches(name, RUN_FILES) or None
 
 
-def _remove_run(path: Path, why: str) -> None:
+def _remove_run(path, why):
     """Delete the files an earlier run wrote into `path`, and nothing else (`_replacing` has refused a folder where
-    that would lose a file of the user's later); `why`: the reason, for the log."""
+    that would lose a file of the user's later), emptied folders with them; `why`: the reason, for the log."""
     removed, kept = [], []
     for entry in sorted(path.iterdir()):
         if entry.name in (MARKER, LOCK_FILE):
             continue
         patterns = _run_patterns(entry)
-        if patterns is True:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-            removed.append(entry.name)
-        elif patterns is None:
+        if patterns is None:
             kept.append(entry.name)
-        else:
-            left, emptied = [], set()
-            for item, relative in _files(entry):
-                if _matches(relative, patterns):
-                    item.unlink()
-                    emptied.update(
-                        parent for parent in item.parents if parent == entry or entry in parent.parents
-                    )
-                else:
-                    left.append(relative)
-            for folder in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
-                if not any(folder.iterdir()):
-                    folder.rmdir()
-            kept.extend(f"{entry.name}/{relative}" for relative in left)
-            removed.extend([] if left else [entry.name])
-    what = ", ".join(removed) or "nothing"
-    logger.info("%s: removed the earlier run's %s from %s", why[0].upper() + why[1:], what, path)
+            continue
+        if patterns is True:
+            shutil.rmtree(entry) if _real_folder(entry) else entry.unlink()
+            removed.append(entry.name)
+            continue
+        left, emptied = [], set()
+        for item, relative in _files(entry):
+            if _matches(relative, patterns):
+                item.unlink()
+                emptied.update(Path(relative).parents)  # "." among them: `entry` itself
+            else:
+                left.append(relative)
+        for folder in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
+            if not any((entry / folder).iterdir()):
+                (entry / folder).rmdir()
+        kept.extend(f"{entry.name}/{relative}" for relative in left)
+        removed.extend([] if left else [entry.name])
+    logger.info(
+        "%s: removed the earlier run's %s from %s",
+        why[0].upper() + why[1:],
+        ", ".join(removed) or "nothing",
+        path,
+    )
     if kept:
         logger.warning(
             "Left in %s (not written by a vaswani run, so not removed by %s): %s",
