@@ -134,13 +134,7 @@ def check_tokenizer_folder(data_args, model_path=None):
     check_vocab_size(data_args, max(len(source), len(target)), f"--tokenizer_name {path}")
 
 
-def check_run(
-    model_args,
-    data_args,
-    training_args,
-    finish_args,
-    overrides,
-):
+def check_run(model_args, data_args, training_args, finish_args, overrides):
     """Every check that needs no data, before any is read; nothing is written.
 
     Raises `UsageError` / `ValueError` naming the flag: a model configuration that cannot be built, missing data

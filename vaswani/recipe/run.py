@@ -149,15 +149,10 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
     """The model to train: the preset with the command line's fields over it and the tokenizer's vocabulary, or the
     `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config. Its attention is
     `--attn_implementation`, else this package's faster CPU path on the CPU and SDPA elsewhere."""
-    on_cpu = torch.device(training_args.device).type == "cpu"
+    on_cpu, path = torch.device(training_args.device).type == "cpu", model_args.model_name_or_path
     attention = model_args.attn_implementation or (FAST_ATTENTION if on_cpu else "sdpa")
-    if model_args.model_name_or_path:
-        model = load_model(
-            model_args.model_name_or_path,
-            VaswaniForConditionalGeneration,
-            attn_implementation=attention,
-            **overrides,
-        )
+    if path:
+        model = load_model(path, VaswaniForConditionalGeneration, attn_implementation=attention, **overrides)
         for name, tokenizer, size in (
             ("source", source_tok, model.config.vocab_size),
             ("target", target_tok, model.config.decoder_vocab_size),
@@ -165,7 +160,7 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
             if len(tokenizer) > size:
                 raise ValueError(
                     f"The {name} tokenizer has {len(tokenizer)} tokens but the model to fine-tune "
-                    f"({model_args.model_name_or_path}) only {size}: pass its own tokenizer (--tokenizer_name)"
+                    f"({path}) only {size}: pass its own tokenizer (--tokenizer_name)"
                 )
     else:
         fields = dict(
@@ -180,8 +175,7 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
     if on_cpu:
         use_cpu_kernels(model, attention=False)  # the attention was chosen above
-    name = model_args.model_name_or_path or f"{model_args.preset} preset"
-    attention = model.config._attn_implementation
+    name, attention = path or f"{model_args.preset} preset", model.config._attn_implementation
     logger.info("Model: %s, %s parameters, %s attention", name, f"{model.num_parameters():,}", attention)
     logger.debug("Model configuration: %s", model.config.to_diff_dict())
     return model

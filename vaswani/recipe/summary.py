@@ -58,27 +58,22 @@ def training_summary(trainer, result, model_args, data_args, parameters, dropped
     }
 
 
-def describe_batches(args):
-    """The batches a run trains on, in words."""
-    if args.max_tokens is None:
-        return f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
-    if args.max_sentences is not None:
-        return (
-            f"token-budget batches of at most {args.max_tokens} tokens and {args.max_sentences} sentences per "
-            "device (--max_tokens, --per_device_train_batch_size)"
-        )
-    return f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
-
-
 def log_recipe(args):
     """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
     the §5.3 warm-up)."""
-    logger.info("Batches: %s", describe_batches(args))
+    batches = f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
+    if args.max_tokens is None:
+        batches = f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
+    elif args.max_sentences is not None:
+        batches = (
+            f"token-budget batches of at most {args.max_tokens} tokens and {args.max_sentences} sentences per "
+            "device (--max_tokens, --per_device_train_batch_size)"
+        )
+    logger.info("Batches: %s", batches)
     if not args.paper_lr_schedule:
+        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
         logger.info(
-            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)",
-            args.learning_rate,
-            getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
+            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)", args.learning_rate, schedule
         )
         return
     logger.info(
