@@ -252,23 +252,17 @@ def train_main(model_args, data_args, training_args, overrides, finish_args=None
 
 
 def log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok):
-    """Log, before training, what runs once it ends and the most time each part should take (`AfterTraining`): the
-    final evaluation (step-based evaluation evaluates the last step; --do_eval alone once at the end), the averaging,
-    the translations of the whole validation split that choose an average or a length penalty (`choice_sources`)
-    and the test translation (`test_sources`), each timed now on this model by the main process (the others train
-    on, their parts untimed). A warning names the flags that shorten it when it may outlast the --max_train_minutes
-    budget, and with a budget each evaluation times it again from its measured rate (`EvaluationClock`)."""
-    args, main = trainer.args, trainer.is_world_process_zero()
-
-    def seconds(ids, batch, beams, *options, **keywords):
-        return seconds_to_decode(
-            trainer.model, ids, batch, source_tok.pad_token_id, beams, *options, **keywords
-        )
+    """Log before training what runs once it ends (`AfterTraining`: the final evaluation, the averaging, the
+    translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
+    translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
+    flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
+    args, main, pad = trainer.args, trainer.is_world_process_zero(), source_tok.pad_token_id
+    test_beams = finish_args.num_beams
 
     def beam_seconds(sources):  # with the test's decoding; empty sources are not decoded
         if main:
             ids = source_tok([s for s in sources if s.strip()])["input_ids"]
-            return seconds(ids, finish_args.translate_batch_size, finish_args.num_beams)
+            return seconds_to_decode(trainer.model, ids, finish_args.translate_batch_size, pad, test_beams)
         return None
 
     budget, validation, evaluation = args.max_train_minutes, trainer.eval_dataset, None
@@ -279,10 +273,10 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
     parts = []
     if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):
         beams, limit = generation_settings(trainer, {})
-        batch, processes = args.per_device_eval_batch_size, args.world_size
+        batch, processes, ids = args.per_device_eval_batch_size, args.world_size, validation["input_ids"]
         if main:
-            evaluation = seconds(
-                validation["input_ids"], batch, beams, limit, processes, bf16_autocast=args.bf16
+            evaluation = seconds_to_decode(
+                trainer.model, ids, batch, pad, beams, limit, processes, bf16_autocast=args.bf16
             )
         what = describe_decoding(len(validation), beams, batch, processes, limit)
         parts.append((f"a final evaluation of {what}", len(validation), evaluation))
@@ -298,23 +292,23 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
         pairs = choices * len(choice_sources) * per_pair
         parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
     if test_sources:
-        what = describe_decoding(len(test_sources), finish_args.num_beams, finish_args.translate_batch_size)
-        parts.append(
-            (f"the test translation of {what}", len(test_sources) * per_pair, beam_seconds(test_sources))
-        )
+        what = describe_decoding(len(test_sources), test_beams, finish_args.translate_batch_size)
+        pairs = len(test_sources) * per_pair
+        parts.append((f"the test translation of {what}", pairs, beam_seconds(test_sources)))
     plan = AfterTraining(when, parts)
     logger.info(plan.describe())
     most = sum(bound or 0 for *_, bound in parts)
     if budget:
-        trainer.evaluation_clock.after_training = plan
+        trainer.evaluation_clock.after_training = plan  # each evaluation times it again
     if budget and most > budget * 60:
+        fewer = ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else ""
         logger.warning(
             "The work after training may take up to %s, more than the %g-minute training budget "
             "(--max_train_minutes bounds training only): --max_predict_samples N translates the first N test pairs "
             "only, --do_predict false none%s",
             describe_seconds(most),
             budget,
-            ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else "",
+            fewer,
         )
     return plan
 
