@@ -123,13 +123,13 @@ def degenerate_translations_warning(scores):
     )
 
 
-def _example(text, words=4, characters=40):
+def _example(text):
     """A repeated line as the warning shows it: '"geworfen geworfen geworfen geworfen ..."', or '"w" and 75
     blanks' for a line of blanks."""
     body = text.strip()
     if 2 * len(body) < len(text):
-        return f'"{body[:characters]}" and {len(text) - len(body)} blanks'
-    short = " ".join(body.split()[:words])[:characters]
+        return f'"{body[:40]}" and {len(text) - len(body)} blanks'
+    short = " ".join(body.split()[:4])[:40]
     return f'"{short}{" ..." if len(short) < len(body) else ""}"'
 
 
@@ -160,10 +160,8 @@ def choose_average_on_validation(own, output_dir, data_args, finish_args):
         with atomic_folder(output_dir / "averaged") as building:
             replace_files(best[2], building)
     chosen = [c.name for c in best[0]]
-    record = _choice_record(
-        data_args, finish_args, length_penalty=alpha, chosen=chosen, candidates=candidates
-    )
-    write_json(output_dir / "average_on_validation.json", record)
+    path = output_dir / "average_on_validation.json"
+    _write_choice(path, data_args, finish_args, length_penalty=alpha, chosen=chosen, candidates=candidates)
     logger.info(
         "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", len(chosen), best[1]
     )
@@ -180,12 +178,10 @@ def choose_length_penalty_on_validation(model_dir, output_dir, data_args, finish
         candidates.append({"length_penalty": alpha, **scores})
         logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
     best = max(candidates, key=lambda candidate: candidate["bleu"])  # the first of equals
-    record = _choice_record(
-        data_args, finish_args, model=str(model_dir), chosen=best["length_penalty"], candidates=candidates
-    )
-    write_json(output_dir / "length_penalty_on_validation.json", record)
-    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", best["length_penalty"], best["bleu"])
-    return best["length_penalty"]
+    path, alpha = output_dir / "length_penalty_on_validation.json", best["length_penalty"]
+    _write_choice(path, data_args, finish_args, model=str(model_dir), chosen=alpha, candidates=candidates)
+    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", alpha, best["bleu"])
+    return alpha
 
 
 def _validation_scores(model_dir, validation, data_args, finish_args, length_penalty):
@@ -195,15 +191,18 @@ def _validation_scores(model_dir, validation, data_args, finish_args, length_pen
     return reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok))
 
 
-def _choice_record(data_args, finish_args, **choice):
-    """What a choice on the validation split writes down: the criterion, the split, the decoding, `choice`."""
-    return {
-        "criterion": "bleu",
-        "split": data_args.validation_file or data_args.validation_split,
-        "num_beams": finish_args.num_beams,
-        "length_penalty_form": finish_args.length_penalty_form,
-        **choice,
-    }
+def _write_choice(path, data_args, finish_args, **choice):
+    """Write down a choice on the validation split: the criterion, the split, the decoding, `choice`."""
+    write_json(
+        path,
+        {
+            "criterion": "bleu",
+            "split": data_args.validation_file or data_args.validation_split,
+            "num_beams": finish_args.num_beams,
+            "length_penalty_form": finish_args.length_penalty_form,
+            **choice,
+        },
+    )
 
 
 def save_decoding(model_dir, finish_args, alpha):

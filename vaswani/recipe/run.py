@@ -87,10 +87,8 @@ def load_test_split(data_args):
 def test_split_name(data_args, pairs=None):
     """The test split's name in the scores: `--test_split` or the `--test_file` name, as `test[:N]` (datasets' slice
     notation) when `--max_predict_samples` cut it to its first N `pairs`."""
-    name = data_args.test_split or Path(data_args.test_file).name
-    if data_args.max_predict_samples and pairs is not None and pairs >= data_args.max_predict_samples:
-        return f"{name}[:{data_args.max_predict_samples}]"
-    return name
+    name, cut = data_args.test_split or Path(data_args.test_file).name, data_args.max_predict_samples
+    return f"{name}[:{cut}]" if cut and (pairs or 0) >= cut else name
 
 
 def train_new_tokenizers(data_args, train, show_progress=True, **options):
