@@ -6,8 +6,6 @@ and the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`); not
 flag, seconds after the start, not after the data has been read and tokenized.
 """
 
-from __future__ import annotations
-
 import logging
 from pathlib import Path
 
@@ -19,7 +17,6 @@ from ..common.errors import UsageError
 from ..configuration_vaswani import VaswaniConfig
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..publishing.hub import check_repo_id
-from .arguments import DataArguments, FinishArguments, ModelArguments, PaperTrainingArguments
 from .checkpoints import asks_to_resume, resolve_resume_checkpoint
 from .data import parallel_file_paths
 from .model_folders import check_model_path, load_model
@@ -29,7 +26,7 @@ from .tokenization import load_model_tokenizers, lowercases
 logger = logging.getLogger(__name__)
 
 
-def check_model_config(model_args: ModelArguments, data_args: DataArguments, overrides: dict) -> None:
+def check_model_config(model_args, data_args, overrides):
     """Build the configuration the run will train (with the flag's vocabulary size in place of the tokenizer's), so
     that a bad field is reported before any data is read."""
     path = model_args.model_name_or_path
@@ -61,7 +58,7 @@ def check_model_config(model_args: ModelArguments, data_args: DataArguments, ove
     config.validate_fields()
 
 
-def _check_data_sources(data_args: DataArguments, training_args, finish_args: FinishArguments) -> None:
+def _check_data_sources(data_args, training_args, finish_args):
     if not data_args.dataset_name and not data_args.train_file:
         raise UsageError(
             "No training data: give --dataset_name (a Hub dataset or a local folder) or --train_file"
@@ -69,12 +66,12 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
     if training_args.do_predict and not (data_args.test_split or data_args.test_file):
         data_args.test_split = "test"
     if training_args.do_predict is False and (data_args.test_split or data_args.test_file):
-        logger.info(
-            "--do_predict false: %s is not translated after training",
+        test = (
             f"--test_split {data_args.test_split}"
             if data_args.test_split
-            else f"--test_file {data_args.test_file}",
+            else f"--test_file {data_args.test_file}"
         )
+        logger.info("--do_predict false: %s is not translated after training", test)
         data_args.test_split = data_args.test_file = None
     for split in ("train", "validation", "test"):
         try:
@@ -86,14 +83,13 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
     looks_local = name and (Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1)
     if looks_local and not Path(name).exists():
         raise UsageError(f"--dataset_name {name}: no such file or folder")
-    wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
-    if wants_validation and not (data_args.validation_file or data_args.dataset_name):
+    has_validation = data_args.validation_file or data_args.dataset_name
+    if (training_args.eval_strategy != "no" or training_args.do_eval) and not has_validation:
         raise UsageError(
             "Evaluation needs validation data: give --validation_file (or --dataset_name), or --eval_strategy no"
         )
     if data_args.test_split and not data_args.dataset_name and not data_args.test_file:
         raise UsageError(f"--test_split {data_args.test_split} needs --dataset_name (or give --test_file)")
-    has_validation = data_args.validation_file or data_args.dataset_name
     for flag, chooses in (
         ("--average_last", finish_args.chooses_average),
         ("--length_penalty", finish_args.chooses_length_penalty),
@@ -105,7 +101,7 @@ def _check_data_sources(data_args: DataArguments, training_args, finish_args: Fi
             )
 
 
-def check_vocab_size(data_args: DataArguments, size: int, flag: str) -> None:
+def check_vocab_size(data_args, size, flag):
     """Raise `UsageError` when `--vocab_size` was given and the vocabulary `flag` brings (`size` tokens, which the
     run trains with) is larger: no BPE trained with that flag has it."""
     if data_args.vocab_size is not None and size > data_args.vocab_size:
@@ -115,7 +111,7 @@ def check_vocab_size(data_args: DataArguments, size: int, flag: str) -> None:
         )
 
 
-def check_lowercase(data_args: DataArguments, source, target, path) -> None:
+def check_lowercase(data_args, source, target, path):
     """Raise `ValueError` unless the tokenizers in `path` lowercase as `--lowercase` says."""
     if {lowercases(source), lowercases(target)} != {data_args.lowercase}:
         raise ValueError(
@@ -124,7 +120,7 @@ def check_lowercase(data_args: DataArguments, source, target, path) -> None:
         )
 
 
-def check_tokenizer_folder(data_args: DataArguments, model_path: str | None = None) -> None:
+def check_tokenizer_folder(data_args, model_path=None):
     """`--tokenizer_name` loads, is the tokenizer of the model to fine-tune (`model_path`), and lowercases as
     `--lowercase` says: a torn, missing or other tokenizer is named before any data is read."""
     path = data_args.tokenizer_name
@@ -138,13 +134,7 @@ def check_tokenizer_folder(data_args: DataArguments, model_path: str | None = No
     check_vocab_size(data_args, max(len(source), len(target)), f"--tokenizer_name {path}")
 
 
-def check_run(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    training_args: PaperTrainingArguments,
-    finish_args: FinishArguments,
-    overrides: dict,
-) -> None:
+def check_run(model_args, data_args, training_args, finish_args, overrides):
     """Every check that needs no data, before any is read; nothing is written.
 
     Raises `UsageError` / `ValueError` naming the flag: a model configuration that cannot be built, missing data
@@ -166,7 +156,7 @@ def check_run(
     take_run_folder(training_args, claim=False)
 
 
-def take_run_folder(training_args: PaperTrainingArguments, claim: bool = True) -> str | None:
+def take_run_folder(training_args, claim=True):
     """The checkpoint to resume from, chosen under the run's lock on `--output_dir` (`run_folder.take_output_dir`),
     which the main process takes (`claim`) once the data is read: a command refused before that creates nothing.
     A refused checkpoint leaves the folder as it was."""
@@ -181,9 +171,7 @@ def take_run_folder(training_args: PaperTrainingArguments, claim: bool = True) -
     )
 
 
-def resume_checkpoint(
-    training_args: PaperTrainingArguments, tokenizer_digest: str | None = None
-) -> str | None:
+def resume_checkpoint(training_args, tokenizer_digest=None):
     """The checkpoint `--resume_from_checkpoint` names or finds (`checkpoints.resolve_resume_checkpoint`), one of the
     tokenizers of `tokenizer_digest` when given; its checkpoints hold the optimizer's, schedule's and random state
     that a resumed run needs but with --save_only_model (DeepSpeed keeps its own)."""

@@ -3,8 +3,6 @@ validation split best), choose the length penalty on the validation split when a
 beam search and score it, draw the learning curves and attention maps, and publish the final model (`--push_to_hub`).
 """
 
-from __future__ import annotations
-
 import json
 import logging
 import re
@@ -17,7 +15,6 @@ from tqdm.auto import tqdm
 
 from ..common.fileio import atomic_folder, replace_files, write_json
 from ..publishing.hub import publish
-from .arguments import DataArguments, FinishArguments
 from .averaging import average_checkpoints
 from .checkpoints import checkpoints
 from .evaluation import describe_decoding, describe_seconds
@@ -29,15 +26,15 @@ from .translation import load_translation_model, translate, write_sentences
 logger = logging.getLogger(__name__)
 
 
-def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> dict | None:
+def finish(trainer, data_args, finish_args):
     """§6.1 after training, on the main process: average the last checkpoints, translate the test split with beam
     search, score it (sacreBLEU, chrF, BLEU lowercased and Moses-tokenized as published Multi30k figures are, and the
     paper's tokenized BLEU), draw the pictures, and publish if `--push_to_hub`. Returns the test scores (or None
     without a test split)."""
     if not trainer.is_world_process_zero():
         return None
-    args, output_dir = trainer.args, Path(trainer.args.output_dir)
-    own = [c for c in checkpoints(output_dir) if int(c.name.split("-")[1]) <= trainer.state.global_step]
+    args, output_dir, steps = trainer.args, Path(trainer.args.output_dir), trainer.state.global_step
+    own = [c for c in checkpoints(output_dir) if int(c.name.split("-")[1]) <= steps]
     final_dir, averaged, last = output_dir, None, finish_args.average_last[0]
     if last > 0 and not own:
         logger.warning("No checkpoints in %s to average: the final model is the result", output_dir)
@@ -58,23 +55,21 @@ def finish(trainer, data_args: DataArguments, finish_args: FinishArguments) -> d
         from .plotting import plot_learning_curves  # matplotlib, only when drawing
 
         plot_learning_curves(trainer.state.log_history, output_dir / "learning_curves.png")
-    scores = None
+    scores, results = None, output_dir / "test_results.json"
     if data_args.test_split or data_args.test_file:
-        scores = evaluate_test_split(
-            final_dir, data_args, finish_args, plot_attention=finish_args.plots, length_penalty=alpha
-        )
+        scores = evaluate_test_split(final_dir, data_args, finish_args, alpha)
         if averaged is not None:
             scores["averaged_checkpoints"] = [c.name for c in averaged]
-        scores["steps"] = trainer.state.global_step
+        scores["steps"] = steps
         if warning := degenerate_translations_warning(scores):
             logger.warning("%s", warning)
-        write_json(output_dir / "test_results.json", scores)
-        logger.info("Test scores written to %s", output_dir / "test_results.json")
+        write_json(results, scores)
+        logger.info("Test scores written to %s", results)
     if args.push_to_hub:
         published = publish(
             final_dir,
             repo_id=args.hub_model_id or output_dir.name,
-            results=output_dir / "test_results.json" if scores else None,
+            results=results if scores else None,
             summary=output_dir / "training_summary.json",
             private=args.hub_private_repo,
             token=args.hub_token,
@@ -90,7 +85,7 @@ _REPEATED = re.compile(r"(\S.{0,24}?)(?:\s*\1){3,}\s*$", re.S)
 _BLANKS = re.compile(r"\s{4,}")
 
 
-def repeats_one_token(text: str) -> bool:
+def repeats_one_token(text):
     """Whether `text` is mostly one token repeated: it ends in a run of at least four copies of one piece of text
     (up to 25 characters), or holds a run of four or more blanks (a space token repeated), and that run is at least
     half of it. A line of blanks only is empty, not repeated."""
@@ -104,22 +99,22 @@ def repeats_one_token(text: str) -> bool:
     return match is not None and 2 * (match.end() - match.start()) >= len(text)
 
 
-def degenerate_translations_warning(scores: dict) -> str | None:
+def degenerate_translations_warning(scores):
     """What to say when most test translations are empty (a model after a few steps writes the end of sentence
     first), repeat one token to the length limit (the model before that), or either: their BLEU of about 0 measures
     the training so far, not the recipe. None otherwise."""
-    empty, total = scores.get("empty_translations", 0), scores.get("sentences", 0)
-    repeated = scores.get("repeated_translations", 0)
+    empty, repeated = scores.get("empty_translations", 0), scores.get("repeated_translations", 0)
+    total, repeat = scores.get("sentences", 0), "repeat one token over and over"
     if not total or (empty + repeated) * 2 <= total:
         return None
     if empty * 2 > total:
         what = f"{empty} of the {total} test translations are empty"
-    elif repeated * 2 > total:
-        what = f"{repeated} of the {total} test translations repeat one token over and over"
     else:
-        what = f"{empty} of the {total} test translations are empty and {repeated} repeat one token over and over"
-    if empty * 2 <= total and scores.get("repeated_example"):
-        what += f" (the first: {scores['repeated_example']})"
+        what = f"{repeated} of the {total} test translations {repeat}"
+        if repeated * 2 <= total:
+            what = f"{empty} of the {total} test translations are empty and {repeated} {repeat}"
+        if scores.get("repeated_example"):
+            what += f" (the first: {scores['repeated_example']})"
     steps = scores.get("steps")
     trained = f"{steps} training step{'s' if steps != 1 else ''}" if steps is not None else "its training"
     return (
@@ -128,116 +123,103 @@ def degenerate_translations_warning(scores: dict) -> str | None:
     )
 
 
-def _example(text: str, words: int = 4, characters: int = 40) -> str:
+def _example(text):
     """A repeated line as the warning shows it: '"geworfen geworfen geworfen geworfen ..."', or '"w" and 75
     blanks' for a line of blanks."""
     body = text.strip()
     if 2 * len(body) < len(text):
-        return f'"{body[:characters]}" and {len(text) - len(body)} blanks'
-    short = " ".join(body.split()[:words])[:characters]
+        return f'"{body[:40]}" and {len(text) - len(body)} blanks'
+    short = " ".join(body.split()[:4])[:40]
     return f'"{short}{" ..." if len(short) < len(body) else ""}"'
 
 
-def choose_average_on_validation(
-    own: list[Path], output_dir: Path, data_args: DataArguments, finish_args: FinishArguments
-) -> list[Path]:
+def choose_average_on_validation(own, output_dir, data_args, finish_args):
     """The checkpoints whose average translates the validation split best: for each N of `--average_last` (several
     numbers), the last N of `own` (oldest first) are averaged and the validation split is translated with the test's
     beam search and scored. The highest BLEU wins, the fewest checkpoints among equals; its folder becomes
     `output_dir/averaged`. The scores of every candidate are written to `average_on_validation.json` in
     `output_dir`."""
-    validation = load_split(data_args, "validation")
+    validation, most = load_split(data_args, "validation"), max(finish_args.average_last)
     sizes = sorted({min(n, len(own)) for n in finish_args.average_last})
-    if len(own) < max(finish_args.average_last):
-        logger.warning(
-            "Only %d checkpoints to average (asked for up to %d)", len(own), max(finish_args.average_last)
-        )
-    candidates, best = [], None
+    if len(own) < most:
+        logger.warning("Only %d checkpoints to average (asked for up to %d)", len(own), most)
+    candidates, best, alpha = [], None, finish_args.length_penalty[0]
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".average-") as scratch:
         for size in tqdm(sizes, desc="Averages on validation", disable=len(sizes) < 2):
             chosen = own[-size:]
             folder = average_checkpoints(
                 chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
             )
-            scores = _validation_scores(folder, validation, data_args, finish_args, finish_args.length_penalty[0])
+            scores = _validation_scores(folder, validation, data_args, finish_args, alpha)
             candidates.append({"checkpoints": [c.name for c in chosen], **scores})
             logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
             if best is None or scores["bleu"] > best[1]:
-                if best is not None:
-                    shutil.rmtree(best[2])
-                best = (chosen, scores["bleu"], folder)
-            else:
-                shutil.rmtree(folder)
+                best, folder = (chosen, scores["bleu"], folder), best and best[2]
+            if folder:
+                shutil.rmtree(folder)  # the loser's: one candidate besides the best on disk at a time
         with atomic_folder(output_dir / "averaged") as building:
             replace_files(best[2], building)
-    write_json(
-        output_dir / "average_on_validation.json",
-        _choice_record(
-            data_args,
-            finish_args,
-            length_penalty=finish_args.length_penalty[0],
-            chosen=[c.name for c in best[0]],
-            candidates=candidates,
-        ),
-    )
+    chosen = [c.name for c in best[0]]
+    path = output_dir / "average_on_validation.json"
+    _write_choice(path, data_args, finish_args, length_penalty=alpha, chosen=chosen, candidates=candidates)
     logger.info(
-        "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", len(best[0]), best[1]
+        "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", len(chosen), best[1]
     )
     return best[0]
 
 
-def choose_length_penalty_on_validation(
-    model_dir: Path, output_dir: Path, data_args: DataArguments, finish_args: FinishArguments
-) -> float:
+def choose_length_penalty_on_validation(model_dir, output_dir, data_args, finish_args):
     """The length penalty alpha, among `--length_penalty`'s values, with which `model_dir` translates the validation
     split best (the test's beam size and form): the highest BLEU wins, the first given among equals. The scores of
     every value are written to `length_penalty_on_validation.json` in `output_dir`."""
-    validation = load_split(data_args, "validation")
-    candidates, best = [], None
+    validation, candidates = load_split(data_args, "validation"), []
     for alpha in tqdm(list(dict.fromkeys(finish_args.length_penalty)), desc="Length penalties on validation"):
         scores = _validation_scores(model_dir, validation, data_args, finish_args, alpha)
         candidates.append({"length_penalty": alpha, **scores})
         logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
-        if best is None or scores["bleu"] > best[1]:
-            best = (alpha, scores["bleu"])
-    write_json(
-        output_dir / "length_penalty_on_validation.json",
-        _choice_record(data_args, finish_args, model=str(model_dir), chosen=best[0], candidates=candidates),
-    )
-    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", *best)
-    return best[0]
+    best = max(candidates, key=lambda candidate: candidate["bleu"])  # the first of equals
+    path, alpha = output_dir / "length_penalty_on_validation.json", best["length_penalty"]
+    _write_choice(path, data_args, finish_args, model=str(model_dir), chosen=alpha, candidates=candidates)
+    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", alpha, best["bleu"])
+    return alpha
 
 
-def _validation_scores(model_dir, validation, data_args, finish_args, length_penalty) -> dict:
+def _validation_scores(model_dir, validation, data_args, finish_args, length_penalty):
     """The scores of the model folder's translation of the validation split with the test's decoding."""
     sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
     hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, length_penalty)
     return reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok))
 
 
-def _choice_record(data_args: DataArguments, finish_args: FinishArguments, **choice) -> dict:
-    """What a choice on the validation split writes down: the criterion, the split, the decoding, `choice`."""
-    return {
-        "criterion": "bleu",
-        "split": data_args.validation_file or data_args.validation_split,
-        "num_beams": finish_args.num_beams,
-        "length_penalty_form": finish_args.length_penalty_form,
-        **choice,
-    }
+def _write_choice(path, data_args, finish_args, **choice):
+    """Write down a choice on the validation split: the criterion, the split, the decoding, `choice`."""
+    write_json(
+        path,
+        {
+            "criterion": "bleu",
+            "split": data_args.validation_file or data_args.validation_split,
+            "num_beams": finish_args.num_beams,
+            "length_penalty_form": finish_args.length_penalty_form,
+            **choice,
+        },
+    )
 
 
-def save_decoding(model_dir: Path, finish_args: FinishArguments, alpha: float) -> None:
+def save_decoding(model_dir, finish_args, alpha):
     """Write the test's decoding (`--num_beams`, the length penalty `alpha` and `--length_penalty_form`) into the model
     folder's generation config, so that `generate()`, the translation pipeline, `vaswani-translate` and an export
     decode the saved model as its test score was made."""
     path = Path(model_dir, "generation_config.json")
-    config = json.loads(path.read_text()) if path.exists() else None
-    decoding = dict(num_beams=finish_args.num_beams, length_penalty=alpha, length_penalty_form=finish_args.length_penalty_form)
-    if config is not None and {**config, **decoding} != config:
+    decoding = dict(
+        num_beams=finish_args.num_beams,
+        length_penalty=alpha,
+        length_penalty_form=finish_args.length_penalty_form,
+    )
+    if path.exists() and (config := json.loads(path.read_text())) != {**config, **decoding}:
         write_json(path, {**config, **decoding})
 
 
-def _translate_with(model_dir, sources, finish_args: FinishArguments, length_penalty: float):
+def _translate_with(model_dir, sources, finish_args, length_penalty):
     """`sources` translated by the model folder with the test's decoding; returns the texts and the target tokenizer."""
     model, source_tok, target_tok = load_translation_model(model_dir)
     hypotheses = translate(
@@ -253,17 +235,10 @@ def _translate_with(model_dir, sources, finish_args: FinishArguments, length_pen
     return hypotheses, target_tok
 
 
-def evaluate_test_split(
-    model_dir,
-    data_args: DataArguments,
-    finish_args: FinishArguments,
-    plot_attention: bool = False,
-    length_penalty: float | None = None,
-) -> dict:
-    """Beam-search translation of the test split (§6.1) and its scores; with `plot_attention`, the attention maps
-    of the first test pair (source and its translation) as `attention_{encoder,decoder,cross}.png`. The length
-    penalty is `length_penalty`, else the first of `--length_penalty`."""
-    alpha = finish_args.length_penalty[0] if length_penalty is None else length_penalty
+def evaluate_test_split(model_dir, data_args, finish_args, alpha):
+    """Beam-search translation of the test split (§6.1) with the length penalty `alpha`, and its scores; with
+    `--plots`, the attention maps of the first test pair (source and its translation) as
+    `attention_{encoder,decoder,cross}.png`."""
     test = load_test_split(data_args)
     split, sources = test_split_name(data_args, len(test)), test[data_args.source_lang]
     what = describe_decoding(len(test), finish_args.num_beams, finish_args.translate_batch_size)
@@ -271,19 +246,20 @@ def evaluate_test_split(
     started = time.monotonic()
     hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
     logger.info("Translated %d test pairs in %s", len(test), describe_seconds(time.monotonic() - started))
-    references = test[data_args.target_lang]
     repeated = [h for h in hypotheses if repeats_one_token(h)]
     hypotheses_file = Path(model_dir, f"{test_split_name(data_args)}.hyp.{data_args.target_lang}")
     write_sentences(hypotheses, hypotheses_file)
     logger.info("Test translations written to %s", hypotheses_file)
-    if plot_attention:
+    if finish_args.plots:
         from .plotting import attention_maps, load_attention_model, plot_attention_maps  # matplotlib
 
         eager, src_tok, tgt_tok = load_attention_model(model_dir)
         maps = attention_maps(eager, src_tok, sources[0], hypotheses[0], tgt_tok)
         plot_attention_maps(maps, model_dir, prefix="attention")
     return {
-        **reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok)),
+        **reported_scores(
+            hypotheses, test[data_args.target_lang], data_args.target_lang, lowercase=lowercases(target_tok)
+        ),
         "dataset": data_args.source,
         "split": split,
         "num_beams": finish_args.num_beams,

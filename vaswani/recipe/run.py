@@ -11,8 +11,6 @@ good checkpoint when asked (`vaswani.recipe.checkpoints`), and write the trainin
 training, `vaswani.recipe.finish` averages, translates the test split, scores, draws and publishes (§6.1).
 """
 
-from __future__ import annotations
-
 import logging
 import time
 from pathlib import Path
@@ -28,10 +26,7 @@ from ..kernels import FAST_ATTENTION, use_cpu_kernels
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from .arguments import (
     PAPER_VOCAB_SIZE,
-    DataArguments,
     FinishArguments,
-    ModelArguments,
-    PaperTrainingArguments,
 )
 from .batching import LENGTH_COLUMN
 from .callbacks import RunTokenizer
@@ -68,7 +63,7 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------------------------------
 # Data and tokenizers
 # ---------------------------------------------------------------------------------------------------------------------
-def load_split(data_args: DataArguments, split: str):
+def load_split(data_args, split):
     """One split ("train", "validation" or "test") as a `Dataset` with the two language columns: from
     `--{split}_file`, else from `--dataset_name`'s `--{split}_split`."""
     path, languages = getattr(data_args, f"{split}_file"), (data_args.source_lang, data_args.target_lang)
@@ -83,68 +78,58 @@ def load_split(data_args: DataArguments, split: str):
     )[split]
 
 
-def load_test_split(data_args: DataArguments):
+def load_test_split(data_args):
     """The test pairs translated after training: `--test_file`, else `--test_split`; the first
     `--max_predict_samples` of them when given (run_translation.py's flag)."""
     return _first(load_split(data_args, "test"), data_args.max_predict_samples)
 
 
-def test_split_name(data_args: DataArguments, pairs: int | None = None) -> str:
+def test_split_name(data_args, pairs=None):
     """The test split's name in the scores: `--test_split` or the `--test_file` name, as `test[:N]` (datasets' slice
     notation) when `--max_predict_samples` cut it to its first N `pairs`."""
-    name = data_args.test_split or Path(data_args.test_file).name
-    if data_args.max_predict_samples and pairs is not None and pairs >= data_args.max_predict_samples:
-        return f"{name}[:{data_args.max_predict_samples}]"
-    return name
+    name, cut = data_args.test_split or Path(data_args.test_file).name, data_args.max_predict_samples
+    return f"{name}[:{cut}]" if cut and (pairs or 0) >= cut else name
 
 
-def train_new_tokenizers(data_args: DataArguments, train, show_progress: bool = True, **options):
+def train_new_tokenizers(data_args, train, show_progress=True, **options):
     """A new BPE vocabulary (§5.1: joint; one per side with `--separate_vocabularies`) learned from the training
     split, or from `--max_tokenizer_samples` of its pairs drawn uniformly at random with a fixed seed
     (`data.sample_pairs`). `options`: `min_frequency`, `model_max_length`, `target_vocab_size` (separate only).
     Returns `(source, target)`, the same object twice for a joint vocabulary."""
-    sample = sample_pairs(train, data_args.max_tokenizer_samples)
-    src, tgt = data_args.source_lang, data_args.target_lang
-    separate = data_args.separate_vocabularies
-    vocab_size = data_args.vocab_size or PAPER_VOCAB_SIZE
+    sample, languages = (
+        sample_pairs(train, data_args.max_tokenizer_samples),
+        [data_args.source_lang, data_args.target_lang],
+    )
+    options.update(
+        vocab_size=data_args.vocab_size or PAPER_VOCAB_SIZE,
+        lowercase=data_args.lowercase,
+        show_progress=show_progress,
+    )
     logger.info(
         "Training the BPE vocabulary (%d tokens, %s) on %s sentences: %s",
-        vocab_size,
-        "one per language" if separate else "joint",
+        options["vocab_size"],
+        "one per language" if data_args.separate_vocabularies else "joint",
         f"{len(sample) * 2:,}",
         f"{len(sample):,} of the {len(train):,} training pairs, drawn at random"
         if len(sample) < len(train)
         else f"all {len(train):,} training pairs",
     )
-    common = dict(vocab_size=vocab_size, lowercase=data_args.lowercase, show_progress=show_progress)
-    if separate:
-        return train_separate_tokenizers(
-            iter_text(sample, [src]), iter_text(sample, [tgt]), length=len(sample), **common, **options
-        )
+    if data_args.separate_vocabularies:
+        source, target = (iter_text(sample, [language]) for language in languages)
+        return train_separate_tokenizers(source, target, length=len(sample), **options)
     options.pop("target_vocab_size", None)
-    tokenizer = train_bpe_tokenizer(
-        iter_text(sample, [src, tgt]), length=2 * len(sample), **common, **options
-    )
+    tokenizer = train_bpe_tokenizer(iter_text(sample, languages), length=2 * len(sample), **options)
     return tokenizer, tokenizer
 
 
-def prepare_tokenizers(
-    data_args: DataArguments,
-    raw,
-    output_dir: str,
-    is_main_process: bool = True,
-    model_args: ModelArguments | None = None,
-    show_progress: bool = True,
-):
+def prepare_tokenizers(data_args, raw, output_dir, is_main_process=True, model_args=None, show_progress=True):
     """The given tokenizer, else the fine-tuned model's, else the one a previous (resumed) run trained, else a new
     one (main process only, with a progress bar when `show_progress`; the others load what it saved). A new
     tokenizer is written whole or not at all."""
-    saved = Path(output_dir) / "tokenizer"
-    model = Path(model_args.model_name_or_path) if model_args and model_args.model_name_or_path else None
-    own = model and any((model / name).is_file() for name in ("tokenizer.json", "source/tokenizer.json"))
-    path = data_args.tokenizer_name or (model if own else None)
-    if path or saved.is_dir() or not is_main_process:
-        path = path or saved
+    saved, model = Path(output_dir) / "tokenizer", model_args and model_args.model_name_or_path
+    own = model and any(Path(model, name).is_file() for name in ("tokenizer.json", "source/tokenizer.json"))
+    path = data_args.tokenizer_name or (model if own else None) or saved
+    if path != saved or saved.is_dir() or not is_main_process:
         source, target = load_tokenizers(path)
         check_lowercase(data_args, source, target, path)
         return source, target
@@ -158,19 +143,14 @@ def prepare_tokenizers(
 # ---------------------------------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------------------------------
-def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_tok, training_args):
+def build_model(model_args, overrides, source_tok, target_tok, training_args):
     """The model to train: the preset with the command line's fields over it and the tokenizer's vocabulary, or the
     `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config. Its attention is
     `--attn_implementation`, else this package's faster CPU path on the CPU and SDPA elsewhere."""
-    on_cpu = torch.device(training_args.device).type == "cpu"
+    on_cpu, path = torch.device(training_args.device).type == "cpu", model_args.model_name_or_path
     attention = model_args.attn_implementation or (FAST_ATTENTION if on_cpu else "sdpa")
-    if model_args.model_name_or_path:
-        model = load_model(
-            model_args.model_name_or_path,
-            VaswaniForConditionalGeneration,
-            attn_implementation=attention,
-            **overrides,
-        )
+    if path:
+        model = load_model(path, VaswaniForConditionalGeneration, attn_implementation=attention, **overrides)
         for name, tokenizer, size in (
             ("source", source_tok, model.config.vocab_size),
             ("target", target_tok, model.config.decoder_vocab_size),
@@ -178,7 +158,7 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
             if len(tokenizer) > size:
                 raise ValueError(
                     f"The {name} tokenizer has {len(tokenizer)} tokens but the model to fine-tune "
-                    f"({model_args.model_name_or_path}) only {size}: pass its own tokenizer (--tokenizer_name)"
+                    f"({path}) only {size}: pass its own tokenizer (--tokenizer_name)"
                 )
     else:
         fields = dict(
@@ -193,9 +173,8 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
     if on_cpu:
         use_cpu_kernels(model, attention=False)  # the attention was chosen above
-    name = model_args.model_name_or_path or f"{model_args.preset} preset"
-    parameters = f"{sum(p.numel() for p in model.parameters()):,}"
-    logger.info("Model: %s, %s parameters, %s attention", name, parameters, model.config._attn_implementation)
+    name, attention = path or f"{model_args.preset} preset", model.config._attn_implementation
+    logger.info("Model: %s, %s parameters, %s attention", name, f"{model.num_parameters():,}", attention)
     logger.debug("Model configuration: %s", model.config.to_diff_dict())
     return model
 
@@ -203,113 +182,100 @@ def build_model(model_args: ModelArguments, overrides: dict, source_tok, target_
 # ---------------------------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------------------------
-def train_main(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    training_args: PaperTrainingArguments,
-    overrides: dict,
-    finish_args: FinishArguments | None = None,
-) -> VaswaniTrainer:
-    """Run the whole training; returns the trainer (its model is the final one, the checkpoints are on disk)."""
-    started = time.time()
+def train_main(model_args, data_args, training_args, overrides, finish_args=None):
+    """Run the whole training (`ModelArguments`, `DataArguments`, `PaperTrainingArguments`, the config fields given
+    on the command line, `FinishArguments`); returns the trainer (its model is the final one, the checkpoints are on
+    disk)."""
+    started, args = time.time(), training_args
     finish_args = finish_args or FinishArguments()
-    with training_args.main_process_first(desc="checks"):
-        check_run(model_args, data_args, training_args, finish_args, overrides)
+    with args.main_process_first(desc="checks"):
+        check_run(model_args, data_args, args, finish_args, overrides)
     # The main process reads the text into datasets' Arrow cache first; the others then map that cache. The run's
     # folder is taken once every split it reads is read.
-    with training_args.main_process_first(desc="loading the corpus"):
-        raw, choice_sources, test_sources = read_splits(data_args, training_args, finish_args)
-        resume = take_run_folder(training_args)
-    with training_args.main_process_first(desc="tokenizer"):
+    with args.main_process_first(desc="loading the corpus"):
+        raw, choice_sources, test_sources = read_splits(data_args, args, finish_args)
+        resume = take_run_folder(args)
+    with args.main_process_first(desc="tokenizer"):
         source_tok, target_tok = prepare_tokenizers(
-            data_args,
-            raw,
-            training_args.output_dir,
-            is_main_process=training_args.process_index == 0,
-            model_args=model_args,
-            show_progress=not training_args.disable_tqdm,
+            data_args, raw, args.output_dir, args.process_index == 0, model_args, not args.disable_tqdm
         )
-    tokenized, dropped = tokenize_splits(raw, source_tok, target_tok, data_args, training_args)
+    tokenized, dropped = tokenize_splits(raw, source_tok, target_tok, data_args, args)
     digest = tokenizer_digest(source_tok, target_tok)
     if resume is not None and saved_tokenizer_digest(resume) not in (None, digest):
         # trained with other tokenizers: refused when named, from "last" the newest checkpoint of these
-        resume = resume_checkpoint(training_args, digest)
-    set_seed(training_args.seed)  # the initial weights are part of the run: the same on every rank and rerun
-    model = build_model(model_args, overrides, source_tok, target_tok, training_args)
-    n_params = sum(p.numel() for p in model.parameters())
+        resume = resume_checkpoint(args, digest)
+    set_seed(args.seed)  # the initial weights are part of the run: the same on every rank and rerun
+    model = build_model(model_args, overrides, source_tok, target_tok, args)
+    parameters = model.num_parameters()
     # The Trainer would push every checkpoint with a default card; `finish` publishes the final model once.
-    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
+    push_to_hub, args.push_to_hub = args.push_to_hub, False
+    validation = tokenized.get("validation")
     trainer = VaswaniTrainer(
         model=model,
-        args=training_args,
+        args=args,
         train_dataset=tokenized["train"],
-        # `length` is for the training sampler; with --remove_unused_columns false it would reach generate()
-        eval_dataset=tokenized["validation"].remove_columns(LENGTH_COLUMN)
-        if "validation" in tokenized
-        else None,
+        eval_dataset=validation,
         data_collator=DataCollatorForSeq2Seq(
-            source_tok, model=model, pad_to_multiple_of=getattr(training_args, "pad_to_multiple_of", None)
+            source_tok, model=model, pad_to_multiple_of=args.pad_to_multiple_of
         ),
         processing_class=target_tok,
-        compute_metrics=bleu_metric_fn(target_tok, raw["validation"][data_args.target_lang])
-        if "validation" in raw
-        else None,
+        compute_metrics=None
+        if validation is None
+        else bleu_metric_fn(target_tok, raw["validation"][data_args.target_lang]),
     )
     log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok)
     trainer.add_callback(RunTokenizer(digest))  # recorded in every checkpoint, checked on resume
-    log_recipe(training_args)
+    log_recipe(args)
     result = train_or_resume(trainer, resume)
     if result is not None:
-        # The Trainer turns the cache off while training; the saved model is for use.
-        trainer.model.config.use_cache = True
+        trainer.model.config.use_cache = (
+            True  # the Trainer turns the cache off while training; the saved model is for use
+        )
         trainer.save_model()  # the final weights in output_dir
-    training_args.push_to_hub = push_to_hub
-    output_dir = Path(training_args.output_dir)
-    if training_args.do_eval and training_args.eval_strategy == "no" and trainer.eval_dataset is not None:
+    args.push_to_hub, output_dir, main = push_to_hub, Path(args.output_dir), trainer.is_world_process_zero()
+    if args.do_eval and args.eval_strategy == "no" and validation is not None:
         metrics = trainer.evaluate()
-        if trainer.is_world_process_zero():
+        if main:
             write_json(output_dir / "eval_results.json", metrics)
-    if trainer.is_world_process_zero():
-        # A finished run resumed (result None) restores what a kill before the end left unwritten.
-        if result is not None or not _has_tokenizers(output_dir, joint=source_tok is target_tok):
-            save_tokenizers(source_tok, target_tok, output_dir)
-            if result is None:
-                logger.info("Restored the final tokenizer of %s", output_dir)
-        if result is not None or not (output_dir / "training_summary.json").is_file():
-            summary = training_summary(trainer, result, model_args, data_args, n_params, dropped, started)
-            write_json(output_dir / "training_summary.json", summary)
+    # A finished run resumed (result None) restores what a kill before the end left unwritten.
+    sides = [""] if source_tok is target_tok else [SOURCE_SUBDIR, TARGET_SUBDIR]
+    if main and (result is not None or not all((output_dir / s / "tokenizer.json").is_file() for s in sides)):
+        save_tokenizers(source_tok, target_tok, output_dir)
+        if result is None:
+            logger.info("Restored the final tokenizer of %s", output_dir)
+    if main and (result is not None or not (output_dir / "training_summary.json").is_file()):
+        summary = training_summary(trainer, result, model_args, data_args, parameters, dropped, started)
+        write_json(output_dir / "training_summary.json", summary)
     return trainer
 
 
-def log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok) -> AfterTraining:
-    """Log, before training, what runs once it ends and the most time each part should take (`AfterTraining`): the
-    final evaluation (step-based evaluation evaluates the last step; --do_eval alone once at the end), the averaging,
-    the translations of the whole validation split that choose an average or a length penalty (`choice_sources`)
-    and the test translation (`test_sources`), each timed now on this model (main process only; the others train
-    on). A warning names the flags that shorten it when it may outlast the --max_train_minutes budget, and with a
-    budget each evaluation times it again from its measured rate (`EvaluationClock`)."""
-    args, pad = trainer.args, source_tok.pad_token_id
-    timed = trainer.is_world_process_zero()
+def log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok):
+    """Log before training what runs once it ends (`AfterTraining`: the final evaluation, the averaging, the
+    translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
+    translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
+    flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
+    args, main, pad = trainer.args, trainer.is_world_process_zero(), source_tok.pad_token_id
+    test_beams = finish_args.num_beams
 
-    def bound(ids, batch, beams, *options, **keywords):  # timed by the main process; the others train on
-        return (
-            seconds_to_decode(trainer.model, ids, batch, pad, beams, *options, **keywords) if timed else None
-        )
+    def beam_seconds(sources):  # with the test's decoding; empty sources are not decoded
+        if main:
+            ids = source_tok([s for s in sources if s.strip()])["input_ids"]
+            return seconds_to_decode(trainer.model, ids, finish_args.translate_batch_size, pad, test_beams)
+        return None
 
-    def beam_bound(sources):  # with the test's decoding; empty sources are not decoded
-        ids = source_tok([s for s in sources if s.strip()])["input_ids"] if timed else []
-        return bound(ids, finish_args.translate_batch_size, finish_args.num_beams)
-
-    budget = getattr(args, "max_train_minutes", None)
+    budget, validation, evaluation = args.max_train_minutes, trainer.eval_dataset, None
     end = f"step {args.max_steps}" if args.max_steps > 0 else "the last epoch"
     when = f"training ({end})"
     if budget:
         when = f"the {budget:g}-minute budget" + ("" if args.timed_only else f" (or {end}, if sooner)")
-    parts, validation, evaluation = [], trainer.eval_dataset, None
+    parts = []
     if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):
         beams, limit = generation_settings(trainer, {})
-        batch, processes = args.per_device_eval_batch_size, args.world_size
-        evaluation = bound(validation["input_ids"], batch, beams, limit, processes, bf16_autocast=args.bf16)
+        batch, processes, ids = args.per_device_eval_batch_size, args.world_size, validation["input_ids"]
+        if main:
+            evaluation = seconds_to_decode(
+                trainer.model, ids, batch, pad, beams, limit, processes, bf16_autocast=args.bf16
+            )
         what = describe_decoding(len(validation), beams, batch, processes, limit)
         parts.append((f"a final evaluation of {what}", len(validation), evaluation))
     if max(finish_args.average_last) > 0:
@@ -319,33 +285,33 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
     choices = finish_args.chooses_average * len(set(finish_args.average_last))
     choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
     if choices and choice_sources:
-        seconds = beam_bound(choice_sources)
+        each = beam_seconds(choice_sources)
         text = f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among"
         pairs = choices * len(choice_sources) * per_pair
-        parts.append((f"{text} averages or length penalties", pairs, seconds and choices * seconds))
+        parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
     if test_sources:
-        what = describe_decoding(len(test_sources), finish_args.num_beams, finish_args.translate_batch_size)
-        parts.append(
-            (f"the test translation of {what}", len(test_sources) * per_pair, beam_bound(test_sources))
-        )
+        what = describe_decoding(len(test_sources), test_beams, finish_args.translate_batch_size)
+        pairs = len(test_sources) * per_pair
+        parts.append((f"the test translation of {what}", pairs, beam_seconds(test_sources)))
     plan = AfterTraining(when, parts)
     logger.info(plan.describe())
+    most = sum(bound or 0 for *_, bound in parts)
     if budget:
-        trainer.evaluation_clock.after_training = plan
-    most = sum(seconds or 0 for *_, seconds in parts)
+        trainer.evaluation_clock.after_training = plan  # each evaluation times it again
     if budget and most > budget * 60:
+        fewer = ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else ""
         logger.warning(
             "The work after training may take up to %s, more than the %g-minute training budget "
             "(--max_train_minutes bounds training only): --max_predict_samples N translates the first N test pairs "
             "only, --do_predict false none%s",
             describe_seconds(most),
             budget,
-            ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else "",
+            fewer,
         )
     return plan
 
 
-def read_splits(data_args: DataArguments, training_args, finish_args: FinishArguments):
+def read_splits(data_args, training_args, finish_args):
     """Every split the run reads, the small ones first, so that a bad test or validation file is named before the
     training text is read, the BPE trained or the model built: the training and validation splits (cut to
     --max_train_samples / --max_eval_samples) to train and evaluate on, the sources of the whole validation split
@@ -362,7 +328,7 @@ def read_splits(data_args: DataArguments, training_args, finish_args: FinishArgu
     return raw, list(validation[source]) if chooses else None, test_sources
 
 
-def tokenize_splits(raw: DatasetDict, source_tok, target_tok, data_args: DataArguments, training_args):
+def tokenize_splits(raw, source_tok, target_tok, data_args, training_args):
     """The token ids of the splits the run trains and evaluates on, and the pairs filtering dropped (`dropped`); the
     validation split (ids and text) sorted longest source first, for batches of similar length (the references
     follow). The training text leaves `raw`: it is not read again, and its memory map (gigabytes of pages at WMT
@@ -387,16 +353,13 @@ def tokenize_splits(raw: DatasetDict, source_tok, target_tok, data_args: DataArg
         )
     logger.info("Pairs dropped by filtering: %s", dropped)
     if "validation" in tokenized:
-        validation = sort_by_source_length(tokenized["validation"], raw["validation"])
-        tokenized["validation"], raw["validation"] = validation
+        tokenized["validation"], raw["validation"] = sort_by_source_length(
+            tokenized["validation"], raw["validation"]
+        )
+        # `length` is for the training sampler; with --remove_unused_columns false it would reach generate()
+        tokenized["validation"] = tokenized["validation"].remove_columns(LENGTH_COLUMN)
     return tokenized, dropped
 
 
-def _first(dataset, pairs: int | None):
+def _first(dataset, pairs):
     return dataset.select(range(min(pairs, len(dataset)))) if pairs else dataset
-
-
-def _has_tokenizers(folder: Path, joint: bool) -> bool:
-    if joint:
-        return (folder / "tokenizer.json").is_file()
-    return all((folder / side / "tokenizer.json").is_file() for side in (SOURCE_SUBDIR, TARGET_SUBDIR))

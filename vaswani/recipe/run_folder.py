@@ -5,7 +5,7 @@ did not write.
   `release_output_dir` or the process ends, a SIGKILL too), so that a second run into the same folder is refused at
   once instead of mixing its checkpoints with the first's; then it claims the folder. A refused command changes
   nothing there: the lock file names the process that holds it only once the folder is that run's.
-- A run marks the folder it claims (`.vaswani-run.json`). A folder that holds a run that trained (`trained`: a
+- A run marks the folder it claims (`.vaswani-run.json`). A folder that holds a run that trained (`TRAINED_EVIDENCE`: a
   checkpoint, the Trainer's state, a model, scores) is refused unless the run continues it (`--resume_from_checkpoint`)
   or replaces it (`--overwrite_output_dir`); a run that stopped before its first step (a bad input found after the
   tokenizer was trained) is replaced without asking. A folder that holds no run (no marker, no checkpoint or training
@@ -15,8 +15,7 @@ did not write.
   a tokenizer, a file a user put into a checkpoint stay) and says what it kept.
 """
 
-from __future__ import annotations
-
+import contextlib
 import fnmatch
 import json
 import logging
@@ -24,9 +23,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from ..common.errors import UsageError
 from ..common.fileio import write_json
@@ -107,45 +104,47 @@ REPLACED_WHOLE = ("checkpoint-[0-9]*", "averaged", "tokenizer")
 TEMPORARIES = (".*.tmp*", ".*.old-*", ".average-*")
 # What only a run that trained leaves (besides its checkpoint-* folders): a folder without any of it is not protected.
 TRAINED_EVIDENCE = (
+    "checkpoint-*",
     "trainer_state.json",
     "training_summary.json",
-    "model.safetensors",
-    "model.safetensors.index.json",
+    "model*.safetensors*",
+    "*_results.json",
     "averaged",
-    "test_results.json",
-    "eval_results.json",
-    "train_results.json",
     "runs",
 )
 UNTRAINED = "replacing a run that saved nothing of its training (no checkpoint, model or score)"
 OVERWRITE = "--overwrite_output_dir"
-T = TypeVar("T")
 
-_held: dict[str, int] = {}  # the output folders this process has locked: resolved path -> descriptor
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The lock
-# ---------------------------------------------------------------------------------------------------------------------
-def lock_output_dir(output_dir: str | os.PathLike) -> None:
-    """Take the run's exclusive lock on `output_dir` (created if needed), or raise `UsageError` naming the folder
-    and the process that holds it. The lock is the kernel's (`flock`): it ends with the process however it ends. A
-    process that holds the lock already takes it again at no cost."""
-    _lock(Path(output_dir))
-    _write_holder(Path(output_dir))
+_held = {}  # the output folders this process has locked: resolved path -> descriptor
 
 
-def release_output_dir(output_dir: str | os.PathLike) -> None:
+def lock_output_dir(output_dir):
+    """Take the run's exclusive lock on `output_dir` (created if needed) and name this process in its lock file, or
+    raise `UsageError` naming the folder and the process that holds it. The lock is the kernel's (`flock`): it ends
+    with the process however it ends. A process that holds the lock already takes it again at no cost."""
+    path = Path(output_dir)
+    _lock(path)
+    if (descriptor := _held.get(str(path.resolve()))) is not None:
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
+
+
+def release_output_dir(output_dir):
     """Release the lock `lock_output_dir` took (nothing if this process holds none)."""
     descriptor = _held.pop(str(Path(output_dir).resolve()), None)
     if descriptor is not None:
         os.close(descriptor)  # closing the descriptor releases the flock
 
 
-def _lock(path: Path, create: bool = True) -> list[Path]:
+def _lock(path, create=True):
     """Take the lock on `path`, writing nothing into it but what is missing (the folder, an empty lock file), which is
-    returned, newest first, so that a refusal can remove it again; `_write_holder` then names this process in the
-    lock file. With `create` false, only refuse a folder another process holds, creating and keeping nothing."""
+    returned, newest first, so that a refusal can remove it again. With `create` false, only refuse a folder another
+    process holds, creating and keeping nothing."""
     lock, key = path / LOCK_FILE, str(path.resolve())
     created = [item for item in (lock, path, *path.parents) if create and not item.exists()]
     if create:
@@ -157,8 +156,9 @@ def _lock(path: Path, create: bool = True) -> list[Path]:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
-            holder = json.loads(os.pread(descriptor, 4096, 0).decode() or "{}")
-            holder = f" (process {holder['pid']} on {holder['host']}, since {holder['since']})"
+            holder = " (process {pid} on {host}, since {since})".format(
+                **json.loads(os.pread(descriptor, 4096, 0))
+            )
         except (OSError, ValueError, KeyError, TypeError):
             holder = ""
         os.close(descriptor)
@@ -173,52 +173,13 @@ def _lock(path: Path, create: bool = True) -> list[Path]:
     return created
 
 
-def _write_holder(path: Path) -> None:
-    descriptor = _held.get(str(path.resolve()))
-    if descriptor is not None:
-        os.ftruncate(descriptor, 0)
-        holder = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
-        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Whose folder it is
-# ---------------------------------------------------------------------------------------------------------------------
-def holds_run(path: Path) -> bool:
-    """Whether the folder holds a vaswani run: its marker, or the training state of a run from before the marker."""
-    if any((path / name).is_file() for name in (MARKER, "training_summary.json", "trainer_state.json")):
-        return True
-    return any((folder / "trainer_state.json").is_file() for folder in path.glob("checkpoint-*"))
-
-
-def trained(path: Path) -> bool:
-    """Whether the run in `path` trained: a checkpoint, the Trainer's state or logs, a final or averaged model, a
-    summary or scores. A run that stopped before its first step (a bad input found after the tokenizer was trained)
-    leaves nothing of that, and nothing to protect."""
-    return any((path / name).exists() for name in TRAINED_EVIDENCE) or any(path.glob("checkpoint-*"))
-
-
-def take_output_dir(
-    output_dir: str | os.PathLike,
-    overwrite: bool,
-    resuming: bool,
-    check: Callable[[], T] | None = None,
-    claim: bool = True,
-) -> T | None:
-    """Lock `output_dir` for this run and make it this run's folder, marked (`MARKER`); `check` (e.g. choosing the
-    checkpoint to resume from) runs under the lock before anything is written, and its result is returned. A folder
-    that holds anything is refused (`UsageError`) unless it holds a run that this one continues (`resuming`) or
-    replaces (`overwrite`: what a run wrote there is deleted first, so no checkpoint, model or score of the earlier
-    run survives next to the new ones, and nothing else is touched), or a run that never trained (`trained`), which
-    is replaced the same way; a folder that holds no run is refused either way. A refusal (or any error of `check`)
-    changes nothing in the folder: the lock file is written with this process's details only once the folder is
-    this run's, and a folder or lock file that the lock had to create is removed again. With `claim` false, it
-    refuses what it would refuse (a folder another run holds included) and returns `check()` without creating or
-    writing anything: the check before any data is read."""
+def take_output_dir(output_dir, overwrite, resuming, check, claim=True):
+    """Lock `output_dir` and make it this run's folder, marked (`MARKER`), once `check()` (choosing the checkpoint
+    to resume from) has run under the lock; returns its result. The run continues (`resuming`) or replaces
+    (`overwrite`, or a run that never trained: `_replacing`) the run in it. A refusal, or an error of `check`,
+    changes nothing: the lock file names this process only once the folder is the run's, and a folder or lock file
+    the lock created is removed again. With `claim` false it only refuses what it would refuse and returns `check()`,
+    creating and writing nothing: the check before any data is read."""
     if overwrite and resuming:
         raise UsageError(
             "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
@@ -228,43 +189,41 @@ def take_output_dir(
     created = _lock(path, create=claim)
     try:
         replacing = _replacing(path, overwrite, resuming)
-        result = check() if check is not None else None
+        result = check()
     except BaseException:
-        if claim:  # undo `_lock`: release it and remove what it created (only if still empty)
+        if claim:
             release_output_dir(path)
-            for item in created:
-                try:
-                    item.unlink() if item.name == LOCK_FILE else item.rmdir()
-                except OSError:
-                    pass  # no longer empty: something else wrote there
+        for item in created:  # removed unless something else wrote there since
+            with contextlib.suppress(OSError):
+                item.unlink() if item.name == LOCK_FILE else item.rmdir()
         raise
     if claim:
-        _write_holder(path)
+        lock_output_dir(path)  # held already: names this process in the lock file
         if replacing:
             _remove_run(path, replacing)
         if replacing or not (path / MARKER).is_file():
-            claimed = time.strftime("%Y-%m-%d %H:%M:%S")
-            write_json(path / MARKER, {"written_by": "vaswani-train", "claimed": claimed})
+            write_json(
+                path / MARKER, {"written_by": "vaswani-train", "claimed": time.strftime("%Y-%m-%d %H:%M:%S")}
+            )
     return result
 
 
-def _replacing(path: Path, overwrite: bool, resuming: bool) -> str | None:
+def _replacing(path, overwrite, resuming):
     """Why claiming `path` replaces the run in it (`OVERWRITE` or `UNTRAINED`; None: the claim only marks it), or the
     `UsageError` that refuses it; nothing is written."""
     entries = _entries(path, overwrite)
     if not entries or resuming:
         return None
-    if not overwrite and trained(path):
+    if not overwrite and any(_matches(name, TRAINED_EVIDENCE) for name in entries):
         raise UsageError(
             f"--output_dir {path} already holds a run ({_shown(entries)}): continue it with "
             "--resume_from_checkpoint last, replace it with --overwrite_output_dir, or choose another --output_dir"
         )
-    why = OVERWRITE if overwrite else UNTRAINED
     # A file of the user's inside a folder that a run replaces whole would be lost later: replacing is refused.
     inside = [
         f"{entry.name}/{relative}"
         for entry in sorted(path.iterdir())
-        if entry.is_dir() and not entry.is_symlink() and _matches(entry.name, REPLACED_WHOLE)
+        if _matches(entry.name, REPLACED_WHOLE) and _real_folder(entry)
         for _, relative in _files(entry)
         if not _matches(relative, _run_patterns(entry))
     ]
@@ -274,18 +233,17 @@ def _replacing(path: Path, overwrite: bool, resuming: bool) -> str | None:
             f"{what}: {path} holds files that a run did not write inside folders a run replaces "
             f"whole ({_shown(inside)}); move them out of {path} first (nothing was removed)"
         )
-    return why
+    return OVERWRITE if overwrite else UNTRAINED
 
 
-def _entries(path: Path, overwrite: bool) -> list[str]:
+def _entries(path, overwrite):
     """The folder's entries (none for a new or empty folder), or `UsageError` naming a few when `path` is a file, or a
-    folder that holds things but no run."""
+    folder that holds things but no run: no marker, no training state of a run from before the marker."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"--output_dir {path} is a file, not a folder")
-    entries = (
-        sorted(p.name for p in path.iterdir() if p.name not in (MARKER, LOCK_FILE)) if path.is_dir() else []
-    )
-    if entries and not holds_run(path):
+    entries = sorted(set(os.listdir(path)) - {MARKER, LOCK_FILE}) if path.is_dir() else []
+    states = (MARKER, "training_summary.json", "trainer_state.json", "checkpoint-*/trainer_state.json")
+    if entries and not any(item.is_file() for state in states for item in path.glob(state)):
         extra = (
             " (--overwrite_output_dir removes only what a run wrote, never other files)" if overwrite else ""
         )
@@ -296,27 +254,34 @@ def _entries(path: Path, overwrite: bool) -> list[str]:
     return entries
 
 
-def _shown(names: list[str]) -> str:
+def _shown(names):
     return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
-def _matches(name: str, patterns) -> bool:
+def _matches(name, patterns):
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def _files(folder: Path) -> list[tuple[Path, str]]:
+def _real_folder(item):
+    return item.is_dir() and not item.is_symlink()
+
+
+def _files(folder):
     """Every file (or link) under `folder`, with its path relative to it."""
-    items = (item for item in sorted(folder.rglob("*")) if not (item.is_dir() and not item.is_symlink()))
-    return [(item, item.relative_to(folder).as_posix()) for item in items]
+    return [
+        (item, item.relative_to(folder).as_posix())
+        for item in sorted(folder.rglob("*"))
+        if not _real_folder(item)
+    ]
 
 
-def _run_patterns(entry: Path) -> tuple[str, ...] | bool | None:
+def _run_patterns(entry):
     """What a run wrote of `entry`, a top-level entry of its folder: all of it (True), the files under it that match
     the patterns returned (a run's folder), or nothing (None: another model's `config.json` too)."""
     name = entry.name
     if _matches(name, TEMPORARIES) or (entry.is_symlink() and _matches(name, RUN_FOLDERS)):
         return True
-    if entry.is_dir() and not entry.is_symlink():
+    if _real_folder(entry):
         if name in ("source", "target") and not (entry / "tokenizer.json").is_file():
             return None  # a folder of that name without a tokenizer is not the run's
         return next(
@@ -330,16 +295,14 @@ def _run_patterns(entry: Path) -> tuple[str, ...] | bool | None:
     return _matches(name, RUN_FILES) or None
 
 
-def _remove_run(path: Path, why: str) -> None:
+def _remove_run(path, why):
     """Delete the files an earlier run wrote into `path`, and nothing else (`_replacing` has refused a folder where
-    that would lose a file of the user's later); `why`: the reason, for the log."""
+    that would lose a file of the user's later), emptied folders with them; `why`: the reason, for the log."""
     removed, kept = [], []
-    for entry in sorted(path.iterdir()):
-        if entry.name in (MARKER, LOCK_FILE):
-            continue
+    for entry in sorted(set(path.iterdir()) - {path / MARKER, path / LOCK_FILE}):
         patterns = _run_patterns(entry)
         if patterns is True:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            shutil.rmtree(entry) if _real_folder(entry) else entry.unlink()
             removed.append(entry.name)
         elif patterns is None:
             kept.append(entry.name)
@@ -348,22 +311,25 @@ def _remove_run(path: Path, why: str) -> None:
             for item, relative in _files(entry):
                 if _matches(relative, patterns):
                     item.unlink()
-                    emptied.update(
-                        parent for parent in item.parents if parent == entry or entry in parent.parents
-                    )
+                    emptied.update(Path(relative).parents)  # "." among them: `entry` itself
                 else:
-                    left.append(relative)
-            for folder in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
-                if not any(folder.iterdir()):
-                    folder.rmdir()
-            kept.extend(f"{entry.name}/{relative}" for relative in left)
-            removed.extend([] if left else [entry.name])
-    what = ", ".join(removed) or "nothing"
-    logger.info("%s: removed the earlier run's %s from %s", why[0].upper() + why[1:], what, path)
+                    left.append(f"{entry.name}/{relative}")
+            for folder in sorted(emptied, key=lambda folder: len(folder.parts), reverse=True):
+                if not any((entry / folder).iterdir()):
+                    (entry / folder).rmdir()
+            kept += left
+            removed += [] if left else [entry.name]
+    logger.info(
+        "%s: removed the earlier run's %s from %s",
+        why[0].upper() + why[1:],
+        ", ".join(removed) or "nothing",
+        path,
+    )
     if kept:
+        more = f" and {len(kept) - 10} more" if len(kept) > 10 else ""
         logger.warning(
             "Left in %s (not written by a vaswani run, so not removed by %s): %s",
             path,
             why,
-            ", ".join(kept[:10]) + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""),
+            ", ".join(kept[:10]) + more,
         )

@@ -3,30 +3,20 @@ an optional linear cool-down at the end of a run of known length (`--lr_cooldown
 
 The optimizer's learning rate is the schedule's peak, as in transformers (`--learning_rate`): the schedule multiplies
 it by `warmup_factor`, which rises linearly to 1 at step `warmup_steps` and falls as step^-0.5 after it. The paper's
-own peak, d_model^-0.5 * warmup_steps^-0.5, makes this exactly Eq. 3 (`paper_peak_learning_rate`). A run that will end
-inside the warm-up is warned of (`WarmupEnd`)."""
-
-from __future__ import annotations
+own peak, d_model^-0.5 * warmup_steps^-0.5 (`paper_peak_learning_rate`), makes this exactly Eq. 3:
+lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5), step_num from 1. A run that will end inside
+the warm-up is warned of (`WarmupEnd`)."""
 
 import logging
 import time
-from functools import partial
 
 import torch
 from transformers import TrainerCallback
 
-from .callbacks import TimeBudget
-
 logger = logging.getLogger(__name__)
 
 
-def paper_learning_rate(step: int, d_model: int, warmup_steps: int) -> float:
-    """lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5) (§5.3, Eq. 3), step_num from 1."""
-    step = max(step, 1)
-    return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
-
-
-def paper_peak_learning_rate(d_model: int, warmup_steps: int, constant: float = 1.0) -> float:
+def paper_peak_learning_rate(d_model, warmup_steps, constant=1.0):
     """The highest rate of Eq. 3, reached at step `warmup_steps`: d_model^-0.5 * warmup_steps^-0.5, times
     tensor2tensor's `learning_rate_constant` (1.0: the paper)."""
     if warmup_steps <= 0:
@@ -34,13 +24,13 @@ def paper_peak_learning_rate(d_model: int, warmup_steps: int, constant: float = 
     return constant * (d_model * warmup_steps) ** -0.5
 
 
-def warmup_factor(step: int, warmup_steps: int) -> float:
+def warmup_factor(step, warmup_steps):
     """Eq. 3 divided by its peak: min(step^-0.5, step * warmup^-1.5) / warmup^-0.5, 1 at step `warmup_steps`."""
     step = max(step, 1)
     return min(step**-0.5, step * warmup_steps**-1.5) * warmup_steps**0.5
 
 
-def cooldown_factor(progress: float, fraction: float) -> float:
+def cooldown_factor(progress, fraction):
     """The multiplier of `--lr_cooldown_fraction`: 1 until the last `fraction` of the run, then falling linearly
     to 0 at its end (`progress` 1). `fraction` 0 is the paper's schedule: always 1."""
     if fraction <= 0:
@@ -48,54 +38,34 @@ def cooldown_factor(progress: float, fraction: float) -> float:
     return min(1.0, max(0.0, (1.0 - progress) / fraction))
 
 
-def paper_schedule(
-    optimizer: torch.optim.Optimizer,
-    warmup_steps: int,
-    cooldown_fraction: float = 0.0,
-    max_steps: int = 1,
-    budget: TimeBudget | None = None,
-):
+def paper_schedule(optimizer, warmup_steps, cooldown_fraction=0.0, max_steps=1, budget=None):
     """A `LambdaLR` giving each parameter group `learning_rate * warmup_factor(step)`: the optimizer's learning rate
     is the peak, reached at step `warmup_steps`; with `paper_peak_learning_rate(d_model, warmup_steps)` as that rate,
     exactly Eq. 3.
 
     `cooldown_fraction` > 0 (`--lr_cooldown_fraction`, not the paper) multiplies it by `cooldown_factor`, with the
-    run's progress the larger of the step fraction (`step / max_steps`) and, with a time budget, the share of
-    `--max_train_minutes` spent: the learning rate reaches 0 where the run ends, whichever limit ends it."""
+    run's progress the larger of the step fraction (`step / max_steps`) and, with a time budget (`TimeBudget`), the
+    share of `--max_train_minutes` spent: the learning rate reaches 0 where the run ends, whichever limit ends it."""
     if warmup_steps <= 0:
         raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        partial(
-            _shifted_warmup_factor,
-            warmup_steps=warmup_steps,
-            cooldown_fraction=cooldown_fraction,
-            max_steps=max_steps,
-            budget=budget,
-        ),
-    )
+
+    def factor(step):  # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update
+        progress = max(step / max(max_steps, 1), budget.elapsed_fraction() if budget else 0.0)
+        return warmup_factor(step + 1, warmup_steps) * cooldown_factor(progress, cooldown_fraction)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _shifted_warmup_factor(step, warmup_steps, cooldown_fraction, max_steps, budget) -> float:
-    # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update.
-    factor = warmup_factor(step + 1, warmup_steps)
-    if not cooldown_fraction:
-        return factor
-    progress = step / max(max_steps, 1)
-    if budget is not None:
-        progress = max(progress, budget.elapsed_fraction())
-    return factor * cooldown_factor(progress, cooldown_fraction)
-
-
-def warn_of_a_run_inside_the_warmup(args, steps: int, bound: str) -> None:
+def warn_of_a_run_inside_the_warmup(args, steps, bound):
     """Warn that `bound` (the flag that ends the run, in words) ends it after `steps` steps, inside the §5.3 warm-up."""
+    warmup = int(args.warmup_steps)
     logger.warning(
         "%s ends the run inside the %d warm-up steps of the §5.3 schedule: the learning rate rises to %.3g only, "
         "not to the peak %.3g (--learning_rate). Give --warmup_steps below %d, or --paper_lr_schedule false to use "
         "--lr_scheduler_type as transformers does",
         bound,
-        int(args.warmup_steps),
-        args.learning_rate * warmup_factor(steps, int(args.warmup_steps)),
+        warmup,
+        args.learning_rate * warmup_factor(steps, warmup),
         args.learning_rate,
         steps,
     )
@@ -106,17 +76,16 @@ class WarmupEnd(TrainerCallback):
     step when its steps (--max_steps, or the epochs') end it there; with only a time budget of `seconds`, once a
     minute (or a twentieth of the budget) has passed, when the steps at that pace do."""
 
-    def __init__(self, seconds: float | None = None):
+    def __init__(self, seconds=None):
         self.seconds = seconds
-        self.started = self.first = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started, self.first = time.monotonic(), state.global_step
         if not args.timed_only and state.max_steps < args.warmup_steps:
-            epochs = f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
-            warn_of_a_run_inside_the_warmup(
-                args, state.max_steps, f"--max_steps {args.max_steps}" if args.max_steps > 0 else epochs
-            )
+            bound = f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
+            if args.max_steps > 0:
+                bound = f"--max_steps {args.max_steps}"
+            warn_of_a_run_inside_the_warmup(args, state.max_steps, bound)
             self.seconds = None  # said once
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -2,67 +2,54 @@
 reports it (`vaswani.publishing.model_card.TrainingSummary`); and what a run says of its batches and learning rate
 before it starts (`log_recipe`)."""
 
-from __future__ import annotations
-
 import logging
 import os
 import time
 
 import torch
 
-from .arguments import DataArguments, ModelArguments, PaperTrainingArguments
 from .callbacks import TrainingClock
 
 logger = logging.getLogger(__name__)
 
 
-def training_summary(
-    trainer,
-    result,
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    parameters: int,
-    dropped: dict,
-    started: float,
-) -> dict:
-    """The summary of the run `trainer` has just trained (`result`: its `TrainOutput`) into a model of `parameters`
-    parameters; `dropped`: the pairs filtering dropped, `started`: the run's start (`time.time()`)."""
-    args: PaperTrainingArguments = trainer.args
-    tokens_per_step = (args.max_tokens or 0) * args.gradient_accumulation_steps * max(args.world_size, 1)
+def training_summary(trainer, result, model_args, data_args, parameters, dropped, started):
+    """The summary of the run `trainer` has just trained (`result`: its `TrainOutput`, None for a finished run resumed)
+    into a model of `parameters` parameters; `dropped`: the pairs filtering dropped, `started`: the run's start
+    (`time.time()`)."""
+    args, processes = trainer.args, max(trainer.args.world_size, 1)
     schedule = args.lr_scheduler_type
     if args.paper_lr_schedule:
         schedule = "§5.3 inverse square root with linear warm-up"
         if args.lr_cooldown_fraction:
             schedule += f", falling linearly to 0 over the last {args.lr_cooldown_fraction:.0%} of the run"
+    hardware = f"CPU ({os.cpu_count()} cores{f', {processes} processes' if processes > 1 else ''}, torch {torch.__version__})"
     if torch.cuda.is_available():
-        hardware = f"{max(args.world_size, 1)} x {torch.cuda.get_device_name(0)}"
-    else:
-        processes = f", {args.world_size} processes" if args.world_size > 1 else ""
-        hardware = f"CPU ({os.cpu_count()} cores{processes}, torch {torch.__version__})"
+        hardware = f"{processes} x {torch.cuda.get_device_name(0)}"
     # seconds of training over the whole run (a killed and resumed run included)
-    clock = next((c for c in trainer.callback_handler.callbacks if isinstance(c, TrainingClock)), None)
+    clock = next(c for c in trainer.callback_handler.callbacks if isinstance(c, TrainingClock))
     return {
         # the keys of vaswani.publishing.model_card.TrainingSummary, reported on the model card
         "source_lang": data_args.source_lang,
         "target_lang": data_args.target_lang,
         "dataset": data_args.source,
-        "preset": model_args.preset if not model_args.model_name_or_path else None,
+        "preset": None if model_args.model_name_or_path else model_args.preset,
         "steps": trainer.state.global_step,
-        "batch_tokens": tokens_per_step or None,
+        "batch_tokens": (args.max_tokens or 0) * args.gradient_accumulation_steps * processes or None,
         "schedule": schedule,
         "warmup_steps": args.warmup_steps,
         "peak_learning_rate": args.learning_rate,  # the peak itself, as in transformers
         "hardware": hardware,
         "precision": "bf16 autocast" if args.bf16 else "fp16 autocast" if args.fp16 else "fp32",
-        "train_runtime": clock.seconds if clock else result.metrics.get("train_runtime"),
+        "train_runtime": clock.seconds,
         # more detail
         "fine_tuned_from": model_args.model_name_or_path,
         "parameters": parameters,
         "wall_time_s": time.time() - started,
         "max_tokens_per_device": args.max_tokens,
-        "sentences_per_device": args.max_sentences
-        if args.max_tokens is not None
-        else args.per_device_train_batch_size,
+        "sentences_per_device": args.per_device_train_batch_size
+        if args.max_tokens is None
+        else args.max_sentences,
         "learning_rate_constant": args.learning_rate_constant,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "label_smoothing": args.label_smoothing_factor,
@@ -71,27 +58,22 @@ def training_summary(
     }
 
 
-def describe_batches(args) -> str:
-    """The batches a run trains on, in words."""
+def log_recipe(args):
+    """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
+    the §5.3 warm-up)."""
+    batches = f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
     if args.max_tokens is None:
-        return f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
-    if args.max_sentences is not None:
-        return (
+        batches = f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
+    elif args.max_sentences is not None:
+        batches = (
             f"token-budget batches of at most {args.max_tokens} tokens and {args.max_sentences} sentences per "
             "device (--max_tokens, --per_device_train_batch_size)"
         )
-    return f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
-
-
-def log_recipe(args) -> None:
-    """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
-    the §5.3 warm-up)."""
-    logger.info("Batches: %s", describe_batches(args))
+    logger.info("Batches: %s", batches)
     if not args.paper_lr_schedule:
+        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
         logger.info(
-            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)",
-            args.learning_rate,
-            getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type),
+            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)", args.learning_rate, schedule
         )
         return
     logger.info(
