@@ -72,6 +72,7 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
     stay as they are."""
     int8 = False
     for module in model.modules():
+        _forget(module, "_vaswani_shared_input")  # regrouped below
         fast = _FAST_MODULES.get(type(module))
         if fast is Linear and not _is_plain(module.weight):
             # torchao's dynamic int8 weights take Int8Linear; other quantized weights stay as they are
@@ -100,26 +101,20 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
 
 def _group_projections(model):
     """The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
-    K and V of every encoder-decoder attention, which all take the encoder's output (float). A second call regroups
-    or ungroups."""
+    K and V of every encoder-decoder attention, which all take the encoder's output (float)."""
     attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
-    groups = []
-    for module in attentions:
-        projections = (module.q_proj, module.k_proj, module.v_proj)
-        for projection in projections:
-            _forget(projection, "_vaswani_shared_input")
-        if module.is_cross_attention:
-            continue
-        if SharedInputProjections.applies(*projections):
-            groups.append(SharedInputProjections(*projections))  # int8
-        elif StackedProjections.applies(*projections):
-            groups.append(StackedProjections(*projections))  # float weights, in bf16 autocast
     memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
-    if StackedProjections.applies(*memory):
-        groups.append(StackedProjections(*memory))
-    for group in groups:
-        for projection in group.modules:
-            projection.__dict__["_vaswani_shared_input"] = group
+    candidates = [
+        ((SharedInputProjections, StackedProjections), (m.q_proj, m.k_proj, m.v_proj))
+        for m in attentions
+        if not m.is_cross_attention
+    ]
+    for kinds, projections in [*candidates, ((StackedProjections,), memory)]:
+        kind = next((kind for kind in kinds if kind.applies(*projections)), None)
+        if kind is not None:
+            group = kind(*projections)
+            for projection in projections:
+                projection.__dict__["_vaswani_shared_input"] = group
 
 
 def use_plain_modules(model: nn.Module) -> nn.Module:

@@ -68,5 +68,5 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 class Dropout(nn.Dropout):
     """`nn.Dropout` whose CPU training masks come from `dropout`'s 15 random bits per element."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         return dropout(x, self.p, self.training)

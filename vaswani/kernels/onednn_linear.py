@@ -156,7 +156,7 @@ class Linear(nn.Linear):
     not: `use_plain_modules` undoes it).
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         y = _shared_result(self, x)
         if y is not None:
             return y
