@@ -59,7 +59,7 @@ def _forget(module, *names):
         module.__dict__.pop(name, None)
 
 
-def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool = True) -> nn.Module:
+def use_cpu_kernels(model, attention=True, int8_output=True):
     """Turn this module's kernels on in `model`, in place, and return it: every `nn.Linear` becomes a `Linear` and
     every `nn.Dropout` a `Dropout` (their class is changed, so parameters, ties, hooks and device stay as they are),
     and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. On a GPU, and under
@@ -117,7 +117,7 @@ def _group_projections(model):
                 projection.__dict__["_vaswani_shared_input"] = group
 
 
-def use_plain_modules(model: nn.Module) -> nn.Module:
+def use_plain_modules(model):
     """Undo `use_cpu_kernels`: the modules become `nn.Linear` and `nn.Dropout` again and `"vaswani_sdpa"` attention
     becomes "sdpa"."""
     for module in model.modules():

@@ -12,7 +12,7 @@ from transformers.utils import is_torchdynamo_compiling
 from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, _shared_result, onednn_features
 
 
-def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
+def torchao_int8_dynamic(weight):
     """Whether `weight` is what `from_pretrained(..., quantization_config=TorchAoConfig(
     Int8DynamicActivationInt8WeightConfig()))` puts in a linear layer: torchao's `Int8Tensor` of a float32 matrix, one
     symmetric scale per output row, activations quantized on the fly per row and symmetric (torchao's defaults), with
@@ -91,7 +91,7 @@ def _exact(packed):
     return torch.equal(product, (rows.long() @ weight.long().t()).float())
 
 
-def exact_int8_products() -> bool:
+def exact_int8_products():
     """Whether the int8 kernels run here: on a CPU whose int8 GEMM is exact (`_exact`). Elsewhere `Int8Linear`
     leaves its layers to torchao and `use_cpu_kernels` keeps the output projection in float32."""
     return _exact(False)
@@ -115,9 +115,7 @@ def _int8_product(quantized, qdata, packed):
     )
 
 
-def int8_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None
-) -> torch.Tensor:
+def int8_linear(x, weight, bias, packed=None):
     """`F.linear(x, weight, bias)` for a `torchao_int8_dynamic` weight, in torchao's arithmetic op for op: each row of
     x quantized to int8 (`_quantize_rows`; [-64, 63] with `reduce_range`), the int32 product (exact: `_int8_product`),
     then scaled by the row's scale and the weight's, and the bias added. torchao computes the same product and scales;
@@ -202,11 +200,9 @@ class SharedInputProjections:
         computes all of them and keeps the others' results for their calls on `x`."""
         if module is self.modules[0]:
             parts = self._products(x).split([m.out_features for m in self.modules], dim=-1)
-            identity = _identity(x)
             self.pending = {
-                id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
+                id(m): (x, _identity(x), part) for m, part in zip(self.modules, parts, strict=True)
             }
-            return self._result(parts[0])
         entry = self.pending.pop(id(module), None)
         if entry is not None and entry[0] is x and entry[1] == _identity(x):
             return self._result(entry[2])

@@ -135,9 +135,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         return *grads, None, None, None
 
 
-def label_smoothed_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.0, chunk_elements: int | None = None
-) -> torch.Tensor:
+def label_smoothed_cross_entropy(logits, labels, epsilon=0.0, chunk_elements=None):
     """Sum over the rows with labels != -100 of the cross-entropy of `logits` (..., V) against `labels` (...),
     label-smoothed by `epsilon` (§5.4), in float32: `F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(),
     ignore_index=-100, reduction="sum", label_smoothing=epsilon)` to rounding, with less memory. `chunk_elements` logits
@@ -155,13 +153,13 @@ def label_smoothed_cross_entropy(
 
 
 def linear_label_smoothed_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    labels: torch.Tensor,
-    epsilon: float = 0.0,
-    chunk_elements: int | None = None,
-) -> torch.Tensor:
+    hidden,
+    weight,
+    bias,
+    labels,
+    epsilon=0.0,
+    chunk_elements=None,
+):
     """`label_smoothed_cross_entropy(F.linear(hidden, weight, bias), labels, epsilon)` to rounding, without ever
     holding the (N, V) logits or their gradient: the output projection and the loss computed together, chunk by chunk
     of `chunk_elements` logits (by default 2**22 on the CPU, a chunk that stays in the last-level cache; 2**26
