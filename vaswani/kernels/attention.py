@@ -84,10 +84,8 @@ def matmul_attention(
     scores = attention_scores(query, key, attention_mask, scaling)  # the eager function's
     keys = scores.shape[-1]
     if keys < SOFTMAX_MIN_KEYS and not is_torchdynamo_compiling():
-        padded = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)
-        weights = torch.softmax(padded, dim=-1)[..., :keys].to(query.dtype)
-    else:
-        weights = torch.softmax(scores, dim=-1).to(query.dtype)
+        scores = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)
+    weights = torch.softmax(scores, dim=-1)[..., :keys].to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)
     return output, weights

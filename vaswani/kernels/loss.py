@@ -95,19 +95,18 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
             buffer = chunk if in_float32 else torch.empty(shape, **float32)
         for start in range(0, rows, chunk_rows):
             h = hidden[start : start + chunk_rows]
-            part = slice(start, start + h.shape[0])
-            scratch = None if buffer is None else buffer[: h.shape[0]]
-            if weight is None:
-                grad = None if grad_hidden is None else grad_hidden[part]
-                total += _chunk_loss(h, labels[part], eps, scratch, grad)
-                continue
-            if bias is None:
-                logits = torch.mm(h, weight.t(), out=chunk[: h.shape[0]])
-            else:
-                logits = torch.addmm(bias, h, weight.t(), out=chunk[: h.shape[0]])
-            gradient = needs_hidden or needs_weight or needs_bias
-            total += _chunk_loss(logits, labels[part], eps, scratch, logits if gradient else None)
-            if needs_hidden:
+            part, n = slice(start, start + len(h)), len(h)
+            if weight is None:  # the logits given: their gradient written into dL/dhidden
+                logits, grad = h, None if grad_hidden is None else grad_hidden[part]
+            else:  # the chunk's gradient G over its logits
+                logits = (
+                    torch.mm(h, weight.t(), out=chunk[:n])
+                    if bias is None
+                    else torch.addmm(bias, h, weight.t(), out=chunk[:n])
+                )
+                grad = logits if needs_hidden or needs_weight or needs_bias else None
+            total += _chunk_loss(logits, labels[part], eps, None if buffer is None else buffer[:n], grad)
+            if needs_hidden and weight is not None:
                 torch.mm(logits, weight, out=grad_hidden[part])
             if needs_weight:
                 grad_weight += logits.t().mm(h)
