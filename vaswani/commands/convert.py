@@ -4,8 +4,6 @@ The conversion, its checks and its limits are `vaswani.interop.convert`'s (its d
 `VaswaniConfig` field); the folder written loads with `pipeline("translation", ..., trust_remote_code=True)`.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg

@@ -3,10 +3,7 @@
 The export itself is `vaswani.interop.export.export`; `vaswani-translate --engine ctranslate2|onnx` decodes the result.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
-from pathlib import Path
 
 from transformers.hf_argparser import HfArg
 
@@ -52,7 +49,7 @@ class ExportArguments:
 
 
 @command("vaswani-export")
-def main(argv) -> Path:
+def main(argv):
     (args,) = parse_args(ExportArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
     from ..interop.export import export  # torch and transformers: only when the tool runs

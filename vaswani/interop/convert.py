@@ -47,15 +47,12 @@ or right-padded inputs (what the tokenizers and `generate()` produce); compare l
 `convert` extra: `pip install "vaswani-transformer[convert]"` (sentencepiece for Marian, sacremoses for FSMT).
 """
 
-from __future__ import annotations
-
 import copy
 import logging
-import os
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoTokenizer
 
 from ..common.fileio import atomic_folder
 from ..configuration_vaswani import ACTIVATIONS, VaswaniConfig
@@ -113,7 +110,7 @@ PARITY_TOLERANCE = 1e-4
 # --------------------------------------------------------------------------------------------------------------------
 # Configuration: what the source does beyond the paper, as VaswaniConfig fields
 # --------------------------------------------------------------------------------------------------------------------
-def check_source_config(config: PreTrainedConfig) -> None:
+def check_source_config(config):
     """Raise `ValueError` naming the attribute and its value when the source cannot become a `vaswani` model."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SOURCE_ARCHITECTURES:
@@ -145,7 +142,7 @@ def check_source_config(config: PreTrainedConfig) -> None:
         )
 
 
-def vaswani_config(config: PreTrainedConfig, share_embeddings: bool, tie_output: bool) -> VaswaniConfig:
+def vaswani_config(config, share_embeddings, tie_output):
     """The `VaswaniConfig` of a Marian or FSMT configuration. `share_embeddings`: the source's encoder and decoder embed
     tokens with one matrix; `tie_output`: its output projection is the decoder's embedding matrix."""
     check_source_config(config)
@@ -197,21 +194,21 @@ RENAMES = {
 POSITION_TABLES = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 
 
-def sinusoid_difference(source: PreTrainedModel, config: VaswaniConfig) -> float:
-    """How far the source's position tables are from the sinusoids `config` computes (at the positions it uses)."""
-    state = source.state_dict()
-    difference = 0.0
-    for name in POSITION_TABLES:
-        table = state[name][config.position_offset :].float()
-        positions = torch.arange(config.position_offset, config.position_offset + table.shape[0])
-        expected = sinusoidal_positional_encoding(
-            positions, config.d_model, config.sinusoid_layout, config.sinusoid_frequencies
-        )
-        difference = max(difference, (table - expected).abs().max().item())
-    return difference
+def sinusoid_difference(weights, config):
+    """How far the source's position tables (in its state dict `weights`; both of one length) are from the
+    sinusoids `config` computes, at the positions it uses."""
+    offset = config.position_offset
+    tables = torch.stack([weights[name][offset:].float() for name in POSITION_TABLES])
+    expected = sinusoidal_positional_encoding(
+        torch.arange(offset, offset + tables.shape[1]),
+        config.d_model,
+        config.sinusoid_layout,
+        config.sinusoid_frequencies,
+    )
+    return (tables - expected).abs().max().item()
 
 
-def convert_model(source: PreTrainedModel) -> VaswaniForConditionalGeneration:
+def convert_model(source):
     """The `vaswani` model computing what `source` (a loaded `MarianMTModel` or `FSMTForConditionalGeneration`)
     computes, with the source's generation settings and `length_penalty_form="power"`."""
     check_source_config(source.config)
@@ -224,8 +221,9 @@ def convert_model(source: PreTrainedModel) -> VaswaniForConditionalGeneration:
         share_embeddings=source.get_parameter("model.encoder.embed_tokens.weight") is decoder_embeddings,
         tie_output=output_projection is decoder_embeddings,
     )
+    weights = source.state_dict()
     computed = POSITION_TABLES  # the sinusoids, computed on the fly
-    difference = sinusoid_difference(source, config)
+    difference = sinusoid_difference(weights, config)
     if difference > POSITION_TABLE_TOLERANCE:
         # FSMT's tables are parameters that fine-tuning moves; the moved table becomes a learned one (Table 3 row E).
         rows = source.get_parameter(POSITION_TABLES[0]).shape[0]
@@ -239,7 +237,6 @@ def convert_model(source: PreTrainedModel) -> VaswaniForConditionalGeneration:
             config.max_position_embeddings,
         )
     model = VaswaniForConditionalGeneration(config).to(source.dtype).eval()
-    weights = source.state_dict()
     mapped = {name: weights[renames.get(name, name)] for name in model.state_dict()}
     if config.output_bias:
         mapped["lm_head.bias"] = mapped["lm_head.bias"].reshape(-1)  # final_logits_bias is (1, V)
@@ -259,11 +256,11 @@ def convert_model(source: PreTrainedModel) -> VaswaniForConditionalGeneration:
 # --------------------------------------------------------------------------------------------------------------------
 # Parity: the proof that the conversion is exact
 # --------------------------------------------------------------------------------------------------------------------
-def probe_inputs(config: VaswaniConfig, length: int = 9) -> dict[str, torch.Tensor]:
+def probe_inputs(config, length=9):
     """A source sentence and a decoder prefix of ordinary (non-special) tokens, without padding."""
     special = {config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id}
 
-    def ordinary(vocab_size: int, offset: int) -> list[int]:
+    def ordinary(vocab_size, offset):
         ids = [i for i in range(vocab_size) if i not in special]
         return [ids[(offset + 7 * k) % len(ids)] for k in range(length)]  # spread over the vocabulary
 
@@ -278,7 +275,7 @@ def probe_inputs(config: VaswaniConfig, length: int = 9) -> dict[str, torch.Tens
     }
 
 
-def check_parity(source: PreTrainedModel, converted: VaswaniForConditionalGeneration) -> float:
+def check_parity(source, converted):
     """Raise `ValueError` when the converted model's logits on a probe sentence (unpadded) differ from the source's;
     returns the largest difference. `use_cache=False`: FSMT applies its causal mask only then."""
     inputs = probe_inputs(converted.config)
@@ -298,9 +295,7 @@ def check_parity(source: PreTrainedModel, converted: VaswaniForConditionalGenera
 # --------------------------------------------------------------------------------------------------------------------
 # The folder
 # --------------------------------------------------------------------------------------------------------------------
-def convert(
-    model_name_or_path: str | os.PathLike, output_dir: str | os.PathLike, overwrite_output_dir: bool = False
-) -> Path:
+def convert(model_name_or_path, output_dir, overwrite_output_dir=False):
     """Write the `vaswani` model folder of a `MarianMTModel` or `FSMTForConditionalGeneration` folder (or Hub id):
     weights, config, code, generation config, tokenizer and translation pipeline. The folder appears whole or not at
     all; an existing one is replaced only with `overwrite_output_dir`."""

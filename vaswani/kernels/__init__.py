@@ -59,7 +59,7 @@ def _forget(module, *names):
         module.__dict__.pop(name, None)
 
 
-def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool = True) -> nn.Module:
+def use_cpu_kernels(model, attention=True, int8_output=True):
     """Turn this module's kernels on in `model`, in place, and return it: every `nn.Linear` becomes a `Linear` and
     every `nn.Dropout` a `Dropout` (their class is changed, so parameters, ties, hooks and device stay as they are),
     and, with `attention`, a model on transformers' "sdpa" attention takes `"vaswani_sdpa"`. On a GPU, and under
@@ -72,6 +72,7 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
     stay as they are."""
     int8 = False
     for module in model.modules():
+        _forget(module, "_vaswani_shared_input")  # regrouped below
         fast = _FAST_MODULES.get(type(module))
         if fast is Linear and not _is_plain(module.weight):
             # torchao's dynamic int8 weights take Int8Linear; other quantized weights stay as they are
@@ -100,29 +101,23 @@ def use_cpu_kernels(model: nn.Module, attention: bool = True, int8_output: bool 
 
 def _group_projections(model):
     """The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
-    K and V of every encoder-decoder attention, which all take the encoder's output (float). A second call regroups
-    or ungroups."""
+    K and V of every encoder-decoder attention, which all take the encoder's output (float)."""
     attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
-    groups = []
-    for module in attentions:
-        projections = (module.q_proj, module.k_proj, module.v_proj)
-        for projection in projections:
-            _forget(projection, "_vaswani_shared_input")
-        if module.is_cross_attention:
-            continue
-        if SharedInputProjections.applies(*projections):
-            groups.append(SharedInputProjections(*projections))  # int8
-        elif StackedProjections.applies(*projections):
-            groups.append(StackedProjections(*projections))  # float weights, in bf16 autocast
     memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
-    if StackedProjections.applies(*memory):
-        groups.append(StackedProjections(*memory))
-    for group in groups:
-        for projection in group.modules:
-            projection.__dict__["_vaswani_shared_input"] = group
+    candidates = [
+        ((SharedInputProjections, StackedProjections), (m.q_proj, m.k_proj, m.v_proj))
+        for m in attentions
+        if not m.is_cross_attention
+    ]
+    for kinds, projections in [*candidates, ((StackedProjections,), memory)]:
+        kind = next((kind for kind in kinds if kind.applies(*projections)), None)
+        if kind is not None:
+            group = kind(*projections)
+            for projection in projections:
+                projection.__dict__["_vaswani_shared_input"] = group
 
 
-def use_plain_modules(model: nn.Module) -> nn.Module:
+def use_plain_modules(model):
     """Undo `use_cpu_kernels`: the modules become `nn.Linear` and `nn.Dropout` again and `"vaswani_sdpa"` attention
     becomes "sdpa"."""
     for module in model.modules():

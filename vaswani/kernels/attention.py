@@ -26,9 +26,7 @@ MATMUL_ATTENTION_MAX_KEYS = 128
 SOFTMAX_MIN_KEYS = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 0)
 
 
-def prefers_matmul_attention(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask
-) -> bool:
+def prefers_matmul_attention(module, query, key, attention_mask):
     """Where batched matmuls beat torch's CPU SDPA kernel (a flash-attention kernel), measured by
     `python -m bench kernels`: one query per row (each step of incremental decoding: about 2x at 20-60 keys, equal at
     1024), and forward + backward in bfloat16/float16 with at most `MATMUL_ATTENTION_MAX_KEYS` keys (4-5x at 32 keys).
@@ -68,15 +66,15 @@ def vaswani_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
 
 
 def matmul_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling,
+    dropout=0.0,
     **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
+):
     """The model's `eager_attention_forward` (Eq. 1 in batched matmuls, float32 softmax), operator for operator,
     except that a softmax over fewer than `SOFTMAX_MIN_KEYS` keys is taken over the scores padded to that many with
     -inf, and the weights of the real keys kept: the padding gets exactly zero weight and gradient, so the weights,
@@ -86,10 +84,8 @@ def matmul_attention(
     scores = attention_scores(query, key, attention_mask, scaling)  # the eager function's
     keys = scores.shape[-1]
     if keys < SOFTMAX_MIN_KEYS and not is_torchdynamo_compiling():
-        padded = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)
-        weights = torch.softmax(padded, dim=-1)[..., :keys].to(query.dtype)
-    else:
-        weights = torch.softmax(scores, dim=-1).to(query.dtype)
+        scores = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)
+    weights = torch.softmax(scores, dim=-1)[..., :keys].to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)
     return output, weights

@@ -16,34 +16,13 @@ def _threshold(p):
     return round(p * _LEVELS)
 
 
-def quantized_dropout_probability(p: float) -> float:
+def quantized_dropout_probability(p):
     """The drop probability that `dropout` applies on its fast path: p rounded to a multiple of 2**-15 (within
     1.6e-5 of p). Kept elements are scaled by 1 / (1 - this), so that the output's expectation is x exactly."""
     return _threshold(p) / _LEVELS
 
 
-class _BitMaskDropoutFunction(torch.autograd.Function):
-    """Dropout whose keep mask is drawn from 15 random bits per element: Bernoulli(1 - p') per element with p' =
-    `quantized_dropout_probability(p)`, kept elements scaled by 1 / (1 - p')."""
-
-    @staticmethod
-    def forward(ctx, x, p):
-        threshold = _threshold(p)
-        n = x.numel()
-        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
-        bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_(_LEVELS - 1)
-        # 0 where dropped, 1 / (1 - p') in x's dtype where kept: torch's dropout scales by the same rounded factor.
-        mask = bits.ge_(threshold).to(x.dtype).mul_(_LEVELS / (_LEVELS - threshold))
-        ctx.save_for_backward(mask)
-        return x * mask
-
-    @staticmethod
-    def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
-        return grad * mask, None
-
-
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+def dropout(x, p, training):
     """`F.dropout(x, p, training)`, with the mask drawn faster on the CPU.
 
     torch's CPU dropout draws its mask with `bernoulli_`, which took a quarter of a training step of a small model on
@@ -61,12 +40,17 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         and x.device.type == "cpu"
         and x.is_floating_point()
     ):
-        return _BitMaskDropoutFunction.apply(x, p)
+        # Bernoulli(1 - p') per element; kept elements scaled by 1 / (1 - p') in x's dtype, as torch's dropout rounds
+        # the same factor. The product's own backward takes the gradient through the same mask.
+        threshold, n = _threshold(p), x.numel()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
+        bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_(_LEVELS - 1)
+        return x * bits.ge_(threshold).to(x.dtype).mul_(_LEVELS / (_LEVELS - threshold))
     return F.dropout(x, p=p, training=training)
 
 
 class Dropout(nn.Dropout):
     """`nn.Dropout` whose CPU training masks come from `dropout`'s 15 random bits per element."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         return dropout(x, self.p, self.training)

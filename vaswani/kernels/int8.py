@@ -12,7 +12,7 @@ from transformers.utils import is_torchdynamo_compiling
 from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, _shared_result, onednn_features
 
 
-def torchao_int8_dynamic(weight: torch.Tensor) -> bool:
+def torchao_int8_dynamic(weight):
     """Whether `weight` is what `from_pretrained(..., quantization_config=TorchAoConfig(
     Int8DynamicActivationInt8WeightConfig()))` puts in a linear layer: torchao's `Int8Tensor` of a float32 matrix, one
     symmetric scale per output row, activations quantized on the fly per row and symmetric (torchao's defaults), with
@@ -77,25 +77,21 @@ def _signed_rows_native():
 @functools.cache
 def _exact(packed):
     """Whether `_int8_product` gives the exact integer product here, by the packed weight or by `torch._int_mm`:
-    tried once on the sums that overflow 16 bits (rows of -128 and 127 against weights of -127 and 127). Both run
+    tried once on the sums that overflow 16 bits (rows of -128 and of 127 against weights of 127 and of -127). Both run
     oneDNN's int8 kernels, which without VNNI (AVX2, AVX-512 without VNNI) add byte products in saturating 16-bit
     pairs; there `Int8Linear` leaves its layers to torchao's own `F.linear`, and the packed weight is not used."""
     if packed and not (_ONEDNN_INT8_AVAILABLE and "vnni" in onednn_features()):
         return False
-    generator = torch.Generator().manual_seed(0)
-    rows = torch.randint(-128, 128, (6, 96), dtype=torch.int8, generator=generator)
-    weight = torch.randint(-127, 128, (40, 96), dtype=torch.int8, generator=generator)
-    rows[:3] = torch.tensor([-128, 127, -128], dtype=torch.int8)[:, None]
-    weight[:2] = torch.tensor([-127, 127], dtype=torch.int8)[:, None]
-    exact = (rows.long() @ weight.long().t()).float()
+    extremes = torch.tensor([-128, 127, -127], dtype=torch.int8)
+    rows, weight = extremes[:2, None].repeat(4, 64), extremes[1:, None].repeat(4, 64)
     with torch.inference_mode():
         product = _int8_product(
             rows, weight, torch.ops.onednn.qlinear_prepack(weight, None) if packed else None
         )
-    return torch.equal(product, exact)
+    return torch.equal(product, (rows.long() @ weight.long().t()).float())
 
 
-def exact_int8_products() -> bool:
+def exact_int8_products():
     """Whether the int8 kernels run here: on a CPU whose int8 GEMM is exact (`_exact`). Elsewhere `Int8Linear`
     leaves its layers to torchao and `use_cpu_kernels` keeps the output projection in float32."""
     return _exact(False)
@@ -119,9 +115,7 @@ def _int8_product(quantized, qdata, packed):
     )
 
 
-def int8_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None
-) -> torch.Tensor:
+def int8_linear(x, weight, bias, packed=None):
     """`F.linear(x, weight, bias)` for a `torchao_int8_dynamic` weight, in torchao's arithmetic op for op: each row of
     x quantized to int8 (`_quantize_rows`; [-64, 63] with `reduce_range`), the int32 product (exact: `_int8_product`),
     then scaled by the row's scale and the weight's, and the bias added. torchao computes the same product and scales;
@@ -183,32 +177,32 @@ class SharedInputProjections:
     computes alone. `use_cpu_kernels` groups the projections; inference tensors carry no version counter, so a model
     must not change the input in place between the three calls (`VaswaniAttention` does not)."""
 
-    def __init__(self, *modules: nn.Module):  # query, key, value in the order the model calls them
+    def __init__(self, *modules):  # query, key, value in the order the model calls them
         self.modules = modules
         self.pending = {}  # id(module) -> (input, its identity, the module's result)
 
     @staticmethod
-    def applies(query: nn.Module, key: nn.Module, value: nn.Module) -> bool:
-        """Whether three `Int8Linear`s can be computed as one: torchao int8 weights of one input size, one
-        activation range, and biases on all three or none."""
-        modules = (query, key, value)
-        return (
-            all(type(m) is Int8Linear and torchao_int8_dynamic(m.weight) for m in modules)
-            and len({m.in_features for m in modules}) == 1
-            and len({bool(m.weight.act_quant_kwargs.reduce_range) for m in modules}) == 1
-            and len({m.bias is None for m in modules}) == 1
+    def applies(*modules):
+        """Whether these `Int8Linear`s can be computed as one: torchao int8 weights of one input size, one
+        activation range, and biases on all or none."""
+        return all(type(m) is Int8Linear and torchao_int8_dynamic(m.weight) for m in modules) and (
+            len(
+                {
+                    (m.in_features, bool(m.weight.act_quant_kwargs.reduce_range), m.bias is None)
+                    for m in modules
+                }
+            )
+            == 1
         )
 
-    def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, module, x):
         """The result of `module` on `x`, or None where `module` must compute it alone. The first module's call
         computes all of them and keeps the others' results for their calls on `x`."""
         if module is self.modules[0]:
             parts = self._products(x).split([m.out_features for m in self.modules], dim=-1)
-            identity = _identity(x)
             self.pending = {
-                id(m): (x, identity, part) for m, part in zip(self.modules[1:], parts[1:], strict=True)
+                id(m): (x, _identity(x), part) for m, part in zip(self.modules, parts, strict=True)
             }
-            return self._result(parts[0])
         entry = self.pending.pop(id(module), None)
         if entry is not None and entry[0] is x and entry[1] == _identity(x):
             return self._result(entry[2])
@@ -246,7 +240,7 @@ class Int8Linear(nn.Linear):
     the other projections of its attention layer in one, `SharedInputProjections`, where `use_cpu_kernels` grouped
     them). Elsewhere (a GPU, `torch.compile`, bfloat16) torchao's own `F.linear`."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         if not _int8_applies(x):
             return F.linear(x, self.weight, self.bias)
         y = _shared_result(self, x)
@@ -259,7 +253,7 @@ class Int8OutputLinear(Linear):
     weight) and go through the same arithmetic. transformers leaves a projection tied to the embeddings in float32;
     the float32 weight, its tie and what `save_pretrained` writes stay as they are. Elsewhere, `Linear`."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         weight = self.weight
         if not (_int8_applies(x) and _is_plain(weight) and weight.dtype == torch.float32):
             return super().forward(x)

@@ -1,7 +1,7 @@
 """The label-smoothed cross-entropy (§5.4) in one pass of chunks that stay in cache, with one (N, V) buffer
 (`label_smoothed_cross_entropy`), and with the output projection inside the chunks, without the (N, V) logits
 (`linear_label_smoothed_cross_entropy`, the trainer's `--fused_output_loss`). Reference: `F.cross_entropy(...,
-label_smoothing=eps, reduction="sum")` (`tests/test_kernels.py`). aten's `_softmax.out` is private, guarded."""
+label_smoothing=eps, reduction="sum")` (`tests/test_kernels.py`). aten's `_softmax.out` is private."""
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,10 @@ def _chunk_loss(logits, labels, eps, buffer, grad):
     row_loss = (1.0 - eps) * z.gather(1, target)
     if eps:
         row_loss = row_loss + (eps / vocab) * z.sum(dim=-1, keepdim=True)
-    p = _softmax_into(z, grad if grad is not None and grad.dtype == torch.float32 else buffer)
+    # aten's softmax with an output buffer (the chunk's, reused; may be `z` itself)
+    p = torch.ops.aten._softmax.out(
+        z, -1, False, out=grad if grad is not None and grad.dtype == torch.float32 else buffer
+    )
     row_loss = largest - p.amax(dim=-1, keepdim=True).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
     total = row_loss.masked_fill_(ignored.unsqueeze(1), 0.0).sum()
     if grad is not None:
@@ -31,28 +34,13 @@ def _chunk_loss(logits, labels, eps, buffer, grad):
             p.sub_(eps / vocab)
         if p is not grad:
             grad.copy_(p)
-        _zero_ignored_rows(grad, ignored)
+        # The ignored rows' gradient is zero. On the CPU the zeroing is skipped when no row is ignored; on an
+        # accelerator, asking would make the host wait for the device at every chunk, which costs more than it saves.
+        if grad.device.type != "cpu":
+            grad.masked_fill_(ignored.unsqueeze(1), 0.0)
+        elif ignored.any():
+            grad.index_fill_(0, ignored.nonzero().squeeze(1), 0.0)
     return total
-
-
-# aten's softmax with an output buffer (the chunk's, reused); a torch without it copies into the buffer instead.
-_SOFTMAX_OUT = getattr(getattr(torch.ops.aten, "_softmax", None), "out", None)
-
-
-def _softmax_into(z, out):
-    """softmax(z) over the last dimension, written into `out` (which may be `z` itself)."""
-    if _SOFTMAX_OUT is not None:
-        return _SOFTMAX_OUT(z, -1, False, out=out)
-    return out.copy_(torch.softmax(z, dim=-1))
-
-
-def _zero_ignored_rows(g, ignored):
-    """Zero the gradient rows of ignored positions. On the CPU the zeroing is skipped when no row is ignored; on an
-    accelerator, asking would make the host wait for the device at every chunk, which costs more than the zeroing."""
-    if g.device.type != "cpu":
-        g.masked_fill_(ignored.unsqueeze(1), 0.0)
-    elif ignored.any():
-        g.index_fill_(0, ignored.nonzero().squeeze(1), 0.0)
 
 
 def _flatten(x, labels, name):
@@ -71,64 +59,82 @@ def _chunk_rows(chunk_elements, cpu_default, device, vocab):
     return max(1, chunk_elements // vocab)
 
 
-def _scaled_gradients(ctx, grad_total):
-    """The backward of both fused losses: the gradients their forward computed (`ctx.saved_tensors`, None where not
-    asked), scaled in place by the upstream gradient and returned in `ctx.dtypes`. A second backward is refused."""
-    if ctx.used:
-        raise RuntimeError(
-            "The fused cross-entropy keeps one gradient buffer and scales it in place: it can be backpropagated "
-            "once (do not pass `retain_graph=True` through it; compute `F.cross_entropy(outputs.logits, ...)` "
-            "yourself for that)."
-        )
-    ctx.used = True
-    return [
-        None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(dtype)
-        for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
-    ]
-
-
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
-    """Summed label-smoothed cross-entropy over rows of `logits` (N, V), and its gradient, in one pass of chunks.
+    """Summed label-smoothed cross-entropy over rows of logits (N, V), and its gradient, in one pass of chunks: the
+    logits are `hidden` itself when `weight` is None, else hidden W^T + b, computed chunk by chunk.
 
     Per row with target t (rows labelled -100 count 0): loss = -(1 - eps) * log p_t - eps * mean_v(log p_v), with
-    p = softmax(z), in float32 whatever the dtype of `logits`. With lse = log sum_v exp(z_v), log p_v = z_v - lse, so
+    p = softmax(z), in float32 whatever the dtype of the logits. With lse = log sum_v exp(z_v), log p_v = z_v - lse, so
     loss = lse - (1 - eps) * z_t - eps * mean_v(z_v): one softmax per chunk gives both the loss and the gradient,
-    softmax(z) - eps / V - (1 - eps) * onehot(t). lse is read off the softmax at the row's largest logit, lse = max_v
-    z_v - log max_v p_v, where that probability is at least 1 / V and cannot underflow. The gradient is written during
-    the forward pass into one tensor of the logits' shape and dtype, chunk by chunk, so that neither the float32
-    probabilities (N, V) nor their gradient are ever held in full. The backward only scales it, in place, so the graph
-    can be differentiated once (`retain_graph` is refused with an error).
-    """
+    softmax(z) - eps / V - (1 - eps) * onehot(t) (`_chunk_loss`). lse is read off the softmax at the row's largest
+    logit, lse = max_v z_v - log max_v p_v, where that probability is at least 1 / V and cannot underflow.
+
+    Every gradient is computed in the forward pass, chunk by chunk, so that neither the float32 probabilities (N, V)
+    nor their gradient are ever held in full: given logits, their gradient is written into one tensor of their shape
+    and dtype; with `weight`, the chunk's gradient G, stored over the chunk's logits in their dtype, gives the chunk's
+    rows of dL/dhidden = G W and its share of dL/dW = G^T hidden (and dL/db, the column sums of G), accumulated in
+    float32. A float32 buffer for the chunk holds the logits cast to float32 (unless they are float32) and their
+    softmax. The backward only scales the gradients by the upstream one, in place, so the graph can be
+    differentiated once (`retain_graph` is refused with an error)."""
 
     @staticmethod
-    def forward(ctx, logits, labels, eps, chunk_rows):
-        rows, vocab = logits.shape
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        # One float32 chunk, reused: the chunk's logits (cast once when they are not float32), then their softmax
-        # (written into the gradient instead when that is float32).
-        buffer = None
-        if logits.dtype != torch.float32 or grad is None:
-            buffer = torch.empty(min(chunk_rows, rows), vocab, dtype=torch.float32, device=logits.device)
+    def forward(ctx, hidden, weight, bias, labels, eps, chunk_rows):
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        float32 = dict(dtype=torch.float32, device=hidden.device)
+        rows, vocab = hidden.shape[0], hidden.shape[1] if weight is None else weight.shape[0]
+        shape = (min(chunk_rows, rows), vocab)
+        grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+        grad_weight = torch.zeros(weight.shape, **float32) if needs_weight else None
+        grad_bias = torch.zeros(vocab, **float32) if needs_bias else None
+        total = torch.zeros((), **float32)
+        in_float32 = hidden.dtype == torch.float32
+        if weight is None:  # float32 logits with a gradient: their softmax goes into it, no buffer
+            buffer = None if in_float32 and needs_hidden else torch.empty(shape, **float32)
+        else:  # the chunk's logits, then their gradient, in their dtype
+            chunk = torch.empty(shape, dtype=hidden.dtype, device=hidden.device)
+            buffer = chunk if in_float32 else torch.empty(shape, **float32)
         for start in range(0, rows, chunk_rows):
-            chunk = slice(start, start + chunk_rows)
-            scratch = None if buffer is None else buffer[: labels[chunk].shape[0]]
-            total += _chunk_loss(
-                logits[chunk], labels[chunk], eps, scratch, None if grad is None else grad[chunk]
-            )
-        ctx.used, ctx.dtypes = False, (logits.dtype,)
-        ctx.save_for_backward(grad)
+            h = hidden[start : start + chunk_rows]
+            part, n = slice(start, start + len(h)), len(h)
+            if weight is None:  # the logits given: their gradient written into dL/dhidden
+                logits, grad = h, None if grad_hidden is None else grad_hidden[part]
+            else:  # the chunk's gradient G over its logits
+                logits = (
+                    torch.mm(h, weight.t(), out=chunk[:n])
+                    if bias is None
+                    else torch.addmm(bias, h, weight.t(), out=chunk[:n])
+                )
+                grad = logits if needs_hidden or needs_weight or needs_bias else None
+            total += _chunk_loss(logits, labels[part], eps, None if buffer is None else buffer[:n], grad)
+            if needs_hidden and weight is not None:
+                torch.mm(logits, weight, out=grad_hidden[part])
+            if needs_weight:
+                grad_weight += logits.t().mm(h)
+            if needs_bias:
+                grad_bias += logits.sum(0, dtype=torch.float32)
+        ctx.used, ctx.dtypes = False, [None if t is None else t.dtype for t in (hidden, weight, bias)]
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_total):
-        return *_scaled_gradients(ctx, grad_total), None, None, None
+        if ctx.used:
+            raise RuntimeError(
+                "The fused cross-entropy keeps one gradient buffer and scales it in place: it can be backpropagated "
+                "once (do not pass `retain_graph=True` through it; compute `F.cross_entropy(outputs.logits, ...)` "
+                "yourself for that)."
+            )
+        ctx.used = True
+        # dL/dhidden in hidden's dtype; dL/dW and dL/db, accumulated in float32, in the parameters' dtypes
+        grads = [
+            None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(dtype)
+            for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
+        ]
+        return *grads, None, None, None
 
 
-def label_smoothed_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, epsilon: float = 0.0, chunk_elements: int | None = None
-) -> torch.Tensor:
+def label_smoothed_cross_entropy(logits, labels, epsilon=0.0, chunk_elements=None):
     """Sum over the rows with labels != -100 of the cross-entropy of `logits` (..., V) against `labels` (...),
     label-smoothed by `epsilon` (§5.4), in float32: `F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(),
     ignore_index=-100, reduction="sum", label_smoothing=epsilon)` to rounding, with less memory. `chunk_elements` logits
@@ -142,66 +148,17 @@ def label_smoothed_cross_entropy(
             logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=epsilon
         )
     chunk_rows = _chunk_rows(chunk_elements, 1 << 21, logits.device, logits.shape[1])
-    return _LabelSmoothedCrossEntropy.apply(logits, labels, float(epsilon), chunk_rows)
-
-
-class _LinearLabelSmoothedCrossEntropy(torch.autograd.Function):
-    """`_LabelSmoothedCrossEntropy` of the logits hidden W^T + b, without the (N, V) logits: per chunk of rows, the
-    chunk's logits (in the dtype of `hidden`), their loss and gradient in float32 (`_chunk_loss`), and from that
-    gradient, stored back in the logits' dtype, the chunk's rows of dL/dhidden = G W and its share of dL/dW = G^T
-    hidden (and dL/db, the column sums of G), accumulated in float32. All of it is computed in the forward pass, in
-    a buffer for the chunk's logits and, unless they are float32, one float32 copy of them; the backward scales the
-    three gradients by the upstream one."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, eps, chunk_rows):
-        rows, vocab = hidden.shape[0], weight.shape[0]
-        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-        gradient = needs_hidden or needs_weight or needs_bias
-        float32 = dict(dtype=torch.float32, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-        grad_weight = torch.zeros(weight.shape, **float32) if needs_weight else None
-        grad_bias = torch.zeros(vocab, **float32) if needs_bias else None
-        total = torch.zeros((), **float32)
-        chunk = torch.empty(min(chunk_rows, rows), vocab, dtype=hidden.dtype, device=hidden.device)
-        in_float32 = hidden.dtype == torch.float32
-        buffer = chunk if in_float32 else torch.empty(chunk.shape, **float32)
-        for start in range(0, rows, chunk_rows):
-            h = hidden[start : start + chunk_rows]
-            n = h.shape[0]
-            if bias is None:
-                logits = torch.mm(h, weight.t(), out=chunk[:n])
-            else:
-                logits = torch.addmm(bias, h, weight.t(), out=chunk[:n])
-            # with a gradient, the chunk's dL/dlogits G, in the logits' dtype, over its logits
-            total += _chunk_loss(
-                logits, labels[start : start + n], eps, buffer[:n], logits if gradient else None
-            )
-            if needs_hidden:
-                torch.mm(logits, weight, out=grad_hidden[start : start + n])
-            if needs_weight:
-                grad_weight += logits.t().mm(h)
-            if needs_bias:
-                grad_bias += logits.sum(0, dtype=torch.float32)
-        ctx.used, ctx.dtypes = False, (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        return total
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_total):
-        # dL/dhidden in hidden's dtype; dL/dW and dL/db, accumulated in float32, in the parameters' dtypes
-        return *_scaled_gradients(ctx, grad_total), None, None, None
+    return _LabelSmoothedCrossEntropy.apply(logits, None, None, labels, float(epsilon), chunk_rows)
 
 
 def linear_label_smoothed_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    labels: torch.Tensor,
-    epsilon: float = 0.0,
-    chunk_elements: int | None = None,
-) -> torch.Tensor:
+    hidden,
+    weight,
+    bias,
+    labels,
+    epsilon=0.0,
+    chunk_elements=None,
+):
     """`label_smoothed_cross_entropy(F.linear(hidden, weight, bias), labels, epsilon)` to rounding, without ever
     holding the (N, V) logits or their gradient: the output projection and the loss computed together, chunk by chunk
     of `chunk_elements` logits (by default 2**22 on the CPU, a chunk that stays in the last-level cache; 2**26
@@ -233,6 +190,4 @@ def linear_label_smoothed_cross_entropy(
         bias = None if bias is None else bias.to(dtype)
     chunk_rows = _chunk_rows(chunk_elements, 1 << 22, hidden.device, vocab)
     with torch.autocast(device, enabled=False):
-        return _LinearLabelSmoothedCrossEntropy.apply(
-            hidden, weight, bias, labels, float(epsilon), chunk_rows
-        )
+        return _LabelSmoothedCrossEntropy.apply(hidden, weight, bias, labels, float(epsilon), chunk_rows)

@@ -71,7 +71,7 @@ def _intel_cpu():
     return "GenuineIntel" in (platform.processor() if vendor is None else vendor)
 
 
-def cpu_flags() -> frozenset[str]:
+def cpu_flags():
     """The CPU's feature flags as /proc/cpuinfo names them (`avx512_vnni`, `amx_int8`, ...); empty where it is not
     readable."""
     return frozenset(_cpuinfo().get("flags", "").split())
@@ -91,7 +91,7 @@ _ONEDNN_FEATURES = {
 
 
 @functools.cache  # asked at every float32 linear call
-def onednn_features() -> frozenset[str]:
+def onednn_features():
     """The features of `_ONEDNN_FEATURES` that oneDNN's kernels use here: the CPU's, capped as oneDNN caps its own
     dispatch by `ONEDNN_MAX_CPU_ISA` (or `DNNL_MAX_CPU_ISA`), so that a restricted level is seen as a CPU of that level
     would be seen. Empty without oneDNN."""
@@ -129,7 +129,7 @@ def _shared_result(module, x):
     return None if shared is None else shared(module, x)
 
 
-def onednn_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def onednn_linear_applies(x, weight):
     """Whether `Linear` takes oneDNN for this call: a plain float32 weight (not a quantized tensor subclass) on the CPU,
     outside `torch.compile` and CPU autocast (whose bfloat16 product already goes to oneDNN), with oneDNN enabled
     (`torch.backends.mkldnn.flags(enabled=False)` turns it off), and not a product of a few rows on an Intel CPU, where
@@ -156,7 +156,7 @@ class Linear(nn.Linear):
     not: `use_plain_modules` undoes it).
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
         y = _shared_result(self, x)
         if y is not None:
             return y

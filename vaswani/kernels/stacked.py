@@ -6,7 +6,6 @@ backward. Reference: each `nn.Linear` alone (`tests/test_kernels.py`)."""
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers.utils import is_torchdynamo_compiling
 
 from .int8 import SharedInputProjections
@@ -23,7 +22,7 @@ class StackedProjections(SharedInputProjections):
     CPU autocast. `use_cpu_kernels` groups the projections."""
 
     @staticmethod
-    def applies(*modules: nn.Module) -> bool:
+    def applies(*modules):
         """Whether these layers can be computed as one: `Linear`s with plain weights of one input size, dtype and
         device, and biases on all or none."""
         return (
@@ -32,7 +31,7 @@ class StackedProjections(SharedInputProjections):
             and len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in modules}) == 1
         )
 
-    def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, module, x):
         """The result of `module` on `x`, or None where `module` must compute it alone: as
         `SharedInputProjections`, on the CPU under autocast only (where each projection alone casts the same input
         again), outside `torch.compile` (which fuses the casts itself)."""

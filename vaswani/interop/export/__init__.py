@@ -18,11 +18,8 @@ failed or killed export leaves the folder as it was (an earlier export stays who
 never by `import vaswani`.
 """
 
-from __future__ import annotations
-
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -41,7 +38,7 @@ logger = logging.getLogger(__name__)
 METADATA_FILE = "vaswani_export.json"
 
 
-def decoding_settings(model_path: str | os.PathLike) -> dict:
+def decoding_settings(model_path):
     """The decoding a folder asks for in its generation config (§6.1's beam 4, alpha 0.6 and its length-penalty form
     when the recipe trained it), as the exported model's defaults."""
     try:
@@ -57,7 +54,7 @@ def decoding_settings(model_path: str | os.PathLike) -> dict:
     }
 
 
-def check_vaswani_model(model_path: str | os.PathLike) -> None:
+def check_vaswani_model(model_path):
     """Refuse, naming what the folder holds, a model of another kind (a Marian or FSMT folder: convert it first)."""
     path = Path(model_path) / "config.json"
     model_type = read_json(path).get("model_type") if path.is_file() else "vaswani"
@@ -68,7 +65,7 @@ def check_vaswani_model(model_path: str | os.PathLike) -> None:
         )
 
 
-def write_metadata(folder: Path, engine: str, model_path, tokenizer_path, decoding: dict, **fields) -> None:
+def write_metadata(folder, engine, model_path, tokenizer_path, decoding, **fields):
     """Write the tokenizer(s) and `vaswani_export.json` (special ids, default decoding, versions) into the export."""
     save_tokenizers(*load_tokenizers(tokenizer_path or model_path), folder)
     config = VaswaniConfig.from_pretrained(model_path)
@@ -96,7 +93,7 @@ def write_metadata(folder: Path, engine: str, model_path, tokenizer_path, decodi
         json.dump(metadata, f, indent=2)
 
 
-def read_metadata(folder: str | os.PathLike) -> dict:
+def read_metadata(folder):
     """The `vaswani_export.json` of an exported folder; a `ValueError` naming the file when it is missing."""
     path = Path(folder) / METADATA_FILE
     if not Path(folder).is_dir():
@@ -107,13 +104,13 @@ def read_metadata(folder: str | os.PathLike) -> dict:
 
 
 def export(
-    model_path: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    engine: str,
-    quantization: str | None = None,
-    tokenizer_path: str | os.PathLike | None = None,
-    force: bool = False,
-) -> Path:
+    model_path,
+    output_dir,
+    engine,
+    quantization=None,
+    tokenizer_path=None,
+    force=False,
+):
     """Export `model_path` (a `vaswani` folder) for `engine` into `output_dir`; returns `output_dir`. An existing
     `output_dir` is refused unless `force` (then the new export replaces it when complete).
 

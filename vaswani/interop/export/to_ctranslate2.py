@@ -21,22 +21,15 @@ have finished (transformers' `early_stopping=True`). It has no ((5 + |Y|) / 6)^a
 `vaswani.interop.engines` warns and decodes with |Y|^alpha.
 """
 
-from __future__ import annotations
-
-import logging
-import os
-
 import ctranslate2
 import torch
 from ctranslate2.converters import transformers as ct2_transformers
 from ctranslate2.specs import common_spec, transformer_spec
 
 from ...configuration_vaswani import VaswaniConfig
-from ...modeling_vaswani import VaswaniStack, sinusoidal_positional_encoding
+from ...modeling_vaswani import sinusoidal_positional_encoding
 from ...recipe.model_folders import load_model
 from ...recipe.tokenization import load_tokenizers
-
-logger = logging.getLogger(__name__)
 
 # VaswaniConfig.activation_function -> CTranslate2's; "tanh" has no CTranslate2 counterpart.
 ACTIVATIONS = {
@@ -49,7 +42,7 @@ ACTIVATIONS = {
 UNUSED_TOKEN = "<vaswani_unused_{}>"
 
 
-def position_table(stack: VaswaniStack, config: VaswaniConfig) -> torch.Tensor:
+def position_table(stack, config):
     """The encodings of positions 0 .. max_position_embeddings - 1 as the model adds them, (positions, d_model)."""
     positions = stack.embed_positions
     if config.position_embedding_type == "learned":
@@ -60,16 +53,16 @@ def position_table(stack: VaswaniStack, config: VaswaniConfig) -> torch.Tensor:
     )
 
 
-def padded_vocabulary(tokenizer, size: int, side: str) -> list[str]:
+def padded_vocabulary(tokenizer, size, side):
     """The tokenizer's tokens in id order, padded with unused tokens to the model's `size` embedding rows."""
-    tokens = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
+    vocabulary = tokenizer.get_vocab()
+    tokens = sorted(vocabulary, key=vocabulary.get)
     if len(tokens) > size:
         raise ValueError(
             f"the {side} tokenizer has {len(tokens)} tokens but the model's {side} vocabulary {size}"
         )
-    taken = set(tokens)
     extra = [UNUSED_TOKEN.format(i) for i in range(size - len(tokens))]
-    if taken.intersection(extra):
+    if any(token in vocabulary for token in extra):
         raise ValueError(f"the {side} tokenizer already holds a token named like {UNUSED_TOKEN}")
     return tokens + extra
 
@@ -102,7 +95,7 @@ class VaswaniLoader(ct2_transformers.BartLoader):
         self.set_linear(spec.decoder.projection, model.lm_head)  # with its bias when `output_bias`
         return spec
 
-    def set_common_layers(self, spec, stack: VaswaniStack):
+    def set_common_layers(self, spec, stack):
         """Embeddings x sqrt(d_model) (§3.4), our position table (§3.5), the final LayerNorm of the pre-norm layout."""
         spec.scale_embeddings = stack.embed_scale
         spec.position_encodings.encodings = position_table(stack, stack.config)
@@ -141,33 +134,31 @@ class VaswaniConverter(ct2_transformers.TransformersConverter):
     """CTranslate2's transformers converter, loading the model in float32 (CTranslate2 quantizes it) and the
     tokenizer(s) of this package (a joint vocabulary or `source/` + `target/`)."""
 
-    def __init__(self, model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None):
-        super().__init__(str(model_path))
-        self.tokenizer_path = tokenizer_path or model_path
+    tokenizer_path = None  # else the model's folder
 
     def load_model(self, model_class, model_name_or_path, **kwargs):
         kwargs["dtype"] = torch.float32
         return load_model(model_name_or_path, **kwargs).eval()
 
     def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
-        return load_tokenizers(self.tokenizer_path)
+        return load_tokenizers(self.tokenizer_path or model_name_or_path)
 
 
 def export_ctranslate2(
-    model_path: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    quantization: str = "float32",
-    tokenizer_path: str | os.PathLike | None = None,
-) -> dict:
+    model_path,
+    output_dir,
+    quantization="float32",
+    tokenizer_path=None,
+):
     """Convert `model_path` to a CTranslate2 model with weights in `quantization` (float32, int8, bfloat16, ...) in
     the existing folder `output_dir` (`vaswani.interop.export.export` builds it beside the destination and writes the
     metadata); returns the metadata fields of this engine."""
     from ... import register
 
     register()  # VaswaniConfig with AutoConfig, which the converter reads first
-    VaswaniConverter(model_path, tokenizer_path).convert(
-        str(output_dir), quantization=quantization, force=True
-    )
+    converter = VaswaniConverter(str(model_path))
+    converter.tokenizer_path = tokenizer_path
+    converter.convert(str(output_dir), quantization=quantization, force=True)
     return {
         "quantization": quantization,
         "max_positions": VaswaniConfig.from_pretrained(model_path).max_position_embeddings,
