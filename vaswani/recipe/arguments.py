@@ -19,8 +19,6 @@ given:
 - Values transformers accepts but that cannot train are refused by name (`check_recipe_values`).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import os
@@ -71,7 +69,7 @@ RENAMED = {
 }
 
 
-def check_languages(source_lang: str | None, target_lang: str | None) -> None:
+def check_languages(source_lang, target_lang):
     """Raise `UsageError` naming the flag unless the languages given (None: not given) are two language codes."""
     for name, value in (("source_lang", source_lang), ("target_lang", target_lang)):
         if value is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", value):
@@ -173,7 +171,7 @@ class DataArguments:
                 raise UsageError(f"--{name} must be positive, got {value}")
 
     @property
-    def source(self) -> str:
+    def source(self):
         """What the data is, for the training summary and the model card."""
         return self.dataset_name or self.train_file or "?"
 
@@ -220,7 +218,7 @@ CONFIG_CHOICES = {
 }
 
 
-def config_field_docs() -> dict[str, str]:
+def config_field_docs():
     """Each field's text in the `Args:` of `VaswaniConfig`'s docstring (an entry `name (`type`, ...): text`, its text
     continued on the lines indented below it), on one line and without backticks."""
     docs, name = {}, None
@@ -236,7 +234,7 @@ def config_field_docs() -> dict[str, str]:
     return {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in docs.items()}
 
 
-def _config_flags() -> list[tuple]:
+def _config_flags():
     """A flag per `VaswaniConfig` field but `CONFIG_FIELDS_NOT_FLAGS`: its type or None ("keep the preset's"), its
     docstring text as the help; a boolean alone (`--normalize_before`) is true."""
     docs, flags = config_field_docs(), []
@@ -264,7 +262,7 @@ ModelConfigArguments = dataclasses.make_dataclass(
 )
 
 
-def config_overrides(config_args) -> dict:
+def config_overrides(config_args):
     """The `VaswaniConfig` fields given on the command line."""
     return {k: v for k, v in dataclasses.asdict(config_args).items() if v is not None}
 
@@ -323,12 +321,12 @@ class FinishArguments:
             raise UsageError(f"--length_penalty must be finite numbers, got {self.length_penalty}")
 
     @property
-    def chooses_average(self) -> bool:
+    def chooses_average(self):
         """Whether several averages are compared on the validation split (`--average_last` with several numbers)."""
         return len(set(self.average_last)) > 1
 
     @property
-    def chooses_length_penalty(self) -> bool:
+    def chooses_length_penalty(self):
         """Whether several length penalties are compared on the validation split."""
         return len(set(self.length_penalty)) > 1
 
@@ -490,7 +488,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     @property
-    def timed_only(self) -> bool:
+    def timed_only(self):
         """Whether the time budget alone ends the run: --max_train_minutes without --max_steps or --num_train_epochs."""
         return self.num_train_epochs == TIMED_RUN_EPOCHS
 
@@ -510,7 +508,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             )
 
 
-def _check_devices(args) -> None:
+def _check_devices(args):
     """Raise naming the flag for a precision or a sharding the machine cannot run; fit the Trainer's device flags to
     a machine without GPUs."""
     if args.fp16 and (args.use_cpu or not torch.accelerator.is_available()):
@@ -540,7 +538,7 @@ def _check_devices(args) -> None:
         args.dataloader_pin_memory = False  # pinning needs an accelerator
 
 
-def check_recipe_values(args) -> None:
+def check_recipe_values(args):
     """Raise naming the flag for values transformers accepts but that cannot train: a run of 0 or -5 steps would save
     an untrained model as if it were trained."""
     if args.max_steps == 0 or args.max_steps < -1:
@@ -565,7 +563,7 @@ def check_recipe_values(args) -> None:
             f"--label_smoothing_factor must be at least 0 and below 1 (the probability mass spread over the "
             f"vocabulary; the paper: 0.1), got {smoothing}"
         )
-    if getattr(args.save_strategy, "value", args.save_strategy) == "steps" and not args.save_steps > 0:
+    if args.save_strategy == "steps" and not args.save_steps > 0:
         raise ValueError(
             f"--save_steps must be positive with --save_strategy steps (a checkpoint every N steps), got "
             f"{args.save_steps}; --save_strategy no saves none"
@@ -588,7 +586,7 @@ def check_recipe_values(args) -> None:
         )
 
 
-def choose_batches(args) -> None:
+def choose_batches(args):
     """Set `args.max_tokens` and `args.max_sentences` (the cap of a token-budget batch, None for none) from what was
     given; `per_device_train_batch_size` None means not given (then transformers' 8, which token-budget batches do
     not use)."""
@@ -610,7 +608,7 @@ def choose_batches(args) -> None:
         )
 
 
-def choose_learning_rate(args) -> None:
+def choose_learning_rate(args):
     """Check `--learning_rate` and `--learning_rate_constant` (positive, not both) and `--lr_scheduler_type` (only
     without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
     for name in ("learning_rate", "learning_rate_constant"):
@@ -640,7 +638,7 @@ def choose_learning_rate(args) -> None:
             args.learning_rate = TRANSFORMERS_LEARNING_RATE
 
 
-def resolve_peak_learning_rate(args, d_model: int) -> float:
+def resolve_peak_learning_rate(args, d_model):
     """The peak learning rate for a model of width `d_model`: `--learning_rate`, else the §5.3 schedule's peak times
     `--learning_rate_constant`. Sets `args.learning_rate` to it."""
     if args.learning_rate is None:
