@@ -50,7 +50,7 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
-from ..common.errors import UsageError, describe_error
+from ..common.errors import UsageError, describe_error, require_positive  # noqa: F401 (the tools' import)
 
 logger = logging.getLogger(__name__)
 
@@ -162,36 +162,30 @@ _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse rea
 
 
 # A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed flag,
-# the parser's action it sets (None: a flag the parser lacks) and the texts of its values.
-_Flag = collections.namedtuple("_Flag", "start end name new action texts")
+# the parser's action it sets and that action's dest (None: a flag the parser lacks), and the texts of its values.
+_Flag = collections.namedtuple("_Flag", "start end name new action dest texts")
 
 
 def _flags(parser, argv, renamed):
     """The flags of `argv` (up to a `--`), each with the values that argparse would give it. A renamed flag is
-    recognised as `--old`, `--old=value`, `--old-name` and `--no_old` (for a boolean)."""
+    recognised as `--old`, `--old=value` and `--old-name`."""
     found, i = [], 0
     while i < len(argv) and argv[i] != "--":
         token, start = argv[i], i
         i += 1
-        if not token.startswith("--") or len(token) == 2:
+        if not token.startswith("--"):
             continue
         name, equals, value = token.partition("=")
         key = name[2:].replace("-", "_")
-        negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
-        old = key[3:] if negated else key
-        new = f"--{'no_' if negated else ''}{renamed[old]}" if old in renamed else None
+        new = f"--{renamed[key]}" if key in renamed else None
         action = parser._option_string_actions.get(new or name)
         texts = [value] if equals else []
-        nargs = 0 if action is None or equals else action.nargs
+        nargs = 0 if equals else getattr(action, "nargs", 0)
         most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(nargs, nargs)
-        while (
-            len(texts) < most
-            and i < len(argv)
-            and not (argv[i][:1] == "-" and not _NEGATIVE_NUMBER.match(argv[i]))
-        ):
+        while len(texts) < most and i < len(argv) and (argv[i][:1] != "-" or _NEGATIVE_NUMBER.match(argv[i])):
             texts.append(argv[i])
             i += 1
-        found.append(_Flag(start, i, name, new, action, texts))
+        found.append(_Flag(start, i, name, new, action, getattr(action, "dest", None), texts))
     return found
 
 
@@ -212,7 +206,7 @@ def _lenpen(flags, where, dashes):
     """The values of fairseq's `--lenpen A` (none without it), which is `--length_penalty A --length_penalty_form
     power` (fairseq divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form`
     other than power beside it is refused, as is `--lenpen` beside `--length_penalty`."""
-    dests = {flag.action.dest: flag for flag in flags if flag.action is not None}
+    dests = {flag.dest: flag for flag in flags}
     if "lenpen" not in dests:
         return []
     if "length_penalty" in dests:
@@ -241,41 +235,40 @@ def read_flags(parser, argv, renamed, path=None):
     where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
     fields = parser.field_names | {"lenpen"}
     for flag in flags:
-        if path and (flag.action is None or flag.action.nargs == 0 or flag.action.dest not in fields):
+        if path and (flag.dest not in fields or flag.action.nargs == 0):
             raise UsageError(
                 f"{where}{flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
             )
     given = [flag for flag in flags if flag.action and (flag.texts or flag.action.nargs in (0, "?", "*"))]
     for a, b in itertools.combinations(given, 2):
-        if a.action.dest == b.action.dest and a.name != b.name:
-            if typed_value(a.action, a.texts) != typed_value(b.action, b.texts):
-                shown = [flag.name[2:] if path else " ".join(argv[flag.start : flag.end]) for flag in (a, b)]
-                raise UsageError(
-                    f"{where}{shown[0]} and {shown[1]} are two names of one flag with different values: give one of them"
-                )
+        if (
+            a.dest == b.dest
+            and a.name != b.name
+            and typed_value(a.action, a.texts) != typed_value(b.action, b.texts)
+        ):
+            shown = [flag.name[2:] if path else " ".join(argv[flag.start : flag.end]) for flag in (a, b)]
+            raise UsageError(
+                f"{where}{shown[0]} and {shown[1]} are two names of one flag with different values: give one of them"
+            )
     lenpen, result, position = _lenpen(flags, where, dashes), [], 0
     for flag in flags:
         result += argv[position : flag.start]
         position = flag.end
         if flag.new:
-            old, new = flag.name[2:].replace("-", "_"), flag.new[2:]
             logger.warning(
-                "%s%s%s is deprecated; use %s%s", f"{path}: " if path else "", dashes, old, dashes, new
+                "%s%s%s is deprecated; use %s%s",
+                f"{path}: " if path else "",
+                dashes,
+                flag.name[2:].replace("-", "_"),
+                dashes,
+                flag.new[2:],
             )
             result += [flag.new + argv[flag.start][len(flag.name) :], *argv[flag.start + 1 : flag.end]]
-        elif flag.action is not None and flag.action.dest == "lenpen":
+        elif flag.dest == "lenpen":
             result += ["--length_penalty", *lenpen, "--length_penalty_form", "power"]
         else:
             result += argv[flag.start : flag.end]
     return result + list(argv[position:])
-
-
-def require_positive(args, *names):
-    """Refuse a flag of `names` whose value is below 1 (None: not given)."""
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name} must be at least 1, got {value}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -475,7 +468,7 @@ def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None)
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
     renamed = renamed or {}
     for flag in _flags(parser, argv, renamed):
-        if flag.action is not None and flag.action.dest == "args_file":
+        if flag.dest == "args_file":
             if not flag.texts:
                 raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
             files.append(flag.texts[0])

@@ -21,6 +21,14 @@ def describe_error(error):
     return f"{type(error).__name__}: {message} (run with --debug for the traceback)"
 
 
+def require_positive(args, *names):
+    """Refuse a flag of `names` whose value is below 1 (None: not given)."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be at least 1, got {value}")
+
+
 class PublishError(ValueError):
     """The inputs cannot make a valid published model (`vaswani.publishing.hub`); raised before anything is uploaded."""
 

@@ -32,7 +32,7 @@ from packaging import version
 from transformers import Seq2SeqTrainingArguments
 from transformers.hf_argparser import HfArg
 
-from ..common.errors import UsageError
+from ..common.errors import UsageError, require_positive
 from ..configuration_vaswani import (
     ACTIVATIONS,
     POSITION_EMBEDDING_TYPES,
@@ -197,19 +197,17 @@ class ModelArguments:
 
 # The `VaswaniConfig` fields that are no flag: set from the tokenizer (sizes, special ids, sharing) or no modelling
 # choice. Every other field is a flag of `ModelConfigArguments`.
-CONFIG_FIELDS_NOT_FLAGS = frozenset(
-    {
-        "vocab_size",
-        "decoder_vocab_size",
-        "share_encoder_decoder_embeddings",
-        "pad_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "decoder_start_token_id",
-        "use_cache",
-        "is_encoder_decoder",
-    }
-)
+CONFIG_FIELDS_NOT_FLAGS = {
+    "vocab_size",
+    "decoder_vocab_size",
+    "share_encoder_decoder_embeddings",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "use_cache",
+    "is_encoder_decoder",
+}
 CONFIG_CHOICES = {
     "activation_function": ACTIVATIONS,
     "position_embedding_type": POSITION_EMBEDDING_TYPES,
@@ -242,12 +240,12 @@ def _config_flags():
         if name in CONFIG_FIELDS_NOT_FLAGS:
             continue
         base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-        metadata = {"help": docs[name]}
+        metadata = {}
         if name in CONFIG_CHOICES:
             metadata["choices"] = list(CONFIG_CHOICES[name])
         if base is bool:
             metadata.update(nargs="?", const=True)
-        flags.append((name, base | None, HfArg(default=None, metadata=metadata)))
+        flags.append((name, base | None, HfArg(default=None, help=docs[name], metadata=metadata)))
     return flags
 
 
@@ -312,9 +310,7 @@ class FinishArguments:
                 f"--average_last {' '.join(map(str, self.average_last))}: 0 (no averaging) cannot be one of "
                 "several choices; 1 is the last checkpoint alone"
             )
-        for name in ("num_beams", "translate_batch_size"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        require_positive(self, "num_beams", "translate_batch_size")
         if isinstance(self.length_penalty, (int, float)):  # FinishArguments(length_penalty=1.0) in code
             self.length_penalty = [float(self.length_penalty)]
         if not self.length_penalty or not all(math.isfinite(a) for a in self.length_penalty):
@@ -396,7 +392,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         "Trainer defaults to 1.0, so clipping is a departure to ask for by setting this.",
     )
     optim: str = HfArg(
-        default=getattr(Seq2SeqTrainingArguments, "default_optim", "adamw_torch"),
+        default=Seq2SeqTrainingArguments.default_optim,
         help="Adam (weight decay 0 makes AdamW plain Adam). Default: transformers' default, the fused AdamW "
         "kernel (adamw_torch_fused) with torch >= 2.8, else adamw_torch.",
     )
