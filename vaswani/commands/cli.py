@@ -137,16 +137,15 @@ def command(prog):
             try:
                 result = main(arguments)
                 return None if argv is None else result
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, Exception) as error:
                 if debug:
                     raise
-                print(f"{prog}: interrupted", file=sys.stderr)
-                raise SystemExit(130) from None
-            except Exception as error:
-                if debug:
-                    raise
-                print(f"{prog}: error: {describe_error(error)}", file=sys.stderr)
-                raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
+                interrupted = isinstance(error, KeyboardInterrupt)
+                print(
+                    f"{prog}: interrupted" if interrupted else f"{prog}: error: {describe_error(error)}",
+                    file=sys.stderr,
+                )
+                raise SystemExit(130 if interrupted else 2 if isinstance(error, UsageError) else 1) from None
             finally:
                 _current = previous
 
@@ -454,14 +453,14 @@ def _list_inherited_flags_last(parser, dtype):
 
 
 def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None):
-    """Parse `argv` (None: `sys.argv[1:]`) into instances of `dataclass_types`, in their order.
+    """Parse `argv` (a list of strings) into instances of `dataclass_types`, in their order.
 
     Renamed flags are translated (`renamed`: old -> new name), arguments files' flags go before the command line's
     (`file_tokens`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
     flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
     `ValueError`. `--help_all` is `--help`.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = list(argv)
     files = (
         [argv.pop(0)] if argv and argv[0][:1] != "-" and argv[0].endswith((".json", ".yaml", ".yml")) else []
     )
@@ -488,13 +487,9 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is at the time of each message (a tool called twice in one process, or under
     a test's capture, logs where standard error is now)."""
 
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    def emit(self, record):
+        self.stream = sys.stderr
+        super().emit(record)
 
 
 def setup_logging(main_process=True):

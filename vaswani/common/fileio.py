@@ -82,14 +82,12 @@ def write_json(path, value):
 
 
 def temporary_sibling(path, tag="tmp"):
-    """A new empty folder beside `path` (same file system), for building what will be renamed to `path`. Its
-    permissions are those of any new folder under the process' umask (`mkdtemp` alone would give 0700, and the folder
-    renamed into place would be unreadable to the other users of a shared machine)."""
+    """A new empty folder beside `path` (same file system), for building what will be renamed to `path`. `mkdtemp`
+    makes it 0700: `atomic_folder` and `replace_files` give what they rename into place the permissions of any new
+    file under the process' umask (`follow_umask`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
-    os.chmod(folder, 0o777 & ~_umask())
-    return folder
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
 
 
 @contextlib.contextmanager
@@ -122,22 +120,18 @@ def atomic_folder(path):
 
 def replace_files(source_dir, destination_dir):
     """Move every file under `source_dir` to the same relative path under `destination_dir`, each by one atomic
-    rename (so each file is old or new, never torn), then remove `source_dir`. Returns the relative paths moved.
+    rename (so each file is old or new, never torn), then remove `source_dir`.
 
     `source_dir` must be on the same file system (build it with `temporary_sibling`).
     """
     source_dir, destination_dir = Path(source_dir), Path(destination_dir)
     follow_umask(source_dir)
-    moved = []
     for source in sorted(p for p in source_dir.rglob("*") if p.is_file()):
-        relative = source.relative_to(source_dir)
-        target = destination_dir / relative
+        target = destination_dir / source.relative_to(source_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(source, target)
-        moved.append(relative.as_posix())
     _fsync_folder(destination_dir)
     shutil.rmtree(source_dir, ignore_errors=True)
-    return moved
 
 
 def read_json(path):

@@ -547,14 +547,14 @@ def check_recipe_values(args):
             f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
         )
     minutes = args.max_train_minutes
-    if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
+    if minutes is not None and not 0 < minutes < math.inf:
         raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")
     if not args.do_train:
         raise ValueError(
             "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
         )
     smoothing = args.label_smoothing_factor
-    if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
+    if not 0.0 <= smoothing < 1.0:  # NaN too
         raise ValueError(
             f"--label_smoothing_factor must be at least 0 and below 1 (the probability mass spread over the "
             f"vocabulary; the paper: 0.1), got {smoothing}"
@@ -564,7 +564,7 @@ def check_recipe_values(args):
             f"--save_steps must be positive with --save_strategy steps (a checkpoint every N steps), got "
             f"{args.save_steps}; --save_strategy no saves none"
         )
-    if not 0.0 <= args.lr_cooldown_fraction < 1.0 or not math.isfinite(args.lr_cooldown_fraction):
+    if not 0.0 <= args.lr_cooldown_fraction < 1.0:  # NaN too
         raise ValueError(
             f"--lr_cooldown_fraction must be at least 0 and below 1 (the share of the run over which the "
             f"learning rate falls to 0), got {args.lr_cooldown_fraction}"
@@ -574,7 +574,7 @@ def check_recipe_values(args):
             "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
             "--lr_scheduler_type (linear, cosine) instead"
         )
-    if args.save_minutes is not None and not (args.save_minutes > 0 and math.isfinite(args.save_minutes)):
+    if args.save_minutes is not None and not 0 < args.save_minutes < math.inf:
         raise UsageError(f"--save_minutes must be a positive number of minutes, got {args.save_minutes}")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(
@@ -609,7 +609,7 @@ def choose_learning_rate(args):
     without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
     for name in ("learning_rate", "learning_rate_constant"):
         value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and not 0 < value < math.inf:
             raise ValueError(f"--{name} must be a positive number, got {value}")
     if args.learning_rate is not None and args.learning_rate_constant is not None:
         raise ValueError(
