@@ -232,9 +232,8 @@ def read_flags(parser, argv, renamed, path=None):
     An arguments file's flags must all be flags of the tool's dataclasses."""
     flags = _flags(parser, argv, renamed)
     where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
-    fields = parser.field_names | {"lenpen"}
     for flag in flags:
-        if path and (flag.dest not in fields or flag.action.nargs == 0):
+        if path and (flag.dest not in parser.field_names | {"lenpen"} or flag.action.nargs == 0):
             raise UsageError(
                 f"{where}{flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
             )
@@ -382,8 +381,6 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
     def _format_action_invocation(self, action):
-        if not action.option_strings:
-            return super()._format_action_invocation(action)
         names = [
             name
             for name in action.option_strings
@@ -472,8 +469,12 @@ def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None)
                 raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
             files.append(flag.texts[0])
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
-    files = [read_flags(parser, file_tokens(parser, path, renamed), renamed, path) for path in files]
-    argv = [token for flags in files for token in flags] + argv  # the command line last: its flags win
+    files = [
+        token
+        for path in files
+        for token in read_flags(parser, file_tokens(parser, path, renamed), renamed, path)
+    ]
+    argv = files + argv  # the command line last: its flags win
     parser.parse_args(argv)  # an unknown flag is reported before any dataclass checks its values
     outputs = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     # The dataclasses, without the namespace of the common flags (--args_file, --debug, --verbose).

@@ -218,18 +218,12 @@ CONFIG_CHOICES = {
 
 def config_field_docs():
     """Each field's text in the `Args:` of `VaswaniConfig`'s docstring (an entry `name (`type`, ...): text`, its text
-    continued on the lines indented below it), on one line and without backticks."""
-    docs, name = {}, None
-    for line in VaswaniConfig.__doc__.split("Args:", 1)[1].splitlines():
-        entry = re.fullmatch(r" {8}(\w+) \(.*?\):(.*)", line)
-        if entry:
-            name = entry[1]
-            docs[name] = entry[2]
-        elif name and line.startswith(" " * 12):
-            docs[name] += line
-        elif line.strip():
-            name = None  # an entry of several fields, or the end of `Args:`
-    return {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in docs.items()}
+    continued on the lines indented below it, blank lines within), on one line and without backticks. An entry of
+    several fields (`a, b (...)`) is none."""
+    entries = re.findall(
+        r"^ {8}(\w+) \(.*?\):((?:.|\n(?=\n| {12}))*)", VaswaniConfig.__doc__.split("Args:", 1)[1], re.M
+    )
+    return {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in entries}
 
 
 def _config_flags():
@@ -240,9 +234,7 @@ def _config_flags():
         if name in CONFIG_FIELDS_NOT_FLAGS:
             continue
         base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-        metadata = {}
-        if name in CONFIG_CHOICES:
-            metadata["choices"] = list(CONFIG_CHOICES[name])
+        metadata = {"choices": list(CONFIG_CHOICES[name])} if name in CONFIG_CHOICES else {}
         if base is bool:
             metadata.update(nargs="?", const=True)
         flags.append((name, base | None, HfArg(default=None, help=docs[name], metadata=metadata)))
@@ -507,30 +499,27 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
 def _check_devices(args):
     """Raise naming the flag for a precision or a sharding the machine cannot run; fit the Trainer's device flags to
     a machine without GPUs."""
+    cuda = torch.cuda.is_available()
     if args.fp16 and (args.use_cpu or not torch.accelerator.is_available()):
         raise UsageError(
             "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
             "float32; --bf16 is the CPU's mixed precision"
         )
-    if args.deepspeed and not torch.cuda.is_available():
+    if args.deepspeed and not cuda:
         raise ValueError(
             "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
             "processes with --fsdp instead"
         )
-    if (
-        args.fsdp
-        and not torch.cuda.is_available()
-        and version.parse(transformers.__version__) < version.parse("5.8")
-    ):
+    if args.fsdp and not cuda and version.parse(transformers.__version__) < version.parse("5.8"):
         raise ValueError(  # before 5.8, transformers' --fsdp is FSDP1, which has no CPU support, by default
             "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
             f"(found {transformers.__version__}); upgrade transformers"
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not cuda:
         # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
         # gloo process group only when asked for the CPU; otherwise every rank would train alone.
         args.use_cpu = True
-    if not torch.cuda.is_available():
+    if not cuda:
         args.dataloader_pin_memory = False  # pinning needs an accelerator
 
 
