@@ -130,8 +130,9 @@ def command(prog):
         def run(argv=None):
             global _current
             arguments = list(sys.argv[1:] if argv is None else argv)
-            debug = _take_flag(arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES)
-            debug = debug or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
+            debug = _take_flag(
+                arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES
+            ) or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
             previous = _current
             _current = argparse.Namespace(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
             try:
@@ -500,18 +501,17 @@ def setup_logging(main_process=True):
     import datasets  # here: a tool's --help needs neither
     import transformers
 
-    level = logging.INFO if main_process else logging.WARNING
     root = logging.getLogger()
     if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)
     root.setLevel(logging.WARNING)
-    logging.getLogger("vaswani").setLevel(level)
+    logging.getLogger("vaswani").setLevel(logging.INFO if main_process else logging.WARNING)
     logging.captureWarnings(True)
     loud = _current.verbose and main_process
-    transformers.utils.logging.set_verbosity(level if loud else logging.WARNING)
-    datasets.utils.logging.set_verbosity(level if loud else logging.WARNING)
+    for library in (transformers, datasets):
+        library.utils.logging.set_verbosity(logging.INFO if loud else logging.WARNING)
     if loud:
         transformers.utils.logging.enable_progress_bar()
         datasets.enable_progress_bars()

@@ -35,10 +35,10 @@ class PublishError(ValueError):
 
 @contextlib.contextmanager
 def flag_errors(flag):
-    """Re-raise a `ValueError` of the block as a `UsageError` that names `flag`."""
+    """Re-raise a `ValueError` of the block as a `UsageError` that names `--flag` (`flag` without dashes)."""
     try:
         yield
     except UsageError:
         raise
     except ValueError as error:
-        raise UsageError(f"--{flag.lstrip('-')}: {describe_error(error)}") from error
+        raise UsageError(f"--{flag}: {describe_error(error)}") from error
