@@ -19,7 +19,7 @@ from vaswani.commands import evaluate as evaluate_command
 from vaswani.commands import push_to_hub as push_command
 from vaswani.commands import train as train_command
 from vaswani.commands import translate as translate_command
-from vaswani.common.fileio import atomic_folder, write_text
+from vaswani.common.fileio import atomic_folder, write_json
 from vaswani.recipe import translation
 
 
@@ -330,7 +330,7 @@ def test_folders_and_files_written_whole_follow_the_umask(tmp_path, umask):
     try:
         with atomic_folder(tmp_path / "model") as building:
             (building / "weights.bin").write_bytes(b"0")
-        write_text(tmp_path / "model" / "scores.json", "{}")
+        write_json(tmp_path / "model" / "scores.json", {})
     finally:
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o777 & ~umask

@@ -26,7 +26,7 @@ The conventions, the same in every tool:
   flag given different values (`--lr 1e-4 --learning_rate 2e-4`, in one arguments file too) are refused by name
   (`read_flags`); one name given twice keeps argparse's rule, the last wins.
 - Arguments file: `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads flags from a JSON or YAML mapping
-  `{flag_name: value}`; flags given on the command line override it (`arguments_files.py`).
+  `{flag_name: value}`; flags given on the command line override it (`read_arguments_file`, `file_tokens`).
 - `--help` lists every flag, grouped by dataclass (`_argument_group_name`), in the order of the dataclasses, then the
   flags common to every tool; a dataclass whose `_inherited_argument_group_name` is set lists the fields it inherits
   (transformers' Trainer flags) under that title, last. `--help_all` is the same.
@@ -34,27 +34,27 @@ The conventions, the same in every tool:
   `datasets` progress bars; `--verbose` gives transformers' and datasets' INFO logs and bars too.
 """
 
-from __future__ import annotations
-
 import argparse
 import collections
 import dataclasses
 import functools
 import itertools
+import json
 import logging
+import math
 import os
 import re
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
+import yaml
 from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
-from ..common.errors import UsageError, describe_error
-from .arguments_files import ARGS_FILE_FLAG, ARGS_FILE_SUFFIXES, file_tokens, read_arguments_file
+from ..common.errors import UsageError, describe_error, require_positive  # noqa: F401 (the tools' import)
 
 logger = logging.getLogger(__name__)
 
+ARGS_FILE_FLAG = "--args_file"
 DEBUG_FLAG = "--debug"
 VERBOSE_FLAG = "--verbose"
 HELP_ALL_FLAG = "--help_all"
@@ -67,29 +67,21 @@ LENPEN_FLAG = "--lenpen"
 _TRAINER_DEBUG_VALUES = (["underflow_overflow"], ["tpu_metrics_debug"])
 
 
-@dataclasses.dataclass
-class _Invocation:
-    prog: str
-    verbose: bool = False
+# The running tool: its name (`vaswani-train`, ...) and whether it was given `--verbose`.
+_current = argparse.Namespace(
+    prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "vaswani", verbose=False
+)
 
 
-_current = _Invocation(prog=Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "vaswani")
-
-
-def current_prog() -> str:
+def current_prog():
     """The name of the running tool (`vaswani-train`, ...), for messages."""
     return _current.prog
-
-
-def verbose() -> bool:
-    """Whether the running tool was given `--verbose`."""
-    return _current.verbose
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The tool: one-line errors, exit statuses, --debug and --verbose
 # ---------------------------------------------------------------------------------------------------------------------
-def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[list[str]] = ()) -> bool:
+def _take_flag(argv, flag, keep_if_followed_by=()):
     """Remove every bare `flag` from `argv` (not one followed by one of `keep_if_followed_by`); whether any was."""
     bare = [
         i for i, token in enumerate(argv) if token == flag and argv[i + 1 : i + 2] not in keep_if_followed_by
@@ -105,24 +97,20 @@ def _take_flag(argv: list[str], flag: str, keep_if_followed_by: Collection[list[
 # Triton (GPU) kernels are missing, which int8 decoding on the CPU does not use; the ONNX exporter's note that it
 # skips torchvision's operators, which no `vaswani` graph holds.
 NOISE = {
-    "torchao": re.compile(
-        r"Failed to load (\S+/torchao/_C_(mxfp8|cutlass_90a)\S*\.so): Could not load this library: \1"
+    "torchao": r"Failed to load (\S+/torchao/_C_(mxfp8|cutlass_90a)\S*\.so): Could not load this library: \1",
+    "torch.utils._pytree": re.escape(
+        "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. Calling "
+        "register_constant() on Enum subclasses is deprecated and will be an error in a future release."
     ),
-    "torch.utils._pytree": re.compile(
-        re.escape(
-            "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. Calling "
-            "register_constant() on Enum subclasses is deprecated and will be an error in a future release."
-        )
-    ),
-    "torch.onnx._internal.exporter._registration": re.compile(re.escape("torchvision is not installed. Skipping %s")),
-    "torchao.kernel.intmm": re.compile(
-        re.escape("Warning: Detected no triton, on systems without Triton certain kernels will not work")
+    "torch.onnx._internal.exporter._registration": re.escape("torchvision is not installed. Skipping %s"),
+    "torchao.kernel.intmm": re.escape(
+        "Warning: Detected no triton, on systems without Triton certain kernels will not work"
     ),
 }
 
 
-def _not_noise(record: logging.LogRecord) -> bool:
-    return not (isinstance(record.msg, str) and NOISE[record.name].fullmatch(record.msg))
+def _not_noise(record):
+    return not (isinstance(record.msg, str) and re.fullmatch(NOISE[record.name], record.msg))
 
 
 # On import of `vaswani.commands` (its `__init__` imports this module first), before a tool's own imports load torch
@@ -131,34 +119,34 @@ for _name in NOISE:
     logging.getLogger(_name).addFilter(_not_noise)
 
 
-def command(prog: str) -> Callable:
+def command(prog):
     """Decorate a tool's `main(argv)`; the result is `main(argv=None)`, which returns what `main` returns, or exits
     with a one-line error (see the module docstring). Called without `argv` (as a console command, whose wrapper
     exits with the return value), it reads `sys.argv[1:]` and returns None. `--debug` and `--verbose` are taken off
     the arguments here, before `main` sees them."""
 
-    def decorate(main: Callable) -> Callable:
+    def decorate(main):
         @functools.wraps(main)
-        def run(argv: Sequence[str] | None = None):
+        def run(argv=None):
             global _current
             arguments = list(sys.argv[1:] if argv is None else argv)
-            debug = _take_flag(arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES)
-            debug = debug or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
+            debug = _take_flag(
+                arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES
+            ) or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
             previous = _current
-            _current = _Invocation(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
+            _current = argparse.Namespace(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
             try:
                 result = main(arguments)
                 return None if argv is None else result
-            except KeyboardInterrupt:
+            except (KeyboardInterrupt, Exception) as error:
                 if debug:
                     raise
-                print(f"{prog}: interrupted", file=sys.stderr)
-                raise SystemExit(130) from None
-            except Exception as error:
-                if debug:
-                    raise
-                print(f"{prog}: error: {describe_error(error)}", file=sys.stderr)
-                raise SystemExit(2 if isinstance(error, UsageError) else 1) from None
+                interrupted = isinstance(error, KeyboardInterrupt)
+                print(
+                    f"{prog}: interrupted" if interrupted else f"{prog}: error: {describe_error(error)}",
+                    file=sys.stderr,
+                )
+                raise SystemExit(130 if interrupted else 2 if isinstance(error, UsageError) else 1) from None
             finally:
                 _current = previous
 
@@ -174,40 +162,34 @@ _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse rea
 
 
 # A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed flag,
-# the parser's action it sets (None: a flag the parser lacks) and the texts of its values.
-_Flag = collections.namedtuple("_Flag", "start end name new action texts")
+# the parser's action it sets and that action's dest (None: a flag the parser lacks), and the texts of its values.
+_Flag = collections.namedtuple("_Flag", "start end name new action dest texts")
 
 
-def _flags(parser: argparse.ArgumentParser, argv: Sequence[str], renamed: Mapping[str, str]) -> list[_Flag]:
+def _flags(parser, argv, renamed):
     """The flags of `argv` (up to a `--`), each with the values that argparse would give it. A renamed flag is
-    recognised as `--old`, `--old=value`, `--old-name` and `--no_old` (for a boolean)."""
+    recognised as `--old`, `--old=value` and `--old-name`."""
     found, i = [], 0
     while i < len(argv) and argv[i] != "--":
         token, start = argv[i], i
         i += 1
-        if not token.startswith("--") or len(token) == 2:
+        if not token.startswith("--"):
             continue
         name, equals, value = token.partition("=")
         key = name[2:].replace("-", "_")
-        negated = key.startswith("no_") and key[3:] in renamed and key not in renamed
-        old = key[3:] if negated else key
-        new = f"--{'no_' if negated else ''}{renamed[old]}" if old in renamed else None
+        new = f"--{renamed[key]}" if key in renamed else None
         action = parser._option_string_actions.get(new or name)
         texts = [value] if equals else []
-        nargs = 0 if action is None or equals else action.nargs
+        nargs = 0 if equals else getattr(action, "nargs", 0)
         most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(nargs, nargs)
-        while (
-            len(texts) < most
-            and i < len(argv)
-            and not (argv[i][:1] == "-" and not _NEGATIVE_NUMBER.match(argv[i]))
-        ):
+        while len(texts) < most and i < len(argv) and (argv[i][:1] != "-" or _NEGATIVE_NUMBER.match(argv[i])):
             texts.append(argv[i])
             i += 1
-        found.append(_Flag(start, i, name, new, action, texts))
+        found.append(_Flag(start, i, name, new, action, getattr(action, "dest", None), texts))
     return found
 
 
-def typed_value(action: argparse.Action, texts: Sequence[str]):
+def typed_value(action, texts):
     """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
     texts themselves when a value does not convert: argparse reports that later)."""
     if not texts:
@@ -220,11 +202,11 @@ def typed_value(action: argparse.Action, texts: Sequence[str]):
     return values[0] if action.nargs in (None, "?") else tuple(values)
 
 
-def _lenpen(flags: Sequence[_Flag], where: str, dashes: str) -> list[str]:
+def _lenpen(flags, where, dashes):
     """The values of fairseq's `--lenpen A` (none without it), which is `--length_penalty A --length_penalty_form
     power` (fairseq divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form`
     other than power beside it is refused, as is `--lenpen` beside `--length_penalty`."""
-    dests = {flag.action.dest: flag for flag in flags if flag.action is not None}
+    dests = {flag.dest: flag for flag in flags}
     if "lenpen" not in dests:
         return []
     if "length_penalty" in dests:
@@ -242,9 +224,7 @@ def _lenpen(flags: Sequence[_Flag], where: str, dashes: str) -> list[str]:
     return dests["lenpen"].texts
 
 
-def read_flags(
-    parser: _Parser, argv: Sequence[str], renamed: Mapping[str, str], path: str | None = None
-) -> list[str]:
+def read_flags(parser, argv, renamed, path=None):
     """`argv` (a command line, or the flags of the arguments file `path`) for `parser`: renamed flags under their new
     names (each with a warning), `--lenpen A` as `--length_penalty A --length_penalty_form power`. Raises `UsageError`
     naming both flags when two names of one flag have different values: fairseq's and transformers' (`--lr` and
@@ -253,43 +233,124 @@ def read_flags(
     An arguments file's flags must all be flags of the tool's dataclasses."""
     flags = _flags(parser, argv, renamed)
     where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
-    fields = parser.field_names | {"lenpen"}
     for flag in flags:
-        if path and (flag.action is None or flag.action.nargs == 0 or flag.action.dest not in fields):
+        if path and (flag.dest not in parser.field_names | {"lenpen"} or flag.action.nargs == 0):
             raise UsageError(
                 f"{where}{flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
             )
     given = [flag for flag in flags if flag.action and (flag.texts or flag.action.nargs in (0, "?", "*"))]
     for a, b in itertools.combinations(given, 2):
-        if a.action.dest == b.action.dest and a.name != b.name:
-            if typed_value(a.action, a.texts) != typed_value(b.action, b.texts):
-                shown = [flag.name[2:] if path else " ".join(argv[flag.start : flag.end]) for flag in (a, b)]
-                raise UsageError(
-                    f"{where}{shown[0]} and {shown[1]} are two names of one flag with different values: give one of them"
-                )
+        if (
+            a.dest == b.dest
+            and a.name != b.name
+            and typed_value(a.action, a.texts) != typed_value(b.action, b.texts)
+        ):
+            shown = [flag.name[2:] if path else " ".join(argv[flag.start : flag.end]) for flag in (a, b)]
+            raise UsageError(
+                f"{where}{shown[0]} and {shown[1]} are two names of one flag with different values: give one of them"
+            )
     lenpen, result, position = _lenpen(flags, where, dashes), [], 0
     for flag in flags:
         result += argv[position : flag.start]
         position = flag.end
         if flag.new:
-            old, new = flag.name[2:].replace("-", "_"), flag.new[2:]
             logger.warning(
-                "%s%s%s is deprecated; use %s%s", f"{path}: " if path else "", dashes, old, dashes, new
+                "%s%s%s is deprecated; use %s%s",
+                f"{path}: " if path else "",
+                dashes,
+                flag.name[2:].replace("-", "_"),
+                dashes,
+                flag.new[2:],
             )
             result += [flag.new + argv[flag.start][len(flag.name) :], *argv[flag.start + 1 : flag.end]]
-        elif flag.action is not None and flag.action.dest == "lenpen":
+        elif flag.dest == "lenpen":
             result += ["--length_penalty", *lenpen, "--length_penalty_form", "power"]
         else:
             result += argv[flag.start : flag.end]
     return result + list(argv[position:])
 
 
-def require_positive(args, *names: str) -> None:
-    """Refuse a flag of `names` whose value is below 1 (None: not given)."""
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name} must be at least 1, got {value}")
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments files
+# ---------------------------------------------------------------------------------------------------------------------
+# `<prog> args.yaml` (or `.json`, or `--args_file FILE`) reads a tool's flags from a JSON or YAML mapping
+# `{flag_name: value}`, and flags given on the command line override it (`parse_args` puts each file's flags,
+# `file_tokens`, before the command line). A file's flags are read as the command line's:
+# `HfArgumentParser` converts and refuses a value as it does the same flag typed, and a file's own mistakes (a flag
+# the tool lacks, two names of one flag with different values) are named with the file before any work starts.
+def read_arguments_file(path):
+    """The mapping `{flag_name: value}` of a JSON or YAML file, without the entries whose value is `null`.
+
+    A value is a scalar, a list of scalars (a flag that takes several values) or a mapping (given to the flag as its
+    JSON text, for flags such as `--fsdp_config`). Raises `UsageError` naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"Arguments file {path} does not exist.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"Arguments file {path} is not UTF-8 text: {error.reason} at byte {error.start}"
+        ) from None
+    if path.suffix == ".json":
+        try:
+            values = json.loads(text)
+        except ValueError as error:
+            raise UsageError(f"Arguments file {path} is not valid JSON: {error}") from None
+    else:
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise UsageError(
+                f"Arguments file {path} is not valid YAML: {' '.join(str(error).split())}"
+            ) from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise UsageError(f"Arguments file {path} must hold a mapping of flag names to values.")
+    mapping = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key.strip("-"):
+            raise UsageError(f"Arguments file {path}: {key!r} is not a flag name.")
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise UsageError(f"Arguments file {path}: {key} is an empty list.")
+            for item in value:
+                _check_scalar(path, key, item)
+        elif not isinstance(value, dict):
+            _check_scalar(path, key, value)
+        mapping[key.lstrip("-")] = value
+    return mapping
+
+
+def _check_scalar(path, key, value):
+    if isinstance(value, (dict, list)):
+        raise UsageError(f"Arguments file {path}: {key} holds a nested {type(value).__name__}.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"Arguments file {path}: {key} is {value}.")
+
+
+def _as_text(value):
+    """A file's value as it would be written on the command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def file_tokens(parser, path, renamed):
+    """The flags of the arguments file `path` as a command line: `--flag=value`, or `--flag value ...` for a flag that
+    takes several values; a list for a flag of one value is refused."""
+    tokens = []
+    for key, value in read_arguments_file(path).items():
+        texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
+        action = parser._option_string_actions.get(f"--{renamed.get(key, key)}")
+        if len(texts) > 1 and action is not None and action.nargs in (None, "?"):
+            parser.error(f"argument --{action.dest}: expected one argument, got {len(texts)} ({path})")
+        tokens += [f"--{key}={texts[0]}"] if len(texts) == 1 else [f"--{key}", *texts]
+    return tokens
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -305,7 +366,7 @@ class _Parser(HfArgumentParser):
         raise UsageError(f"{message} ({self.prog} --help lists the flags)")
 
     @property
-    def field_names(self) -> set[str]:
+    def field_names(self):
         """The names of the fields of the parser's dataclasses."""
         return {item.name for dtype in self.dataclass_types for item in dataclasses.fields(dtype)}
 
@@ -321,8 +382,6 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
     def _format_action_invocation(self, action):
-        if not action.option_strings:
-            return super()._format_action_invocation(action)
         names = [
             name
             for name in action.option_strings
@@ -335,9 +394,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         )
 
 
-def build_parser(
-    dataclass_types: Sequence[type] | type, *, description: str, epilog: str | None = None
-) -> HfArgumentParser:
+def build_parser(dataclass_types, *, description, epilog=None):
     """The parser of a tool: a flag per field of `dataclass_types`, grouped in `--help` by each dataclass's
     `_argument_group_name`, and the flags common to every tool. `description` and `epilog` are printed as written."""
     parser = _Parser(
@@ -378,7 +435,7 @@ def build_parser(
     return parser
 
 
-def _list_inherited_flags_last(parser: argparse.ArgumentParser, dtype: type) -> None:
+def _list_inherited_flags_last(parser, dtype):
     """Move the flags of the fields that `dtype` inherits (not declared in its own body) from its group of `--help` to
     a group titled `dtype._inherited_argument_group_name`, after every other group; nothing without that title."""
     title = getattr(dtype, "_inherited_argument_group_name", None)
@@ -393,33 +450,32 @@ def _list_inherited_flags_last(parser: argparse.ArgumentParser, dtype: type) -> 
             inherited._group_actions.append(action)
 
 
-def parse_args(
-    dataclass_types: Sequence[type] | type,
-    argv: Sequence[str] | None,
-    *,
-    description: str,
-    epilog: str | None = None,
-    renamed: Mapping[str, str] | None = None,
-) -> tuple:
-    """Parse `argv` (None: `sys.argv[1:]`) into instances of `dataclass_types`, in their order.
+def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None):
+    """Parse `argv` (a list of strings) into instances of `dataclass_types`, in their order.
 
     Renamed flags are translated (`renamed`: old -> new name), arguments files' flags go before the command line's
     (`file_tokens`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
     flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
     `ValueError`. `--help_all` is `--help`.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    files = [argv.pop(0)] if argv and argv[0][:1] != "-" and argv[0].endswith(ARGS_FILE_SUFFIXES) else []
+    argv = list(argv)
+    files = (
+        [argv.pop(0)] if argv and argv[0][:1] != "-" and argv[0].endswith((".json", ".yaml", ".yml")) else []
+    )
     parser = build_parser(dataclass_types, description=description, epilog=epilog)
     renamed = renamed or {}
     for flag in _flags(parser, argv, renamed):
-        if flag.action is not None and flag.action.dest == "args_file":
+        if flag.dest == "args_file":
             if not flag.texts:
                 raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
             files.append(flag.texts[0])
     argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
-    files = [read_flags(parser, file_tokens(parser, path, renamed), renamed, path) for path in files]
-    argv = [token for flags in files for token in flags] + argv  # the command line last: its flags win
+    files = [
+        token
+        for path in files
+        for token in read_flags(parser, file_tokens(parser, path, renamed), renamed, path)
+    ]
+    argv = files + argv  # the command line last: its flags win
     parser.parse_args(argv)  # an unknown flag is reported before any dataclass checks its values
     outputs = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     # The dataclasses, without the namespace of the common flags (--args_file, --debug, --verbose).
@@ -433,51 +489,32 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is at the time of each message (a tool called twice in one process, or under
     a test's capture, logs where standard error is now)."""
 
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    def emit(self, record):
+        self.stream = sys.stderr
+        super().emit(record)
 
 
-def setup_logging(main_process: bool = True) -> None:
+def setup_logging(main_process=True):
     """Quiet logs on standard error: this package's INFO messages, warnings from everyone else, no progress bars of
     transformers' loading and saving or of `datasets`; with `--verbose`, transformers' and datasets' INFO logs and bars as well. Processes other than
     the main one of a distributed run log warnings only."""
     import datasets  # here: a tool's --help needs neither
     import transformers
 
-    level = logging.INFO if main_process else logging.WARNING
     root = logging.getLogger()
     if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)
     root.setLevel(logging.WARNING)
-    logging.getLogger("vaswani").setLevel(level)
+    logging.getLogger("vaswani").setLevel(logging.INFO if main_process else logging.WARNING)
     logging.captureWarnings(True)
-    if verbose() and main_process:
-        transformers.utils.logging.set_verbosity_info()
+    loud = _current.verbose and main_process
+    for library in (transformers, datasets):
+        library.utils.logging.set_verbosity(logging.INFO if loud else logging.WARNING)
+    if loud:
         transformers.utils.logging.enable_progress_bar()
-        datasets.utils.logging.set_verbosity_info()
         datasets.enable_progress_bars()
     else:
-        transformers.utils.logging.set_verbosity_warning()
         transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
-        datasets.utils.logging.set_verbosity_warning()
         datasets.disable_progress_bars()
-
-
-__all__ = [
-    "build_parser",
-    "command",
-    "current_prog",
-    "parse_args",
-    "read_arguments_file",
-    "read_flags",
-    "require_positive",
-    "setup_logging",
-    "verbose",
-]

@@ -2,8 +2,6 @@
 score it (§6.1). `vaswani-train --help` lists every flag by group: the recipe's first, then the rest of
 Seq2SeqTrainingArguments', all of which work."""
 
-from __future__ import annotations
-
 from ..recipe.arguments import (
     RENAMED,
     DataArguments,
@@ -35,7 +33,7 @@ examples:
 WMT14 = ("wmt14", "wmt/wmt14")
 
 
-def comparable_to(scores: dict) -> tuple[str, str]:
+def comparable_to(scores):
     """What the lowercased Moses-tokenized BLEU and the paper's tokenized BLEU of a run's test scores can be compared
     with, from the data they were computed on (`dataset`, `split` of `test_results.json`): published Multi30k figures
     only on Multi30k, the paper's Table 2 only on WMT 2014's whole test split; otherwise the same measure of the same

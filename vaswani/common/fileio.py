@@ -6,7 +6,7 @@ the old complete file or the new complete file, never a prefix or a mix (POSIX `
 the same way, beside its destination, and swapped in by two renames.
 
 - `atomic_write(path)`: a context manager yielding the open temporary file (text or binary).
-- `write_text(path, text)`, `write_json(path, value)`: the usual one-liners on top of it.
+- `write_json(path, value)`: the usual one-liner on top of it.
 - `atomic_folder(path)`: a context manager yielding a temporary folder that replaces `path` on success.
 - `replace_files(source_dir, destination_dir)`: move every file of a folder built beside `destination_dir` into it, one
   atomic rename per file (for folders that also hold other things, such as a run folder).
@@ -15,24 +15,15 @@ And what a tool reads, checked before any work starts: `read_json(path)` names t
 `check_input_file(path, flag)` and `check_input_folder(path, flag)` name the flag of a path that is not there.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
-import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
-
-logger = logging.getLogger(__name__)
-
-TEMPORARY_SUFFIX = ".tmp"
 
 
-def _fsync_folder(folder: Path) -> None:
+def _fsync_folder(folder):
     """Make a rename in `folder` durable (a no-op where folders cannot be opened, e.g. Windows)."""
     with contextlib.suppress(OSError):
         descriptor = os.open(folder, os.O_RDONLY)
@@ -43,21 +34,15 @@ def _fsync_folder(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(
-    path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8", newline: str | None = "\n"
-) -> Iterator[IO]:
+def atomic_write(path, mode="w"):
     """Open a temporary sibling of `path` for writing; on a clean exit it replaces `path`, on an error it is removed.
 
-    `mode` is "w" (text, `encoding` and `newline` apply) or "wb". The parent folder is created if needed.
+    `mode` is "w" (UTF-8 text, "\\n" line ends) or "wb". The parent folder is created if needed.
     """
-    if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_write writes whole files: mode must be 'w' or 'wb', not {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(
-        prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent
-    )
-    text = {"encoding": encoding, "newline": newline} if mode == "w" else {}
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    text = {"encoding": "utf-8", "newline": "\n"} if mode == "w" else {}
     try:
         with os.fdopen(descriptor, mode, **text) as handle:
             yield handle
@@ -72,13 +57,13 @@ def atomic_write(
     _fsync_folder(path.parent)
 
 
-def _umask() -> int:
+def _umask():
     current = os.umask(0)
     os.umask(current)
     return current
 
 
-def follow_umask(folder: str | os.PathLike) -> None:
+def follow_umask(folder):
     """Give `folder` and everything in it the permissions of new files and folders under the process' umask.
     Libraries write some files privately (safetensors saves its weights 0600, `mkdtemp` makes folders 0700); what a
     tool publishes by renaming it into place must be readable as any file its user writes."""
@@ -90,31 +75,23 @@ def follow_umask(folder: str | os.PathLike) -> None:
         os.chmod(path, (0o777 if executable else 0o666) & ~mask)
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` (UTF-8, "\\n" line ends) to `path` atomically; returns the path."""
+def write_json(path, value):
+    """Write `value` as indented JSON (UTF-8, "\\n" line ends) to `path` atomically."""
     with atomic_write(path) as handle:
-        handle.write(text)
-    return Path(path)
+        handle.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_json(path: str | os.PathLike, value) -> Path:
-    """Write `value` as indented JSON to `path` atomically; returns the path."""
-    return write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
-
-
-def temporary_sibling(path: str | os.PathLike, tag: str = "tmp") -> Path:
-    """A new empty folder beside `path` (same file system), for building what will be renamed to `path`. Its
-    permissions are those of any new folder under the process' umask (`mkdtemp` alone would give 0700, and the folder
-    renamed into place would be unreadable to the other users of a shared machine)."""
+def temporary_sibling(path, tag="tmp"):
+    """A new empty folder beside `path` (same file system), for building what will be renamed to `path`. `mkdtemp`
+    makes it 0700: `atomic_folder` and `replace_files` give what they rename into place the permissions of any new
+    file under the process' umask (`follow_umask`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
-    os.chmod(folder, 0o777 & ~_umask())
-    return folder
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
 
 
 @contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_folder(path):
     """Yield a temporary folder to fill; on a clean exit it becomes `path`, replacing any folder there.
 
     The old folder is first renamed aside, then the new one into place, then the old one is deleted: a kill at any
@@ -141,27 +118,23 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def replace_files(source_dir: str | os.PathLike, destination_dir: str | os.PathLike) -> list[str]:
+def replace_files(source_dir, destination_dir):
     """Move every file under `source_dir` to the same relative path under `destination_dir`, each by one atomic
-    rename (so each file is old or new, never torn), then remove `source_dir`. Returns the relative paths moved.
+    rename (so each file is old or new, never torn), then remove `source_dir`.
 
     `source_dir` must be on the same file system (build it with `temporary_sibling`).
     """
     source_dir, destination_dir = Path(source_dir), Path(destination_dir)
     follow_umask(source_dir)
-    moved = []
     for source in sorted(p for p in source_dir.rglob("*") if p.is_file()):
-        relative = source.relative_to(source_dir)
-        target = destination_dir / relative
+        target = destination_dir / source.relative_to(source_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(source, target)
-        moved.append(relative.as_posix())
     _fsync_folder(destination_dir)
     shutil.rmtree(source_dir, ignore_errors=True)
-    return moved
 
 
-def read_json(path: str | os.PathLike):
+def read_json(path):
     """The JSON value in the file `path`; a file that is not UTF-8 JSON (cut short, edited by hand) raises `ValueError`
     naming it and where the parser stopped."""
     path = Path(path)
@@ -171,7 +144,7 @@ def read_json(path: str | os.PathLike):
         raise ValueError(f"{path} is not valid JSON ({error}): repair or replace the file") from None
 
 
-def check_input_file(path: str | os.PathLike | None, flag: str) -> None:
+def check_input_file(path, flag):
     """Raise `UsageError` naming `--flag` unless `path` is a file that can be read ("-", standard input, and None
     pass; so does a pipe such as bash's `<(zcat file.gz)`): checked before a model is loaded, so that a typo costs no
     minute of loading."""
@@ -188,7 +161,7 @@ def check_input_file(path: str | os.PathLike | None, flag: str) -> None:
         raise UsageError(f"--{flag} {path}: the file cannot be read (permission denied)")
 
 
-def check_input_folder(path: str | os.PathLike | None, flag: str) -> None:
+def check_input_folder(path, flag):
     """Raise `UsageError` naming `--flag` unless `path` (when given) is an existing folder."""
     from .errors import UsageError
 

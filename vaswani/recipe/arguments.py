@@ -19,8 +19,6 @@ given:
 - Values transformers accepts but that cannot train are refused by name (`check_recipe_values`).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import math
 import os
@@ -34,7 +32,7 @@ from packaging import version
 from transformers import Seq2SeqTrainingArguments
 from transformers.hf_argparser import HfArg
 
-from ..common.errors import UsageError
+from ..common.errors import UsageError, require_positive
 from ..configuration_vaswani import (
     ACTIVATIONS,
     POSITION_EMBEDDING_TYPES,
@@ -71,7 +69,7 @@ RENAMED = {
 }
 
 
-def check_languages(source_lang: str | None, target_lang: str | None) -> None:
+def check_languages(source_lang, target_lang):
     """Raise `UsageError` naming the flag unless the languages given (None: not given) are two language codes."""
     for name, value in (("source_lang", source_lang), ("target_lang", target_lang)):
         if value is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", value):
@@ -173,7 +171,7 @@ class DataArguments:
                 raise UsageError(f"--{name} must be positive, got {value}")
 
     @property
-    def source(self) -> str:
+    def source(self):
         """What the data is, for the training summary and the model card."""
         return self.dataset_name or self.train_file or "?"
 
@@ -199,19 +197,17 @@ class ModelArguments:
 
 # The `VaswaniConfig` fields that are no flag: set from the tokenizer (sizes, special ids, sharing) or no modelling
 # choice. Every other field is a flag of `ModelConfigArguments`.
-CONFIG_FIELDS_NOT_FLAGS = frozenset(
-    {
-        "vocab_size",
-        "decoder_vocab_size",
-        "share_encoder_decoder_embeddings",
-        "pad_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "decoder_start_token_id",
-        "use_cache",
-        "is_encoder_decoder",
-    }
-)
+CONFIG_FIELDS_NOT_FLAGS = {
+    "vocab_size",
+    "decoder_vocab_size",
+    "share_encoder_decoder_embeddings",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "use_cache",
+    "is_encoder_decoder",
+}
 CONFIG_CHOICES = {
     "activation_function": ACTIVATIONS,
     "position_embedding_type": POSITION_EMBEDDING_TYPES,
@@ -220,23 +216,17 @@ CONFIG_CHOICES = {
 }
 
 
-def config_field_docs() -> dict[str, str]:
+def config_field_docs():
     """Each field's text in the `Args:` of `VaswaniConfig`'s docstring (an entry `name (`type`, ...): text`, its text
-    continued on the lines indented below it), on one line and without backticks."""
-    docs, name = {}, None
-    for line in VaswaniConfig.__doc__.split("Args:", 1)[1].splitlines():
-        entry = re.fullmatch(r" {8}(\w+) \(.*?\):(.*)", line)
-        if entry:
-            name = entry[1]
-            docs[name] = entry[2]
-        elif name and line.startswith(" " * 12):
-            docs[name] += line
-        elif line.strip():
-            name = None  # an entry of several fields, or the end of `Args:`
-    return {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in docs.items()}
+    continued on the lines indented below it, blank lines within), on one line and without backticks. An entry of
+    several fields (`a, b (...)`) is none."""
+    entries = re.findall(
+        r"^ {8}(\w+) \(.*?\):((?:.|\n(?=\n| {12}))*)", VaswaniConfig.__doc__.split("Args:", 1)[1], re.M
+    )
+    return {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in entries}
 
 
-def _config_flags() -> list[tuple]:
+def _config_flags():
     """A flag per `VaswaniConfig` field but `CONFIG_FIELDS_NOT_FLAGS`: its type or None ("keep the preset's"), its
     docstring text as the help; a boolean alone (`--normalize_before`) is true."""
     docs, flags = config_field_docs(), []
@@ -244,12 +234,10 @@ def _config_flags() -> list[tuple]:
         if name in CONFIG_FIELDS_NOT_FLAGS:
             continue
         base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-        metadata = {"help": docs[name]}
-        if name in CONFIG_CHOICES:
-            metadata["choices"] = list(CONFIG_CHOICES[name])
+        metadata = {"choices": list(CONFIG_CHOICES[name])} if name in CONFIG_CHOICES else {}
         if base is bool:
             metadata.update(nargs="?", const=True)
-        flags.append((name, base | None, HfArg(default=None, metadata=metadata)))
+        flags.append((name, base | None, HfArg(default=None, help=docs[name], metadata=metadata)))
     return flags
 
 
@@ -264,7 +252,7 @@ ModelConfigArguments = dataclasses.make_dataclass(
 )
 
 
-def config_overrides(config_args) -> dict:
+def config_overrides(config_args):
     """The `VaswaniConfig` fields given on the command line."""
     return {k: v for k, v in dataclasses.asdict(config_args).items() if v is not None}
 
@@ -314,21 +302,19 @@ class FinishArguments:
                 f"--average_last {' '.join(map(str, self.average_last))}: 0 (no averaging) cannot be one of "
                 "several choices; 1 is the last checkpoint alone"
             )
-        for name in ("num_beams", "translate_batch_size"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        require_positive(self, "num_beams", "translate_batch_size")
         if isinstance(self.length_penalty, (int, float)):  # FinishArguments(length_penalty=1.0) in code
             self.length_penalty = [float(self.length_penalty)]
         if not self.length_penalty or not all(math.isfinite(a) for a in self.length_penalty):
             raise UsageError(f"--length_penalty must be finite numbers, got {self.length_penalty}")
 
     @property
-    def chooses_average(self) -> bool:
+    def chooses_average(self):
         """Whether several averages are compared on the validation split (`--average_last` with several numbers)."""
         return len(set(self.average_last)) > 1
 
     @property
-    def chooses_length_penalty(self) -> bool:
+    def chooses_length_penalty(self):
         """Whether several length penalties are compared on the validation split."""
         return len(set(self.length_penalty)) > 1
 
@@ -398,7 +384,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         "Trainer defaults to 1.0, so clipping is a departure to ask for by setting this.",
     )
     optim: str = HfArg(
-        default=getattr(Seq2SeqTrainingArguments, "default_optim", "adamw_torch"),
+        default=Seq2SeqTrainingArguments.default_optim,
         help="Adam (weight decay 0 makes AdamW plain Adam). Default: transformers' default, the fused AdamW "
         "kernel (adamw_torch_fused) with torch >= 2.8, else adamw_torch.",
     )
@@ -490,7 +476,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     @property
-    def timed_only(self) -> bool:
+    def timed_only(self):
         """Whether the time budget alone ends the run: --max_train_minutes without --max_steps or --num_train_epochs."""
         return self.num_train_epochs == TIMED_RUN_EPOCHS
 
@@ -510,37 +496,34 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
             )
 
 
-def _check_devices(args) -> None:
+def _check_devices(args):
     """Raise naming the flag for a precision or a sharding the machine cannot run; fit the Trainer's device flags to
     a machine without GPUs."""
+    cuda = torch.cuda.is_available()
     if args.fp16 and (args.use_cpu or not torch.accelerator.is_available()):
         raise UsageError(
             "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
             "float32; --bf16 is the CPU's mixed precision"
         )
-    if args.deepspeed and not torch.cuda.is_available():
+    if args.deepspeed and not cuda:
         raise ValueError(
             "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
             "processes with --fsdp instead"
         )
-    if (
-        args.fsdp
-        and not torch.cuda.is_available()
-        and version.parse(transformers.__version__) < version.parse("5.8")
-    ):
+    if args.fsdp and not cuda and version.parse(transformers.__version__) < version.parse("5.8"):
         raise ValueError(  # before 5.8, transformers' --fsdp is FSDP1, which has no CPU support, by default
             "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
             f"(found {transformers.__version__}); upgrade transformers"
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not cuda:
         # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
         # gloo process group only when asked for the CPU; otherwise every rank would train alone.
         args.use_cpu = True
-    if not torch.cuda.is_available():
+    if not cuda:
         args.dataloader_pin_memory = False  # pinning needs an accelerator
 
 
-def check_recipe_values(args) -> None:
+def check_recipe_values(args):
     """Raise naming the flag for values transformers accepts but that cannot train: a run of 0 or -5 steps would save
     an untrained model as if it were trained."""
     if args.max_steps == 0 or args.max_steps < -1:
@@ -553,24 +536,24 @@ def check_recipe_values(args) -> None:
             f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
         )
     minutes = args.max_train_minutes
-    if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
+    if minutes is not None and not 0 < minutes < math.inf:
         raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")
     if not args.do_train:
         raise ValueError(
             "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
         )
     smoothing = args.label_smoothing_factor
-    if not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
+    if not 0.0 <= smoothing < 1.0:  # NaN too
         raise ValueError(
             f"--label_smoothing_factor must be at least 0 and below 1 (the probability mass spread over the "
             f"vocabulary; the paper: 0.1), got {smoothing}"
         )
-    if getattr(args.save_strategy, "value", args.save_strategy) == "steps" and not args.save_steps > 0:
+    if args.save_strategy == "steps" and not args.save_steps > 0:
         raise ValueError(
             f"--save_steps must be positive with --save_strategy steps (a checkpoint every N steps), got "
             f"{args.save_steps}; --save_strategy no saves none"
         )
-    if not 0.0 <= args.lr_cooldown_fraction < 1.0 or not math.isfinite(args.lr_cooldown_fraction):
+    if not 0.0 <= args.lr_cooldown_fraction < 1.0:  # NaN too
         raise ValueError(
             f"--lr_cooldown_fraction must be at least 0 and below 1 (the share of the run over which the "
             f"learning rate falls to 0), got {args.lr_cooldown_fraction}"
@@ -580,7 +563,7 @@ def check_recipe_values(args) -> None:
             "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
             "--lr_scheduler_type (linear, cosine) instead"
         )
-    if args.save_minutes is not None and not (args.save_minutes > 0 and math.isfinite(args.save_minutes)):
+    if args.save_minutes is not None and not 0 < args.save_minutes < math.inf:
         raise UsageError(f"--save_minutes must be a positive number of minutes, got {args.save_minutes}")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(
@@ -588,7 +571,7 @@ def check_recipe_values(args) -> None:
         )
 
 
-def choose_batches(args) -> None:
+def choose_batches(args):
     """Set `args.max_tokens` and `args.max_sentences` (the cap of a token-budget batch, None for none) from what was
     given; `per_device_train_batch_size` None means not given (then transformers' 8, which token-budget batches do
     not use)."""
@@ -610,12 +593,12 @@ def choose_batches(args) -> None:
         )
 
 
-def choose_learning_rate(args) -> None:
+def choose_learning_rate(args):
     """Check `--learning_rate` and `--learning_rate_constant` (positive, not both) and `--lr_scheduler_type` (only
     without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
     for name in ("learning_rate", "learning_rate_constant"):
         value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and not 0 < value < math.inf:
             raise ValueError(f"--{name} must be a positive number, got {value}")
     if args.learning_rate is not None and args.learning_rate_constant is not None:
         raise ValueError(
@@ -640,7 +623,7 @@ def choose_learning_rate(args) -> None:
             args.learning_rate = TRANSFORMERS_LEARNING_RATE
 
 
-def resolve_peak_learning_rate(args, d_model: int) -> float:
+def resolve_peak_learning_rate(args, d_model):
     """The peak learning rate for a model of width `d_model`: `--learning_rate`, else the §5.3 schedule's peak times
     `--learning_rate_constant`. Sets `args.learning_rate` to it."""
     if args.learning_rate is None:
