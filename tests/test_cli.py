@@ -101,7 +101,7 @@ def test_an_arguments_file_names_its_mistakes_and_keeps_its_values_whole(tmp_pat
     with pytest.raises(UsageError, match="run.yaml: no_plots is not a flag of"):
         parse_args(train.FinishArguments, [str(config)], description="")
     config.write_text("source_lang: -x\nbeams: 3\n")  # a value that starts with a dash; a renamed flag
-    with caplog.at_level(logging.WARNING, logger="vaswani.commands.arguments_files"):
+    with caplog.at_level(logging.WARNING, logger="vaswani.commands.cli"):
         (args,) = parse_args(Example, [str(config)], description="", renamed={"beams": "num_beams"})
     assert (args.source_lang, args.num_beams) == ("-x", 3)
     assert "run.yaml: beams is deprecated; use num_beams" in caplog.text
