@@ -223,9 +223,8 @@ def test_train_help_lists_every_flag_by_group(capsys):
 
 
 def test_train_help_lists_the_recipe_first_and_the_rest_of_the_trainer_last(capsys):
-    """Issue: `vaswani-train --help` was 781 lines where the recipe's flags hid among the Trainer's ~150, each named
-    twice (--flag_name, --flag-name). The groups come as in transformers' examples (model, data, the training
-    recipe), then what follows training and the common flags; the rest of Seq2SeqTrainingArguments comes last."""
+    """`vaswani-train --help` shows each flag once, under one name, in transformers' examples' order: model, data,
+    the training recipe, what follows training, the common flags; the rest of Seq2SeqTrainingArguments comes last."""
     with pytest.raises(SystemExit):
         train.main(["--help"])
     text = capsys.readouterr().out
@@ -392,8 +391,8 @@ def test_an_unknown_flag_is_reported_before_the_values_are_checked():
 
 
 def test_fairseq_and_run_translation_flag_names_mean_what_they_mean_there(tmp_path):
-    """Issue: fairseq's --beam, --nbest, --lenpen and --lr were unknown (--lr "ambiguous": argparse took prefixes);
-    vaswani-translate refused --source_lang although the shared flags work in every tool."""
+    """fairseq's --beam, --nbest, --lenpen and --lr are taken by their full names (no argparse prefixes), and
+    vaswani-translate takes the shared flags (--source_lang) as every tool does."""
     from vaswani.recipe.arguments import FinishArguments, PaperTrainingArguments
 
     tools = [translate.TranslationArguments, translate.ScoringArguments]
@@ -437,9 +436,8 @@ def test_fairseq_and_run_translation_flag_names_mean_what_they_mean_there(tmp_pa
 
 
 def test_two_names_of_one_flag_with_different_values_are_refused(tmp_path, capsys):
-    """Issue: `vaswani-train --lr 1e-4 --learning_rate 2e-4` trained at 2e-4 and dropped --lr without a word. Two
-    names of one flag (fairseq's and transformers', a renamed flag and its new name, --flag and --no_flag) with
-    different values are refused by name, before any work; the same value under both names is accepted."""
+    """Two names of one flag (fairseq's and transformers', a renamed flag and its new name, --flag and --no_flag)
+    with different values are refused by name, before any work; the same value under both names is accepted."""
     run = tmp_path / "run"
     for main, argv, shown in (
         (train.main, ["--lr", "1e-4", "--learning_rate", "2e-4"], "--lr 1e-4 and --learning_rate 2e-4"),

@@ -139,9 +139,8 @@ def _help_loads(tools: list[str], heavy: list[str]) -> list[str]:
 
 
 def test_a_tools_help_loads_neither_torch_nor_datasets():
-    """Issue: `vaswani-translate --help` took 6 s: every tool imported torch, transformers' models and datasets
-    before it read a flag. A tool imports its work when it runs; `--help` of the tools whose flags are not
-    transformers' TrainingArguments loads none of them."""
+    """A tool imports its work when it runs: `--help` of the tools whose flags are not transformers'
+    TrainingArguments loads neither torch, transformers' models nor datasets."""
     tools = ["translate", "evaluate", "export", "average_checkpoints", "convert", "plot", "push_to_hub"]
     heavy = ["torch", "datasets", "transformers.modeling_utils", "transformers.training_args", "matplotlib"]
     assert _help_loads(tools, heavy) == []

@@ -280,7 +280,7 @@ def test_readme_int8_example_runs(folder):
 def test_vaswani_translate_runs_a_folder_saved_in_int8(tmp_path):
     """`vaswani-translate` on a folder saved after loading with `TorchAoConfig` (its config records the
     quantization): the command turns the CPU kernels on, as for any folder, and translates with the int8 layers
-    (before, its `use_cpu_kernels` call made them oneDNN float32 layers, which failed on torchao's weights)."""
+    (`use_cpu_kernels` keeps torchao's int8 layers: oneDNN float32 layers could not hold their weights)."""
     from helpers import SENTENCES, tiny_tokenizer, translation_model
 
     from vaswani.commands.translate import main as translate_main

@@ -291,8 +291,8 @@ def _logged_rates(trainer) -> dict[int, float]:
 def test_fine_tuning_as_run_translation_does_gets_its_learning_rate_and_batch_size(
     finished, corpus, tmp_path, capsys
 ):
-    """Issue: `--per_device_train_batch_size 16 --learning_rate 5e-5` trained at ~1e-10 on 4096-token batches. Now
-    the batches are 16 sentences and 5e-5 is the peak of the schedule; a run that ends inside the warm-up says so."""
+    """`--per_device_train_batch_size 16 --learning_rate 5e-5` means what it means in run_translation.py: batches of
+    16 sentences, and 5e-5 as the peak of the schedule; a run that ends inside the warm-up says so."""
     model, _, _ = finished
     argv = [
         "--model_name_or_path", model, "--do_train", "--per_device_train_batch_size", "16", "--learning_rate", "5e-5",
@@ -418,10 +418,9 @@ def test_an_undertrained_run_says_its_translations_are_empty_and_where_they_are(
 def test_a_barely_trained_run_says_up_front_what_follows_and_names_its_repeated_output(
     corpus, tmp_path, capsys
 ):
-    """Issue: `--max_train_minutes 1` trained 10 steps, then spent 7 minutes on validation and the beam-4 test
-    translation, where the model repeated one token to the length limit, and printed BLEU 0.00 without a word; the
-    estimate of that time came only after training. The plan is timed before training starts, the flags that cap or
-    skip the test pass are named, and the repeated output is warned about by name."""
+    """A short run times what follows training (validation, the beam-4 test translation) before training starts, names
+    the flags that cap or skip the test pass, and warns by name of output that repeats one token to the length
+    limit."""
     out = tmp_path / "run"
     argv = run_args(
         corpus,
@@ -488,7 +487,7 @@ def _write(folder: Path, files: dict) -> None:
 
 
 def test_overwrite_output_dir_refuses_a_folder_of_the_users_own_work(corpus, tmp_path, capsys):
-    """Issue: `--overwrite_output_dir` on a folder of the user's work deleted it and exited 0."""
+    """`--overwrite_output_dir` replaces only a run's own files: a folder of the user's own work is refused and kept."""
     work = tmp_path / "work"
     _write(work, USERS_FILES)
     code, _, err = invoke(
@@ -526,8 +525,8 @@ def test_overwrite_output_dir_removes_only_what_a_run_wrote(finished, corpus, tm
 
 
 def test_a_second_run_into_a_folder_in_use_is_refused_at_once(corpus, tmp_path, capsys):
-    """Issue: two runs into one folder both exited 0 with a mix of their checkpoints. The folder is locked for the
-    run (here by a process that took the tool's lock and is then killed with SIGKILL, which releases it)."""
+    """A run holds its folder's lock: a second run into it is refused at once (here the lock is held by a process
+    that took the tool's lock and is then killed with SIGKILL, which releases it)."""
     out = tmp_path / "run"
     script = (
         "import sys, time\nfrom vaswani.recipe.run_folder import lock_output_dir\n"
@@ -559,8 +558,9 @@ def _contents(folder: Path) -> dict[str, bytes | None]:
 
 
 def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, tmp_path, capsys):
-    """Issue: a rerun refused with "already holds a run" had already written its own process into the folder's lock
-    file; a checkpoint that cannot be resumed from was refused after the folder was claimed (or created)."""
+    """A refused command changes nothing in the run folder: a rerun refused with "already holds a run" writes nothing
+    into the lock file, and a checkpoint that cannot be resumed from is refused before the folder is claimed or
+    created."""
     out = _copy(finished[0], tmp_path)
     (out / ".vaswani-run.lock").write_text(
         '{"pid": 1, "host": "elsewhere", "since": "2020-01-01 00:00:00"}\n'
@@ -585,9 +585,9 @@ def test_a_refused_command_changes_nothing_in_the_run_folder(finished, corpus, t
 
 
 def test_a_time_budget_alone_bounds_the_run_and_a_run_inside_its_warmup_says_so(corpus, tmp_path, capfd):
-    """Issue: the README's `--max_train_minutes 10` run, without --max_steps, logged `Training (10 min or 357 steps)`:
-    the Trainer's default of 3 epochs capped it, inside its 4000 warm-up steps, without a word; its bar counted
-    seconds as steps ("103/600 s"). Here an epoch is one batch: 3 epochs would be 3 steps."""
+    """`--max_train_minutes` without --max_steps bounds the run by time alone (not by the Trainer's default of 3
+    epochs: here an epoch is one batch, so 3 epochs would be 3 steps), its progress counts steps, and a run that ends
+    inside its warm-up says so."""
     argv = [str(a) for a in run_args(corpus, tmp_path / "timed", "--max_train_minutes", "0.05")]
     argv[argv.index("--max_tokens") + 1], argv[argv.index("--warmup_steps") + 1] = "4096", "4000"
     capfd.readouterr()
@@ -637,8 +637,9 @@ def test_a_run_with_separate_vocabularies_encodes_its_sources_with_the_source_to
 
 
 def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tmp_path, capsys):
-    """Issue: a run with --lenpen 1.0 translated its test split in the power form, but saved 1.0 with "gnmt" in
-    averaged/generation_config.json, so vaswani-translate (and an export) decoded the saved model otherwise."""
+    """What a run decoded its test split with is what it saves: with --lenpen 1.0 the averaged folder's
+    generation_config.json holds the same length penalty and form, so vaswani-translate (and an export) decode the
+    saved model as the run did."""
     from vaswani.commands import translate as translate_command
 
     out = tmp_path / "run"
@@ -656,9 +657,8 @@ def test_the_saved_model_decodes_as_the_run_translated_its_test_split(corpus, tm
 
 
 def test_a_command_refused_for_its_data_creates_and_writes_nothing(finished, corpus, tmp_path, capsys):
-    """Issue: `--source_lang ge` was refused, but the new --output_dir was left holding the run's marker and lock file.
-    The data is read before the folder is taken; a model to fine-tune whose weights do not match its config is
-    refused before that."""
+    """A command refused for its data (`--source_lang ge`) creates and writes nothing: the data is read before the
+    folder is taken, and a model to fine-tune whose weights do not match its config is refused before that."""
 
     def in_ge(out, *extra):  # the run's arguments with --source_lang ge, a language the corpus does not have
         return ["ge" if arg == "de" else arg for arg in run_args(corpus, out, *extra)]
@@ -685,9 +685,8 @@ def test_a_command_refused_for_its_data_creates_and_writes_nothing(finished, cor
 
 
 def test_a_run_that_failed_before_training_does_not_block_its_rerun(corpus, tmp_path, capsys, monkeypatch):
-    """Issue: a corrupt test file was named only after the BPE was trained and the model built, and the same
-    command then refused to run again: "--output_dir ... already holds a run (tokenizer)". Every named input is read
-    before any work, and a run that trained no step is not a run to protect."""
+    """Every named input is read before any work (a corrupt test file is named before the BPE is trained or the
+    model built), and a run that trained no step does not block the same command's rerun."""
     from vaswani.recipe import run
 
     data = tmp_path / "data"
@@ -738,8 +737,8 @@ def test_a_run_that_failed_before_training_does_not_block_its_rerun(corpus, tmp_
 def test_a_damaged_checkpoint_is_refused_by_name_and_skipped_when_resuming_from_last(
     finished, corpus, tmp_path, capsys, damage
 ):
-    """Issue: without optimizer.pt or scheduler.pt the resumed run restarted Adam and the schedule, without
-    rng_state.pth its weights differed, and NaN weights were trained on and saved, all in silence."""
+    """A checkpoint without optimizer.pt, scheduler.pt or rng_state.pth, or with NaN weights, is refused by name
+    (resuming would restart Adam or the schedule, or change the weights), and skipped when resuming from the last."""
     from safetensors.torch import load_file, save_file
 
     out = _copy(finished[0], tmp_path)
@@ -769,8 +768,8 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_skipped_when_resuming_from_
 
 
 def test_resuming_with_another_tokenizer_is_refused(finished, corpus, tmp_path, capsys):
-    """Issue: a run resumed with a different tokenizer of the same size trained one vocabulary's embeddings on the
-    other's ids."""
+    """Resuming with a different tokenizer, even one of the same size, is refused: its ids would train the other
+    vocabulary's embeddings."""
     from vaswani.recipe.tokenization import load_tokenizers, save_tokenizers, train_bpe_tokenizer
 
     out = _copy(finished[0], tmp_path)
@@ -801,8 +800,8 @@ def test_resuming_with_another_tokenizer_is_refused(finished, corpus, tmp_path, 
 def test_a_training_state_with_an_unknown_field_is_refused_by_file_and_field(
     finished, corpus, tmp_path, capsys, where, field
 ):
-    """Issue: a trainer_state.json with a field the run cannot take (written by another version, or edited) ended
-    the resume in `TypeError: TrainingClock.__init__() got an unexpected keyword argument`."""
+    """A trainer_state.json with a field the run cannot take (written by another version, or edited) is refused
+    naming the file and the field."""
     out = _copy(finished[0], tmp_path)
     for checkpoint in ("checkpoint-4", "checkpoint-8"):
         path = out / checkpoint / "trainer_state.json"
@@ -830,8 +829,8 @@ def test_a_training_state_with_an_unknown_field_is_refused_by_file_and_field(
 def test_a_finished_run_killed_before_its_tokenizer_was_written_gets_it_back(
     finished, corpus, tmp_path, capsys
 ):
-    """Issue: SIGKILL after the final model but before the final tokenizer.json was renamed into place left a
-    finished run without its tokenizer, and resuming said 'nothing left to train'."""
+    """A finished run killed (SIGKILL) after its final model but before its final tokenizer.json was renamed into
+    place gets the tokenizer back when resumed."""
     out = _copy(finished[0], tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json", "training_summary.json"):
         (out / name).unlink()

@@ -529,7 +529,7 @@ def test_interactive_translation_answers_each_line_before_the_next(model_dir):
 
 
 def test_plain_translate_on_a_terminal_says_it_reads_standard_input(model_dir):
-    """Issue: `vaswani-translate` without --input waited on a terminal without a word."""
+    """`vaswani-translate` without --input, on a terminal, says that it reads standard input."""
     import pty
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
