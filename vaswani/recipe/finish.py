@@ -3,7 +3,6 @@ validation split best), choose the length penalty on the validation split when a
 beam search and score it, draw the learning curves and attention maps, and publish the final model (`--push_to_hub`).
 """
 
-import json
 import logging
 import re
 import shutil
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..common.fileio import atomic_folder, replace_files, write_json
+from ..common.fileio import atomic_folder, read_json, replace_files, write_json
 from ..publishing.hub import publish
 from .averaging import average_checkpoints
 from .checkpoints import checkpoints
@@ -208,7 +207,7 @@ def save_decoding(model_dir, finish_args, alpha):
         length_penalty=alpha,
         length_penalty_form=finish_args.length_penalty_form,
     )
-    if path.exists() and (config := json.loads(path.read_text())) != {**config, **decoding}:
+    if path.exists() and (config := read_json(path)) != {**config, **decoding}:
         write_json(path, {**config, **decoding})
 
 
