@@ -72,7 +72,7 @@ def finish(trainer, data_args, finish_args):
             summary=output_dir / "training_summary.json",
             private=args.hub_private_repo,
             token=args.hub_token,
-            revision=getattr(args, "hub_revision", None),
+            revision=args.hub_revision,
         )
         logger.info("Published: %s", published)
     return scores
