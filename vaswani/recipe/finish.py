@@ -207,8 +207,8 @@ def save_decoding(model_dir, finish_args, alpha):
         length_penalty=alpha,
         length_penalty_form=finish_args.length_penalty_form,
     )
-    if path.exists() and (config := read_json(path)) != {**config, **decoding}:
-        write_json(path, {**config, **decoding})
+    if path.exists() and (config := read_json(path)) != (updated := config | decoding):
+        write_json(path, updated)
 
 
 def _translate_and_score(model_dir, pairs, data_args, finish_args, length_penalty):
