@@ -811,7 +811,6 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     from vaswani.recipe import finish
     from vaswani.recipe.arguments import DataArguments, FinishArguments
     from vaswani.recipe.averaging import average_state_dicts
-    from vaswani.recipe.tokenization import load_tokenizers
 
     out = tmp_path / "run"
     args = _with_tokenizer(tokenizer_dir)(
@@ -863,14 +862,13 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
     )
     finish_args = FinishArguments(average_last=[1, 2, 3])
     references = (corpus / "val.en").read_text().splitlines()
-    target_tok = load_tokenizers(out)[1]
 
-    def translate(model_dir, sources, finish_args, length_penalty):
+    def translate(sources, model, *tokenizers, **decoding):
         assert len(sources) == len(references)
-        perfect = Path(model_dir).name == "last-2"
-        return (references if perfect else ["ein"] * len(sources)), target_tok
+        perfect = Path(model.name_or_path).name == "last-2"
+        return references if perfect else ["ein"] * len(sources)
 
-    monkeypatch.setattr(finish, "_translate_with", translate)
+    monkeypatch.setattr(finish, "translate", translate)
     own = checkpoints(out)
     assert finish.choose_average_on_validation(own, out, data_args, finish_args) == own[-2:]
     assert json.loads((out / "average_on_validation.json").read_text())["chosen"] == [
@@ -880,15 +878,15 @@ def test_average_chosen_on_validation(corpus, tokenizer_dir, tmp_path, monkeypat
 
     # And of the length penalty: the value that translates val perfectly wins; among equals, the first given.
     def translate_by_alpha(perfect_alpha):
-        def translate(model_dir, sources, finish_args, length_penalty):
-            return (references if length_penalty == perfect_alpha else ["ein"] * len(sources)), target_tok
+        def translate(sources, model, *tokenizers, length_penalty, **decoding):
+            return references if length_penalty == perfect_alpha else ["ein"] * len(sources)
 
         return translate
 
     finish_args = FinishArguments(length_penalty=[0.6, 1.0, 1.5])
-    monkeypatch.setattr(finish, "_translate_with", translate_by_alpha(1.0))
+    monkeypatch.setattr(finish, "translate", translate_by_alpha(1.0))
     assert finish.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 1.0
-    monkeypatch.setattr(finish, "_translate_with", translate_by_alpha(None))
+    monkeypatch.setattr(finish, "translate", translate_by_alpha(None))
     assert finish.choose_length_penalty_on_validation(out / "averaged", out, data_args, finish_args) == 0.6
     finish.save_decoding(out / "averaged", FinishArguments(num_beams=5, length_penalty_form="power"), 1.5)
     from transformers import GenerationConfig

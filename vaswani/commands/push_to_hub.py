@@ -98,9 +98,9 @@ def main(argv):
     )
     if published.commit is None:
         print(f"Dry run: wrote the folder to publish to {published.folder}; nothing was pushed")
-    elif published.folder is not None:
-        print(f"Built the published folder in {published.folder}")
-    if published.commit is not None:
+    else:
+        if published.folder is not None:
+            print(f"Built the published folder in {published.folder}")
         print(f"Pushed: {published.commit.commit_url}")
     return published
 

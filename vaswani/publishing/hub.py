@@ -119,7 +119,7 @@ def build_folder(model_dir, output_dir, repo_id=None, tokenizer_dir=None, result
             )
     if len(tokenizer) > config.vocab_size:
         raise PublishError(f"The tokenizer has {len(tokenizer)} tokens, the model only {config.vocab_size}.")
-    model.config.use_cache = True  # Trainer saves use_cache=False; decoding wants the cache
+    config.use_cache = True  # Trainer saves use_cache=False; decoding wants the cache
     # The folder's own decoding (vaswani-train --length_penalty may have chosen alpha on validation), the paper's for
     # what it does not say. setattr, not update(): a generation config saved before `length_penalty_form` existed
     # lacks the key, and update() skips keys it lacks; nor may it stay marked as made from the model config, whose

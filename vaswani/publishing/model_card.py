@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 # Package data: installed with the package (pyproject's package-data), so publishing works from any install.
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "hub_card.md"
 TAGS = ["translation", "transformer", "attention-is-all-you-need", "vaswani", "custom_code"]
-_METRIC_PREFIXES = ("test_", "eval_", "predict_")
+_METRIC_PREFIX = re.compile("^(test|eval|predict)_")
 # One sentence per source language for the card's usage example.
 _EXAMPLES = {
     "de": "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
@@ -103,11 +104,8 @@ class _RunRecord:
         known = {field.name for field in dataclasses.fields(cls)}
         kwargs, unknown = {}, []
         for key, value in values.items():
-            # "bleu", or "test_bleu" read as "bleu"
-            name = next(
-                (name for prefix in _METRIC_PREFIXES if (name := key.removeprefix(prefix)) in known), None
-            )
-            if name:
+            name = _METRIC_PREFIX.sub("", key)  # "bleu", or "test_bleu" read as "bleu"
+            if name in known:
                 kwargs[name] = value
             else:
                 unknown.append(key)

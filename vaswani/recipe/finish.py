@@ -3,7 +3,6 @@ validation split best), choose the length penalty on the validation split when a
 beam search and score it, draw the learning curves and attention maps, and publish the final model (`--push_to_hub`).
 """
 
-import json
 import logging
 import re
 import shutil
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..common.fileio import atomic_folder, replace_files, write_json
+from ..common.fileio import atomic_folder, read_json, replace_files, write_json
 from ..publishing.hub import publish
 from .averaging import average_checkpoints
 from .checkpoints import checkpoints
@@ -73,7 +72,7 @@ def finish(trainer, data_args, finish_args):
             summary=output_dir / "training_summary.json",
             private=args.hub_private_repo,
             token=args.hub_token,
-            revision=getattr(args, "hub_revision", None),
+            revision=args.hub_revision,
         )
         logger.info("Published: %s", published)
     return scores
@@ -150,7 +149,7 @@ def choose_average_on_validation(own, output_dir, data_args, finish_args):
             folder = average_checkpoints(
                 chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
             )
-            scores = _validation_scores(folder, validation, data_args, finish_args, alpha)
+            _, scores = _translate_and_score(folder, validation, data_args, finish_args, alpha)
             candidates.append({"checkpoints": [c.name for c in chosen], **scores})
             logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
             if best is None or scores["bleu"] > best[1]:
@@ -174,7 +173,7 @@ def choose_length_penalty_on_validation(model_dir, output_dir, data_args, finish
     every value are written to `length_penalty_on_validation.json` in `output_dir`."""
     validation, candidates = load_split(data_args, "validation"), []
     for alpha in tqdm(list(dict.fromkeys(finish_args.length_penalty)), desc="Length penalties on validation"):
-        scores = _validation_scores(model_dir, validation, data_args, finish_args, alpha)
+        _, scores = _translate_and_score(model_dir, validation, data_args, finish_args, alpha)
         candidates.append({"length_penalty": alpha, **scores})
         logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
     best = max(candidates, key=lambda candidate: candidate["bleu"])  # the first of equals
@@ -182,13 +181,6 @@ def choose_length_penalty_on_validation(model_dir, output_dir, data_args, finish
     _write_choice(path, data_args, finish_args, model=str(model_dir), chosen=alpha, candidates=candidates)
     logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", alpha, best["bleu"])
     return alpha
-
-
-def _validation_scores(model_dir, validation, data_args, finish_args, length_penalty):
-    """The scores of the model folder's translation of the validation split with the test's decoding."""
-    sources, references = validation[data_args.source_lang], validation[data_args.target_lang]
-    hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, length_penalty)
-    return reported_scores(hypotheses, references, data_args.target_lang, lowercase=lowercases(target_tok))
 
 
 def _write_choice(path, data_args, finish_args, **choice):
@@ -215,15 +207,16 @@ def save_decoding(model_dir, finish_args, alpha):
         length_penalty=alpha,
         length_penalty_form=finish_args.length_penalty_form,
     )
-    if path.exists() and (config := json.loads(path.read_text())) != {**config, **decoding}:
-        write_json(path, {**config, **decoding})
+    if path.exists() and (config := read_json(path)) != (updated := config | decoding):
+        write_json(path, updated)
 
 
-def _translate_with(model_dir, sources, finish_args, length_penalty):
-    """`sources` translated by the model folder with the test's decoding; returns the texts and the target tokenizer."""
+def _translate_and_score(model_dir, pairs, data_args, finish_args, length_penalty):
+    """The sources of `pairs` translated by the model folder with the test's decoding, and the translations' scores
+    against the pairs' targets (`metrics.reported_scores`)."""
     model, source_tok, target_tok = load_translation_model(model_dir)
     hypotheses = translate(
-        sources,
+        pairs[data_args.source_lang],
         model,
         source_tok,
         target_tok,
@@ -232,7 +225,8 @@ def _translate_with(model_dir, sources, finish_args, length_penalty):
         length_penalty=length_penalty,
         length_penalty_form=finish_args.length_penalty_form,
     )
-    return hypotheses, target_tok
+    target = data_args.target_lang
+    return hypotheses, reported_scores(hypotheses, pairs[target], target, lowercase=lowercases(target_tok))
 
 
 def evaluate_test_split(model_dir, data_args, finish_args, alpha):
@@ -244,7 +238,7 @@ def evaluate_test_split(model_dir, data_args, finish_args, alpha):
     what = describe_decoding(len(test), finish_args.num_beams, finish_args.translate_batch_size)
     logger.info("Translating the test split %s: %s", split, what)
     started = time.monotonic()
-    hypotheses, target_tok = _translate_with(model_dir, sources, finish_args, alpha)
+    hypotheses, scores = _translate_and_score(model_dir, test, data_args, finish_args, alpha)
     logger.info("Translated %d test pairs in %s", len(test), describe_seconds(time.monotonic() - started))
     repeated = [h for h in hypotheses if repeats_one_token(h)]
     hypotheses_file = Path(model_dir, f"{test_split_name(data_args)}.hyp.{data_args.target_lang}")
@@ -257,9 +251,7 @@ def evaluate_test_split(model_dir, data_args, finish_args, alpha):
         maps = attention_maps(eager, src_tok, sources[0], hypotheses[0], tgt_tok)
         plot_attention_maps(maps, model_dir, prefix="attention")
     return {
-        **reported_scores(
-            hypotheses, test[data_args.target_lang], data_args.target_lang, lowercase=lowercases(target_tok)
-        ),
+        **scores,
         "dataset": data_args.source,
         "split": split,
         "num_beams": finish_args.num_beams,

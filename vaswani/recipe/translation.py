@@ -43,10 +43,12 @@ def length_penalty_form_of(model, requested=None):
     """The length penalty form a beam search of `model` uses: `requested`, else its generation config's, else the
     paper's ("gnmt") for this package's models, which default to it, and transformers' |Y| ** alpha ("power") for
     any other model."""
-    form = requested or getattr(model.generation_config, "length_penalty_form", None)
-    if form:
-        return form
-    return PAPER_LENGTH_PENALTY_FORM if getattr(model.config, "model_type", None) == "vaswani" else "power"
+    paper = getattr(model.config, "model_type", None) == "vaswani"
+    return (
+        requested
+        or getattr(model.generation_config, "length_penalty_form", None)
+        or (PAPER_LENGTH_PENALTY_FORM if paper else "power")
+    )
 
 
 def length_penalty_of(model, requested=None):
@@ -90,8 +92,9 @@ def load_translation_model(
                 "int8 decoding loads the model through transformers' torchao quantization: "
                 "pip install vaswani-transformer[int8] (or pip install torchao)"
             ) from error
-        int8_config = TorchAoConfig(Int8DynamicActivationInt8WeightConfig())
-        model_kwargs.update(quantization_config=int8_config, device_map="cpu")
+        model_kwargs.update(
+            quantization_config=TorchAoConfig(Int8DynamicActivationInt8WeightConfig()), device_map="cpu"
+        )
     model = (
         load_model(model_path, **model_kwargs)
         .to(device=device, dtype=torch.bfloat16 if bf16 else None)
