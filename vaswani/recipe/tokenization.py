@@ -200,11 +200,7 @@ def train_separate_tokenizers(
     return source, target
 
 
-def save_tokenizers(
-    source_tokenizer,
-    target_tokenizer,
-    directory,
-):
+def save_tokenizers(source_tokenizer, target_tokenizer, directory):
     """Write a joint tokenizer (the same object twice) to `directory`, separate ones to `directory/{source,target}`.
 
     Each file appears whole (written beside `directory`, then renamed into it, `fileio.replace_files`), so a run killed
@@ -226,9 +222,7 @@ def save_tokenizers(
     replace_files(building, directory)  # the callers log what they saved
 
 
-def load_tokenizers(
-    path,
-):
+def load_tokenizers(path):
     """Load `(source_tokenizer, target_tokenizer)` from a folder written by `save_tokenizers`, or by `vaswani.interop.convert`.
 
     Separate vocabularies come from `path/source` and `path/target` (a model folder of such a run also holds the
@@ -287,16 +281,12 @@ def load_model_tokenizers(model_path, tokenizer_path=None):
     tokenizers = load_tokenizers(tokenizer_path or model_path)
     if tokenizer_path is None or not Path(model_path).is_dir():
         return tokenizers
-    own = saved_tokenizer_digest(
-        model_path
-    )  # a checkpoint's record of its run's tokenizers, else the folder's own
+    # A checkpoint's record of its run's tokenizers, else the folder's own.
+    own = saved_tokenizer_digest(model_path)
     try:
         own = own or tokenizer_digest(*load_tokenizers(model_path))
-    except (
-        OSError,
-        ValueError,
-    ):  # the folder holds no (usable) tokenizer of its own: nothing to compare with
-        return tokenizers
+    except (OSError, ValueError):  # the folder holds no (usable) tokenizer of its own
+        return tokenizers  # nothing to compare with
     if own != tokenizer_digest(*tokenizers):
         raise ValueError(
             f"The tokenizer {tokenizer_path} is not the one the model {model_path} was trained with (its own, in "
