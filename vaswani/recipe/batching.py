@@ -123,14 +123,7 @@ class TokenBudgetBatchSampler:
     sliced at fixed offsets; each batch becomes a Python list only when it is yielded.
     """
 
-    def __init__(
-        self,
-        lengths,
-        max_tokens,
-        shuffle=True,
-        seed=0,
-        max_sentences=None,
-    ):
+    def __init__(self, lengths, max_tokens, seed=0, max_sentences=None):
         if max_tokens <= 0:
             raise ValueError(f"`max_tokens` must be positive, got {max_tokens}.")
         if max_sentences is not None and max_sentences < 1:
@@ -149,7 +142,6 @@ class TokenBudgetBatchSampler:
         self.lengths = lengths.astype(np.min_scalar_type(longest), copy=False)
         self._index_dtype = np.int32 if len(lengths) < 2**31 else np.int64
         self._counts = np.bincount(self.lengths)
-        self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
         self.batch_size = None  # batches vary in size; read by Accelerate
@@ -179,8 +171,6 @@ class TokenBudgetBatchSampler:
         """This epoch as arrays: the example indices sorted by length (random among equals), and the order in which the
         batches `order[offsets[b]:offsets[b + 1]]` are taken."""
         indices = np.arange(len(self.lengths), dtype=self._index_dtype)
-        if not self.shuffle:
-            return self._group_by_length(indices), np.arange(len(self), dtype=np.int64)
         rng = np.random.default_rng([self.seed, self.epoch])
         rng.shuffle(indices)  # the draws of rng.permutation(len(lengths)), in 4 bytes per example
         order = self._group_by_length(indices)
