@@ -135,13 +135,11 @@ def _load_text_split(paths, langs, cache_dir):
 
 def _split_mapping(splits, available):
     """`{name_wanted: name_in_source}` from the `splits` argument."""
-    if splits is None:
-        return {name: name for name in available}
     if isinstance(splits, str):
         raise TypeError(f"splits must be a list or a mapping of split names, not the string {splits!r}")
     if isinstance(splits, Mapping):
         return dict(splits)
-    return {name: name for name in splits}
+    return {name: name for name in (available if splits is None else splits)}
 
 
 def _json_files(directory):
