@@ -181,7 +181,6 @@ def train_separate_tokenizers(
     target_files_or_iterator,
     vocab_size=37000,
     target_vocab_size=None,
-    save_directory=None,
     **options,
 ):
     """One BPE vocabulary per language instead of the paper's shared one (§5.1); same special ids in both.
@@ -189,14 +188,11 @@ def train_separate_tokenizers(
     With separate vocabularies the encoder and decoder embeddings cannot be shared (§3.4 shares them only
     with a joint vocabulary). `vocab_size` sizes the source vocabulary and, unless `target_vocab_size` is
     given, the target one. `options` are `train_bpe_tokenizer`'s (`min_frequency`, `model_max_length`,
-    `show_progress`, `lowercase`, and `length`, the number of sentences of each side, for the progress bar). If
-    `save_directory` is given, the tokenizers are written to `<save_directory>/source` and `<save_directory>/target`
-    (see `save_tokenizers`).
+    `show_progress`, `lowercase`, and `length`, the number of sentences of each side, for the progress bar).
+    `save_tokenizers` writes them to `<directory>/source` and `<directory>/target`.
     """
     source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, **options)
     target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, **options)
-    if save_directory is not None:
-        save_tokenizers(source, target, save_directory)
     return source, target
 
 

@@ -228,8 +228,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self.args.predict_with_generate and not prediction_loss_only:
             if not gen_kwargs:
                 gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
+            # (`Seq2SeqTrainer.prediction_step` drops a `max_length` of None itself)
             if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
-                gen_kwargs.pop("max_length", None)
                 gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + EXTRA_OUTPUT_TOKENS
         # transformers' Seq2SeqTrainer.prediction_step writes every default into the model's generation config, and
         # checkpoints would save them all: `max_length: 20` among them, so that each later
