@@ -36,7 +36,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..common.fileio import replace_files, temporary_sibling, write_json
+from ..common.fileio import read_json, replace_files, temporary_sibling, write_json
 from ..publishing.model_card import lowercases  # noqa: F401 (the card states it; the recipe asks it too)
 from .callbacks import saved_args
 from .data import read_lines
@@ -264,7 +264,7 @@ def saved_tokenizer_digest(folder):
     """The tokenizer digest (`tokenizer_digest`) a checkpoint's `trainer_state.json` records (None for a folder
     without one)."""
     try:
-        state = json.loads(Path(folder, "trainer_state.json").read_text(encoding="utf-8"))
+        state = read_json(Path(folder, "trainer_state.json"))
     except (OSError, ValueError):
         return None
     return (saved_args(state.get("stateful_callbacks"), "RunTokenizer") or {}).get("digest")
@@ -303,7 +303,7 @@ def _check_pair(source_dir, target_dir):
     marks = [folder / PAIR_FILE for folder in (source_dir, target_dir)]
     if not all(mark.is_file() for mark in marks):
         return  # saved before the mark existed, or by hand
-    recorded = {json.loads(mark.read_text(encoding="utf-8")).get("pair") for mark in marks}
+    recorded = {read_json(mark).get("pair") for mark in marks}
     if recorded != {_pair_digest(source_dir, target_dir)}:
         raise ValueError(
             f"{source_dir} and {target_dir} are not one pair of tokenizers (each side is from another training, "
