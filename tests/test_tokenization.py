@@ -151,9 +151,9 @@ def test_separate_vocabularies(tmp_path):
         iter(en),
         vocab_size=330,
         target_vocab_size=300,
-        save_directory=tmp_path,
         show_progress=False,
     )
+    save_tokenizers(src_tok, tgt_tok, tmp_path)
     assert (len(src_tok), len(tgt_tok)) == (330, 300)
     assert src_tok.get_vocab() != tgt_tok.get_vocab()
     for tok in (src_tok, tgt_tok):

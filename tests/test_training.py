@@ -75,14 +75,9 @@ class PerExampleSampler:
     """The sampler as it was before it moved to numpy: a Python loop over every example (kept to check that the
     vectorised one gives exactly its batches, so that runs resume identically across the change)."""
 
-    def __init__(self, lengths, max_tokens, shuffle=True, seed=0, max_sentences=None):
+    def __init__(self, lengths, max_tokens, seed=0, max_sentences=None):
         self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.max_tokens, self.max_sentences, self.shuffle, self.seed = (
-            max_tokens,
-            max_sentences,
-            shuffle,
-            seed,
-        )
+        self.max_tokens, self.max_sentences, self.seed = max_tokens, max_sentences, seed
         self.epoch = 0
 
     def _group(self, order):
@@ -100,8 +95,6 @@ class PerExampleSampler:
         return batches
 
     def batches(self):
-        if not self.shuffle:
-            return self._group(np.argsort(self.lengths, kind="stable"))
         rng = np.random.default_rng([self.seed, self.epoch])
         shuffled = rng.permutation(len(self.lengths))
         order = shuffled[np.argsort(self.lengths[shuffled], kind="stable")]
@@ -119,14 +112,14 @@ def test_token_budget_batches_are_exactly_those_of_the_per_example_loop():
     wmt_like = np.clip(np.round(rng.lognormal(np.log(30), 0.55, 60_000)), 1, 256).astype(np.int32)
     cases += [(wmt_like, 4096, None), (wmt_like, 1024, 64)]
     for lengths, max_tokens, max_sentences in cases:
-        for shuffle, seed in ((True, 0), (True, 5), (False, 0)):
-            new = TokenBudgetBatchSampler(lengths, max_tokens, shuffle, seed, max_sentences)
-            old = PerExampleSampler(lengths, max_tokens, shuffle, seed, max_sentences)
+        for seed in (0, 5):  # every epoch is shuffled (the sampler has no unshuffled order)
+            new = TokenBudgetBatchSampler(lengths, max_tokens, seed, max_sentences)
+            old = PerExampleSampler(lengths, max_tokens, seed, max_sentences)
             for epoch in (0, 1, 7):
                 new.set_epoch(epoch)
                 old.epoch = epoch
                 expected = old.batches()
-                assert list(new) == expected, (len(lengths), max_tokens, max_sentences, shuffle, seed, epoch)
+                assert list(new) == expected, (len(lengths), max_tokens, max_sentences, seed, epoch)
                 assert len(new) == len(expected)
 
 

@@ -9,10 +9,7 @@ batches. MLPerf's reference groups the 4.59M pairs of WMT en-de into batches in 
 takes about 0.3 s and 50 MB (BENCHMARKS.md, "Data at WMT scale").
 """
 
-from __future__ import annotations
-
 import math
-from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow.compute as pc
@@ -25,7 +22,7 @@ _CHUNK = 1 << 18
 _READ_ROWS = 1 << 20
 
 
-def example_lengths(dataset) -> np.ndarray:
+def example_lengths(dataset):
     """The length of each training pair, the longer of its two sides, as an int32 array, read from Arrow in chunks.
 
     From the `length` column that `data.tokenize_dataset` writes, else from the lengths of the `input_ids` and
@@ -50,7 +47,7 @@ def example_lengths(dataset) -> np.ndarray:
     return lengths
 
 
-def padded_lengths(lengths: np.ndarray, multiple: int | None) -> np.ndarray:
+def padded_lengths(lengths, multiple):
     """The lengths a batch pads to under `DataCollatorForSeq2Seq(pad_to_multiple_of=multiple)`: each rounded up to
     a multiple of `multiple` (unchanged for None), so that a token budget counts the tokens its batches will hold."""
     if not multiple or multiple == 1:
@@ -58,7 +55,7 @@ def padded_lengths(lengths: np.ndarray, multiple: int | None) -> np.ndarray:
     return -(-lengths.astype(np.int64) // multiple) * multiple
 
 
-def mark_batch_dynamic(batch: dict) -> None:
+def mark_batch_dynamic(batch):
     """Mark the sentences and tokens dimensions of a batch's token tensors dynamic for `torch.compile`, so that its
     first compilation serves every shape of the token-budget batches instead of compiling once for the first shape
     and again when the next differs (`torch._dynamo.maybe_mark_dynamic`; where the graph needs a fixed size it keeps
@@ -126,14 +123,7 @@ class TokenBudgetBatchSampler:
     sliced at fixed offsets; each batch becomes a Python list only when it is yielded.
     """
 
-    def __init__(
-        self,
-        lengths: Sequence[int] | np.ndarray,
-        max_tokens: int,
-        shuffle: bool = True,
-        seed: int = 0,
-        max_sentences: int | None = None,
-    ):
+    def __init__(self, lengths, max_tokens, seed=0, max_sentences=None):
         if max_tokens <= 0:
             raise ValueError(f"`max_tokens` must be positive, got {max_tokens}.")
         if max_sentences is not None and max_sentences < 1:
@@ -152,14 +142,13 @@ class TokenBudgetBatchSampler:
         self.lengths = lengths.astype(np.min_scalar_type(longest), copy=False)
         self._index_dtype = np.int32 if len(lengths) < 2**31 else np.int64
         self._counts = np.bincount(self.lengths)
-        self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
         self.batch_size = None  # batches vary in size; read by Accelerate
         self.drop_last = False
         self._offsets = _batch_offsets(self._counts, max_tokens, max_sentences)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch):
         self.epoch = int(epoch)
 
     def _group_by_length(self, indices):
@@ -178,28 +167,26 @@ class TokenBudgetBatchSampler:
             cursor += counts
         return grouped
 
-    def epoch_order(self) -> tuple[np.ndarray, np.ndarray]:
+    def epoch_order(self):
         """This epoch as arrays: the example indices sorted by length (random among equals), and the order in which the
         batches `order[offsets[b]:offsets[b + 1]]` are taken."""
         indices = np.arange(len(self.lengths), dtype=self._index_dtype)
-        if not self.shuffle:
-            return self._group_by_length(indices), np.arange(len(self), dtype=np.int64)
         rng = np.random.default_rng([self.seed, self.epoch])
         rng.shuffle(indices)  # the draws of rng.permutation(len(lengths)), in 4 bytes per example
         order = self._group_by_length(indices)
         return order, rng.permutation(len(self))
 
-    def batches(self) -> list[list[int]]:
+    def batches(self):
         """Every batch of this epoch as lists of indices (for inspection; training iterates the sampler)."""
         return list(self)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self):
         order, batch_order = self.epoch_order()
         offsets = self._offsets
         for b in batch_order.tolist():
             yield order[offsets[b] : offsets[b + 1]].tolist()
 
-    def __len__(self) -> int:
+    def __len__(self):
         return len(self._offsets) - 1
 
 
@@ -207,7 +194,7 @@ class EpochSetter(TrainerCallback):
     """Tells the sampler which epoch begins. Accelerate's wrappers (skipping batches on resume, sharding under DDP)
     do not always forward `set_epoch`, so the epoch is taken from the trainer's own state instead."""
 
-    def __init__(self, sampler: TokenBudgetBatchSampler):
+    def __init__(self, sampler):
         self.sampler = sampler
         self.next_epoch = 0
 

@@ -19,14 +19,11 @@ Sources understood:
 "test_2016_flickr"}` for Multi30k.
 """
 
-from __future__ import annotations
-
 import gzip
 import hashlib
 import json
 import logging
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
@@ -42,7 +39,6 @@ from .batching import LENGTH_COLUMN
 
 logger = logging.getLogger(__name__)
 
-Splits = Sequence[str] | Mapping[str, str] | None
 
 _JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")
@@ -55,7 +51,7 @@ _ENCODED_FEATURES = {
 _IDS = pa.list_(pa.int32())
 
 
-def read_lines(path: str | os.PathLike) -> Iterator[str]:
+def read_lines(path):
     """Yield the lines of a UTF-8 text file (`.gz` decompressed on the fly) without their line ending.
 
     Only "\\n" ends a line, as for `wc -l` and the Moses scripts, and a trailing "\\r" is dropped. Unicode
@@ -80,7 +76,7 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
         raise ValueError(f"{path}: corrupt or truncated gzip file after line {number} ({error})") from None
 
 
-def count_lines(path: str | os.PathLike) -> int:
+def count_lines(path):
     """Number of lines `read_lines` yields for `path` (which checks that they are UTF-8)."""
     return sum(1 for _ in read_lines(path))
 
@@ -139,13 +135,11 @@ def _load_text_split(paths, langs, cache_dir):
 
 def _split_mapping(splits, available):
     """`{name_wanted: name_in_source}` from the `splits` argument."""
-    if splits is None:
-        return {name: name for name in available}
     if isinstance(splits, str):
         raise TypeError(f"splits must be a list or a mapping of split names, not the string {splits!r}")
     if isinstance(splits, Mapping):
         return dict(splits)
-    return {name: name for name in splits}
+    return {name: name for name in (available if splits is None else splits)}
 
 
 def _json_files(directory):
@@ -223,14 +217,14 @@ def _load_json_file(file, langs, cache_dir):
 
 
 def load_parallel_dataset(
-    source: str | os.PathLike,
-    src_lang: str,
-    tgt_lang: str,
-    splits: Splits = None,
+    source,
+    src_lang,
+    tgt_lang,
+    splits=None,
     *,
-    config_name: str | None = None,
-    cache_dir: str | os.PathLike | None = None,
-) -> DatasetDict:
+    config_name=None,
+    cache_dir=None,
+):
     """Load a parallel corpus as a `DatasetDict` with two string columns, `src_lang` then `tgt_lang`.
 
     Args:
@@ -278,7 +272,7 @@ def load_parallel_dataset(
     return dataset
 
 
-def parallel_file_paths(path: str | os.PathLike, src_lang: str, tgt_lang: str) -> list[Path]:
+def parallel_file_paths(path, src_lang, tgt_lang):
     """The file(s) behind `load_parallel_file(path, ...)`: the JSON-lines file itself, or the text files
     `{path}.{src_lang}[.gz]` and `{path}.{tgt_lang}[.gz]`. Raises `FileNotFoundError` naming what was looked for."""
     path = Path(path)
@@ -289,9 +283,7 @@ def parallel_file_paths(path: str | os.PathLike, src_lang: str, tgt_lang: str) -
     return [_find_text_file(path.parent, path.name, lang) for lang in (src_lang, tgt_lang)]
 
 
-def load_parallel_file(
-    path: str | os.PathLike, src_lang: str, tgt_lang: str, cache_dir: str | os.PathLike | None = None
-) -> Dataset:
+def load_parallel_file(path, src_lang, tgt_lang, cache_dir=None):
     """One split from files, as `run_translation.py --train_file` takes it: a JSON-lines file (`.jsonl`, `.json`,
     `.gz` allowed; a `translation` column or one column per language), or a prefix `PREFIX` of the line-aligned text
     files `PREFIX.{src_lang}` and `PREFIX.{tgt_lang}` (`.gz` allowed), fairseq's `--trainpref` convention."""
@@ -303,14 +295,14 @@ def load_parallel_file(
     return split
 
 
-def iter_text(dataset: Dataset, columns: Sequence[str], batch_size: int = 1000) -> Iterator[list[str]]:
+def iter_text(dataset, columns, batch_size=1000):
     """Yield batches of sentences from `columns` of `dataset`, e.g. both languages to train a joint BPE."""
     for batch in dataset.iter(batch_size=batch_size):
         for column in columns:
             yield batch[column]
 
 
-def sample_pairs(dataset: Dataset, max_samples: int | None, seed: int = 0) -> Dataset:
+def sample_pairs(dataset, max_samples, seed=0):
     """`max_samples` pairs of `dataset` drawn uniformly at random without replacement by a generator seeded with
     `seed`, in their order in the corpus (the same sample on every run and rank); the whole dataset when `max_samples`
     is None or not smaller than it. To train a BPE vocabulary on a sample of a WMT-sized corpus."""
@@ -389,18 +381,18 @@ def _encoding_fingerprint(ds, toks, langs, keep_text, limits):
 
 
 def tokenize_dataset(
-    dataset: DatasetDict,
+    dataset,
     src_tok,
     tgt_tok,
-    src_lang: str,
-    tgt_lang: str,
-    max_length: int = 256,
-    filter_splits: Sequence[str] | None = ("train",),
-    max_target_length: int | None = None,
-    keep_text: bool = False,
-    num_proc: int | None = None,
-    batch_size: int = 10_000,
-) -> tuple[DatasetDict, dict[str, int]]:
+    src_lang,
+    tgt_lang,
+    max_length=256,
+    filter_splits=("train",),
+    max_target_length=None,
+    keep_text=False,
+    num_proc=None,
+    batch_size=10_000,
+):
     """Encode every split for the model and drop unusable pairs from the splits in `filter_splits`.
 
     Each example gets `input_ids` (source, ending in `</s>`), `labels` (target, ending in `</s>`; the model prepends

@@ -150,11 +150,10 @@ class EvaluationClock:
 def generation_settings(trainer, gen_kwargs):
     """The beams and the fixed output limit (None: source length + 50) of the trainer's evaluation, as
     `Seq2SeqTrainer.evaluate` and `VaswaniTrainer.prediction_step` will choose them."""
-    args = trainer.args
-    beams = gen_kwargs.get("num_beams") or getattr(args, "generation_num_beams", None)
+    beams = gen_kwargs.get("num_beams") or trainer.args.generation_num_beams
     beams = beams or trainer.model.generation_config.num_beams or 1
     limit = gen_kwargs.get("max_new_tokens") or gen_kwargs.get("max_length")
-    return int(beams), limit or getattr(args, "generation_max_length", None)
+    return int(beams), limit or trainer.args.generation_max_length
 
 
 @dataclass

@@ -25,21 +25,18 @@ The post-processor appends `</s>` to every encoded sequence, source and target a
 when it shifts the labels right.
 """
 
-from __future__ import annotations
-
 import hashlib
 import itertools
 import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ..common.fileio import replace_files, temporary_sibling, write_json
+from ..common.fileio import read_json, replace_files, temporary_sibling, write_json
 from ..publishing.model_card import lowercases  # noqa: F401 (the card states it; the recipe asks it too)
 from .callbacks import saved_args
 from .data import read_lines
@@ -58,8 +55,6 @@ PAIR_FILE = "vaswani_tokenizer_pair.json"
 # Positions are sinusoidal (§3.5), so this bounds nothing in the model; it only sets when the tokenizer warns.
 DEFAULT_MODEL_MAX_LENGTH = 1024
 _MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens plus the byte alphabet
-
-TextInput = str | os.PathLike | Iterable[str] | Iterable[list[str]]
 
 
 def _text_batches(files_or_iterator):
@@ -100,7 +95,7 @@ def _new_bpe_tokenizer(lowercase=False):
     return tokenizer
 
 
-def check_special_ids(tokenizer: PreTrainedTokenizerFast, name: str = "tokenizer") -> None:
+def check_special_ids(tokenizer, name="tokenizer"):
     """Raise `ValueError` unless `<pad>`, `<s>`, `</s>`, `<unk>` have the ids 0, 1, 2, 3 the model relies on."""
     expected = {
         "pad": (PAD_TOKEN, PAD_ID),
@@ -117,14 +112,14 @@ def check_special_ids(tokenizer: PreTrainedTokenizerFast, name: str = "tokenizer
 
 
 def train_bpe_tokenizer(
-    files_or_iterator: TextInput,
-    vocab_size: int = 37000,
-    min_frequency: int = 2,
-    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
-    show_progress: bool = True,
-    lowercase: bool = False,
-    length: int | None = None,
-) -> PreTrainedTokenizerFast:
+    files_or_iterator,
+    vocab_size=37000,
+    min_frequency=2,
+    model_max_length=DEFAULT_MODEL_MAX_LENGTH,
+    show_progress=True,
+    lowercase=False,
+    length=None,
+):
     """Learn a byte-level BPE vocabulary and wrap it as a `PreTrainedTokenizerFast`.
 
     For the paper's shared vocabulary (§5.1: about 37000 tokens for EN-DE) pass source and target text
@@ -182,34 +177,26 @@ def train_bpe_tokenizer(
 
 
 def train_separate_tokenizers(
-    source_files_or_iterator: TextInput,
-    target_files_or_iterator: TextInput,
-    vocab_size: int = 37000,
-    target_vocab_size: int | None = None,
-    save_directory: str | os.PathLike | None = None,
+    source_files_or_iterator,
+    target_files_or_iterator,
+    vocab_size=37000,
+    target_vocab_size=None,
     **options,
-) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+):
     """One BPE vocabulary per language instead of the paper's shared one (§5.1); same special ids in both.
 
     With separate vocabularies the encoder and decoder embeddings cannot be shared (§3.4 shares them only
     with a joint vocabulary). `vocab_size` sizes the source vocabulary and, unless `target_vocab_size` is
     given, the target one. `options` are `train_bpe_tokenizer`'s (`min_frequency`, `model_max_length`,
-    `show_progress`, `lowercase`, and `length`, the number of sentences of each side, for the progress bar). If
-    `save_directory` is given, the tokenizers are written to `<save_directory>/source` and `<save_directory>/target`
-    (see `save_tokenizers`).
+    `show_progress`, `lowercase`, and `length`, the number of sentences of each side, for the progress bar).
+    `save_tokenizers` writes them to `<directory>/source` and `<directory>/target`.
     """
     source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, **options)
     target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, **options)
-    if save_directory is not None:
-        save_tokenizers(source, target, save_directory)
     return source, target
 
 
-def save_tokenizers(
-    source_tokenizer: PreTrainedTokenizerFast,
-    target_tokenizer: PreTrainedTokenizerFast,
-    directory: str | os.PathLike,
-) -> None:
+def save_tokenizers(source_tokenizer, target_tokenizer, directory):
     """Write a joint tokenizer (the same object twice) to `directory`, separate ones to `directory/{source,target}`.
 
     Each file appears whole (written beside `directory`, then renamed into it, `fileio.replace_files`), so a run killed
@@ -231,9 +218,7 @@ def save_tokenizers(
     replace_files(building, directory)  # the callers log what they saved
 
 
-def load_tokenizers(
-    path: str | os.PathLike,
-) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+def load_tokenizers(path):
     """Load `(source_tokenizer, target_tokenizer)` from a folder written by `save_tokenizers`, or by `vaswani.interop.convert`.
 
     Separate vocabularies come from `path/source` and `path/target` (a model folder of such a run also holds the
@@ -261,7 +246,7 @@ def load_tokenizers(
     )
 
 
-def tokenizer_digest(source_tokenizer, target_tokenizer) -> str:
+def tokenizer_digest(source_tokenizer, target_tokenizer):
     """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
     tokens give different digests."""
     models = []
@@ -275,35 +260,29 @@ def tokenizer_digest(source_tokenizer, target_tokenizer) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
-def saved_tokenizer_digest(folder: str | os.PathLike) -> str | None:
+def saved_tokenizer_digest(folder):
     """The tokenizer digest (`tokenizer_digest`) a checkpoint's `trainer_state.json` records (None for a folder
     without one)."""
     try:
-        state = json.loads(Path(folder, "trainer_state.json").read_text(encoding="utf-8"))
+        state = read_json(Path(folder, "trainer_state.json"))
     except (OSError, ValueError):
         return None
     return (saved_args(state.get("stateful_callbacks"), "RunTokenizer") or {}).get("digest")
 
 
-def load_model_tokenizers(
-    model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None
-) -> tuple[PreTrainedTokenizerFast, PreTrainedTokenizerFast]:
+def load_model_tokenizers(model_path, tokenizer_path=None):
     """`load_tokenizers(tokenizer_path or model_path)`, refusing with a `ValueError` naming both folders a
     `tokenizer_path` whose vocabulary differs from the one the model folder records (`saved_tokenizer_digest`) or
     holds (its token ids would mean other tokens to the model: another run's tokenizer)."""
     tokenizers = load_tokenizers(tokenizer_path or model_path)
     if tokenizer_path is None or not Path(model_path).is_dir():
         return tokenizers
-    own = saved_tokenizer_digest(
-        model_path
-    )  # a checkpoint's record of its run's tokenizers, else the folder's own
+    # A checkpoint's record of its run's tokenizers, else the folder's own.
+    own = saved_tokenizer_digest(model_path)
     try:
         own = own or tokenizer_digest(*load_tokenizers(model_path))
-    except (
-        OSError,
-        ValueError,
-    ):  # the folder holds no (usable) tokenizer of its own: nothing to compare with
-        return tokenizers
+    except (OSError, ValueError):  # the folder holds no (usable) tokenizer of its own
+        return tokenizers  # nothing to compare with
     if own != tokenizer_digest(*tokenizers):
         raise ValueError(
             f"The tokenizer {tokenizer_path} is not the one the model {model_path} was trained with (its own, in "
@@ -324,7 +303,7 @@ def _check_pair(source_dir, target_dir):
     marks = [folder / PAIR_FILE for folder in (source_dir, target_dir)]
     if not all(mark.is_file() for mark in marks):
         return  # saved before the mark existed, or by hand
-    recorded = {json.loads(mark.read_text(encoding="utf-8")).get("pair") for mark in marks}
+    recorded = {read_json(mark).get("pair") for mark in marks}
     if recorded != {_pair_digest(source_dir, target_dir)}:
         raise ValueError(
             f"{source_dir} and {target_dir} are not one pair of tokenizers (each side is from another training, "

@@ -228,8 +228,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self.args.predict_with_generate and not prediction_loss_only:
             if not gen_kwargs:
                 gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
+            # (`Seq2SeqTrainer.prediction_step` drops a `max_length` of None itself)
             if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
-                gen_kwargs.pop("max_length", None)
                 gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + EXTRA_OUTPUT_TOKENS
         # transformers' Seq2SeqTrainer.prediction_step writes every default into the model's generation config, and
         # checkpoints would save them all: `max_length: 20` among them, so that each later
@@ -266,7 +266,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
 
     def train(self, *args, **kwargs):
-        self._trained = {"sentences": 0, "tokens": 0}  # what this process trained on since train() began
+        self._trained = {"samples": 0, "tokens": 0}  # the sentences and target tokens this process trained on
         self._step_clock = None  # (time, optimizer step) of the previous training log, from the first step on
         return super().train(*args, **kwargs)
 
@@ -279,8 +279,8 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self.args.torch_compile:
             mark_batch_dynamic(inputs)
         if labels is not None:
-            self._trained["sentences"] += labels.shape[0]
-            self._trained["tokens"] = self._trained["tokens"] + (labels != -100).sum()  # no sync per step
+            self._trained["samples"] += labels.shape[0]
+            self._trained["tokens"] += (labels != -100).sum()  # a tensor: no sync per step
         return super().training_step(model, inputs, num_items_in_batch)
 
     def log(self, logs, start_time=None):
@@ -296,10 +296,9 @@ class VaswaniTrainer(Seq2SeqTrainer):
             self._step_clock = (now, self.state.global_step)
         if "train_runtime" in logs and "train_samples_per_second" in logs:
             counts = torch.tensor([float(count) for count in self._trained.values()], device=self.args.device)
-            sentences, tokens = self.accelerator.reduce(counts, reduction="sum").tolist()
+            totals = self.accelerator.reduce(counts, reduction="sum").tolist()
             runtime = max(float(logs["train_runtime"]), 1e-9)
-            logs["train_samples_per_second"] = round(sentences / runtime, 3)
-            logs["train_tokens_per_second"] = round(tokens / runtime, 3)
-            logs["train_samples"] = int(sentences)
-            logs["train_tokens"] = int(tokens)
+            for name, total in zip(self._trained, totals, strict=True):  # train_samples, train_tokens
+                logs[f"train_{name}_per_second"] = round(total / runtime, 3)
+                logs[f"train_{name}"] = int(total)
         super().log(logs, start_time)
