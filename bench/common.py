@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 
 import torch
@@ -43,20 +42,32 @@ from vaswani.recipe.losses import fused_output_loss, label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
 PAD, BOS, EOS = 0, 1, 2
+MARIAN_SIZES = (  # the VaswaniConfig fields that MarianConfig has under the same names
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "dropout",
+    "max_position_embeddings",
+)
 DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 tokens
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Models at equal sizes
 # --------------------------------------------------------------------------------------------------------------------
-def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:
+def vaswani_config(preset, vocab_size, **overrides):
     """The model as a CPU user should run it: attention through `attn_implementation="vaswani_sdpa"`
     (`vaswani.kernels`; the same as "sdpa" on a GPU)."""
     overrides.setdefault("attn_implementation", FAST_ATTENTION)
     return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
 
 
-def sinusoids(num_positions: int, d_model: int) -> torch.Tensor:
+def sinusoids(num_positions, d_model):
     """The §3.5 table, sines on even and cosines on odd dimensions, (num_positions, d_model)."""
     inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
     angles = torch.arange(num_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
@@ -66,7 +77,7 @@ def sinusoids(num_positions: int, d_model: int) -> torch.Tensor:
 class TorchTransformerLM(nn.Module):
     """`torch.nn.Transformer` with a shared scaled embedding, sinusoidal positions and a tied output projection."""
 
-    def __init__(self, config: VaswaniConfig):
+    def __init__(self, config):
         super().__init__()
         self.config = config
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=PAD)
@@ -87,16 +98,14 @@ class TorchTransformerLM(nn.Module):
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.shared.weight
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, ids):
         return self.shared(ids) * self.embed_scale + self.positions[: ids.shape[1]]
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def encode(self, input_ids, attention_mask):
         padding = None if attention_mask is None else attention_mask == 0
         return self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=padding)
 
-    def decode(
-        self, decoder_input_ids: torch.Tensor, memory: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def decode(self, decoder_input_ids, memory, attention_mask):
         length = decoder_input_ids.shape[1]
         causal = nn.Transformer.generate_square_subsequent_mask(length, device=memory.device)
         padding = None if attention_mask is None else attention_mask == 0
@@ -109,11 +118,11 @@ class TorchTransformerLM(nn.Module):
         )
         return self.lm_head(hidden)
 
-    def forward(self, input_ids, attention_mask, decoder_input_ids) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, decoder_input_ids):
         return self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)
 
 
-def build_model(name: str, config: VaswaniConfig, seed: int = 0) -> nn.Module:
+def build_model(name, config, seed=0):
     """One of `IMPLEMENTATIONS` at the sizes of `config`, random weights from `seed`."""
     torch.manual_seed(seed)
     if name == "vaswani":  # the attention is the config's (`vaswani_config`)
@@ -122,20 +131,11 @@ def build_model(name: str, config: VaswaniConfig, seed: int = 0) -> nn.Module:
         from transformers import MarianConfig, MarianMTModel
 
         marian = MarianConfig(
-            vocab_size=config.vocab_size,
+            **{size: getattr(config, size) for size in MARIAN_SIZES},
             decoder_vocab_size=config.vocab_size,
-            d_model=config.d_model,
-            encoder_layers=config.encoder_layers,
-            decoder_layers=config.decoder_layers,
-            encoder_attention_heads=config.encoder_attention_heads,
-            decoder_attention_heads=config.decoder_attention_heads,
-            encoder_ffn_dim=config.encoder_ffn_dim,
-            decoder_ffn_dim=config.decoder_ffn_dim,
             activation_function="relu",
-            dropout=config.dropout,
             attention_dropout=0.0,
             activation_dropout=0.0,
-            max_position_embeddings=config.max_position_embeddings,
             scale_embedding=True,
             share_encoder_decoder_embeddings=True,
             tie_word_embeddings=True,
@@ -151,12 +151,12 @@ def build_model(name: str, config: VaswaniConfig, seed: int = 0) -> nn.Module:
     raise ValueError(f"Unknown implementation {name!r}; choose from {IMPLEMENTATIONS}.")
 
 
-def num_parameters(model: nn.Module) -> int:
+def num_parameters(model):
     """Trainable parameters, tied matrices counted once (Marian's frozen sinusoid tables are not counted)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
-def label_smoothed_ce(logits: torch.Tensor, labels: torch.Tensor, eps: float) -> torch.Tensor:
+def label_smoothed_ce(logits, labels, eps):
     """Label-smoothed cross-entropy in float32, token mean, the way the peers' users compute it (the Trainer's
     label smoother does the same)."""
     total = F.cross_entropy(
@@ -169,9 +169,7 @@ def label_smoothed_ce(logits: torch.Tensor, labels: torch.Tensor, eps: float) ->
     return total / (labels != -100).sum()
 
 
-def training_loss(
-    name: str, model: nn.Module, batch: dict[str, torch.Tensor], eps: float, fused_output: bool = True
-) -> torch.Tensor:
+def training_loss(name, model, batch, eps, fused_output=True):
     """Forward pass and loss of one implementation, in the way a user of that implementation trains it. Ours is the
     recipe's loss as `VaswaniTrainer` computes it: under CPU autocast the output projection and the loss in one kernel
     (`losses.fused_output_loss`, unless `fused_output` is False), else the model's logits into
@@ -190,7 +188,7 @@ def training_loss(
     return label_smoothed_ce(logits, batch["labels"], eps)
 
 
-def random_batch(batch_size: int, src_len: int, tgt_len: int, vocab_size: int, seed: int = 0, device="cpu"):
+def random_batch(batch_size, src_len, tgt_len, vocab_size, seed=0, device="cpu"):
     """Random ids above the special ids, no padding (a length-bucketed batch), labels ending with EOS."""
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(3, vocab_size, (batch_size, src_len), generator=g)
@@ -200,9 +198,7 @@ def random_batch(batch_size: int, src_len: int, tgt_len: int, vocab_size: int, s
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def fixed_length_generation_config(
-    beams: int, new_tokens: int, suppress_eos: bool, static_cache: bool = False
-):
+def fixed_length_generation_config(beams, new_tokens, suppress_eos, static_cache=False):
     """Greedy (`beams` 1) or beam decoding of exactly `new_tokens` tokens with length penalty 1: either with the EOS
     id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (`--fixed-length`)."""
     from transformers import GenerationConfig
@@ -227,12 +223,12 @@ def fixed_length_generation_config(
 # --------------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def torch_generate(
-    model: TorchTransformerLM,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    num_beams: int,
-    new_tokens: int,
-) -> torch.Tensor:
+    model,
+    input_ids,
+    attention_mask,
+    num_beams,
+    new_tokens,
+):
     """Greedy (`num_beams=1`) or beam search for exactly `new_tokens` tokens (EOS suppressed, as `min_new_tokens`).
 
     Returns the best hypothesis per sentence, (B, 1 + new_tokens) with the start token first."""
@@ -261,14 +257,12 @@ def torch_generate(
 # --------------------------------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------------------------------
-def synchronize(device: str) -> None:
+def synchronize(device):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def interleaved_times(
-    jobs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, device: str = "cpu"
-) -> dict[str, list[float]]:
+def interleaved_times(jobs, repeats, warmup=1, device="cpu"):
     """Seconds per call of each job, the jobs interleaved round-robin so that machine load hits them alike."""
     for _ in range(warmup):
         for job in jobs.values():
@@ -285,7 +279,7 @@ def interleaved_times(
     return times
 
 
-def cuda_memory_rise_mib(work: Callable[[], object]) -> float:
+def cuda_memory_rise_mib(work):
     """How far CUDA memory allocated by torch rises above its level before `work` while `work` runs, in MiB."""
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -301,7 +295,7 @@ def cuda_memory_rise_mib(work: Callable[[], object]) -> float:
 GPU_PEAK_SIZE = (8192, 8192, 8192)
 
 
-def matmul_peak(size: tuple[int, int, int] | None = None, repeats: int = 10, device: str = "cpu") -> dict:
+def matmul_peak(size=None, repeats=10, device="cpu"):
     """Measured `F.linear` throughput in GFLOP/s (median of `repeats`) for (M, K) x (K, N), in fp32 (TF32 off,
     torch's default) and bf16: 4096 x 512 x 2048 on the CPU and `GPU_PEAK_SIZE` on a GPU, where a CPU-sized product is
     too short to keep the device busy. Each dtype is timed in a block of its own: torch's OpenMP threads keep
@@ -319,7 +313,7 @@ def matmul_peak(size: tuple[int, int, int] | None = None, repeats: int = 10, dev
 # --------------------------------------------------------------------------------------------------------------------
 # Peak memory
 # --------------------------------------------------------------------------------------------------------------------
-def _rss_kib(field: str) -> int:
+def _rss_kib(field):
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(field + ":"):
@@ -327,7 +321,7 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def peak_rss_during(work: Callable[[], object]) -> dict[str, float]:
+def peak_rss_during(work):
     """Resident-set high-water mark of this process while `work` runs, in MiB (Linux only).
 
     Resets the kernel's high-water mark (`/proc/self/clear_refs` <- 5), runs `work`, and reads `VmHWM`. Returns the
@@ -343,7 +337,7 @@ def peak_rss_during(work: Callable[[], object]) -> dict[str, float]:
     return {"peak_rss_mib": peak / 1024, "before_mib": before / 1024, "rise_mib": (peak - before) / 1024}
 
 
-def run_child(what: str, argv: list[str]) -> dict:
+def run_child(what, argv):
     """Run `python -m bench what argv` in a fresh process (for a clean memory high-water mark); return its JSON line."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -377,7 +371,7 @@ HIDDEN = (
 )
 
 
-def parser(what: str, doc: str, repeats: int | None = 5) -> argparse.ArgumentParser:
+def parser(what, doc, repeats=5):
     """The flags every command shares: `--json`, `--quick`, and where it times jobs (`repeats`), `--repeats` and
     `--warmup`."""
     parser = argparse.ArgumentParser(
@@ -393,7 +387,7 @@ def parser(what: str, doc: str, repeats: int | None = 5) -> argparse.ArgumentPar
     return parser
 
 
-def model_flags(parser: argparse.ArgumentParser, impl: tuple[str, ...], presets: list[str] | str) -> None:
+def model_flags(parser, impl, presets):
     """The models compared: `--impl`, `--preset` (several where `presets` is a list), `--vocab`."""
     parser.add_argument("--impl", nargs="+", default=list(impl), choices=impl)
     nargs = "+" if isinstance(presets, list) else None
@@ -401,7 +395,7 @@ def model_flags(parser: argparse.ArgumentParser, impl: tuple[str, ...], presets:
     parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")
 
 
-def decoding_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
+def decoding_flags(parser, batch_size):
     """What every decoding command decodes: `--beams`, `--batch-size` sources of `--src-len` tokens, each into exactly
     `--new-tokens` tokens, held there as `--fixed-length` says."""
     parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
@@ -419,7 +413,7 @@ def decoding_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
     )
 
 
-def parse(parser: argparse.ArgumentParser, argv: list[str], **quick) -> argparse.Namespace:
+def parse(parser, argv, **quick):
     """The parsed flags, `quick`'s values in place under `--quick`; `argv` kept for the command's children."""
     args = parser.parse_args(argv)
     args.argv, args.command, args.bench = list(argv), parser.prog, parser.prog.split()[-1]
@@ -428,9 +422,11 @@ def parse(parser: argparse.ArgumentParser, argv: list[str], **quick) -> argparse
     return args
 
 
-def report(args, title: str, rows: list[dict], columns: list[tuple[str, str, str]], **extra) -> dict:
-    """Print `title` and `rows` as a table of `columns` ((key, header, format spec)), and return (and write to
+def report(args, title, rows, columns, **extra):
+    """Print `title` and `rows` as a table of `columns` ((key, header, format spec), or a key
+    that is its own header), and return (and write to
     `--json`) the one result every command writes: the machine, the settings, `extra`, the rows as `results`."""
+    columns = [(column, column, "") if isinstance(column, str) else column for column in columns]
     cells = [[header for _, header, _ in columns]]
     cells += [
         [format(row[k], spec) if row.get(k) is not None else "-" for k, _, spec in columns] for row in rows
@@ -447,7 +443,7 @@ def report(args, title: str, rows: list[dict], columns: list[tuple[str, str, str
     return result
 
 
-def machine(command: str) -> dict[str, object]:
+def machine(command):
     """What the numbers were measured on, and the command that measured them."""
     import transformers
 
@@ -467,7 +463,7 @@ def machine(command: str) -> dict[str, object]:
     }
 
 
-def cuda_or_skip(args) -> dict | None:
+def cuda_or_skip(args):
     """None where CUDA is present; else says that the GPU run is skipped and returns (and writes) that result."""
     if torch.cuda.is_available():
         return None

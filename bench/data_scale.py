@@ -71,11 +71,11 @@ def parse_args(argv):
 # --------------------------------------------------------------------------------------------------------------------
 # Inside the measured processes
 # --------------------------------------------------------------------------------------------------------------------
-def _vmhwm_mib() -> float:
+def _vmhwm_mib():
     return common._rss_kib("VmHWM") / 1024
 
 
-def _reset_peak() -> None:
+def _reset_peak():
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")
 
@@ -88,23 +88,23 @@ class StageClock:
     process's own memory, every 10 ms, whose peak is reported beside it."""
 
     def __init__(self):
-        self.stages: dict[str, dict] = {}
+        self.stages = {}
         self.peak = self.peak_anon = self.stage_anon = 0.0
         self.stopped = threading.Event()
         threading.Thread(target=self._sample_anonymous_memory, daemon=True).start()
 
-    def _sample_anonymous_memory(self) -> None:
+    def _sample_anonymous_memory(self):
         while not self.stopped.wait(0.01):
             anon = common._rss_kib("RssAnon") / 1024
             self.stage_anon, self.peak_anon = max(self.stage_anon, anon), max(self.peak_anon, anon)
 
-    def begin(self) -> float:
+    def begin(self):
         self.peak = max(self.peak, _vmhwm_mib())
         _reset_peak()
         self.stage_anon = common._rss_kib("RssAnon") / 1024
         return time.perf_counter()
 
-    def end(self, name: str, started: float) -> None:
+    def end(self, name, started):
         peak, anon = _vmhwm_mib(), max(self.stage_anon, common._rss_kib("RssAnon") / 1024)
         self.peak, self.peak_anon = max(self.peak, peak), max(self.peak_anon, anon)
         entry = self.stages.setdefault(name, {"seconds": 0.0, "peak_rss_mib": 0.0, "peak_anon_mib": 0.0})
@@ -112,10 +112,10 @@ class StageClock:
         entry["peak_rss_mib"] = max(entry["peak_rss_mib"], peak)
         entry["peak_anon_mib"] = max(entry["peak_anon_mib"], anon)
 
-    def summary(self) -> dict:
+    def summary(self):
         return {"stages": self.stages, "peak_rss_mib": self.peak, "peak_anon_mib": self.peak_anon}
 
-    def wrap(self, name: str, function, when=lambda *args: True):
+    def wrap(self, name, function, when=lambda *args: True):
         def timed(*args, **kwargs):
             if not when(*args):
                 return function(*args, **kwargs)
@@ -128,7 +128,7 @@ class StageClock:
         return timed
 
 
-def _train_child(args) -> None:
+def _train_child(args):
     """`vaswani-train` in this process, its stages timed, ended right after the first update."""
     from transformers import TrainerCallback
 
@@ -180,7 +180,7 @@ def _train_child(args) -> None:
     command.main(args.rest)
 
 
-def _bpe_child(args) -> None:
+def _bpe_child(args):
     """`vaswani-train-tokenizer` in this process: the BPE's seconds and peak resident set."""
     from vaswani.commands import train_tokenizer as command
     from vaswani.recipe import run  # the tool imports its steps from here when it runs
@@ -196,13 +196,13 @@ def _bpe_child(args) -> None:
     Path(args.record, "rank0.json").write_text(json.dumps(clock.summary()))
 
 
-def random_lengths(pairs: int, seed: int = 0) -> np.ndarray:
+def random_lengths(pairs, seed=0):
     """Token lengths shaped like WMT's after BPE: log-normal with a median of 30 tokens, from 1 to 256."""
     lengths = np.random.default_rng(seed).lognormal(np.log(30.0), 0.55, pairs)
     return np.clip(np.round(lengths), 1, 256).astype(np.int32)
 
 
-def _sampler_child(args) -> None:
+def _sampler_child(args):
     """The sampler alone on `--pairs` random lengths: building it, one epoch's arrays, iterating the epoch."""
     from vaswani.recipe.batching import TokenBudgetBatchSampler
 
@@ -231,7 +231,7 @@ def _sampler_child(args) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 # The parent: corpora, launches, the table
 # --------------------------------------------------------------------------------------------------------------------
-def corpus(work_dir: Path, pairs: int) -> Path:
+def corpus(work_dir, pairs):
     """The synthetic WMT-shaped corpus of `pairs` pairs, written once and kept (`complete` marks a whole one)."""
     folder = work_dir / f"corpus-{pairs}"
     if not (folder / "complete").is_file():
@@ -241,9 +241,7 @@ def corpus(work_dir: Path, pairs: int) -> Path:
     return folder
 
 
-def launch(
-    child: str, record: Path, processes: int, tool_args: list[str], own: tuple = ()
-) -> tuple[list, float]:
+def launch(child, record, processes, tool_args, own=()):
     """Run a child (with `own` flags of this command, then the tool's flags) in fresh processes; return each rank's
     record and the wall seconds from the launch to the end."""
     record.mkdir(parents=True, exist_ok=True)
@@ -255,7 +253,13 @@ def launch(
     }
     launcher = [sys.executable, "-m"]
     if processes > 1:
-        launcher = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(processes), "-m"]
+        launcher = [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--standalone",
+            "--nproc_per_node",
+            str(processes),
+            "-m",
+        ]
     launched = time.time()
     command = [*launcher, "bench", "data-scale", "--child", child, "--record", str(record), *own]
     command += ["--launched", repr(launched), "--", *tool_args]
@@ -269,7 +273,7 @@ def launch(
     ], time.time() - launched
 
 
-def train_flags(args, data: Path, cache: Path, out: Path, tokenizer=None, langs=("en", "de")) -> list[str]:
+def train_flags(args, data, cache, out, tokenizer=None, langs=("en", "de")):
     flags = [
         "--dataset_name", str(data), "--source_lang", langs[0], "--target_lang", langs[1], "--preset", args.preset,
         "--vocab_size", str(args.vocab_size), "--max_tokens", str(args.max_tokens), "--max_steps", "1",
@@ -280,9 +284,7 @@ def train_flags(args, data: Path, cache: Path, out: Path, tokenizer=None, langs=
     return flags + (["--tokenizer_name", str(tokenizer)] if tokenizer else [])
 
 
-def rows_of(
-    run: str, pairs: int, records: list[dict], wall: float, stages=(*STAGES, "to first step")
-) -> list:
+def rows_of(run, pairs, records, wall, stages=(*STAGES, "to first step")):
     """A row per stage and rank: seconds, peak resident set, peak own memory; `to first step` from the launch."""
     rows = []
     for rank, record in enumerate(records):
@@ -296,7 +298,7 @@ def rows_of(
     return rows
 
 
-def data_scale(args) -> dict:
+def data_scale(args):
     """The first run, the rerun from its cache; unless `--quick`, the BPE on every pair and the Multi30k-sized run."""
     work = Path(args.work_dir)
     data = corpus(work, args.pairs)
@@ -351,7 +353,7 @@ def data_scale(args) -> dict:
     return {"results": rows, **result}
 
 
-def main(argv) -> dict | None:
+def main(argv):
     args = parse_args(argv)
     if args.child:
         return {"train": _train_child, "bpe": _bpe_child, "sampler": _sampler_child}[args.child](args)
@@ -366,7 +368,7 @@ def main(argv) -> dict | None:
         columns += [("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f")]
         return common.report(args, "the sampler alone", [{**record, "wall_s": wall}], columns)
     result = data_scale(args)
-    columns = [("run", "run", ""), ("stage", "stage", ""), ("rank", "rank", "d"), ("pairs", "pairs", ",d")]
+    columns = ["run", "stage", ("rank", "rank", "d"), ("pairs", "pairs", ",d")]
     columns += [
         ("seconds", "s", ".2f"),
         ("peak_rss_mib", "peak RSS MiB", ".0f"),

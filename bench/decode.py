@@ -50,7 +50,7 @@ COMMANDS = {  # implementations, batch size, the implementations every row is co
 }
 
 
-def parse_args(what: str, argv: list[str]) -> argparse.Namespace:
+def parse_args(what, argv):
     implementations, batch_size, _ = COMMANDS[what]
     parser = common.parser(what, __doc__)
     common.model_flags(parser, implementations, "base")
@@ -76,7 +76,7 @@ def parse_args(what: str, argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def prepare(args, workdir: Path) -> None:
+def prepare(args, workdir):
     """Save the model and write every export the implementations need into `workdir`; a `--workdir` prepared before
     for the same preset, vocabulary and implementations is reused as it is."""
     from vaswani.interop.export import export
@@ -113,7 +113,7 @@ def prepare(args, workdir: Path) -> None:
     stamp.write_text(json.dumps(sizes))
 
 
-def convert_marian(folder: Path, output: Path, quantization: str, vocab_size: int) -> None:
+def convert_marian(folder, output, quantization, vocab_size):
     """CTranslate2's transformers converter on a saved `MarianMTModel`, with made-up tokens for the vocabulary of the
     untrained model. The converter takes the last token for the `<pad>` transformers appends to Marian's vocabulary
     and drops it, so the CTranslate2 Marian has one token less than ours."""
@@ -140,7 +140,7 @@ def convert_marian(folder: Path, output: Path, quantization: str, vocab_size: in
     MarianConverter(str(folder)).convert(str(output), quantization=quantization, force=True)
 
 
-def load(name: str, args, workdir: Path):
+def load(name, args, workdir):
     """A decoding function of one implementation: (source id lists, beams) -> per sentence, the generated ids."""
     if name in common.IMPLEMENTATIONS:
         model = (
@@ -191,7 +191,7 @@ def load(name: str, args, workdir: Path):
     ]
 
 
-def load_folder(name: str, args, workdir: Path):
+def load_folder(name, args, workdir):
     """`fp32`, `int8` and their `-kernels` forms: the saved folder through `AutoModelForSeq2SeqLM`."""
     from transformers import AutoModelForSeq2SeqLM
 
@@ -212,13 +212,13 @@ def load_folder(name: str, args, workdir: Path):
     return lambda sources, beams: generate_pytorch(model, sources, beams, args)
 
 
-def tensors(sources: list[list[int]], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def tensors(sources, device):
     input_ids = torch.tensor(sources, device=device)
     return input_ids, torch.ones_like(input_ids)
 
 
 @torch.inference_mode()
-def generate_pytorch(model, sources: list[list[int]], beams: int, args) -> list[list[int]]:
+def generate_pytorch(model, sources, beams, args):
     """`model.generate()` of exactly `--new-tokens` tokens a sentence, held there as `--fixed-length` says."""
     suppress_eos = args.fixed_length == "min-new-tokens"
     config = common.fixed_length_generation_config(
@@ -229,7 +229,7 @@ def generate_pytorch(model, sources: list[list[int]], beams: int, args) -> list[
     return out[:, 1:].tolist()
 
 
-def make_job(decode, beams: int, batch_size: int, args):
+def make_job(decode, beams, batch_size, args):
     """A closure decoding one batch; checks that exactly `--new-tokens` tokens came out for every sentence."""
     sources = common.random_batch(batch_size, args.src_len, 1, args.vocab, seed=beams)["input_ids"].tolist()
 
@@ -244,7 +244,7 @@ def make_job(decode, beams: int, batch_size: int, args):
     return job
 
 
-def engine_child(args, workdir: Path) -> None:
+def engine_child(args, workdir):
     """Subprocess: per beam setting, `--warmup` untimed decodes then one timed, or with `--memory` the peak resident
     memory of one decode (the model loaded). A JSON line."""
     decode, result = load(args.engine_child, args, workdir), {}
@@ -260,7 +260,7 @@ def engine_child(args, workdir: Path) -> None:
     print(json.dumps(result))
 
 
-def rounds_of_times(args, workdir: Path) -> tuple[dict, dict, dict]:
+def rounds_of_times(args, workdir):
     """Seconds per decode of each (implementation, beams, batch size), `--repeats` rounds; the tokens each decoded;
     the in-process jobs. A round times the in-process jobs once each, interleaved, then each exported engine once in
     a fresh child. `generate` times one sentence alone too."""
@@ -282,7 +282,7 @@ def rounds_of_times(args, workdir: Path) -> tuple[dict, dict, dict]:
     return times, outputs, jobs
 
 
-def measure(args, workdir: Path) -> list[dict]:
+def measure(args, workdir):
     """One row per implementation and beam setting: tokens per second, latency, memory, agreement with `fp32`."""
     times, outputs, jobs = rounds_of_times(args, workdir)
     rows = []
@@ -316,7 +316,7 @@ def measure(args, workdir: Path) -> list[dict]:
     return rows
 
 
-def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
+def agreement(outputs, reference):
     """The share of sentences identical to the reference's, and of tokens identical before each first difference
     (after it, a greedy decoder continues another prefix)."""
     same_sentences = sum(a == b for a, b in zip(outputs, reference, strict=True)) / len(reference)
@@ -327,7 +327,7 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[flo
     return same_sentences, prefix / sum(len(b) for b in reference)
 
 
-def main(what: str, argv: list[str]) -> dict:
+def main(what, argv):
     from transformers.utils import logging as transformers_logging
 
     args = parse_args(what, argv)
@@ -347,7 +347,7 @@ def main(what: str, argv: list[str]) -> dict:
         rows = measure(args, workdir)
     peers = [peer for peer in COMMANDS[what][2] if peer in args.impl]
     train.add_ratios(rows, ("beams",), peers)
-    columns = [("decoding", "decoding", ""), ("impl", "impl", ""), ("tokens_per_s", "tok/s", ".0f")]
+    columns = [("tokens_per_s", "tok/s", ".0f")]
     columns += [("latency_s", "latency s", ".3f")] if what == "generate" else []
     columns += [(f"vs_{peer.replace('-', '_')}", f"x {peer}", ".2f") for peer in peers]
     columns += [
@@ -355,7 +355,7 @@ def main(what: str, argv: list[str]) -> dict:
         ("same_tokens_as_fp32", "tokens = fp32", ".2f"),
     ]
     columns += [("peak_rss_mib", "peak RSS MiB", ".0f"), ("mem_rise_mib", "mem rise MiB", ".0f")]
-    columns = [column for column in columns if any(row.get(column[0]) is not None for row in rows)]
+    columns = ["decoding", "impl", *(c for c in columns if any(row.get(c[0]) is not None for row in rows))]
     title = (
         f"decoding, preset {args.preset}: batch {args.batch_size}, source {args.src_len}, exactly {args.new_tokens} "
         f"new tokens ({args.fixed_length}), {args.threads} threads each, median of {args.repeats}"

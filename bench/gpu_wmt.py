@@ -37,7 +37,7 @@ def parse_args(argv):
     return args
 
 
-def timed(step, seconds: float, device: str) -> tuple[int, float]:
+def timed(step, seconds, device):
     """Steps run and seconds taken, running `step` until `seconds` have passed."""
     common.synchronize(device)
     started, steps = time.perf_counter(), 0
@@ -48,7 +48,7 @@ def timed(step, seconds: float, device: str) -> tuple[int, float]:
     return steps, time.perf_counter() - started
 
 
-def measure(args, preset: str, compiled: bool, peak: dict) -> list[dict]:
+def measure(args, preset, compiled, peak):
     """One row per implementation: `--repeats` rounds of `--seconds` / `--repeats` each, interleaved."""
     pairs, device = max(1, args.batch_tokens // args.length), args.device
     jobs, totals, memory = {}, {}, {}
@@ -85,7 +85,7 @@ def measure(args, preset: str, compiled: bool, peak: dict) -> list[dict]:
     return rows
 
 
-def main(argv) -> dict:
+def main(argv):
     args = parse_args(argv)
     if args.device == "cuda":
         if skipped := common.cuda_or_skip(args):
@@ -100,9 +100,9 @@ def main(argv) -> dict:
                 torch.cuda.empty_cache()
     train.add_ratios(rows, ("preset", "compile"), ("marian",))
     columns = [
-        ("preset", "preset", ""),
-        ("impl", "impl", ""),
-        ("compile", "compile", ""),
+        "preset",
+        "impl",
+        "compile",
         ("step_s", "step s", ".3f"),
     ]
     columns += [

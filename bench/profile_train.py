@@ -31,8 +31,6 @@ machine's own bf16 GEMM rate on one large product (`common.matmul_peak`, same th
 rate is a floor under the step that no saving outside them can lower.
 """
 
-from __future__ import annotations
-
 import collections
 import contextlib
 import functools
@@ -67,7 +65,7 @@ MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 _MATMUL_PACKETS = tuple(getattr(torch.ops.aten, name.split("::")[1]) for name in MATMUL_OPERATORS)
 
 
-def recipe_argv(data: str, output_dir: str, steps: int, max_tokens: int, extra: list[str]) -> list[str]:
+def recipe_argv(data, output_dir, steps, max_tokens, extra):
     """The Makefile's FULL_RECIPE for en->de, without evaluation or checkpoints, for `steps` optimizer steps."""
     return [
         "--dataset_name", data, "--source_lang", "en", "--target_lang", "de",
@@ -79,7 +77,7 @@ def recipe_argv(data: str, output_dir: str, steps: int, max_tokens: int, extra: 
     ]  # fmt: skip
 
 
-def _wrap(function, name: str):
+def _wrap(function, name):
     @functools.wraps(function)
     def marked(*args, **kwargs):
         with record_function(_MARK + name):
@@ -88,7 +86,7 @@ def _wrap(function, name: str):
     return marked
 
 
-def mark_parts(model: torch.nn.Module) -> None:
+def mark_parts(model):
     """`record_function` ranges around the model's parts, on this model instance only."""
     from vaswani.modeling_vaswani import VaswaniAttention, VaswaniLayer, VaswaniStack
 
@@ -121,7 +119,7 @@ class StepProfiler(TrainerCallback):
     profiled step holds its batch's fetch and collation; counts the matrix products' floating-point operations of the
     warm-up steps (`matmul_flops_per_step`, None without warm-up)."""
 
-    def __init__(self, warmup: int, steps: int):
+    def __init__(self, warmup, steps):
         self.warmup, self.steps = warmup, steps
         self.profiler = None
         self.wall = None
@@ -153,7 +151,7 @@ class StepProfiler(TrainerCallback):
             self.profiler.__exit__(None, None, None)
 
 
-def _category(event, backward_parts: dict) -> str:
+def _category(event, backward_parts):
     """The part an operator's self time belongs to."""
     parent = event
     while parent is not None:
@@ -172,7 +170,7 @@ def _category(event, backward_parts: dict) -> str:
     return "other operators"
 
 
-def _inside(event, prefix: str) -> bool:
+def _inside(event, prefix):
     while event is not None:
         if event.name.startswith(prefix):
             return True
@@ -180,7 +178,7 @@ def _inside(event, prefix: str) -> bool:
     return False
 
 
-def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+def attribute(events):
     """Seconds per part (operators' self time; the optimizer's and the DataLoader's ranges whole) and the costliest
     (operator, part, seconds)."""
     # The part that made each autograd node: the innermost range around the forward operator with that sequence_nr.
@@ -225,12 +223,12 @@ def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
     return dict(seconds), top
 
 
-def matrix_product_seconds(events) -> float:
+def matrix_product_seconds(events):
     """The self time of the matrix-product operators among `events`."""
     return sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS) / 1e6
 
 
-def profiled_run(args) -> StepProfiler:
+def profiled_run(args):
     """`vaswani-train`'s `train_main` on the recipe's flags, its trainer carrying the profiler."""
     from vaswani.commands.cli import parse_args as parse_train_args
     from vaswani.recipe import run
@@ -273,7 +271,7 @@ def profiled_run(args) -> StepProfiler:
     return profiler
 
 
-def main(argv) -> dict:
+def main(argv):
     parser = common.parser("profile-train", __doc__, repeats=10)
     parser.set_defaults(warmup=5)
     parser.add_argument("--data", default=str(DATA), help="the Multi30k folder (train.en.gz, train.de.gz)")
@@ -304,7 +302,7 @@ def main(argv) -> dict:
         products |= {"gflop_per_step": flops / 1e9, "gflops": flops / max(matmul_s, 1e-12) / 1e9}
         products["floor_s_at_machine_rate"] = flops / (peak * 1e9)
     print(f"matrix products: {products}")
-    columns = [("part", "part", ""), ("ms_per_step", "ms/step", ".1f"), ("share", "share", ".1%")]
+    columns = ["part", ("ms_per_step", "ms/step", ".1f"), ("share", "share", ".1%")]
     return common.report(
         args,
         f"{args.repeats} profiled steps, {step:.3f} s a step under the profiler",

@@ -21,10 +21,10 @@ import torch
 from bench import common
 
 
-def make_step(name, model, optimizer, batch, dtype: str, device: str):
+def make_step(name, model, optimizer, batch, dtype, device):
     """One training step of `model` as a closure returning the loss."""
 
-    def step() -> float:
+    def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=dtype == "bf16"):
             loss = common.training_loss(name, model, batch, 0.1)
@@ -35,7 +35,7 @@ def make_step(name, model, optimizer, batch, dtype: str, device: str):
     return step
 
 
-def build(name: str, preset: str, args, device: str, compiled: bool):
+def build(name, preset, args, device, compiled):
     """The model, its Adam (§5.3, the fused kernel for every implementation alike, so the step measures the models)
     and its forward, compiled or not."""
     config = common.vaswani_config(preset, args.vocab, attn_implementation=args.attention)
@@ -60,7 +60,7 @@ def parse_args(argv):
     )
 
 
-def memory_child(args) -> None:
+def memory_child(args):
     """Subprocess: the peak resident memory of two steps (the first allocates Adam's state), as a JSON line."""
     name, preset, dtype = args.memory_child.split(",")
     batch = common.random_batch(args.batch_size, args.src_len, args.tgt_len, args.vocab)
@@ -69,7 +69,7 @@ def memory_child(args) -> None:
     print(json.dumps(common.peak_rss_during(lambda: [step() for _ in range(2)])))
 
 
-def main(argv) -> dict:
+def main(argv):
     args = parse_args(argv)
     if args.memory_child:
         return memory_child(args)
@@ -108,9 +108,9 @@ def main(argv) -> dict:
         del models, jobs
     add_ratios(rows, ("preset", "dtype"), ("marian", "torch"))
     columns = [
-        ("preset", "preset", ""),
-        ("impl", "impl", ""),
-        ("dtype", "dtype", ""),
+        "preset",
+        "impl",
+        "dtype",
         ("params_m", "params M", ".1f"),
     ]
     columns += [("step_s", "step s", ".3f"), ("tokens_per_s", "tgt tok/s", ".0f"), ("mfu", "MFU", ".1%")]
@@ -125,9 +125,7 @@ def main(argv) -> dict:
     return common.report(args, title, rows, columns, matmul_peak_gflops=peak)
 
 
-def add_ratios(
-    rows: list[dict], same: tuple[str, ...], peers: tuple[str, ...], measure: str = "tokens_per_s"
-):
+def add_ratios(rows, same, peers, measure="tokens_per_s"):
     """`vs_<peer>`: each row's `measure` over its peer's, among rows alike in the keys `same`."""
     by_key = {(row["impl"], *(row[key] for key in same)): row for row in rows}
     for row in rows:
