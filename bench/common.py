@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ MARIAN_SIZES = (  # the VaswaniConfig fields that MarianConfig has under the sam
     "dropout",
     "max_position_embeddings",
 )
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 tokens
 
 
@@ -102,19 +104,17 @@ class TorchTransformerLM(nn.Module):
         return self.shared(ids) * self.embed_scale + self.positions[: ids.shape[1]]
 
     def encode(self, input_ids, attention_mask):
-        padding = None if attention_mask is None else attention_mask == 0
-        return self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=padding)
+        return self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=attention_mask == 0)
 
     def decode(self, decoder_input_ids, memory, attention_mask):
         length = decoder_input_ids.shape[1]
         causal = nn.Transformer.generate_square_subsequent_mask(length, device=memory.device)
-        padding = None if attention_mask is None else attention_mask == 0
         hidden = self.transformer.decoder(
             self.embed(decoder_input_ids),
             memory,
             tgt_mask=causal,
             tgt_is_causal=True,
-            memory_key_padding_mask=padding,
+            memory_key_padding_mask=attention_mask == 0,
         )
         return self.lm_head(hidden)
 
@@ -313,12 +313,19 @@ def matmul_peak(size=None, repeats=10, device="cpu"):
 # --------------------------------------------------------------------------------------------------------------------
 # Peak memory
 # --------------------------------------------------------------------------------------------------------------------
-def _rss_kib(field):
+def rss_mib(field):
+    """`field` of /proc/self/status (VmRSS, VmHWM, RssAnon, ...) in MiB."""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(field + ":"):
-                return int(line.split()[1])
+                return int(line.split()[1]) / 1024
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss():
+    """Resets the kernel's resident-set high-water mark (`VmHWM`) of this process."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
 
 
 def peak_rss_during(work):
@@ -329,28 +336,60 @@ def peak_rss_during(work):
     page the process touches, torch's allocations included (tracemalloc does not see them); glibc returns large
     freed blocks to the system, so the peak follows the largest set of live tensors closely.
     """
-    before = _rss_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
+    before = rss_mib("VmRSS")
+    reset_peak_rss()
     work()
-    peak = _rss_kib("VmHWM")
-    return {"peak_rss_mib": peak / 1024, "before_mib": before / 1024, "rise_mib": (peak - before) / 1024}
+    peak = rss_mib("VmHWM")
+    return {"peak_rss_mib": peak, "before_mib": before, "rise_mib": peak - before}
 
 
-def run_child(what, argv):
-    """Run `python -m bench what argv` in a fresh process (for a clean memory high-water mark); return its JSON line."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def add_ratios(rows, same, peers):
+    """`vs_<peer>`: each row's tokens per second over its peer's, among rows alike in the keys `same`; returns the
+    table's columns of these ratios."""
+    by_key = {(row["impl"], *(row[key] for key in same)): row for row in rows}
+    for row in rows:
+        for peer in peers:
+            other = by_key.get((peer, *(row[key] for key in same)))
+            row[f"vs_{peer.replace('-', '_')}"] = (
+                row["tokens_per_s"] / other["tokens_per_s"] if other else None
+            )
+    return [(f"vs_{peer.replace('-', '_')}", f"x {peer}", ".2f") for peer in peers]
+
+
+def measure_memory(args, row, job, *child):
+    """Into `row`: with `--gpu`, how far CUDA memory rises while `job` runs; else, unless `--no-memory`, the peak
+    resident memory of the command rerun with the `child` flags in a fresh process, and its rise over the work."""
+    if args.gpu:
+        row["mem_rise_mib"] = cuda_memory_rise_mib(job)
+    elif not args.no_memory:
+        memory = json.loads(run_child(args.bench, [*args.argv, *child]).splitlines()[-1])
+        row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
+
+
+def run_child(what, argv, processes=1):
+    """Run `python -m bench what argv` in a fresh process (for a clean memory high-water mark), or in `processes`
+    ranks under torchrun, offline; return what it printed."""
+    launcher = [sys.executable, "-m"]
+    if processes > 1:
+        launcher = [
+            Path(sys.executable).parent / "torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            processes,
+            "-m",
+        ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [*map(str, launcher), "bench", what, *map(str, argv)]
     done = subprocess.run(
-        [sys.executable, "-m", "bench", what, *map(str, argv)],
+        command,
         capture_output=True,
         text=True,
-        cwd=root,
-        env=env,
+        cwd=ROOT,
+        env=env | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
     )
     if done.returncode != 0:
-        raise RuntimeError(f"bench {what} {' '.join(map(str, argv))} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
+    return done.stdout
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -435,8 +474,12 @@ def report(args, title, rows, columns, **extra):
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
     print("\n".join([f"\n{title}", lines[0], "  ".join("-" * width for width in widths), *lines[1:]]))
     settings = {key: value for key, value in vars(args).items() if key not in HIDDEN}
-    result = {"machine": machine(f"{args.command} {' '.join(args.argv)}"), "settings": settings, **extra}
-    result["results"] = rows
+    result = {
+        "machine": machine(f"{args.command} {' '.join(args.argv)}"),
+        "settings": settings,
+        **extra,
+        "results": rows,
+    }
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from bench import common, train
+from bench import common
 
 CT2 = tuple(f"{model}-ct2-{q}" for q in ("float32", "int8") for model in ("vaswani", "marian"))
 COMMANDS = {  # implementations, batch size, the implementations every row is compared with
@@ -245,18 +245,18 @@ def make_job(decode, beams, batch_size, args):
 
 
 def engine_child(args, workdir):
-    """Subprocess: per beam setting, `--warmup` untimed decodes then one timed, or with `--memory` the peak resident
-    memory of one decode (the model loaded). A JSON line."""
+    """Subprocess: per beam setting, `--warmup` untimed decodes then one timed; or with `--memory` (and one beam
+    setting) the peak resident memory of one decode, the model loaded. A JSON line."""
     decode, result = load(args.engine_child, args, workdir), {}
-    for beams in args.beams:
-        job = make_job(decode, beams, args.batch_size, args)
-        if args.memory:
-            result[beams] = common.peak_rss_during(job)
-            continue
-        for _ in range(args.warmup):
-            job()
-        start = time.perf_counter()
-        result[beams] = {"outputs": job(), "seconds": time.perf_counter() - start}
+    if args.memory:
+        result = common.peak_rss_during(make_job(decode, args.beams[0], args.batch_size, args))
+    else:
+        for beams in args.beams:
+            job = make_job(decode, beams, args.batch_size, args)
+            for _ in range(args.warmup):
+                job()
+            start = time.perf_counter()
+            result[beams] = {"outputs": job(), "seconds": time.perf_counter() - start}
     print(json.dumps(result))
 
 
@@ -276,6 +276,7 @@ def rounds_of_times(args, workdir):
             times[key] += seconds
         for name in children:
             child = common.run_child(args.bench, [*args.argv, "--engine-child", name, "--workdir", workdir])
+            child = json.loads(child.splitlines()[-1])
             for beams, timed in child.items():
                 times[name, int(beams), args.batch_size].append(timed["seconds"])
                 outputs[name, int(beams), args.batch_size] = timed["outputs"]
@@ -297,21 +298,19 @@ def measure(args, workdir):
             reference = outputs.get(("fp32", beams, args.batch_size))
             if reference is not None:
                 row["same_sentences_as_fp32"], row["same_tokens_as_fp32"] = agreement(outputs[key], reference)
-            if args.gpu:  # how far allocated memory rises over the weights and the data
-                row["mem_rise_mib"] = common.cuda_memory_rise_mib(jobs[key])
-            elif not args.no_memory:
-                child = [
-                    *args.argv,
-                    "--engine-child",
-                    name,
-                    "--workdir",
-                    workdir,
-                    "--memory",
-                    "--beams",
-                    beams,
-                ]
-                memory = common.run_child(args.bench, child)[str(beams)]
-                row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
+            # on a GPU, how far allocated memory rises over the weights and the data
+            common.measure_memory(
+                args,
+                row,
+                jobs.get(key),  # the in-process jobs: a GPU runs no exported engine
+                "--engine-child",
+                name,
+                "--workdir",
+                workdir,
+                "--memory",
+                "--beams",
+                beams,
+            )
             rows.append(row)
     return rows
 
@@ -346,10 +345,9 @@ def main(what, argv):
             prepare(args, workdir)
         rows = measure(args, workdir)
     peers = [peer for peer in COMMANDS[what][2] if peer in args.impl]
-    train.add_ratios(rows, ("beams",), peers)
     columns = [("tokens_per_s", "tok/s", ".0f")]
     columns += [("latency_s", "latency s", ".3f")] if what == "generate" else []
-    columns += [(f"vs_{peer.replace('-', '_')}", f"x {peer}", ".2f") for peer in peers]
+    columns += common.add_ratios(rows, ("beams",), peers)
     columns += [
         ("same_sentences_as_fp32", "sentences = fp32", ".2f"),
         ("same_tokens_as_fp32", "tokens = fp32", ".2f"),

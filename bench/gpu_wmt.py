@@ -72,13 +72,17 @@ def measure(args, preset, compiled, peak):
     for name, (model, _) in jobs.items():
         steps, seconds = totals[name]
         params, tokens_per_s = common.num_parameters(model), steps * pairs * args.length / seconds
-        row = {"preset": preset, "impl": name, "compile": compiled, "params_m": params / 1e6}
-        row |= {
+        row = {
+            "preset": preset,
+            "impl": name,
+            "compile": compiled,
+            "params_m": params / 1e6,
             "tokens_per_update": pairs * args.length,
             "step_s": seconds / steps,
             "tokens_per_s": tokens_per_s,
+            "mfu": 6 * params * tokens_per_s / (peak["bf16"] * 1e9),
+            "peak_memory_gib": memory.get(name),
         }
-        row |= {"mfu": 6 * params * tokens_per_s / (peak["bf16"] * 1e9), "peak_memory_gib": memory.get(name)}
         if preset in PAPER_UPDATES:  # the paper's schedule at this speed
             row["paper_gpu_hours"] = PAPER_UPDATES[preset] * args.batch_tokens / tokens_per_s / 3600
         rows.append(row)
@@ -98,7 +102,6 @@ def main(argv):
             rows += measure(args, preset, compiled, peak)
             if args.device == "cuda":
                 torch.cuda.empty_cache()
-    train.add_ratios(rows, ("preset", "compile"), ("marian",))
     columns = [
         "preset",
         "impl",
@@ -110,7 +113,10 @@ def main(argv):
         ("mfu", "MFU", ".1%"),
         ("peak_memory_gib", "peak GiB", ".1f"),
     ]
-    columns += [("vs_marian", "x marian", ".2f"), ("paper_gpu_hours", "GPU-h, paper schedule", ".1f")]
+    columns += [
+        *common.add_ratios(rows, ("preset", "compile"), ("marian",)),
+        ("paper_gpu_hours", "GPU-h, paper schedule", ".1f"),
+    ]
     title = (
         f"{args.batch_tokens} target tokens an update, {args.length} a sentence, bf16 autocast, {args.device}"
     )

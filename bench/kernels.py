@@ -226,15 +226,15 @@ def main(argv):
     d_model = 32 if args.quick else 512
     jobs = {key: job for what in args.what for key, job in WHAT[what](args, d_model).items()}
     times = common.interleaved_times(jobs, args.repeats, args.warmup)
-    fields = ("what", "shape", "dtype", "variant", "path")
-    rows = [
-        {**dict(zip(fields, key, strict=True)), "ms": 1e3 * statistics.median(s)} for key, s in times.items()
-    ]
+    ms = {key: 1e3 * statistics.median(seconds) for key, seconds in times.items()}
     slowest = {}
-    for key, row in zip(times, rows, strict=True):
-        slowest[key[:4]] = max(slowest.get(key[:4], 0.0), row["ms"])
-    for key, row in zip(times, rows, strict=True):  # each path as a multiple of the slowest in its group
-        row["speedup"] = slowest[key[:4]] / row["ms"]
+    for key, value in ms.items():
+        slowest[key[:4]] = max(slowest.get(key[:4], 0.0), value)
+    fields = ("what", "shape", "dtype", "variant", "path")
+    rows = [  # each path as a multiple of the slowest in its group
+        {**dict(zip(fields, key, strict=True)), "ms": value, "speedup": slowest[key[:4]] / value}
+        for key, value in ms.items()
+    ]
     columns = [
         *fields,
         ("ms", "ms", ".1f"),

@@ -121,11 +121,7 @@ class StepProfiler(TrainerCallback):
 
     def __init__(self, warmup, steps):
         self.warmup, self.steps = warmup, steps
-        self.profiler = None
-        self.wall = None
-        self.losses = []
-        self.flop_counter = None
-        self.matmul_flops_per_step = None
+        self.profiler = self.matmul_flops_per_step = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         mark_parts(model)

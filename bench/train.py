@@ -99,14 +99,10 @@ def main(argv):
             row |= {"step_s": statistics.median(seconds), "step_s_all": seconds}
             row["tokens_per_s"] = tokens / row["step_s"]
             row["mfu"] = 6 * params * row["tokens_per_s"] / (peak[dtype] * 1e9)
-            if args.gpu:  # how far allocated memory rises over the weights, Adam's state and the data
-                row["mem_rise_mib"] = common.cuda_memory_rise_mib(jobs[name, dtype])
-            elif not args.no_memory:
-                memory = common.run_child("train", [*args.argv, "--memory-child", f"{name},{preset},{dtype}"])
-                row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
+            # on a GPU, how far allocated memory rises over the weights, Adam's state and the data
+            common.measure_memory(args, row, jobs[name, dtype], "--memory-child", f"{name},{preset},{dtype}")
             rows.append(row)
         del models, jobs
-    add_ratios(rows, ("preset", "dtype"), ("marian", "torch"))
     columns = [
         "preset",
         "impl",
@@ -116,19 +112,9 @@ def main(argv):
     columns += [("step_s", "step s", ".3f"), ("tokens_per_s", "tgt tok/s", ".0f"), ("mfu", "MFU", ".1%")]
     columns += [
         ("mem_rise_mib", "mem rise MiB", ".0f"),
-        ("vs_marian", "x marian", ".2f"),
-        ("vs_torch", "x torch", ".2f"),
+        *common.add_ratios(rows, ("preset", "dtype"), ("marian", "torch")),
     ]
     title = (
         f"training: {args.batch_size} pairs x {args.src_len}+{args.tgt_len} tokens, median of {args.repeats}"
     )
     return common.report(args, title, rows, columns, matmul_peak_gflops=peak)
-
-
-def add_ratios(rows, same, peers, measure="tokens_per_s"):
-    """`vs_<peer>`: each row's `measure` over its peer's, among rows alike in the keys `same`."""
-    by_key = {(row["impl"], *(row[key] for key in same)): row for row in rows}
-    for row in rows:
-        for peer in peers:
-            other = by_key.get((peer, *(row[key] for key in same)))
-            row[f"vs_{peer.replace('-', '_')}"] = row[measure] / other[measure] if other else None
