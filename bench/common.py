@@ -81,7 +81,6 @@ class TorchTransformerLM(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.config = config
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=PAD)
         nn.init.normal_(self.shared.weight, std=config.d_model**-0.5)
         self.embed_scale = math.sqrt(config.d_model)
@@ -279,16 +278,6 @@ def interleaved_times(jobs, repeats, warmup=1, device="cpu"):
     return times
 
 
-def cuda_memory_rise_mib(work):
-    """How far CUDA memory allocated by torch rises above its level before `work` while `work` runs, in MiB."""
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    work()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Matmul peak
 # --------------------------------------------------------------------------------------------------------------------
@@ -359,8 +348,13 @@ def add_ratios(rows, same, peers):
 def measure_memory(args, row, job, *child):
     """Into `row`: with `--gpu`, how far CUDA memory rises while `job` runs; else, unless `--no-memory`, the peak
     resident memory of the command rerun with the `child` flags in a fresh process, and its rise over the work."""
-    if args.gpu:
-        row["mem_rise_mib"] = cuda_memory_rise_mib(job)
+    if args.gpu:  # the rise of the memory torch allocates over its level before `job`, in MiB
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        job()
+        torch.cuda.synchronize()
+        row["mem_rise_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
     elif not args.no_memory:
         memory = json.loads(run_child(args.bench, [*args.argv, *child]).splitlines()[-1])
         row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
@@ -398,7 +392,6 @@ def run_child(what, argv, processes=1):
 HIDDEN = (
     "json",
     "argv",
-    "command",
     "bench",
     "memory",
     "memory_child",
@@ -455,7 +448,7 @@ def decoding_flags(parser, batch_size):
 def parse(parser, argv, **quick):
     """The parsed flags, `quick`'s values in place under `--quick`; `argv` kept for the command's children."""
     args = parser.parse_args(argv)
-    args.argv, args.command, args.bench = list(argv), parser.prog, parser.prog.split()[-1]
+    args.argv, args.bench = list(argv), parser.prog.split()[-1]
     if args.quick:
         vars(args).update(quick)
     return args
@@ -475,7 +468,7 @@ def report(args, title, rows, columns, **extra):
     print("\n".join([f"\n{title}", lines[0], "  ".join("-" * width for width in widths), *lines[1:]]))
     settings = {key: value for key, value in vars(args).items() if key not in HIDDEN}
     result = {
-        "machine": machine(f"{args.command} {' '.join(args.argv)}"),
+        "machine": machine(f"python -m bench {args.bench} {' '.join(args.argv)}"),
         "settings": settings,
         **extra,
         "results": rows,

@@ -290,9 +290,14 @@ def measure(args, workdir):
     for name in args.impl:
         for beams in args.beams:
             key = name, beams, args.batch_size
-            row = {"preset": args.preset, "impl": name, "beams": beams, "batch_s_all": times[key]}
-            row["decoding"] = "greedy" if beams == 1 else f"beam-{beams}"
-            row["tokens_per_s"] = args.batch_size * args.new_tokens / statistics.median(times[key])
+            row = {
+                "preset": args.preset,
+                "impl": name,
+                "beams": beams,
+                "batch_s_all": times[key],
+                "decoding": "greedy" if beams == 1 else f"beam-{beams}",
+                "tokens_per_s": args.batch_size * args.new_tokens / statistics.median(times[key]),
+            }
             if (name, beams, 1) in times:
                 row["latency_s"] = statistics.median(times[name, beams, 1])
             reference = outputs.get(("fp32", beams, args.batch_size))

@@ -287,9 +287,10 @@ def main(argv):
     seconds, top = attribute(events)
     seconds["Python and framework"] = max(profiler.wall - sum(seconds.values()), 0.0)
     step = profiler.wall / args.repeats
-    rows = [{"part": part, "ms_per_step": 1000 * seconds.get(part, 0.0) / args.repeats} for part in PARTS]
-    for row in rows:
-        row["share"] = row["ms_per_step"] / 1000 / step
+    shares = {part: seconds.get(part, 0.0) / args.repeats / step for part in PARTS}
+    rows = [
+        {"part": part, "ms_per_step": 1000 * step * share, "share": share} for part, share in shares.items()
+    ]
     matmul_s = matrix_product_seconds(events) / args.repeats
     flops = profiler.matmul_flops_per_step
     peak = common.matmul_peak(repeats=5)["bf16"]

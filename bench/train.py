@@ -94,11 +94,17 @@ def main(argv):
         for model in models.values():  # the CUDA rise below counts the gradients too
             model.zero_grad(set_to_none=True)
         for (name, dtype), seconds in times.items():
-            params = common.num_parameters(models[name])
-            row = {"preset": preset, "impl": name, "dtype": dtype, "params_m": params / 1e6}
-            row |= {"step_s": statistics.median(seconds), "step_s_all": seconds}
-            row["tokens_per_s"] = tokens / row["step_s"]
-            row["mfu"] = 6 * params * row["tokens_per_s"] / (peak[dtype] * 1e9)
+            params, step_s = common.num_parameters(models[name]), statistics.median(seconds)
+            row = {
+                "preset": preset,
+                "impl": name,
+                "dtype": dtype,
+                "params_m": params / 1e6,
+                "step_s": step_s,
+                "step_s_all": seconds,
+                "tokens_per_s": tokens / step_s,
+                "mfu": 6 * params * tokens / step_s / (peak[dtype] * 1e9),
+            }
             # on a GPU, how far allocated memory rises over the weights, Adam's state and the data
             common.measure_memory(args, row, jobs[name, dtype], "--memory-child", f"{name},{preset},{dtype}")
             rows.append(row)
