@@ -14,7 +14,7 @@ The three implementations, built from one `VaswaniConfig` preset so that sizes a
   recomputes the target prefix at every step.
 
 Every training step computes the same label-smoothed cross-entropy (eps_ls = 0.1, float32, mean over target
-tokens): `vaswani` through its own `labels` path, the peers on their logits with `label_smoothed_ce`.
+tokens): `vaswani` through its own `labels` path, the peers on their logits (`training_loss`).
 
 Timing helpers interleave the implementations inside one run and take medians, because the benchmark machines are
 shared. Peak memory is measured in a fresh subprocess per configuration (see `peak_rss_during`).
@@ -62,11 +62,10 @@ DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 t
 # --------------------------------------------------------------------------------------------------------------------
 # Models at equal sizes
 # --------------------------------------------------------------------------------------------------------------------
-def vaswani_config(preset, vocab_size, **overrides):
+def vaswani_config(preset, vocab_size, attention=FAST_ATTENTION):
     """The model as a CPU user should run it: attention through `attn_implementation="vaswani_sdpa"`
     (`vaswani.kernels`; the same as "sdpa" on a GPU)."""
-    overrides.setdefault("attn_implementation", FAST_ATTENTION)
-    return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
+    return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, attn_implementation=attention)
 
 
 def sinusoids(num_positions, d_model):
@@ -85,16 +84,14 @@ class TorchTransformerLM(nn.Module):
         nn.init.normal_(self.shared.weight, std=config.d_model**-0.5)
         self.embed_scale = math.sqrt(config.d_model)
         self.register_buffer("positions", sinusoids(config.max_position_embeddings, config.d_model), False)
-        self.transformer = nn.Transformer(
+        self.transformer = nn.Transformer(  # post-norm and ReLU: nn.Transformer's defaults
             d_model=config.d_model,
             nhead=config.encoder_attention_heads,
             num_encoder_layers=config.encoder_layers,
             num_decoder_layers=config.decoder_layers,
             dim_feedforward=config.encoder_ffn_dim,
             dropout=config.dropout,
-            activation="relu",
             batch_first=True,
-            norm_first=False,
         )
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.shared.weight
@@ -121,9 +118,10 @@ class TorchTransformerLM(nn.Module):
         return self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)
 
 
-def build_model(name, config, seed=0):
-    """One of `IMPLEMENTATIONS` at the sizes of `config`, random weights from `seed`."""
-    torch.manual_seed(seed)
+def build_model(name, config):
+    """One of `IMPLEMENTATIONS` (the commands' `--impl` choices) at the sizes of `config`, random weights from seed
+    0."""
+    torch.manual_seed(0)
     if name == "vaswani":  # the attention is the config's (`vaswani_config`)
         return use_cpu_kernels(VaswaniForConditionalGeneration(config), attention=False)
     if name == "marian":
@@ -145,9 +143,7 @@ def build_model(name, config, seed=0):
             decoder_start_token_id=BOS,
         )
         return MarianMTModel(marian)
-    if name == "torch":
-        return TorchTransformerLM(config)
-    raise ValueError(f"Unknown implementation {name!r}; choose from {IMPLEMENTATIONS}.")
+    return TorchTransformerLM(config)
 
 
 def num_parameters(model):
@@ -155,36 +151,23 @@ def num_parameters(model):
     return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
-def label_smoothed_ce(logits, labels, eps):
-    """Label-smoothed cross-entropy in float32, token mean, the way the peers' users compute it (the Trainer's
-    label smoother does the same)."""
-    total = F.cross_entropy(
-        logits.flatten(0, 1).float(),
-        labels.flatten(),
-        ignore_index=-100,
-        reduction="sum",
-        label_smoothing=eps,
-    )
-    return total / (labels != -100).sum()
-
-
-def training_loss(name, model, batch, eps, fused_output=True):
+def training_loss(name, model, batch, eps):
     """Forward pass and loss of one implementation, in the way a user of that implementation trains it. Ours is the
     recipe's loss as `VaswaniTrainer` computes it: under CPU autocast the output projection and the loss in one kernel
-    (`losses.fused_output_loss`, unless `fused_output` is False), else the model's logits into
-    `losses.label_smoothed_loss`."""
-    decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
-    inputs = {
-        "input_ids": batch["input_ids"],
-        "attention_mask": batch["attention_mask"],
-        "decoder_input_ids": decoder_input_ids,
-    }
+    (`losses.fused_output_loss`), else the model's logits into `losses.label_smoothed_loss`. The peers': their
+    logits' label-smoothed cross-entropy in float32, token mean, the way their users compute it (the Trainer's label
+    smoother does the same)."""
+    inputs = {**batch, "decoder_input_ids": shift_tokens_right(batch["labels"], PAD, BOS)}
+    labels = inputs.pop("labels")
     if name == "vaswani":
-        if fused_output and model.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            return fused_output_loss(model, {**inputs, "labels": batch["labels"]}, eps)
-        return label_smoothed_loss(model(**inputs), batch["labels"], epsilon=eps)
+        if model.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            return fused_output_loss(model, {**inputs, "labels": labels}, eps)
+        return label_smoothed_loss(model(**inputs), labels, epsilon=eps)
     logits = model(**inputs).logits if name == "marian" else model(*inputs.values())
-    return label_smoothed_ce(logits, batch["labels"], eps)
+    total = F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", label_smoothing=eps
+    )
+    return total / (labels != -100).sum()  # cross_entropy leaves out the labels -100
 
 
 def random_batch(batch_size, src_len, tgt_len, vocab_size, seed=0, device="cpu"):
@@ -281,15 +264,12 @@ def interleaved_times(jobs, repeats, warmup=1, device="cpu"):
 # --------------------------------------------------------------------------------------------------------------------
 # Matmul peak
 # --------------------------------------------------------------------------------------------------------------------
-GPU_PEAK_SIZE = (8192, 8192, 8192)
-
-
 def matmul_peak(size=None, repeats=10, device="cpu"):
     """Measured `F.linear` throughput in GFLOP/s (median of `repeats`) for (M, K) x (K, N), in fp32 (TF32 off,
-    torch's default) and bf16: 4096 x 512 x 2048 on the CPU and `GPU_PEAK_SIZE` on a GPU, where a CPU-sized product is
+    torch's default) and bf16: 4096 x 512 x 2048 on the CPU and 8192 x 8192 x 8192 on a GPU, where a CPU-sized product is
     too short to keep the device busy. Each dtype is timed in a block of its own: torch's OpenMP threads keep
     spinning for a while after a call, and on a 2-core machine the next block's threads would share the cores."""
-    m, k, n = size or (GPU_PEAK_SIZE if device.startswith("cuda") else (4096, 512, 2048))
+    m, k, n = size or ((8192, 8192, 8192) if device.startswith("cuda") else (4096, 512, 2048))
     result = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         x, w = torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype)

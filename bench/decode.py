@@ -154,41 +154,41 @@ def load(name, args, workdir):
         return lambda sources, beams: generate_pytorch(model, sources, beams, args)
     if name.startswith(("fp32", "int8")):
         return load_folder(name, args, workdir)
-    if name == "ct2-int8":
-        decode = load("vaswani-ct2-int8", args, workdir)
-        vocabulary = json.loads((workdir / "vaswani-ct2-int8" / "shared_vocabulary.json").read_text("utf-8"))
-        ids = {token: i for i, token in enumerate(vocabulary)}
-        return lambda sources, beams: [[ids[token] for token in out] for out in decode(sources, beams)]
     if name == "vaswani-onnx":
         from vaswani.interop.engines import load_engine
 
         engine = load_engine(workdir / name, threads=args.threads)
-        options = {
-            "max_new_tokens": args.new_tokens,
-            "min_new_tokens": args.new_tokens,
-            "length_penalty": 1.0,
-        }
         return lambda sources, beams: [
             hypotheses[0].ids
             for hypotheses in engine.generate(
-                sources, num_beams=beams, length_penalty_form="power", **options
+                sources,
+                num_beams=beams,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                length_penalty=1.0,
+                length_penalty_form="power",
             )
         ]
     import ctranslate2
 
-    translator = ctranslate2.Translator(str(workdir / name), device="cpu", intra_threads=args.threads)
-    tokens = json.loads((workdir / name / "shared_vocabulary.json").read_text(encoding="utf-8"))
-    options = {
-        "min_decoding_length": args.new_tokens,
-        "max_decoding_length": args.new_tokens,
-        "length_penalty": 1.0,
-    }
-    return lambda sources, beams: [
-        result.hypotheses[0]
-        for result in translator.translate_batch(
-            [[tokens[i % len(tokens)] for i in ids] for ids in sources], beam_size=beams, **options
+    folder = workdir / ("vaswani-ct2-int8" if name == "ct2-int8" else name)
+    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads)
+    tokens = json.loads((folder / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    ids = {token: i for i, token in enumerate(tokens)}
+
+    def decode(sources, beams):
+        """The tokens of each sentence; for `ct2-int8`, compared with PyTorch's, their ids."""
+        results = translator.translate_batch(
+            [[tokens[i % len(tokens)] for i in source] for source in sources],
+            beam_size=beams,
+            min_decoding_length=args.new_tokens,
+            max_decoding_length=args.new_tokens,
+            length_penalty=1.0,
         )
-    ]
+        outputs = [result.hypotheses[0] for result in results]
+        return [[ids[token] for token in out] for out in outputs] if name == "ct2-int8" else outputs
+
+    return decode
 
 
 def load_folder(name, args, workdir):

@@ -156,8 +156,8 @@ def dropouts(args, d_model):
             grad = torch.randn(tokens, width, dtype=dtype)
             for p in (0.1, 0.3):
                 key = ("dropout", f"{tokens}x{width}", dtype_name, f"p={p}")
-                jobs[(*key, "F.dropout")] = lambda x=x, g=grad, p=p: F.dropout(x, p, True).backward(g)
-                jobs[(*key, "bit mask")] = lambda x=x, g=grad, p=p: dropout(x, p, True).backward(g)
+                for path, function in (("F.dropout", F.dropout), ("bit mask", dropout)):
+                    jobs[(*key, path)] = lambda x=x, g=grad, p=p, f=function: f(x, p, True).backward(g)
     return jobs
 
 

@@ -205,11 +205,9 @@ def attribute(events):
             if event.name.startswith(prefix) and not _inside(event.cpu_parent, prefix):
                 seconds[part] += event.cpu_time_total / 1e6
     for event in events:
-        if event.name.startswith(_MARK) or event.is_user_annotation:
-            continue  # ranges, not operators: their self time is Python
-        if event.name.startswith(
-            ("autograd::engine::evaluate_function", "Optimizer.", "enumerate(DataLoader)")
-        ):
+        # ranges, not operators (their self time is Python), and the ranges counted whole above
+        skipped = (_MARK, "autograd::engine::evaluate_function", "Optimizer.", "enumerate(DataLoader)")
+        if event.is_user_annotation or event.name.startswith(skipped):
             continue
         part = _category(event, backward_parts)
         if part not in ("optimizer", "data"):  # counted whole above
@@ -217,11 +215,6 @@ def attribute(events):
         operators[(event.name, part)] += event.self_cpu_time_total / 1e6
     top = [(name, part, s) for (name, part), s in operators.most_common(15)]
     return dict(seconds), top
-
-
-def matrix_product_seconds(events):
-    """The self time of the matrix-product operators among `events`."""
-    return sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS) / 1e6
 
 
 def profiled_run(args):
@@ -291,7 +284,12 @@ def main(argv):
     rows = [
         {"part": part, "ms_per_step": 1000 * step * share, "share": share} for part, share in shares.items()
     ]
-    matmul_s = matrix_product_seconds(events) / args.repeats
+    # the matrix-product operators' self time a step
+    matmul_s = (
+        sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS)
+        / 1e6
+        / args.repeats
+    )
     flops = profiler.matmul_flops_per_step
     peak = common.matmul_peak(repeats=5)["bf16"]
     products = {"ms_per_step": 1000 * matmul_s, "share": matmul_s / step, "machine_bf16_gemm_gflops": peak}

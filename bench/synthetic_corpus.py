@@ -43,7 +43,7 @@ def pseudo_words(count, rng):
 class Corpus:
     """Draws pairs of sentences; `pairs(n)` returns two lists of `n` lines."""
 
-    def __init__(self, vocab=50000, seed=0):
+    def __init__(self, vocab, seed):
         self.rng = np.random.default_rng(seed)
         self.source_words = pseudo_words(vocab, self.rng)
         self.target_words = pseudo_words(vocab, np.random.default_rng(seed + 1))

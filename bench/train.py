@@ -38,7 +38,7 @@ def make_step(name, model, optimizer, batch, dtype, device):
 def build(name, preset, args, device, compiled):
     """The model, its Adam (§5.3, the fused kernel for every implementation alike, so the step measures the models)
     and its forward, compiled or not."""
-    config = common.vaswani_config(preset, args.vocab, attn_implementation=args.attention)
+    config = common.vaswani_config(preset, args.vocab, args.attention)
     model = common.build_model(name, config).to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     return model, optimizer, torch.compile(model) if compiled else model
