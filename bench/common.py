@@ -401,7 +401,7 @@ def parser(what, doc, repeats=5):
 
 def model_flags(parser, impl, presets):
     """The models compared: `--impl`, `--preset` (several where `presets` is a list), `--vocab`."""
-    parser.add_argument("--impl", nargs="+", default=list(impl), choices=impl)
+    parser.add_argument("--impl", nargs="+", default=impl, choices=impl)
     nargs = "+" if isinstance(presets, list) else None
     parser.add_argument("--preset", nargs=nargs, default=presets, help="VaswaniConfig preset")
     parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")

@@ -31,6 +31,7 @@ decode; with `generate --gpu` (bf16 weights, the static cache), the rise of `tor
 """
 
 import argparse
+import collections
 import functools
 import json
 import statistics
@@ -269,7 +270,7 @@ def rounds_of_times(args, workdir):
     decoders = {name: load(name, args, workdir) for name in args.impl if name not in children}
     jobs = {(n, b, s): make_job(decoders[n], b, s, args) for n in decoders for b in args.beams for s in sizes}
     outputs = {key: job() for key, job in jobs.items()}  # the tokens each decodes: the first warm-up
-    times = {key: [] for key in jobs} | {(n, b, args.batch_size): [] for n in children for b in args.beams}
+    times = collections.defaultdict(list)
     for round_ in range(args.repeats):
         warmup = max(args.warmup - 1, 0) if round_ == 0 else 0
         for key, seconds in common.interleaved_times(jobs, 1, warmup, args.device).items():

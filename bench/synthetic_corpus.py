@@ -51,19 +51,20 @@ class Corpus:
         weights = ranks**-1.1
         self.cumulative = np.cumsum(weights / weights.sum())
 
+    def zipfian(self, count):
+        """`count` word ids drawn with Zipfian frequencies."""
+        return np.minimum(np.searchsorted(self.cumulative, self.rng.random(count)), len(self.cumulative) - 1)
+
     def pairs(self, n):
         rng = self.rng
         lengths = np.clip(np.round(rng.lognormal(np.log(22.0), 0.55, n)), 1, 150).astype(np.int64)
-        words = np.searchsorted(self.cumulative, rng.random(int(lengths.sum())))  # Zipfian word ids
-        words = np.minimum(words, len(self.source_words) - 1)
+        words = self.zipfian(int(lengths.sum()))
         ends = np.cumsum(lengths)
         sources, targets = [], []
         swap = rng.random(len(words)) < 0.15
         drop = rng.random(len(words)) < 0.05
         add = rng.random(len(words)) < 0.05
-        extra = np.minimum(
-            np.searchsorted(self.cumulative, rng.random(len(words))), len(self.target_words) - 1
-        )
+        extra = self.zipfian(len(words))
         stops = PUNCTUATION[rng.integers(0, len(PUNCTUATION), n)]
         start = 0
         for i, end in enumerate(ends):
