@@ -104,9 +104,9 @@ class StageClock:
     def summary(self):
         return {"stages": self.stages, "peak_rss_mib": self.peak, "peak_anon_mib": self.peak_anon}
 
-    def wrap(self, name, function, when=lambda *args: True):
+    def wrap(self, name, function, when=None):
         def timed(*args, **kwargs):
-            if not when(*args):
+            if when and not when(*args):
                 return function(*args, **kwargs)
             started = self.begin()
             try:
@@ -326,16 +326,22 @@ def main(argv):
     if args.sampler_only:
         own = ("--pairs", args.pairs, "--max-tokens", args.max_tokens)
         (record,), wall = launch("sampler", Path(args.work_dir) / f"sampler-{args.pairs}", 1, [], own)
-        columns = [("pairs", "pairs", ",d"), ("batches", "batches", ",d"), ("build_s", "build s", ".3f")]
-        columns += [
+        columns = [
+            ("pairs", "pairs", ",d"),
+            ("batches", "batches", ",d"),
+            ("build_s", "build s", ".3f"),
             ("epoch_arrays_s", "epoch arrays s", ".3f"),
             ("epoch_iterated_s", "epoch iterated s", ".3f"),
+            ("rise_mib", "RSS rise MiB", ".0f"),
+            ("peak_rss_mib", "peak RSS MiB", ".0f"),
         ]
-        columns += [("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f")]
         return common.report(args, "the sampler alone", [{**record, "wall_s": wall}], columns)
     result = data_scale(args)
-    columns = ["run", "stage", ("rank", "rank", "d"), ("pairs", "pairs", ",d")]
-    columns += [
+    columns = [
+        "run",
+        "stage",
+        ("rank", "rank", "d"),
+        ("pairs", "pairs", ",d"),
         ("seconds", "s", ".2f"),
         ("peak_rss_mib", "peak RSS MiB", ".0f"),
         ("peak_anon_mib", "anon MiB", ".0f"),

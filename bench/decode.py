@@ -100,17 +100,12 @@ def prepare(args, workdir):
     if "vaswani-onnx" in exports:
         export(workdir / "vaswani", workdir / "vaswani-onnx", "onnx", force=True)
     for name in exports & set(CT2):
+        quantization = name.split("-")[-1]
         if name.startswith("vaswani"):
-            export(
-                workdir / "vaswani",
-                workdir / name,
-                "ctranslate2",
-                quantization=name.split("-")[-1],
-                force=True,
-            )
+            export(workdir / "vaswani", workdir / name, "ctranslate2", quantization=quantization, force=True)
         else:
             common.build_model("marian", config).save_pretrained(workdir / "marian")
-            convert_marian(workdir / "marian", workdir / name, name.split("-")[-1], args.vocab)
+            convert_marian(workdir / "marian", workdir / name, quantization, args.vocab)
     stamp.write_text(json.dumps(sizes))
 
 
@@ -351,14 +346,15 @@ def main(what, argv):
             prepare(args, workdir)
         rows = measure(args, workdir)
     peers = [peer for peer in COMMANDS[what][2] if peer in args.impl]
-    columns = [("tokens_per_s", "tok/s", ".0f")]
-    columns += [("latency_s", "latency s", ".3f")] if what == "generate" else []
-    columns += common.add_ratios(rows, ("beams",), peers)
-    columns += [
+    columns = [  # latency: `generate` only
+        ("tokens_per_s", "tok/s", ".0f"),
+        ("latency_s", "latency s", ".3f"),
+        *common.add_ratios(rows, ("beams",), peers),
         ("same_sentences_as_fp32", "sentences = fp32", ".2f"),
         ("same_tokens_as_fp32", "tokens = fp32", ".2f"),
+        ("peak_rss_mib", "peak RSS MiB", ".0f"),
+        ("mem_rise_mib", "mem rise MiB", ".0f"),
     ]
-    columns += [("peak_rss_mib", "peak RSS MiB", ".0f"), ("mem_rise_mib", "mem rise MiB", ".0f")]
     columns = ["decoding", "impl", *(c for c in columns if any(row.get(c[0]) is not None for row in rows))]
     title = (
         f"decoding, preset {args.preset}: batch {args.batch_size}, source {args.src_len}, exactly {args.new_tokens} "

@@ -12,6 +12,7 @@ interleaved rounds so that the jobs meet the machine alike.
 Without CUDA the first form says so and exits; the second runs the same code on the CPU at a tiny size.
 """
 
+import collections
 import time
 
 import torch
@@ -51,7 +52,7 @@ def timed(step, seconds, device):
 def measure(args, preset, compiled, peak):
     """One row per implementation: `--repeats` rounds of `--seconds` / `--repeats` each, interleaved."""
     pairs, device = max(1, args.batch_tokens // args.length), args.device
-    jobs, totals, memory = {}, {}, {}
+    jobs, steps_run, seconds_run, memory = {}, collections.Counter(), collections.Counter(), {}
     for name in args.impl:
         batch = common.random_batch(pairs, args.length, args.length, args.vocab, device=device)
         if compiled:  # as `vaswani-train --torch_compile` compiles: one graph for every batch shape
@@ -65,12 +66,13 @@ def measure(args, preset, compiled, peak):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             steps, seconds = timed(step, args.seconds / args.repeats, device)
-            totals[name] = [a + b for a, b in zip(totals.get(name, (0, 0.0)), (steps, seconds), strict=True)]
+            steps_run[name] += steps
+            seconds_run[name] += seconds
             if device == "cuda":
                 memory[name] = max(memory.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**30)
     rows = []
     for name, (model, _) in jobs.items():
-        steps, seconds = totals[name]
+        steps, seconds = steps_run[name], seconds_run[name]
         params, tokens_per_s = common.num_parameters(model), steps * pairs * args.length / seconds
         row = {
             "preset": preset,
@@ -107,13 +109,9 @@ def main(argv):
         "impl",
         "compile",
         ("step_s", "step s", ".3f"),
-    ]
-    columns += [
         ("tokens_per_s", "tgt tok/s", ".0f"),
         ("mfu", "MFU", ".1%"),
         ("peak_memory_gib", "peak GiB", ".1f"),
-    ]
-    columns += [
         *common.add_ratios(rows, ("preset", "compile"), ("marian",)),
         ("paper_gpu_hours", "GPU-h, paper schedule", ".1f"),
     ]

@@ -65,15 +65,16 @@ MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 _MATMUL_PACKETS = tuple(getattr(torch.ops.aten, name.split("::")[1]) for name in MATMUL_OPERATORS)
 
 
-def recipe_argv(data, output_dir, steps, max_tokens, extra):
-    """The Makefile's FULL_RECIPE for en->de, without evaluation or checkpoints, for `steps` optimizer steps."""
+def recipe_argv(args, data, output_dir):
+    """The Makefile's FULL_RECIPE for en->de, without evaluation or checkpoints, for `--warmup` + `--repeats`
+    optimizer steps, with `--max-tokens` and the extra flags."""
     return [
         "--dataset_name", data, "--source_lang", "en", "--target_lang", "de",
-        "--preset", "tiny", "--vocab_size", "8000", "--bf16", "--use_cpu", "--max_tokens", str(max_tokens),
+        "--preset", "tiny", "--vocab_size", "8000", "--bf16", "--use_cpu", "--max_tokens", str(args.max_tokens),
         "--warmup_steps", "2000", "--learning_rate_constant", "2.53",
-        "--max_steps", str(steps), "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1000",
+        "--max_steps", str(args.warmup + args.repeats), "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1000",
         "--report_to", "none", "--disable_tqdm", "true", "--output_dir", output_dir, "--seed", "1",
-        *extra,
+        *args.extra,
     ]  # fmt: skip
 
 
@@ -123,7 +124,7 @@ class StepProfiler(TrainerCallback):
         self.warmup, self.steps = warmup, steps
         self.profiler = self.matmul_flops_per_step = None
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, *_, model, **kwargs):
         mark_parts(model)
         if self.warmup == 0:
             self._start()
@@ -239,16 +240,11 @@ def profiled_run(args):
             self.add_callback(profiler)
 
     with tempfile.TemporaryDirectory() as output_dir:
-        flags = recipe_argv(args.data, output_dir, args.warmup + args.repeats, args.max_tokens, args.extra)
-        classes = [
-            ModelArguments,
-            ModelConfigArguments,
-            DataArguments,
-            FinishArguments,
-            PaperTrainingArguments,
-        ]
+        flags = recipe_argv(args, args.data, output_dir)
         model_args, config_args, data_args, _, training_args = parse_train_args(
-            classes, flags, description="profiled"
+            [ModelArguments, ModelConfigArguments, DataArguments, FinishArguments, PaperTrainingArguments],
+            flags,
+            description="profiled",
         )
         saved, run.VaswaniTrainer = run.VaswaniTrainer, ProfiledTrainer
         try:
@@ -303,7 +299,7 @@ def main(argv):
         f"{args.repeats} profiled steps, {step:.3f} s a step under the profiler",
         rows,
         columns,
-        recipe_flags=recipe_argv("DATA", "OUT", args.warmup + args.repeats, args.max_tokens, args.extra),
+        recipe_flags=recipe_argv(args, "DATA", "OUT"),
         step_s_under_profiler=step,
         top_operators_ms_per_step=[
             {"operator": n, "part": p, "ms": 1000 * s / args.repeats} for n, p, s in top

@@ -114,9 +114,9 @@ def main(argv):
         "impl",
         "dtype",
         ("params_m", "params M", ".1f"),
-    ]
-    columns += [("step_s", "step s", ".3f"), ("tokens_per_s", "tgt tok/s", ".0f"), ("mfu", "MFU", ".1%")]
-    columns += [
+        ("step_s", "step s", ".3f"),
+        ("tokens_per_s", "tgt tok/s", ".0f"),
+        ("mfu", "MFU", ".1%"),
         ("mem_rise_mib", "mem rise MiB", ".0f"),
         *common.add_ratios(rows, ("preset", "dtype"), ("marian", "torch")),
     ]
