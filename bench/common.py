@@ -103,8 +103,9 @@ class TorchTransformerLM(nn.Module):
         return self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=attention_mask == 0)
 
     def decode(self, decoder_input_ids, memory, attention_mask):
-        length = decoder_input_ids.shape[1]
-        causal = nn.Transformer.generate_square_subsequent_mask(length, device=memory.device)
+        causal = nn.Transformer.generate_square_subsequent_mask(
+            decoder_input_ids.shape[1], device=memory.device
+        )
         hidden = self.transformer.decoder(
             self.embed(decoder_input_ids),
             memory,
@@ -481,6 +482,5 @@ def machine(command):
 
 def cuda_or_skip(args):
     """None where CUDA is present; else says that the GPU run is skipped and returns (and writes) that result."""
-    if torch.cuda.is_available():
-        return None
-    return report(args, "skipped: no CUDA device on this machine", [], [], skipped="no CUDA device")
+    if not torch.cuda.is_available():
+        return report(args, "skipped: no CUDA device on this machine", [], [], skipped="no CUDA device")

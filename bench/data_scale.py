@@ -30,6 +30,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -171,14 +172,14 @@ def _bpe_child(args):
     from vaswani.commands import train_tokenizer as command
     from vaswani.recipe import run  # the tool imports its steps from here when it runs
 
-    clock, originals = StageClock(), (run.load_split, run.train_new_tokenizers)
-    run.load_split = clock.wrap("text -> Arrow", run.load_split)
-    run.train_new_tokenizers = clock.wrap("BPE", run.train_new_tokenizers)
-    try:
+    clock = StageClock()
+    with mock.patch.multiple(  # restored after, when run in a test's process
+        run,
+        load_split=clock.wrap("text -> Arrow", run.load_split),
+        train_new_tokenizers=clock.wrap("BPE", run.train_new_tokenizers),
+    ):
         command.main(args.rest)
-    finally:  # as it was, when run in a test's process
-        run.load_split, run.train_new_tokenizers = originals
-        clock.stopped.set()
+    clock.stopped.set()
     Path(args.record, "rank0.json").write_text(json.dumps(clock.summary()))
 
 

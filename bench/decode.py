@@ -297,7 +297,7 @@ def measure(args, workdir):
             if (name, beams, 1) in times:
                 row["latency_s"] = statistics.median(times[name, beams, 1])
             reference = outputs.get(("fp32", beams, args.batch_size))
-            if reference is not None:
+            if reference:
                 row["same_sentences_as_fp32"], row["same_tokens_as_fp32"] = agreement(outputs[key], reference)
             # on a GPU, how far allocated memory rises over the weights and the data
             common.measure_memory(

@@ -143,7 +143,7 @@ class StepProfiler(TrainerCallback):
             counts = self.flop_counter.get_flop_counts().get("Global", {})
             self.matmul_flops_per_step = sum(counts.get(op, 0) for op in _MATMUL_PACKETS) / self.warmup
             self._start()
-        elif state.global_step == self.warmup + self.steps and self.profiler is not None:
+        elif state.global_step == self.warmup + self.steps and self.profiler:
             self.wall = time.perf_counter() - self.wall
             self.profiler.__exit__(None, None, None)
 
@@ -151,7 +151,7 @@ class StepProfiler(TrainerCallback):
 def _category(event, backward_parts):
     """The part an operator's self time belongs to."""
     parent = event
-    while parent is not None:
+    while parent:
         pname = parent.name
         if pname in _CASTS or "ToCopyBackward" in pname:
             return "autocast casts"
@@ -168,7 +168,7 @@ def _category(event, backward_parts):
 
 
 def _inside(event, prefix):
-    while event is not None:
+    while event:
         if event.name.startswith(prefix):
             return True
         event = event.cpu_parent
@@ -184,10 +184,10 @@ def attribute(events):
         if event.sequence_nr is None or event.sequence_nr < 0 or event.name.startswith("autograd::"):
             continue
         parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith(_MARK):
+        while parent and not parent.name.startswith(_MARK):
             parent = parent.cpu_parent
         key = (event.thread, event.sequence_nr)
-        if parent is not None and key not in labels_by_sequence:
+        if parent and key not in labels_by_sequence:
             labels_by_sequence[key] = parent.name[len(_MARK) :]
     backward_parts = {}
     for event in events:
@@ -195,7 +195,7 @@ def attribute(events):
             part = labels_by_sequence.get((event.fwd_thread, event.sequence_nr))
             if part is None and "LabelSmoothedCrossEntropy" in event.name:
                 part = "output projection and loss"
-            if part is not None:
+            if part:
                 backward_parts[event.id] = part
     seconds = collections.Counter()
     operators = collections.Counter()
@@ -290,8 +290,11 @@ def main(argv):
     peak = common.matmul_peak(repeats=5)["bf16"]
     products = {"ms_per_step": 1000 * matmul_s, "share": matmul_s / step, "machine_bf16_gemm_gflops": peak}
     if flops is not None:  # counted over the warm-up steps
-        products |= {"gflop_per_step": flops / 1e9, "gflops": flops / max(matmul_s, 1e-12) / 1e9}
-        products["floor_s_at_machine_rate"] = flops / (peak * 1e9)
+        products |= {
+            "gflop_per_step": flops / 1e9,
+            "gflops": flops / max(matmul_s, 1e-12) / 1e9,
+            "floor_s_at_machine_rate": flops / (peak * 1e9),
+        }
     print(f"matrix products: {products}")
     columns = ["part", ("ms_per_step", "ms/step", ".1f"), ("share", "share", ".1%")]
     return common.report(
