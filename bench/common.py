@@ -56,6 +56,7 @@ MARIAN_SIZES = (  # the VaswaniConfig fields that MarianConfig has under the sam
     "max_position_embeddings",
 )
 ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"  # the local copy of Multi30k, where there is one
 DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 tokens
 
 

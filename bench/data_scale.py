@@ -37,7 +37,6 @@ import numpy as np
 from bench import common
 from bench.synthetic_corpus import write_corpus
 
-MULTI30K = common.ROOT.parent / "shared" / "data" / "multi30k"
 STAGES = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step")
 
 
@@ -302,8 +301,8 @@ def data_scale(args):
     )
     rows += rows_of("every pair", args.pairs, full, wall, ("BPE",))
     multi30k, langs = (
-        (MULTI30K, ("de", "en"))
-        if (MULTI30K / "train.de.gz").is_file()
+        (common.MULTI30K, ("de", "en"))
+        if (common.MULTI30K / "train.de.gz").is_file()
         else (corpus(work, 29_000), ("en", "de"))
     )
     small, wall = launch(

@@ -32,11 +32,10 @@ rate is a floor under the step that no saving outside them can lower.
 """
 
 import collections
-import contextlib
 import functools
 import tempfile
 import time
-from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.autograd.profiler import record_function
@@ -46,13 +45,13 @@ from transformers import TrainerCallback
 
 from bench import common
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+LOSS = "output projection and loss"
 PARTS = (
     "attention",
     "feed-forward",
     "residuals and norms",
     "embeddings",
-    "output projection and loss",
+    LOSS,
     "autocast casts",
     "optimizer",
     "data",
@@ -101,18 +100,15 @@ def mark_parts(model):
             module.embed = _wrap(module.embed, "embeddings")
 
 
-@contextlib.contextmanager
 def marked_loss():
-    """The recipe's loss kernels inside a range, as `recipe.losses` calls them."""
+    """The recipe's loss kernels inside a range, as `recipe.losses` calls them (a context manager)."""
     from vaswani.recipe import losses
 
-    saved = losses.linear_label_smoothed_cross_entropy, losses.label_smoothed_cross_entropy
-    losses.linear_label_smoothed_cross_entropy = _wrap(saved[0], "output projection and loss")
-    losses.label_smoothed_cross_entropy = _wrap(saved[1], "output projection and loss")
-    try:
-        yield
-    finally:
-        losses.linear_label_smoothed_cross_entropy, losses.label_smoothed_cross_entropy = saved
+    return mock.patch.multiple(
+        losses,
+        linear_label_smoothed_cross_entropy=_wrap(losses.linear_label_smoothed_cross_entropy, LOSS),
+        label_smoothed_cross_entropy=_wrap(losses.label_smoothed_cross_entropy, LOSS),
+    )
 
 
 class StepProfiler(TrainerCallback):
@@ -194,7 +190,7 @@ def attribute(events):
         if event.name.startswith("autograd::engine::evaluate_function"):
             part = labels_by_sequence.get((event.fwd_thread, event.sequence_nr))
             if part is None and "LabelSmoothedCrossEntropy" in event.name:
-                part = "output projection and loss"
+                part = LOSS
             if part:
                 backward_parts[event.id] = part
     seconds = collections.Counter()
@@ -246,12 +242,10 @@ def profiled_run(args):
             flags,
             description="profiled",
         )
-        saved, run.VaswaniTrainer = run.VaswaniTrainer, ProfiledTrainer
         try:
-            with marked_loss():
+            with mock.patch.object(run, "VaswaniTrainer", ProfiledTrainer), marked_loss():
                 run.train_main(model_args, data_args, training_args, config_overrides(config_args))
         finally:
-            run.VaswaniTrainer = saved
             release_output_dir(output_dir)
     return profiler
 
@@ -259,7 +253,9 @@ def profiled_run(args):
 def main(argv):
     parser = common.parser("profile-train", __doc__, repeats=10)
     parser.set_defaults(warmup=5)
-    parser.add_argument("--data", default=str(DATA), help="the Multi30k folder (train.en.gz, train.de.gz)")
+    parser.add_argument(
+        "--data", default=str(common.MULTI30K), help="the Multi30k folder (train.en.gz, train.de.gz)"
+    )
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument(
         "--threads",
