@@ -209,8 +209,8 @@ def _sampler_child(args):
         timings["epoch_iterated_s"] = time.perf_counter() - started
         timings["batches"], timings["pairs"] = len(sampler), pairs
 
-    record = {**timings, **common.peak_rss_during(work)}
-    del record["before_mib"]
+    memory = common.peak_rss_during(work)  # fills `timings`
+    record = {**timings, "peak_rss_mib": memory["peak_rss_mib"], "rise_mib": memory["rise_mib"]}
     Path(args.record, "rank0.json").write_text(json.dumps(record))
 
 
