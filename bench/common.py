@@ -182,26 +182,6 @@ def random_batch(batch_size, src_len, tgt_len, vocab_size, seed=0, device="cpu")
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def fixed_length_generation_config(beams, new_tokens, suppress_eos, static_cache=False):
-    """Greedy (`beams` 1) or beam decoding of exactly `new_tokens` tokens with length penalty 1: either with the EOS
-    id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (`--fixed-length`)."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig(
-        num_beams=beams,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens if suppress_eos else None,
-        do_sample=False,
-        length_penalty=1.0,
-        use_cache=True,
-        bos_token_id=BOS,
-        eos_token_id=EOS if suppress_eos else None,
-        pad_token_id=PAD,
-        decoder_start_token_id=BOS,
-        cache_implementation="static" if static_cache else None,
-    )
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Decoding for nn.Transformer (no KV cache: the decoder reruns over the whole prefix at every step)
 # --------------------------------------------------------------------------------------------------------------------
@@ -407,24 +387,6 @@ def model_flags(parser, impl, presets):
     nargs = "+" if isinstance(presets, list) else None
     parser.add_argument("--preset", nargs=nargs, default=presets, help="VaswaniConfig preset")
     parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")
-
-
-def decoding_flags(parser, batch_size):
-    """What every decoding command decodes: `--beams`, `--batch-size` sources of `--src-len` tokens, each into exactly
-    `--new-tokens` tokens, held there as `--fixed-length` says."""
-    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
-    parser.add_argument("--batch-size", type=int, default=batch_size)
-    parser.add_argument("--src-len", type=int, default=20)
-    parser.add_argument("--new-tokens", type=int, default=30)
-    parser.add_argument(
-        "--fixed-length",
-        choices=["min-new-tokens", "no-eos"],
-        default="min-new-tokens",
-        help="how a PyTorch generate() makes every sentence exactly --new-tokens long: `min-new-tokens` keeps the EOS "
-        "id and adds generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the "
-        "benchmark, not of the model); `no-eos` decodes without an EOS id. Exported engines hold their end token back "
-        "with their own minimum length either way",
-    )
 
 
 def parse(parser, argv, **quick):

@@ -55,7 +55,21 @@ def parse_args(what, argv):
     implementations, batch_size, _ = COMMANDS[what]
     parser = common.parser(what, __doc__)
     common.model_flags(parser, implementations, "base")
-    common.decoding_flags(parser, batch_size)
+    # what every decoding command decodes: `--beams`, `--batch-size` sources of `--src-len` tokens, each into
+    # exactly `--new-tokens` tokens, held there as `--fixed-length` says
+    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--src-len", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=30)
+    parser.add_argument(
+        "--fixed-length",
+        choices=["min-new-tokens", "no-eos"],
+        default="min-new-tokens",
+        help="how a PyTorch generate() makes every sentence exactly --new-tokens long: `min-new-tokens` keeps the EOS "
+        "id and adds generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the "
+        "benchmark, not of the model); `no-eos` decodes without an EOS id. Exported engines hold their end token back "
+        "with their own minimum length either way",
+    )
     parser.add_argument(
         "--threads", type=int, default=torch.get_num_threads(), help="threads of every engine"
     )
@@ -215,10 +229,24 @@ def tensors(sources, device):
 
 @torch.inference_mode()
 def generate_pytorch(model, sources, beams, args):
-    """`model.generate()` of exactly `--new-tokens` tokens a sentence, held there as `--fixed-length` says."""
+    """`model.generate()` of exactly `--new-tokens` tokens a sentence, greedy (`beams` 1) or beam search, length
+    penalty 1, held there as `--fixed-length` says: the EOS id kept and suppressed by `min_new_tokens`, or no EOS id
+    at all."""
+    from transformers import GenerationConfig
+
     suppress_eos = args.fixed_length == "min-new-tokens"
-    config = common.fixed_length_generation_config(
-        beams, args.new_tokens, suppress_eos, static_cache=args.gpu
+    config = GenerationConfig(
+        num_beams=beams,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens if suppress_eos else None,
+        do_sample=False,
+        length_penalty=1.0,
+        use_cache=True,
+        bos_token_id=common.BOS,
+        eos_token_id=common.EOS if suppress_eos else None,
+        pad_token_id=common.PAD,
+        decoder_start_token_id=common.BOS,
+        cache_implementation="static" if args.gpu else None,
     )
     input_ids, attention_mask = tensors(sources, args.device)
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
