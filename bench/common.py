@@ -14,7 +14,7 @@ The three implementations, built from one `VaswaniConfig` preset so that sizes a
   recomputes the target prefix at every step.
 
 Every training step computes the same label-smoothed cross-entropy (eps_ls = 0.1, float32, mean over target
-tokens): `vaswani` through its own `labels` path, the peers on their logits with `label_smoothed_ce`.
+tokens): `vaswani` through its own `labels` path, the peers on their logits (`training_loss`).
 
 Timing helpers interleave the implementations inside one run and take medians, because the benchmark machines are
 shared. Peak memory is measured in a fresh subprocess per configuration (see `peak_rss_during`).
@@ -30,8 +30,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,20 +43,33 @@ from vaswani.recipe.losses import fused_output_loss, label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
 PAD, BOS, EOS = 0, 1, 2
+MARIAN_SIZES = (  # the VaswaniConfig fields that MarianConfig has under the same names
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "dropout",
+    "max_position_embeddings",
+)
+ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"  # the local copy of Multi30k, where there is one
 DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 tokens
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Models at equal sizes
 # --------------------------------------------------------------------------------------------------------------------
-def vaswani_config(preset: str, vocab_size: int, **overrides) -> VaswaniConfig:
+def vaswani_config(preset, vocab_size, attention=FAST_ATTENTION):
     """The model as a CPU user should run it: attention through `attn_implementation="vaswani_sdpa"`
     (`vaswani.kernels`; the same as "sdpa" on a GPU)."""
-    overrides.setdefault("attn_implementation", FAST_ATTENTION)
-    return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
+    return VaswaniConfig.from_preset(preset, vocab_size=vocab_size, attn_implementation=attention)
 
 
-def sinusoids(num_positions: int, d_model: int) -> torch.Tensor:
+def sinusoids(num_positions, d_model):
     """The §3.5 table, sines on even and cosines on odd dimensions, (num_positions, d_model)."""
     inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
     angles = torch.arange(num_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
@@ -66,76 +79,62 @@ def sinusoids(num_positions: int, d_model: int) -> torch.Tensor:
 class TorchTransformerLM(nn.Module):
     """`torch.nn.Transformer` with a shared scaled embedding, sinusoidal positions and a tied output projection."""
 
-    def __init__(self, config: VaswaniConfig):
+    def __init__(self, config):
         super().__init__()
-        self.config = config
         self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=PAD)
         nn.init.normal_(self.shared.weight, std=config.d_model**-0.5)
         self.embed_scale = math.sqrt(config.d_model)
         self.register_buffer("positions", sinusoids(config.max_position_embeddings, config.d_model), False)
-        self.transformer = nn.Transformer(
+        self.transformer = nn.Transformer(  # post-norm and ReLU: nn.Transformer's defaults
             d_model=config.d_model,
             nhead=config.encoder_attention_heads,
             num_encoder_layers=config.encoder_layers,
             num_decoder_layers=config.decoder_layers,
             dim_feedforward=config.encoder_ffn_dim,
             dropout=config.dropout,
-            activation="relu",
             batch_first=True,
-            norm_first=False,
         )
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.shared.weight
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, ids):
         return self.shared(ids) * self.embed_scale + self.positions[: ids.shape[1]]
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        padding = None if attention_mask is None else attention_mask == 0
-        return self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=padding)
+    def encode(self, input_ids, attention_mask):
+        return self.transformer.encoder(self.embed(input_ids), src_key_padding_mask=attention_mask == 0)
 
-    def decode(
-        self, decoder_input_ids: torch.Tensor, memory: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        length = decoder_input_ids.shape[1]
-        causal = nn.Transformer.generate_square_subsequent_mask(length, device=memory.device)
-        padding = None if attention_mask is None else attention_mask == 0
+    def decode(self, decoder_input_ids, memory, attention_mask):
+        causal = nn.Transformer.generate_square_subsequent_mask(
+            decoder_input_ids.shape[1], device=memory.device
+        )
         hidden = self.transformer.decoder(
             self.embed(decoder_input_ids),
             memory,
             tgt_mask=causal,
             tgt_is_causal=True,
-            memory_key_padding_mask=padding,
+            memory_key_padding_mask=attention_mask == 0,
         )
         return self.lm_head(hidden)
 
-    def forward(self, input_ids, attention_mask, decoder_input_ids) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, decoder_input_ids):
         return self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)
 
 
-def build_model(name: str, config: VaswaniConfig, seed: int = 0) -> nn.Module:
-    """One of `IMPLEMENTATIONS` at the sizes of `config`, random weights from `seed`."""
-    torch.manual_seed(seed)
+def build_model(name, config):
+    """One of `IMPLEMENTATIONS` (the commands' `--impl` choices) at the sizes of `config`, random weights from seed
+    0."""
+    torch.manual_seed(0)
     if name == "vaswani":  # the attention is the config's (`vaswani_config`)
         return use_cpu_kernels(VaswaniForConditionalGeneration(config), attention=False)
     if name == "marian":
         from transformers import MarianConfig, MarianMTModel
 
         marian = MarianConfig(
-            vocab_size=config.vocab_size,
+            **{size: getattr(config, size) for size in MARIAN_SIZES},
             decoder_vocab_size=config.vocab_size,
-            d_model=config.d_model,
-            encoder_layers=config.encoder_layers,
-            decoder_layers=config.decoder_layers,
-            encoder_attention_heads=config.encoder_attention_heads,
-            decoder_attention_heads=config.decoder_attention_heads,
-            encoder_ffn_dim=config.encoder_ffn_dim,
-            decoder_ffn_dim=config.decoder_ffn_dim,
             activation_function="relu",
-            dropout=config.dropout,
             attention_dropout=0.0,
             activation_dropout=0.0,
-            max_position_embeddings=config.max_position_embeddings,
             scale_embedding=True,
             share_encoder_decoder_embeddings=True,
             tie_word_embeddings=True,
@@ -146,51 +145,34 @@ def build_model(name: str, config: VaswaniConfig, seed: int = 0) -> nn.Module:
             decoder_start_token_id=BOS,
         )
         return MarianMTModel(marian)
-    if name == "torch":
-        return TorchTransformerLM(config)
-    raise ValueError(f"Unknown implementation {name!r}; choose from {IMPLEMENTATIONS}.")
+    return TorchTransformerLM(config)
 
 
-def num_parameters(model: nn.Module) -> int:
+def num_parameters(model):
     """Trainable parameters, tied matrices counted once (Marian's frozen sinusoid tables are not counted)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
-def label_smoothed_ce(logits: torch.Tensor, labels: torch.Tensor, eps: float) -> torch.Tensor:
-    """Label-smoothed cross-entropy in float32, token mean, the way the peers' users compute it (the Trainer's
-    label smoother does the same)."""
-    total = F.cross_entropy(
-        logits.flatten(0, 1).float(),
-        labels.flatten(),
-        ignore_index=-100,
-        reduction="sum",
-        label_smoothing=eps,
-    )
-    return total / (labels != -100).sum()
-
-
-def training_loss(
-    name: str, model: nn.Module, batch: dict[str, torch.Tensor], eps: float, fused_output: bool = True
-) -> torch.Tensor:
+def training_loss(name, model, batch, eps):
     """Forward pass and loss of one implementation, in the way a user of that implementation trains it. Ours is the
     recipe's loss as `VaswaniTrainer` computes it: under CPU autocast the output projection and the loss in one kernel
-    (`losses.fused_output_loss`, unless `fused_output` is False), else the model's logits into
-    `losses.label_smoothed_loss`."""
-    decoder_input_ids = shift_tokens_right(batch["labels"], PAD, BOS)
-    inputs = {
-        "input_ids": batch["input_ids"],
-        "attention_mask": batch["attention_mask"],
-        "decoder_input_ids": decoder_input_ids,
-    }
+    (`losses.fused_output_loss`), else the model's logits into `losses.label_smoothed_loss`. The peers': their
+    logits' label-smoothed cross-entropy in float32, token mean, the way their users compute it (the Trainer's label
+    smoother does the same)."""
+    inputs = {**batch, "decoder_input_ids": shift_tokens_right(batch["labels"], PAD, BOS)}
+    labels = inputs.pop("labels")
     if name == "vaswani":
-        if fused_output and model.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            return fused_output_loss(model, {**inputs, "labels": batch["labels"]}, eps)
-        return label_smoothed_loss(model(**inputs), batch["labels"], epsilon=eps)
+        if model.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            return fused_output_loss(model, {**inputs, "labels": labels}, eps)
+        return label_smoothed_loss(model(**inputs), labels, epsilon=eps)
     logits = model(**inputs).logits if name == "marian" else model(*inputs.values())
-    return label_smoothed_ce(logits, batch["labels"], eps)
+    total = F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", label_smoothing=eps
+    )
+    return total / (labels != -100).sum()  # cross_entropy leaves out the labels -100
 
 
-def random_batch(batch_size: int, src_len: int, tgt_len: int, vocab_size: int, seed: int = 0, device="cpu"):
+def random_batch(batch_size, src_len, tgt_len, vocab_size, seed=0, device="cpu"):
     """Random ids above the special ids, no padding (a length-bucketed batch), labels ending with EOS."""
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(3, vocab_size, (batch_size, src_len), generator=g)
@@ -200,39 +182,17 @@ def random_batch(batch_size: int, src_len: int, tgt_len: int, vocab_size: int, s
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def fixed_length_generation_config(
-    beams: int, new_tokens: int, suppress_eos: bool, static_cache: bool = False
-):
-    """Greedy (`beams` 1) or beam decoding of exactly `new_tokens` tokens with length penalty 1: either with the EOS
-    id kept and suppressed by `min_new_tokens` (`suppress_eos`) or with no EOS id at all (`--fixed-length`)."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig(
-        num_beams=beams,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens if suppress_eos else None,
-        do_sample=False,
-        length_penalty=1.0,
-        use_cache=True,
-        bos_token_id=BOS,
-        eos_token_id=EOS if suppress_eos else None,
-        pad_token_id=PAD,
-        decoder_start_token_id=BOS,
-        cache_implementation="static" if static_cache else None,
-    )
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Decoding for nn.Transformer (no KV cache: the decoder reruns over the whole prefix at every step)
 # --------------------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def torch_generate(
-    model: TorchTransformerLM,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    num_beams: int,
-    new_tokens: int,
-) -> torch.Tensor:
+    model,
+    input_ids,
+    attention_mask,
+    num_beams,
+    new_tokens,
+):
     """Greedy (`num_beams=1`) or beam search for exactly `new_tokens` tokens (EOS suppressed, as `min_new_tokens`).
 
     Returns the best hypothesis per sentence, (B, 1 + new_tokens) with the start token first."""
@@ -261,14 +221,12 @@ def torch_generate(
 # --------------------------------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------------------------------
-def synchronize(device: str) -> None:
+def synchronize(device):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def interleaved_times(
-    jobs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, device: str = "cpu"
-) -> dict[str, list[float]]:
+def interleaved_times(jobs, repeats, warmup=1, device="cpu"):
     """Seconds per call of each job, the jobs interleaved round-robin so that machine load hits them alike."""
     for _ in range(warmup):
         for job in jobs.values():
@@ -285,28 +243,15 @@ def interleaved_times(
     return times
 
 
-def cuda_memory_rise_mib(work: Callable[[], object]) -> float:
-    """How far CUDA memory allocated by torch rises above its level before `work` while `work` runs, in MiB."""
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    work()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Matmul peak
 # --------------------------------------------------------------------------------------------------------------------
-GPU_PEAK_SIZE = (8192, 8192, 8192)
-
-
-def matmul_peak(size: tuple[int, int, int] | None = None, repeats: int = 10, device: str = "cpu") -> dict:
+def matmul_peak(size=None, repeats=10, device="cpu"):
     """Measured `F.linear` throughput in GFLOP/s (median of `repeats`) for (M, K) x (K, N), in fp32 (TF32 off,
-    torch's default) and bf16: 4096 x 512 x 2048 on the CPU and `GPU_PEAK_SIZE` on a GPU, where a CPU-sized product is
+    torch's default) and bf16: 4096 x 512 x 2048 on the CPU and 8192 x 8192 x 8192 on a GPU, where a CPU-sized product is
     too short to keep the device busy. Each dtype is timed in a block of its own: torch's OpenMP threads keep
     spinning for a while after a call, and on a 2-core machine the next block's threads would share the cores."""
-    m, k, n = size or (GPU_PEAK_SIZE if device.startswith("cuda") else (4096, 512, 2048))
+    m, k, n = size or ((8192, 8192, 8192) if device.startswith("cuda") else (4096, 512, 2048))
     result = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         x, w = torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype)
@@ -319,15 +264,22 @@ def matmul_peak(size: tuple[int, int, int] | None = None, repeats: int = 10, dev
 # --------------------------------------------------------------------------------------------------------------------
 # Peak memory
 # --------------------------------------------------------------------------------------------------------------------
-def _rss_kib(field: str) -> int:
+def rss_mib(field):
+    """`field` of /proc/self/status (VmRSS, VmHWM, RssAnon, ...) in MiB."""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(field + ":"):
-                return int(line.split()[1])
+                return int(line.split()[1]) / 1024
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def peak_rss_during(work: Callable[[], object]) -> dict[str, float]:
+def reset_peak_rss():
+    """Resets the kernel's resident-set high-water mark (`VmHWM`) of this process."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+def peak_rss_during(work):
     """Resident-set high-water mark of this process while `work` runs, in MiB (Linux only).
 
     Resets the kernel's high-water mark (`/proc/self/clear_refs` <- 5), runs `work`, and reads `VmHWM`. Returns the
@@ -335,28 +287,65 @@ def peak_rss_during(work: Callable[[], object]) -> dict[str, float]:
     page the process touches, torch's allocations included (tracemalloc does not see them); glibc returns large
     freed blocks to the system, so the peak follows the largest set of live tensors closely.
     """
-    before = _rss_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
+    before = rss_mib("VmRSS")
+    reset_peak_rss()
     work()
-    peak = _rss_kib("VmHWM")
-    return {"peak_rss_mib": peak / 1024, "before_mib": before / 1024, "rise_mib": (peak - before) / 1024}
+    peak = rss_mib("VmHWM")
+    return {"peak_rss_mib": peak, "before_mib": before, "rise_mib": peak - before}
 
 
-def run_child(what: str, argv: list[str]) -> dict:
-    """Run `python -m bench what argv` in a fresh process (for a clean memory high-water mark); return its JSON line."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def add_ratios(rows, same, peers):
+    """`vs_<peer>`: each row's tokens per second over its peer's, among rows alike in the keys `same`; returns the
+    table's columns of these ratios."""
+    by_key = {(row["impl"], *(row[key] for key in same)): row for row in rows}
+    for row in rows:
+        for peer in peers:
+            other = by_key.get((peer, *(row[key] for key in same)))
+            row[f"vs_{peer.replace('-', '_')}"] = (
+                row["tokens_per_s"] / other["tokens_per_s"] if other else None
+            )
+    return [(f"vs_{peer.replace('-', '_')}", f"x {peer}", ".2f") for peer in peers]
+
+
+def measure_memory(args, row, job, *child):
+    """Into `row`: with `--gpu`, how far CUDA memory rises while `job` runs; else, unless `--no-memory`, the peak
+    resident memory of the command rerun with the `child` flags in a fresh process, and its rise over the work."""
+    if args.gpu:  # the rise of the memory torch allocates over its level before `job`, in MiB
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        job()
+        torch.cuda.synchronize()
+        row["mem_rise_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    elif not args.no_memory:
+        memory = json.loads(run_child(args.bench, [*args.argv, *child]).splitlines()[-1])
+        row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
+
+
+def run_child(what, argv, processes=1):
+    """Run `python -m bench what argv` in a fresh process (for a clean memory high-water mark), or in `processes`
+    ranks under torchrun, offline; return what it printed."""
+    launcher = [sys.executable, "-m"]
+    if processes > 1:
+        launcher = [
+            Path(sys.executable).parent / "torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            processes,
+            "-m",
+        ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [*map(str, launcher), "bench", what, *map(str, argv)]
     done = subprocess.run(
-        [sys.executable, "-m", "bench", what, *map(str, argv)],
+        command,
         capture_output=True,
         text=True,
-        cwd=root,
-        env=env,
+        cwd=ROOT,
+        env=env | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
     )
     if done.returncode != 0:
-        raise RuntimeError(f"bench {what} {' '.join(map(str, argv))} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
+    return done.stdout
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -365,7 +354,6 @@ def run_child(what: str, argv: list[str]) -> dict:
 HIDDEN = (
     "json",
     "argv",
-    "command",
     "bench",
     "memory",
     "memory_child",
@@ -377,7 +365,7 @@ HIDDEN = (
 )
 
 
-def parser(what: str, doc: str, repeats: int | None = 5) -> argparse.ArgumentParser:
+def parser(what, doc, repeats=5):
     """The flags every command shares: `--json`, `--quick`, and where it times jobs (`repeats`), `--repeats` and
     `--warmup`."""
     parser = argparse.ArgumentParser(
@@ -393,44 +381,28 @@ def parser(what: str, doc: str, repeats: int | None = 5) -> argparse.ArgumentPar
     return parser
 
 
-def model_flags(parser: argparse.ArgumentParser, impl: tuple[str, ...], presets: list[str] | str) -> None:
+def model_flags(parser, impl, presets):
     """The models compared: `--impl`, `--preset` (several where `presets` is a list), `--vocab`."""
-    parser.add_argument("--impl", nargs="+", default=list(impl), choices=impl)
+    parser.add_argument("--impl", nargs="+", default=impl, choices=impl)
     nargs = "+" if isinstance(presets, list) else None
     parser.add_argument("--preset", nargs=nargs, default=presets, help="VaswaniConfig preset")
     parser.add_argument("--vocab", type=int, default=DEFAULT_VOCAB, help="shared vocabulary size")
 
 
-def decoding_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
-    """What every decoding command decodes: `--beams`, `--batch-size` sources of `--src-len` tokens, each into exactly
-    `--new-tokens` tokens, held there as `--fixed-length` says."""
-    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
-    parser.add_argument("--batch-size", type=int, default=batch_size)
-    parser.add_argument("--src-len", type=int, default=20)
-    parser.add_argument("--new-tokens", type=int, default=30)
-    parser.add_argument(
-        "--fixed-length",
-        choices=["min-new-tokens", "no-eos"],
-        default="min-new-tokens",
-        help="how a PyTorch generate() makes every sentence exactly --new-tokens long: `min-new-tokens` keeps the EOS "
-        "id and adds generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the "
-        "benchmark, not of the model); `no-eos` decodes without an EOS id. Exported engines hold their end token back "
-        "with their own minimum length either way",
-    )
-
-
-def parse(parser: argparse.ArgumentParser, argv: list[str], **quick) -> argparse.Namespace:
+def parse(parser, argv, **quick):
     """The parsed flags, `quick`'s values in place under `--quick`; `argv` kept for the command's children."""
     args = parser.parse_args(argv)
-    args.argv, args.command, args.bench = list(argv), parser.prog, parser.prog.split()[-1]
+    args.argv, args.bench = list(argv), parser.prog.split()[-1]
     if args.quick:
         vars(args).update(quick)
     return args
 
 
-def report(args, title: str, rows: list[dict], columns: list[tuple[str, str, str]], **extra) -> dict:
-    """Print `title` and `rows` as a table of `columns` ((key, header, format spec)), and return (and write to
+def report(args, title, rows, columns, **extra):
+    """Print `title` and `rows` as a table of `columns` ((key, header, format spec), or a key
+    that is its own header), and return (and write to
     `--json`) the one result every command writes: the machine, the settings, `extra`, the rows as `results`."""
+    columns = [(column, column, "") if isinstance(column, str) else column for column in columns]
     cells = [[header for _, header, _ in columns]]
     cells += [
         [format(row[k], spec) if row.get(k) is not None else "-" for k, _, spec in columns] for row in rows
@@ -439,15 +411,19 @@ def report(args, title: str, rows: list[dict], columns: list[tuple[str, str, str
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) for line in cells]
     print("\n".join([f"\n{title}", lines[0], "  ".join("-" * width for width in widths), *lines[1:]]))
     settings = {key: value for key, value in vars(args).items() if key not in HIDDEN}
-    result = {"machine": machine(f"{args.command} {' '.join(args.argv)}"), "settings": settings, **extra}
-    result["results"] = rows
+    result = {
+        "machine": machine(f"python -m bench {args.bench} {' '.join(args.argv)}"),
+        "settings": settings,
+        **extra,
+        "results": rows,
+    }
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2)
     return result
 
 
-def machine(command: str) -> dict[str, object]:
+def machine(command):
     """What the numbers were measured on, and the command that measured them."""
     import transformers
 
@@ -467,8 +443,7 @@ def machine(command: str) -> dict[str, object]:
     }
 
 
-def cuda_or_skip(args) -> dict | None:
+def cuda_or_skip(args):
     """None where CUDA is present; else says that the GPU run is skipped and returns (and writes) that result."""
-    if torch.cuda.is_available():
-        return None
-    return report(args, "skipped: no CUDA device on this machine", [], [], skipped="no CUDA device")
+    if not torch.cuda.is_available():
+        return report(args, "skipped: no CUDA device on this machine", [], [], skipped="no CUDA device")

@@ -26,19 +26,17 @@ sampler alone on `--pairs` random lengths (e.g. 36,000,000, WMT en-fr).
 import argparse
 import json
 import os
-import subprocess
-import sys
+import shutil
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 from bench import common
 from bench.synthetic_corpus import write_corpus
 
-ROOT = Path(__file__).resolve().parents[1]
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 STAGES = ("text -> Arrow", "BPE", "tokenize", "sampler", "first step")
 
 
@@ -71,15 +69,6 @@ def parse_args(argv):
 # --------------------------------------------------------------------------------------------------------------------
 # Inside the measured processes
 # --------------------------------------------------------------------------------------------------------------------
-def _vmhwm_mib() -> float:
-    return common._rss_kib("VmHWM") / 1024
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-
-
 class StageClock:
     """Seconds and peak resident set of each stage of this process, and the process's peak over all of them.
 
@@ -88,36 +77,36 @@ class StageClock:
     process's own memory, every 10 ms, whose peak is reported beside it."""
 
     def __init__(self):
-        self.stages: dict[str, dict] = {}
+        self.stages = {}
         self.peak = self.peak_anon = self.stage_anon = 0.0
         self.stopped = threading.Event()
         threading.Thread(target=self._sample_anonymous_memory, daemon=True).start()
 
-    def _sample_anonymous_memory(self) -> None:
+    def _sample_anonymous_memory(self):
         while not self.stopped.wait(0.01):
-            anon = common._rss_kib("RssAnon") / 1024
+            anon = common.rss_mib("RssAnon")
             self.stage_anon, self.peak_anon = max(self.stage_anon, anon), max(self.peak_anon, anon)
 
-    def begin(self) -> float:
-        self.peak = max(self.peak, _vmhwm_mib())
-        _reset_peak()
-        self.stage_anon = common._rss_kib("RssAnon") / 1024
+    def begin(self):
+        self.peak = max(self.peak, common.rss_mib("VmHWM"))
+        common.reset_peak_rss()
+        self.stage_anon = common.rss_mib("RssAnon")
         return time.perf_counter()
 
-    def end(self, name: str, started: float) -> None:
-        peak, anon = _vmhwm_mib(), max(self.stage_anon, common._rss_kib("RssAnon") / 1024)
+    def end(self, name, started):
+        peak, anon = common.rss_mib("VmHWM"), max(self.stage_anon, common.rss_mib("RssAnon"))
         self.peak, self.peak_anon = max(self.peak, peak), max(self.peak_anon, anon)
         entry = self.stages.setdefault(name, {"seconds": 0.0, "peak_rss_mib": 0.0, "peak_anon_mib": 0.0})
         entry["seconds"] += time.perf_counter() - started
         entry["peak_rss_mib"] = max(entry["peak_rss_mib"], peak)
         entry["peak_anon_mib"] = max(entry["peak_anon_mib"], anon)
 
-    def summary(self) -> dict:
+    def summary(self):
         return {"stages": self.stages, "peak_rss_mib": self.peak, "peak_anon_mib": self.peak_anon}
 
-    def wrap(self, name: str, function, when=lambda *args: True):
+    def wrap(self, name, function, when=None):
         def timed(*args, **kwargs):
-            if not when(*args):
+            if when and not when(*args):
                 return function(*args, **kwargs)
             started = self.begin()
             try:
@@ -128,13 +117,12 @@ class StageClock:
         return timed
 
 
-def _train_child(args) -> None:
+def _train_child(args):
     """`vaswani-train` in this process, its stages timed, ended right after the first update."""
     from transformers import TrainerCallback
 
     from vaswani.commands import train as command
     from vaswani.recipe import data, run
-    from vaswani.recipe.trainer import VaswaniTrainer
 
     clock, rank = StageClock(), int(os.environ.get("RANK", "0"))
     record = {"rank": rank, "tokenized_batches": 0}
@@ -147,62 +135,60 @@ def _train_child(args) -> None:
         return counting
 
     class FirstStep(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
+        def on_train_begin(self, *_, **kwargs):
             self.started = clock.begin()
 
-        def on_step_end(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+        def on_step_end(self, _, state, control, train_dataloader, **kwargs):
             if state.global_step == 1:
                 clock.end("first step", self.started)
                 record.update(
-                    to_first_step_s=time.time() - args_launched,
-                    train_pairs=len(trainer_ref[0].train_dataset),
+                    to_first_step_s=time.time() - args.launched,
+                    train_pairs=len(train_dataloader.dataset),
                     **clock.summary(),
                 )
-                Path(args_record, f"rank{rank}.json").write_text(json.dumps(record))
+                Path(args.record, f"rank{rank}.json").write_text(json.dumps(record))
                 os._exit(0)  # what follows (saving the model, the summary) is no data stage
 
-    args_launched, args_record, trainer_ref = args.launched, args.record, []
-    original_init = VaswaniTrainer.__init__
+    class Trainer(run.VaswaniTrainer):
+        token_sampler = clock.wrap(
+            "sampler", run.VaswaniTrainer.token_sampler, when=lambda self: self._train_sampler is None
+        )
 
-    def init(self, *a, **k):
-        original_init(self, *a, **k)
-        trainer_ref.append(self)
-        self.add_callback(FirstStep())
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.add_callback(FirstStep())
 
+    run.VaswaniTrainer = Trainer
     run.load_split = clock.wrap("text -> Arrow", run.load_split)
     run.prepare_tokenizers = clock.wrap("BPE", run.prepare_tokenizers)
     run.tokenize_dataset = clock.wrap("tokenize", run.tokenize_dataset)
     data._encode_pairs = count(data._encode_pairs)  # 0 calls: the tokenized cache was mapped
-    VaswaniTrainer.token_sampler = clock.wrap(
-        "sampler", VaswaniTrainer.token_sampler, when=lambda self: self._train_sampler is None
-    )
-    VaswaniTrainer.__init__ = init
     command.main(args.rest)
 
 
-def _bpe_child(args) -> None:
+def _bpe_child(args):
     """`vaswani-train-tokenizer` in this process: the BPE's seconds and peak resident set."""
     from vaswani.commands import train_tokenizer as command
     from vaswani.recipe import run  # the tool imports its steps from here when it runs
 
-    clock, originals = StageClock(), (run.load_split, run.train_new_tokenizers)
-    run.load_split = clock.wrap("text -> Arrow", run.load_split)
-    run.train_new_tokenizers = clock.wrap("BPE", run.train_new_tokenizers)
-    try:
+    clock = StageClock()
+    with mock.patch.multiple(  # restored after, when run in a test's process
+        run,
+        load_split=clock.wrap("text -> Arrow", run.load_split),
+        train_new_tokenizers=clock.wrap("BPE", run.train_new_tokenizers),
+    ):
         command.main(args.rest)
-    finally:  # as it was, when run in a test's process
-        run.load_split, run.train_new_tokenizers = originals
-        clock.stopped.set()
+    clock.stopped.set()
     Path(args.record, "rank0.json").write_text(json.dumps(clock.summary()))
 
 
-def random_lengths(pairs: int, seed: int = 0) -> np.ndarray:
+def random_lengths(pairs):
     """Token lengths shaped like WMT's after BPE: log-normal with a median of 30 tokens, from 1 to 256."""
-    lengths = np.random.default_rng(seed).lognormal(np.log(30.0), 0.55, pairs)
+    lengths = np.random.default_rng(0).lognormal(np.log(30.0), 0.55, pairs)
     return np.clip(np.round(lengths), 1, 256).astype(np.int32)
 
 
-def _sampler_child(args) -> None:
+def _sampler_child(args):
     """The sampler alone on `--pairs` random lengths: building it, one epoch's arrays, iterating the epoch."""
     from vaswani.recipe.batching import TokenBudgetBatchSampler
 
@@ -223,7 +209,7 @@ def _sampler_child(args) -> None:
         timings["epoch_iterated_s"] = time.perf_counter() - started
         timings["batches"], timings["pairs"] = len(sampler), pairs
 
-    memory = common.peak_rss_during(work)
+    memory = common.peak_rss_during(work)  # fills `timings`
     record = {**timings, "peak_rss_mib": memory["peak_rss_mib"], "rise_mib": memory["rise_mib"]}
     Path(args.record, "rank0.json").write_text(json.dumps(record))
 
@@ -231,7 +217,7 @@ def _sampler_child(args) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 # The parent: corpora, launches, the table
 # --------------------------------------------------------------------------------------------------------------------
-def corpus(work_dir: Path, pairs: int) -> Path:
+def corpus(work_dir, pairs):
     """The synthetic WMT-shaped corpus of `pairs` pairs, written once and kept (`complete` marks a whole one)."""
     folder = work_dir / f"corpus-{pairs}"
     if not (folder / "complete").is_file():
@@ -241,48 +227,30 @@ def corpus(work_dir: Path, pairs: int) -> Path:
     return folder
 
 
-def launch(
-    child: str, record: Path, processes: int, tool_args: list[str], own: tuple = ()
-) -> tuple[list, float]:
+def launch(child, record, processes, tool_args, own=()):
     """Run a child (with `own` flags of this command, then the tool's flags) in fresh processes; return each rank's
     record and the wall seconds from the launch to the end."""
     record.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-    }
-    launcher = [sys.executable, "-m"]
-    if processes > 1:
-        launcher = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(processes), "-m"]
     launched = time.time()
-    command = [*launcher, "bench", "data-scale", "--child", child, "--record", str(record), *own]
-    command += ["--launched", repr(launched), "--", *tool_args]
-    done = subprocess.run(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
+    flags = ["--child", child, "--record", record, *own, "--launched", repr(launched), "--", *tool_args]
+    common.run_child("data-scale", flags, processes)
     return [
         json.loads((record / f"rank{r}.json").read_text()) for r in range(processes)
     ], time.time() - launched
 
 
-def train_flags(args, data: Path, cache: Path, out: Path, tokenizer=None, langs=("en", "de")) -> list[str]:
+def train_flags(args, data, cache, out, tokenizer=None, langs=("en", "de")):
     flags = [
-        "--dataset_name", str(data), "--source_lang", langs[0], "--target_lang", langs[1], "--preset", args.preset,
-        "--vocab_size", str(args.vocab_size), "--max_tokens", str(args.max_tokens), "--max_steps", "1",
-        "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--output_dir", str(out),
-        "--overwrite_output_dir", "--cache_dir", str(cache), "--max_tokenizer_samples", str(args.tokenizer_samples),
+        "--dataset_name", data, "--source_lang", langs[0], "--target_lang", langs[1], "--preset", args.preset,
+        "--vocab_size", args.vocab_size, "--max_tokens", args.max_tokens, "--max_steps", "1",
+        "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1", "--output_dir", out,
+        "--overwrite_output_dir", "--cache_dir", cache, "--max_tokenizer_samples", args.tokenizer_samples,
         "--dataloader_pin_memory", "false", "--disable_tqdm", "true", "--seed", "1",
     ]  # fmt: skip
-    return flags + (["--tokenizer_name", str(tokenizer)] if tokenizer else [])
+    return flags + (["--tokenizer_name", tokenizer] if tokenizer else [])
 
 
-def rows_of(
-    run: str, pairs: int, records: list[dict], wall: float, stages=(*STAGES, "to first step")
-) -> list:
+def rows_of(run, pairs, records, wall, stages=(*STAGES, "to first step")):
     """A row per stage and rank: seconds, peak resident set, peak own memory; `to first step` from the launch."""
     rows = []
     for rank, record in enumerate(records):
@@ -296,13 +264,13 @@ def rows_of(
     return rows
 
 
-def data_scale(args) -> dict:
+def data_scale(args):
     """The first run, the rerun from its cache; unless `--quick`, the BPE on every pair and the Multi30k-sized run."""
     work = Path(args.work_dir)
     data = corpus(work, args.pairs)
     runs = work / f"runs-{args.pairs}-{args.processes}p"
     if runs.exists():
-        subprocess.run(["rm", "-rf", str(runs)], check=True)  # a first run starts from nothing
+        shutil.rmtree(runs)  # a first run starts from nothing
     cache = runs / "datasets-cache"
     first, wall = launch(
         "train", runs / "first", args.processes, train_flags(args, data, cache, runs / "out1")
@@ -317,24 +285,24 @@ def data_scale(args) -> dict:
         return {"results": rows, **result}
     flags = [
         "--dataset_name",
-        str(data),
+        data,
         "--source_lang",
         "en",
         "--target_lang",
         "de",
         "--cache_dir",
-        str(cache),
+        cache,
     ]
     full, wall = launch(
         "bpe",
         runs / "bpe",
         1,
-        [*flags, "--vocab_size", str(args.vocab_size), "--output_dir", str(runs / "bpe-full")],
+        [*flags, "--vocab_size", args.vocab_size, "--output_dir", runs / "bpe-full"],
     )
     rows += rows_of("every pair", args.pairs, full, wall, ("BPE",))
     multi30k, langs = (
-        (MULTI30K, ("de", "en"))
-        if (MULTI30K / "train.de.gz").is_file()
+        (common.MULTI30K, ("de", "en"))
+        if (common.MULTI30K / "train.de.gz").is_file()
         else (corpus(work, 29_000), ("en", "de"))
     )
     small, wall = launch(
@@ -351,23 +319,29 @@ def data_scale(args) -> dict:
     return {"results": rows, **result}
 
 
-def main(argv) -> dict | None:
+def main(argv):
     args = parse_args(argv)
     if args.child:
         return {"train": _train_child, "bpe": _bpe_child, "sampler": _sampler_child}[args.child](args)
     if args.sampler_only:
-        own = ("--pairs", str(args.pairs), "--max-tokens", str(args.max_tokens))
+        own = ("--pairs", args.pairs, "--max-tokens", args.max_tokens)
         (record,), wall = launch("sampler", Path(args.work_dir) / f"sampler-{args.pairs}", 1, [], own)
-        columns = [("pairs", "pairs", ",d"), ("batches", "batches", ",d"), ("build_s", "build s", ".3f")]
-        columns += [
+        columns = [
+            ("pairs", "pairs", ",d"),
+            ("batches", "batches", ",d"),
+            ("build_s", "build s", ".3f"),
             ("epoch_arrays_s", "epoch arrays s", ".3f"),
             ("epoch_iterated_s", "epoch iterated s", ".3f"),
+            ("rise_mib", "RSS rise MiB", ".0f"),
+            ("peak_rss_mib", "peak RSS MiB", ".0f"),
         ]
-        columns += [("rise_mib", "RSS rise MiB", ".0f"), ("peak_rss_mib", "peak RSS MiB", ".0f")]
         return common.report(args, "the sampler alone", [{**record, "wall_s": wall}], columns)
     result = data_scale(args)
-    columns = [("run", "run", ""), ("stage", "stage", ""), ("rank", "rank", "d"), ("pairs", "pairs", ",d")]
-    columns += [
+    columns = [
+        "run",
+        "stage",
+        ("rank", "rank", "d"),
+        ("pairs", "pairs", ",d"),
         ("seconds", "s", ".2f"),
         ("peak_rss_mib", "peak RSS MiB", ".0f"),
         ("peak_anon_mib", "anon MiB", ".0f"),

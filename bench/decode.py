@@ -31,6 +31,7 @@ decode; with `generate --gpu` (bf16 weights, the static cache), the rise of `tor
 """
 
 import argparse
+import collections
 import functools
 import json
 import statistics
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from bench import common, train
+from bench import common
 
 CT2 = tuple(f"{model}-ct2-{q}" for q in ("float32", "int8") for model in ("vaswani", "marian"))
 COMMANDS = {  # implementations, batch size, the implementations every row is compared with
@@ -50,11 +51,25 @@ COMMANDS = {  # implementations, batch size, the implementations every row is co
 }
 
 
-def parse_args(what: str, argv: list[str]) -> argparse.Namespace:
+def parse_args(what, argv):
     implementations, batch_size, _ = COMMANDS[what]
     parser = common.parser(what, __doc__)
     common.model_flags(parser, implementations, "base")
-    common.decoding_flags(parser, batch_size)
+    # what every decoding command decodes: `--beams`, `--batch-size` sources of `--src-len` tokens, each into
+    # exactly `--new-tokens` tokens, held there as `--fixed-length` says
+    parser.add_argument("--beams", nargs="+", type=int, default=[1, 4], help="1 is greedy")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--src-len", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=30)
+    parser.add_argument(
+        "--fixed-length",
+        choices=["min-new-tokens", "no-eos"],
+        default="min-new-tokens",
+        help="how a PyTorch generate() makes every sentence exactly --new-tokens long: `min-new-tokens` keeps the EOS "
+        "id and adds generate()'s MinNewTokensLength processor (a vocabulary-wide mask per step, work of the "
+        "benchmark, not of the model); `no-eos` decodes without an EOS id. Exported engines hold their end token back "
+        "with their own minimum length either way",
+    )
     parser.add_argument(
         "--threads", type=int, default=torch.get_num_threads(), help="threads of every engine"
     )
@@ -76,7 +91,7 @@ def parse_args(what: str, argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def prepare(args, workdir: Path) -> None:
+def prepare(args, workdir):
     """Save the model and write every export the implementations need into `workdir`; a `--workdir` prepared before
     for the same preset, vocabulary and implementations is reused as it is."""
     from vaswani.interop.export import export
@@ -99,21 +114,16 @@ def prepare(args, workdir: Path) -> None:
     if "vaswani-onnx" in exports:
         export(workdir / "vaswani", workdir / "vaswani-onnx", "onnx", force=True)
     for name in exports & set(CT2):
+        quantization = name.split("-")[-1]
         if name.startswith("vaswani"):
-            export(
-                workdir / "vaswani",
-                workdir / name,
-                "ctranslate2",
-                quantization=name.split("-")[-1],
-                force=True,
-            )
+            export(workdir / "vaswani", workdir / name, "ctranslate2", quantization=quantization, force=True)
         else:
             common.build_model("marian", config).save_pretrained(workdir / "marian")
-            convert_marian(workdir / "marian", workdir / name, name.split("-")[-1], args.vocab)
+            convert_marian(workdir / "marian", workdir / name, quantization, args.vocab)
     stamp.write_text(json.dumps(sizes))
 
 
-def convert_marian(folder: Path, output: Path, quantization: str, vocab_size: int) -> None:
+def convert_marian(folder, output, quantization, vocab_size):
     """CTranslate2's transformers converter on a saved `MarianMTModel`, with made-up tokens for the vocabulary of the
     untrained model. The converter takes the last token for the `<pad>` transformers appends to Marian's vocabulary
     and drops it, so the CTranslate2 Marian has one token less than ours."""
@@ -140,7 +150,7 @@ def convert_marian(folder: Path, output: Path, quantization: str, vocab_size: in
     MarianConverter(str(folder)).convert(str(output), quantization=quantization, force=True)
 
 
-def load(name: str, args, workdir: Path):
+def load(name, args, workdir):
     """A decoding function of one implementation: (source id lists, beams) -> per sentence, the generated ids."""
     if name in common.IMPLEMENTATIONS:
         model = (
@@ -154,44 +164,44 @@ def load(name: str, args, workdir: Path):
         return lambda sources, beams: generate_pytorch(model, sources, beams, args)
     if name.startswith(("fp32", "int8")):
         return load_folder(name, args, workdir)
-    if name == "ct2-int8":
-        decode = load("vaswani-ct2-int8", args, workdir)
-        vocabulary = json.loads((workdir / "vaswani-ct2-int8" / "shared_vocabulary.json").read_text("utf-8"))
-        ids = {token: i for i, token in enumerate(vocabulary)}
-        return lambda sources, beams: [[ids[token] for token in out] for out in decode(sources, beams)]
     if name == "vaswani-onnx":
         from vaswani.interop.engines import load_engine
 
         engine = load_engine(workdir / name, threads=args.threads)
-        options = {
-            "max_new_tokens": args.new_tokens,
-            "min_new_tokens": args.new_tokens,
-            "length_penalty": 1.0,
-        }
         return lambda sources, beams: [
             hypotheses[0].ids
             for hypotheses in engine.generate(
-                sources, num_beams=beams, length_penalty_form="power", **options
+                sources,
+                num_beams=beams,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                length_penalty=1.0,
+                length_penalty_form="power",
             )
         ]
     import ctranslate2
 
-    translator = ctranslate2.Translator(str(workdir / name), device="cpu", intra_threads=args.threads)
-    tokens = json.loads((workdir / name / "shared_vocabulary.json").read_text(encoding="utf-8"))
-    options = {
-        "min_decoding_length": args.new_tokens,
-        "max_decoding_length": args.new_tokens,
-        "length_penalty": 1.0,
-    }
-    return lambda sources, beams: [
-        result.hypotheses[0]
-        for result in translator.translate_batch(
-            [[tokens[i % len(tokens)] for i in ids] for ids in sources], beam_size=beams, **options
+    folder = workdir / ("vaswani-ct2-int8" if name == "ct2-int8" else name)
+    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=args.threads)
+    tokens = json.loads((folder / "shared_vocabulary.json").read_text(encoding="utf-8"))
+    ids = {token: i for i, token in enumerate(tokens)}
+
+    def decode(sources, beams):
+        """The tokens of each sentence; for `ct2-int8`, compared with PyTorch's, their ids."""
+        results = translator.translate_batch(
+            [[tokens[i % len(tokens)] for i in source] for source in sources],
+            beam_size=beams,
+            min_decoding_length=args.new_tokens,
+            max_decoding_length=args.new_tokens,
+            length_penalty=1.0,
         )
-    ]
+        outputs = [result.hypotheses[0] for result in results]
+        return [[ids[token] for token in out] for out in outputs] if name == "ct2-int8" else outputs
+
+    return decode
 
 
-def load_folder(name: str, args, workdir: Path):
+def load_folder(name, args, workdir):
     """`fp32`, `int8` and their `-kernels` forms: the saved folder through `AutoModelForSeq2SeqLM`."""
     from transformers import AutoModelForSeq2SeqLM
 
@@ -212,24 +222,38 @@ def load_folder(name: str, args, workdir: Path):
     return lambda sources, beams: generate_pytorch(model, sources, beams, args)
 
 
-def tensors(sources: list[list[int]], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def tensors(sources, device):
     input_ids = torch.tensor(sources, device=device)
     return input_ids, torch.ones_like(input_ids)
 
 
 @torch.inference_mode()
-def generate_pytorch(model, sources: list[list[int]], beams: int, args) -> list[list[int]]:
-    """`model.generate()` of exactly `--new-tokens` tokens a sentence, held there as `--fixed-length` says."""
+def generate_pytorch(model, sources, beams, args):
+    """`model.generate()` of exactly `--new-tokens` tokens a sentence, greedy (`beams` 1) or beam search, length
+    penalty 1, held there as `--fixed-length` says: the EOS id kept and suppressed by `min_new_tokens`, or no EOS id
+    at all."""
+    from transformers import GenerationConfig
+
     suppress_eos = args.fixed_length == "min-new-tokens"
-    config = common.fixed_length_generation_config(
-        beams, args.new_tokens, suppress_eos, static_cache=args.gpu
+    config = GenerationConfig(
+        num_beams=beams,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens if suppress_eos else None,
+        do_sample=False,
+        length_penalty=1.0,
+        use_cache=True,
+        bos_token_id=common.BOS,
+        eos_token_id=common.EOS if suppress_eos else None,
+        pad_token_id=common.PAD,
+        decoder_start_token_id=common.BOS,
+        cache_implementation="static" if args.gpu else None,
     )
     input_ids, attention_mask = tensors(sources, args.device)
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     return out[:, 1:].tolist()
 
 
-def make_job(decode, beams: int, batch_size: int, args):
+def make_job(decode, beams, batch_size, args):
     """A closure decoding one batch; checks that exactly `--new-tokens` tokens came out for every sentence."""
     sources = common.random_batch(batch_size, args.src_len, 1, args.vocab, seed=beams)["input_ids"].tolist()
 
@@ -244,23 +268,23 @@ def make_job(decode, beams: int, batch_size: int, args):
     return job
 
 
-def engine_child(args, workdir: Path) -> None:
-    """Subprocess: per beam setting, `--warmup` untimed decodes then one timed, or with `--memory` the peak resident
-    memory of one decode (the model loaded). A JSON line."""
+def engine_child(args, workdir):
+    """Subprocess: per beam setting, `--warmup` untimed decodes then one timed; or with `--memory` (and one beam
+    setting) the peak resident memory of one decode, the model loaded. A JSON line."""
     decode, result = load(args.engine_child, args, workdir), {}
-    for beams in args.beams:
-        job = make_job(decode, beams, args.batch_size, args)
-        if args.memory:
-            result[beams] = common.peak_rss_during(job)
-            continue
-        for _ in range(args.warmup):
-            job()
-        start = time.perf_counter()
-        result[beams] = {"outputs": job(), "seconds": time.perf_counter() - start}
+    if args.memory:
+        result = common.peak_rss_during(make_job(decode, args.beams[0], args.batch_size, args))
+    else:
+        for beams in args.beams:
+            job = make_job(decode, beams, args.batch_size, args)
+            for _ in range(args.warmup):
+                job()
+            start = time.perf_counter()
+            result[beams] = {"outputs": job(), "seconds": time.perf_counter() - start}
     print(json.dumps(result))
 
 
-def rounds_of_times(args, workdir: Path) -> tuple[dict, dict, dict]:
+def rounds_of_times(args, workdir):
     """Seconds per decode of each (implementation, beams, batch size), `--repeats` rounds; the tokens each decoded;
     the in-process jobs. A round times the in-process jobs once each, interleaved, then each exported engine once in
     a fresh child. `generate` times one sentence alone too."""
@@ -269,54 +293,58 @@ def rounds_of_times(args, workdir: Path) -> tuple[dict, dict, dict]:
     decoders = {name: load(name, args, workdir) for name in args.impl if name not in children}
     jobs = {(n, b, s): make_job(decoders[n], b, s, args) for n in decoders for b in args.beams for s in sizes}
     outputs = {key: job() for key, job in jobs.items()}  # the tokens each decodes: the first warm-up
-    times = {key: [] for key in jobs} | {(n, b, args.batch_size): [] for n in children for b in args.beams}
+    times = collections.defaultdict(list)
     for round_ in range(args.repeats):
         warmup = max(args.warmup - 1, 0) if round_ == 0 else 0
         for key, seconds in common.interleaved_times(jobs, 1, warmup, args.device).items():
             times[key] += seconds
         for name in children:
             child = common.run_child(args.bench, [*args.argv, "--engine-child", name, "--workdir", workdir])
+            child = json.loads(child.splitlines()[-1])
             for beams, timed in child.items():
                 times[name, int(beams), args.batch_size].append(timed["seconds"])
                 outputs[name, int(beams), args.batch_size] = timed["outputs"]
     return times, outputs, jobs
 
 
-def measure(args, workdir: Path) -> list[dict]:
+def measure(args, workdir):
     """One row per implementation and beam setting: tokens per second, latency, memory, agreement with `fp32`."""
     times, outputs, jobs = rounds_of_times(args, workdir)
     rows = []
     for name in args.impl:
         for beams in args.beams:
             key = name, beams, args.batch_size
-            row = {"preset": args.preset, "impl": name, "beams": beams, "batch_s_all": times[key]}
-            row["decoding"] = "greedy" if beams == 1 else f"beam-{beams}"
-            row["tokens_per_s"] = args.batch_size * args.new_tokens / statistics.median(times[key])
+            row = {
+                "preset": args.preset,
+                "impl": name,
+                "beams": beams,
+                "batch_s_all": times[key],
+                "decoding": "greedy" if beams == 1 else f"beam-{beams}",
+                "tokens_per_s": args.batch_size * args.new_tokens / statistics.median(times[key]),
+            }
             if (name, beams, 1) in times:
                 row["latency_s"] = statistics.median(times[name, beams, 1])
             reference = outputs.get(("fp32", beams, args.batch_size))
-            if reference is not None:
+            if reference:
                 row["same_sentences_as_fp32"], row["same_tokens_as_fp32"] = agreement(outputs[key], reference)
-            if args.gpu:  # how far allocated memory rises over the weights and the data
-                row["mem_rise_mib"] = common.cuda_memory_rise_mib(jobs[key])
-            elif not args.no_memory:
-                child = [
-                    *args.argv,
-                    "--engine-child",
-                    name,
-                    "--workdir",
-                    workdir,
-                    "--memory",
-                    "--beams",
-                    beams,
-                ]
-                memory = common.run_child(args.bench, child)[str(beams)]
-                row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
+            # on a GPU, how far allocated memory rises over the weights and the data
+            common.measure_memory(
+                args,
+                row,
+                jobs.get(key),  # the in-process jobs: a GPU runs no exported engine
+                "--engine-child",
+                name,
+                "--workdir",
+                workdir,
+                "--memory",
+                "--beams",
+                beams,
+            )
             rows.append(row)
     return rows
 
 
-def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
+def agreement(outputs, reference):
     """The share of sentences identical to the reference's, and of tokens identical before each first difference
     (after it, a greedy decoder continues another prefix)."""
     same_sentences = sum(a == b for a, b in zip(outputs, reference, strict=True)) / len(reference)
@@ -327,7 +355,7 @@ def agreement(outputs: list[list[int]], reference: list[list[int]]) -> tuple[flo
     return same_sentences, prefix / sum(len(b) for b in reference)
 
 
-def main(what: str, argv: list[str]) -> dict:
+def main(what, argv):
     from transformers.utils import logging as transformers_logging
 
     args = parse_args(what, argv)
@@ -346,16 +374,16 @@ def main(what: str, argv: list[str]) -> dict:
             prepare(args, workdir)
         rows = measure(args, workdir)
     peers = [peer for peer in COMMANDS[what][2] if peer in args.impl]
-    train.add_ratios(rows, ("beams",), peers)
-    columns = [("decoding", "decoding", ""), ("impl", "impl", ""), ("tokens_per_s", "tok/s", ".0f")]
-    columns += [("latency_s", "latency s", ".3f")] if what == "generate" else []
-    columns += [(f"vs_{peer.replace('-', '_')}", f"x {peer}", ".2f") for peer in peers]
-    columns += [
+    columns = [  # latency: `generate` only
+        ("tokens_per_s", "tok/s", ".0f"),
+        ("latency_s", "latency s", ".3f"),
+        *common.add_ratios(rows, ("beams",), peers),
         ("same_sentences_as_fp32", "sentences = fp32", ".2f"),
         ("same_tokens_as_fp32", "tokens = fp32", ".2f"),
+        ("peak_rss_mib", "peak RSS MiB", ".0f"),
+        ("mem_rise_mib", "mem rise MiB", ".0f"),
     ]
-    columns += [("peak_rss_mib", "peak RSS MiB", ".0f"), ("mem_rise_mib", "mem rise MiB", ".0f")]
-    columns = [column for column in columns if any(row.get(column[0]) is not None for row in rows)]
+    columns = ["decoding", "impl", *(c for c in columns if any(row.get(c[0]) is not None for row in rows))]
     title = (
         f"decoding, preset {args.preset}: batch {args.batch_size}, source {args.src_len}, exactly {args.new_tokens} "
         f"new tokens ({args.fixed_length}), {args.threads} threads each, median of {args.repeats}"

@@ -12,6 +12,7 @@ interleaved rounds so that the jobs meet the machine alike.
 Without CUDA the first form says so and exits; the second runs the same code on the CPU at a tiny size.
 """
 
+import collections
 import time
 
 import torch
@@ -37,7 +38,7 @@ def parse_args(argv):
     return args
 
 
-def timed(step, seconds: float, device: str) -> tuple[int, float]:
+def timed(step, seconds, device):
     """Steps run and seconds taken, running `step` until `seconds` have passed."""
     common.synchronize(device)
     started, steps = time.perf_counter(), 0
@@ -48,10 +49,10 @@ def timed(step, seconds: float, device: str) -> tuple[int, float]:
     return steps, time.perf_counter() - started
 
 
-def measure(args, preset: str, compiled: bool, peak: dict) -> list[dict]:
+def measure(args, preset, compiled, peak):
     """One row per implementation: `--repeats` rounds of `--seconds` / `--repeats` each, interleaved."""
     pairs, device = max(1, args.batch_tokens // args.length), args.device
-    jobs, totals, memory = {}, {}, {}
+    jobs, steps_run, seconds_run, memory = {}, collections.Counter(), collections.Counter(), {}
     for name in args.impl:
         batch = common.random_batch(pairs, args.length, args.length, args.vocab, device=device)
         if compiled:  # as `vaswani-train --torch_compile` compiles: one graph for every batch shape
@@ -65,27 +66,32 @@ def measure(args, preset: str, compiled: bool, peak: dict) -> list[dict]:
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             steps, seconds = timed(step, args.seconds / args.repeats, device)
-            totals[name] = [a + b for a, b in zip(totals.get(name, (0, 0.0)), (steps, seconds), strict=True)]
+            steps_run[name] += steps
+            seconds_run[name] += seconds
             if device == "cuda":
                 memory[name] = max(memory.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**30)
     rows = []
     for name, (model, _) in jobs.items():
-        steps, seconds = totals[name]
+        steps, seconds = steps_run[name], seconds_run[name]
         params, tokens_per_s = common.num_parameters(model), steps * pairs * args.length / seconds
-        row = {"preset": preset, "impl": name, "compile": compiled, "params_m": params / 1e6}
-        row |= {
+        row = {
+            "preset": preset,
+            "impl": name,
+            "compile": compiled,
+            "params_m": params / 1e6,
             "tokens_per_update": pairs * args.length,
             "step_s": seconds / steps,
             "tokens_per_s": tokens_per_s,
+            "mfu": 6 * params * tokens_per_s / (peak["bf16"] * 1e9),
+            "peak_memory_gib": memory.get(name),
         }
-        row |= {"mfu": 6 * params * tokens_per_s / (peak["bf16"] * 1e9), "peak_memory_gib": memory.get(name)}
         if preset in PAPER_UPDATES:  # the paper's schedule at this speed
             row["paper_gpu_hours"] = PAPER_UPDATES[preset] * args.batch_tokens / tokens_per_s / 3600
         rows.append(row)
     return rows
 
 
-def main(argv) -> dict:
+def main(argv):
     args = parse_args(argv)
     if args.device == "cuda":
         if skipped := common.cuda_or_skip(args):
@@ -98,19 +104,17 @@ def main(argv) -> dict:
             rows += measure(args, preset, compiled, peak)
             if args.device == "cuda":
                 torch.cuda.empty_cache()
-    train.add_ratios(rows, ("preset", "compile"), ("marian",))
     columns = [
-        ("preset", "preset", ""),
-        ("impl", "impl", ""),
-        ("compile", "compile", ""),
+        "preset",
+        "impl",
+        "compile",
         ("step_s", "step s", ".3f"),
-    ]
-    columns += [
         ("tokens_per_s", "tgt tok/s", ".0f"),
         ("mfu", "MFU", ".1%"),
         ("peak_memory_gib", "peak GiB", ".1f"),
+        *common.add_ratios(rows, ("preset", "compile"), ("marian",)),
+        ("paper_gpu_hours", "GPU-h, paper schedule", ".1f"),
     ]
-    columns += [("vs_marian", "x marian", ".2f"), ("paper_gpu_hours", "GPU-h, paper schedule", ".1f")]
     title = (
         f"{args.batch_tokens} target tokens an update, {args.length} a sentence, bf16 autocast, {args.device}"
     )

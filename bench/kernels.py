@@ -47,7 +47,7 @@ class _Module:  # what the attention functions read from their module argument
     is_causal = False
 
 
-def sdpa(causal: bool):
+def sdpa(causal):
     """torch's SDPA kernel in the signature of the model's attention functions."""
 
     def attention(module, q, k, v, mask, scaling):
@@ -57,7 +57,7 @@ def sdpa(causal: bool):
     return attention
 
 
-def attention_jobs(key, paths, q, k, v, mask) -> dict:
+def attention_jobs(key, paths, q, k, v, mask):
     """One attention call through each of `paths` ((name, function)), with its backward where `q` needs one."""
     jobs = {}
     for path, function in paths:
@@ -72,13 +72,13 @@ def attention_jobs(key, paths, q, k, v, mask) -> dict:
     return jobs
 
 
-def qkv(batch: int, heads: int, queries: int, keys: int, head_dim: int, dtype=torch.float32, grad=True):
+def qkv(batch, heads, queries, keys, head_dim, dtype=torch.float32, grad=True):
     q = torch.randn(batch, heads, queries, head_dim, dtype=dtype, requires_grad=grad)
     k, v = (torch.randn(batch, heads, keys, head_dim, dtype=dtype, requires_grad=grad) for _ in "kv")
     return q, k, v, torch.ones(batch, 1, 1, keys, dtype=torch.bool)
 
 
-def training_attention(args, d_model: int, heads: int = 8) -> dict:
+def training_attention(args, d_model, heads=8):
     jobs = {}
     for length in args.lengths:
         batch = max(1, args.tokens // length)
@@ -93,7 +93,7 @@ def training_attention(args, d_model: int, heads: int = 8) -> dict:
     return jobs
 
 
-def short_softmax(args, d_model: int) -> dict:
+def short_softmax(args, d_model):
     """bf16 training attention of fewer keys than `SOFTMAX_MIN_KEYS` at the en->de recipe's shape (d_model 128, 4
     heads, 8192-token batches): torch's softmax over the short rows against the rows padded with -inf."""
     jobs = {}
@@ -107,7 +107,7 @@ def short_softmax(args, d_model: int) -> dict:
     return jobs
 
 
-def decoding_attention(args, d_model: int, heads: int = 8) -> dict:
+def decoding_attention(args, d_model, heads=8):
     """A step of incremental decoding, forward only: each of `--decode-sentences` hypotheses has one query against
     `keys` cached keys; with 4 queries, a source's beams share one call (encoder-decoder attention in beam search)."""
     jobs = {}
@@ -121,7 +121,7 @@ def decoding_attention(args, d_model: int, heads: int = 8) -> dict:
     return jobs
 
 
-def weight_gradient(args, d_model: int) -> dict:
+def weight_gradient(args, d_model):
     jobs, onednn = {}, torch.backends.mkldnn.is_available()
     for out_features, in_features in shapes(args, d_model):
         x, grad = torch.randn(args.tokens, in_features), torch.randn(args.tokens, out_features)
@@ -134,7 +134,7 @@ def weight_gradient(args, d_model: int) -> dict:
     return jobs
 
 
-def loss(args, d_model: int) -> dict:
+def loss(args, d_model):
     jobs, labels = {}, torch.randint(0, args.vocab, (args.tokens,))
     paths = {
         "F.cross_entropy": lambda z: F.cross_entropy(z.float(), labels, reduction="sum", label_smoothing=0.1),
@@ -148,7 +148,7 @@ def loss(args, d_model: int) -> dict:
     return jobs
 
 
-def dropouts(args, d_model: int) -> dict:
+def dropouts(args, d_model):
     jobs = {}
     for tokens, width in [(args.tokens, d_model), (2 * args.tokens, d_model // 4)]:
         for dtype_name, dtype in DTYPES.items():
@@ -156,12 +156,12 @@ def dropouts(args, d_model: int) -> dict:
             grad = torch.randn(tokens, width, dtype=dtype)
             for p in (0.1, 0.3):
                 key = ("dropout", f"{tokens}x{width}", dtype_name, f"p={p}")
-                jobs[(*key, "F.dropout")] = lambda x=x, g=grad, p=p: F.dropout(x, p, True).backward(g)
-                jobs[(*key, "bit mask")] = lambda x=x, g=grad, p=p: dropout(x, p, True).backward(g)
+                for path, function in (("F.dropout", F.dropout), ("bit mask", dropout)):
+                    jobs[(*key, path)] = lambda x=x, g=grad, p=p, f=function: f(x, p, True).backward(g)
     return jobs
 
 
-def int8_products(args, d_model: int, calls: int = 200) -> dict:
+def int8_products(args, d_model, calls=200):
     """Decoding steps of batch 16, greedy and beam 4, and a batch of 16 sources of 20 tokens."""
     jobs = {}
     for out_features in [d_model, 2 * d_model, 4 * d_model] if int8._ONEDNN_INT8_AVAILABLE else []:
@@ -177,7 +177,7 @@ def int8_products(args, d_model: int, calls: int = 200) -> dict:
     return jobs
 
 
-def linears(args, d_model: int, calls: int = 20) -> dict:
+def linears(args, d_model, calls=20):
     jobs = {}
     for out_features, in_features in shapes(args, d_model) if onednn_linear._ONEDNN_AVAILABLE else []:
         weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
@@ -198,7 +198,7 @@ def linears(args, d_model: int, calls: int = 20) -> dict:
     return jobs
 
 
-def shapes(args, d_model: int) -> list[tuple[int, int]]:
+def shapes(args, d_model):
     """(out, in) of the base model's weights: attention, FFN in and out, the output projection."""
     return [(d_model, d_model), (4 * d_model, d_model), (d_model, 4 * d_model), (args.vocab, d_model)]
 
@@ -215,7 +215,7 @@ WHAT = {
 }
 
 
-def main(argv) -> dict:
+def main(argv):
     parser = common.parser("kernels", __doc__)
     # tokens a batch (128 pairs x 32), attention lengths, decoding hypotheses (batch 32 x beam 4)
     parser.set_defaults(tokens=4096, vocab=common.DEFAULT_VOCAB, lengths=[32, 128, 256], decode_sentences=128)
@@ -226,16 +226,17 @@ def main(argv) -> dict:
     d_model = 32 if args.quick else 512
     jobs = {key: job for what in args.what for key, job in WHAT[what](args, d_model).items()}
     times = common.interleaved_times(jobs, args.repeats, args.warmup)
-    fields = ("what", "shape", "dtype", "variant", "path")
-    rows = [
-        {**dict(zip(fields, key, strict=True)), "ms": 1e3 * statistics.median(s)} for key, s in times.items()
-    ]
+    ms = {key: 1e3 * statistics.median(seconds) for key, seconds in times.items()}
     slowest = {}
-    for key, row in zip(times, rows, strict=True):
-        slowest[key[:4]] = max(slowest.get(key[:4], 0.0), row["ms"])
-    for key, row in zip(times, rows, strict=True):  # each path as a multiple of the slowest in its group
-        row["speedup"] = slowest[key[:4]] / row["ms"]
-    columns = [(field, field, "") for field in fields] + [
+    for key, value in ms.items():
+        slowest[key[:4]] = max(slowest.get(key[:4], 0.0), value)
+    fields = ("what", "shape", "dtype", "variant", "path")
+    rows = [  # each path as a multiple of the slowest in its group
+        {**dict(zip(fields, key, strict=True)), "ms": value, "speedup": slowest[key[:4]] / value}
+        for key, value in ms.items()
+    ]
+    columns = [
+        *fields,
         ("ms", "ms", ".1f"),
         ("speedup", "x slowest", ".2f"),
     ]

@@ -31,14 +31,11 @@ machine's own bf16 GEMM rate on one large product (`common.matmul_peak`, same th
 rate is a floor under the step that no saving outside them can lower.
 """
 
-from __future__ import annotations
-
 import collections
-import contextlib
 import functools
 import tempfile
 import time
-from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.autograd.profiler import record_function
@@ -48,13 +45,13 @@ from transformers import TrainerCallback
 
 from bench import common
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+LOSS = "output projection and loss"
 PARTS = (
     "attention",
     "feed-forward",
     "residuals and norms",
     "embeddings",
-    "output projection and loss",
+    LOSS,
     "autocast casts",
     "optimizer",
     "data",
@@ -67,19 +64,20 @@ MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 _MATMUL_PACKETS = tuple(getattr(torch.ops.aten, name.split("::")[1]) for name in MATMUL_OPERATORS)
 
 
-def recipe_argv(data: str, output_dir: str, steps: int, max_tokens: int, extra: list[str]) -> list[str]:
-    """The Makefile's FULL_RECIPE for en->de, without evaluation or checkpoints, for `steps` optimizer steps."""
+def recipe_argv(args, data, output_dir):
+    """The Makefile's FULL_RECIPE for en->de, without evaluation or checkpoints, for `--warmup` + `--repeats`
+    optimizer steps, with `--max-tokens` and the extra flags."""
     return [
         "--dataset_name", data, "--source_lang", "en", "--target_lang", "de",
-        "--preset", "tiny", "--vocab_size", "8000", "--bf16", "--use_cpu", "--max_tokens", str(max_tokens),
+        "--preset", "tiny", "--vocab_size", "8000", "--bf16", "--use_cpu", "--max_tokens", str(args.max_tokens),
         "--warmup_steps", "2000", "--learning_rate_constant", "2.53",
-        "--max_steps", str(steps), "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1000",
+        "--max_steps", str(args.warmup + args.repeats), "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1000",
         "--report_to", "none", "--disable_tqdm", "true", "--output_dir", output_dir, "--seed", "1",
-        *extra,
+        *args.extra,
     ]  # fmt: skip
 
 
-def _wrap(function, name: str):
+def _wrap(function, name):
     @functools.wraps(function)
     def marked(*args, **kwargs):
         with record_function(_MARK + name):
@@ -88,7 +86,7 @@ def _wrap(function, name: str):
     return marked
 
 
-def mark_parts(model: torch.nn.Module) -> None:
+def mark_parts(model):
     """`record_function` ranges around the model's parts, on this model instance only."""
     from vaswani.modeling_vaswani import VaswaniAttention, VaswaniLayer, VaswaniStack
 
@@ -102,18 +100,15 @@ def mark_parts(model: torch.nn.Module) -> None:
             module.embed = _wrap(module.embed, "embeddings")
 
 
-@contextlib.contextmanager
 def marked_loss():
-    """The recipe's loss kernels inside a range, as `recipe.losses` calls them."""
+    """The recipe's loss kernels inside a range, as `recipe.losses` calls them (a context manager)."""
     from vaswani.recipe import losses
 
-    saved = losses.linear_label_smoothed_cross_entropy, losses.label_smoothed_cross_entropy
-    losses.linear_label_smoothed_cross_entropy = _wrap(saved[0], "output projection and loss")
-    losses.label_smoothed_cross_entropy = _wrap(saved[1], "output projection and loss")
-    try:
-        yield
-    finally:
-        losses.linear_label_smoothed_cross_entropy, losses.label_smoothed_cross_entropy = saved
+    return mock.patch.multiple(
+        losses,
+        linear_label_smoothed_cross_entropy=_wrap(losses.linear_label_smoothed_cross_entropy, LOSS),
+        label_smoothed_cross_entropy=_wrap(losses.label_smoothed_cross_entropy, LOSS),
+    )
 
 
 class StepProfiler(TrainerCallback):
@@ -121,15 +116,11 @@ class StepProfiler(TrainerCallback):
     profiled step holds its batch's fetch and collation; counts the matrix products' floating-point operations of the
     warm-up steps (`matmul_flops_per_step`, None without warm-up)."""
 
-    def __init__(self, warmup: int, steps: int):
+    def __init__(self, warmup, steps):
         self.warmup, self.steps = warmup, steps
-        self.profiler = None
-        self.wall = None
-        self.losses = []
-        self.flop_counter = None
-        self.matmul_flops_per_step = None
+        self.profiler = self.matmul_flops_per_step = None
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, *_, model, **kwargs):
         mark_parts(model)
         if self.warmup == 0:
             self._start()
@@ -148,15 +139,15 @@ class StepProfiler(TrainerCallback):
             counts = self.flop_counter.get_flop_counts().get("Global", {})
             self.matmul_flops_per_step = sum(counts.get(op, 0) for op in _MATMUL_PACKETS) / self.warmup
             self._start()
-        elif state.global_step == self.warmup + self.steps and self.profiler is not None:
+        elif state.global_step == self.warmup + self.steps and self.profiler:
             self.wall = time.perf_counter() - self.wall
             self.profiler.__exit__(None, None, None)
 
 
-def _category(event, backward_parts: dict) -> str:
+def _category(event, backward_parts):
     """The part an operator's self time belongs to."""
     parent = event
-    while parent is not None:
+    while parent:
         pname = parent.name
         if pname in _CASTS or "ToCopyBackward" in pname:
             return "autocast casts"
@@ -172,15 +163,15 @@ def _category(event, backward_parts: dict) -> str:
     return "other operators"
 
 
-def _inside(event, prefix: str) -> bool:
-    while event is not None:
+def _inside(event, prefix):
+    while event:
         if event.name.startswith(prefix):
             return True
         event = event.cpu_parent
     return False
 
 
-def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+def attribute(events):
     """Seconds per part (operators' self time; the optimizer's and the DataLoader's ranges whole) and the costliest
     (operator, part, seconds)."""
     # The part that made each autograd node: the innermost range around the forward operator with that sequence_nr.
@@ -189,18 +180,18 @@ def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
         if event.sequence_nr is None or event.sequence_nr < 0 or event.name.startswith("autograd::"):
             continue
         parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith(_MARK):
+        while parent and not parent.name.startswith(_MARK):
             parent = parent.cpu_parent
         key = (event.thread, event.sequence_nr)
-        if parent is not None and key not in labels_by_sequence:
+        if parent and key not in labels_by_sequence:
             labels_by_sequence[key] = parent.name[len(_MARK) :]
     backward_parts = {}
     for event in events:
         if event.name.startswith("autograd::engine::evaluate_function"):
             part = labels_by_sequence.get((event.fwd_thread, event.sequence_nr))
             if part is None and "LabelSmoothedCrossEntropy" in event.name:
-                part = "output projection and loss"
-            if part is not None:
+                part = LOSS
+            if part:
                 backward_parts[event.id] = part
     seconds = collections.Counter()
     operators = collections.Counter()
@@ -211,11 +202,9 @@ def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
             if event.name.startswith(prefix) and not _inside(event.cpu_parent, prefix):
                 seconds[part] += event.cpu_time_total / 1e6
     for event in events:
-        if event.name.startswith(_MARK) or event.is_user_annotation:
-            continue  # ranges, not operators: their self time is Python
-        if event.name.startswith(
-            ("autograd::engine::evaluate_function", "Optimizer.", "enumerate(DataLoader)")
-        ):
+        # ranges, not operators (their self time is Python), and the ranges counted whole above
+        skipped = (_MARK, "autograd::engine::evaluate_function", "Optimizer.", "enumerate(DataLoader)")
+        if event.is_user_annotation or event.name.startswith(skipped):
             continue
         part = _category(event, backward_parts)
         if part not in ("optimizer", "data"):  # counted whole above
@@ -225,12 +214,7 @@ def attribute(events) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
     return dict(seconds), top
 
 
-def matrix_product_seconds(events) -> float:
-    """The self time of the matrix-product operators among `events`."""
-    return sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS) / 1e6
-
-
-def profiled_run(args) -> StepProfiler:
+def profiled_run(args):
     """`vaswani-train`'s `train_main` on the recipe's flags, its trainer carrying the profiler."""
     from vaswani.commands.cli import parse_args as parse_train_args
     from vaswani.recipe import run
@@ -252,31 +236,26 @@ def profiled_run(args) -> StepProfiler:
             self.add_callback(profiler)
 
     with tempfile.TemporaryDirectory() as output_dir:
-        flags = recipe_argv(args.data, output_dir, args.warmup + args.repeats, args.max_tokens, args.extra)
-        classes = [
-            ModelArguments,
-            ModelConfigArguments,
-            DataArguments,
-            FinishArguments,
-            PaperTrainingArguments,
-        ]
+        flags = recipe_argv(args, args.data, output_dir)
         model_args, config_args, data_args, _, training_args = parse_train_args(
-            classes, flags, description="profiled"
+            [ModelArguments, ModelConfigArguments, DataArguments, FinishArguments, PaperTrainingArguments],
+            flags,
+            description="profiled",
         )
-        saved, run.VaswaniTrainer = run.VaswaniTrainer, ProfiledTrainer
         try:
-            with marked_loss():
+            with mock.patch.object(run, "VaswaniTrainer", ProfiledTrainer), marked_loss():
                 run.train_main(model_args, data_args, training_args, config_overrides(config_args))
         finally:
-            run.VaswaniTrainer = saved
             release_output_dir(output_dir)
     return profiler
 
 
-def main(argv) -> dict:
+def main(argv):
     parser = common.parser("profile-train", __doc__, repeats=10)
     parser.set_defaults(warmup=5)
-    parser.add_argument("--data", default=str(DATA), help="the Multi30k folder (train.en.gz, train.de.gz)")
+    parser.add_argument(
+        "--data", default=str(common.MULTI30K), help="the Multi30k folder (train.en.gz, train.de.gz)"
+    )
     parser.add_argument("--max-tokens", type=int, default=8192)
     parser.add_argument(
         "--threads",
@@ -293,24 +272,33 @@ def main(argv) -> dict:
     seconds, top = attribute(events)
     seconds["Python and framework"] = max(profiler.wall - sum(seconds.values()), 0.0)
     step = profiler.wall / args.repeats
-    rows = [{"part": part, "ms_per_step": 1000 * seconds.get(part, 0.0) / args.repeats} for part in PARTS]
-    for row in rows:
-        row["share"] = row["ms_per_step"] / 1000 / step
-    matmul_s = matrix_product_seconds(events) / args.repeats
+    shares = {part: seconds.get(part, 0.0) / args.repeats / step for part in PARTS}
+    rows = [
+        {"part": part, "ms_per_step": 1000 * step * share, "share": share} for part, share in shares.items()
+    ]
+    # the matrix-product operators' self time a step
+    matmul_s = (
+        sum(event.self_cpu_time_total for event in events if event.name in MATMUL_OPERATORS)
+        / 1e6
+        / args.repeats
+    )
     flops = profiler.matmul_flops_per_step
     peak = common.matmul_peak(repeats=5)["bf16"]
     products = {"ms_per_step": 1000 * matmul_s, "share": matmul_s / step, "machine_bf16_gemm_gflops": peak}
     if flops is not None:  # counted over the warm-up steps
-        products |= {"gflop_per_step": flops / 1e9, "gflops": flops / max(matmul_s, 1e-12) / 1e9}
-        products["floor_s_at_machine_rate"] = flops / (peak * 1e9)
+        products |= {
+            "gflop_per_step": flops / 1e9,
+            "gflops": flops / max(matmul_s, 1e-12) / 1e9,
+            "floor_s_at_machine_rate": flops / (peak * 1e9),
+        }
     print(f"matrix products: {products}")
-    columns = [("part", "part", ""), ("ms_per_step", "ms/step", ".1f"), ("share", "share", ".1%")]
+    columns = ["part", ("ms_per_step", "ms/step", ".1f"), ("share", "share", ".1%")]
     return common.report(
         args,
         f"{args.repeats} profiled steps, {step:.3f} s a step under the profiler",
         rows,
         columns,
-        recipe_flags=recipe_argv("DATA", "OUT", args.warmup + args.repeats, args.max_tokens, args.extra),
+        recipe_flags=recipe_argv(args, "DATA", "OUT"),
         step_s_under_profiler=step,
         top_operators_ms_per_step=[
             {"operator": n, "part": p, "ms": 1000 * s / args.repeats} for n, p, s in top

@@ -26,7 +26,7 @@ SYLLABLES = [c + v for c in "bdfgklmnprstvwz" for v in ("a", "e", "i", "o", "u",
 PUNCTUATION = np.array([".", ".", ".", "?", "!"])
 
 
-def pseudo_words(count: int, rng: np.random.Generator) -> np.ndarray:
+def pseudo_words(count, rng):
     """`count` distinct pseudo-words of 1-4 syllables, the short ones first (they get the high frequencies)."""
     words, seen = [], set()
     while len(words) < count:
@@ -43,7 +43,7 @@ def pseudo_words(count: int, rng: np.random.Generator) -> np.ndarray:
 class Corpus:
     """Draws pairs of sentences; `pairs(n)` returns two lists of `n` lines."""
 
-    def __init__(self, vocab: int = 50000, seed: int = 0):
+    def __init__(self, vocab, seed):
         self.rng = np.random.default_rng(seed)
         self.source_words = pseudo_words(vocab, self.rng)
         self.target_words = pseudo_words(vocab, np.random.default_rng(seed + 1))
@@ -51,19 +51,20 @@ class Corpus:
         weights = ranks**-1.1
         self.cumulative = np.cumsum(weights / weights.sum())
 
-    def pairs(self, n: int) -> tuple[list[str], list[str]]:
+    def zipfian(self, count):
+        """`count` word ids drawn with Zipfian frequencies."""
+        return np.minimum(np.searchsorted(self.cumulative, self.rng.random(count)), len(self.cumulative) - 1)
+
+    def pairs(self, n):
         rng = self.rng
         lengths = np.clip(np.round(rng.lognormal(np.log(22.0), 0.55, n)), 1, 150).astype(np.int64)
-        words = np.searchsorted(self.cumulative, rng.random(int(lengths.sum())))  # Zipfian word ids
-        words = np.minimum(words, len(self.source_words) - 1)
+        words = self.zipfian(int(lengths.sum()))
         ends = np.cumsum(lengths)
         sources, targets = [], []
         swap = rng.random(len(words)) < 0.15
         drop = rng.random(len(words)) < 0.05
         add = rng.random(len(words)) < 0.05
-        extra = np.minimum(
-            np.searchsorted(self.cumulative, rng.random(len(words))), len(self.target_words) - 1
-        )
+        extra = self.zipfian(len(words))
         stops = PUNCTUATION[rng.integers(0, len(PUNCTUATION), n)]
         start = 0
         for i, end in enumerate(ends):
@@ -83,15 +84,15 @@ class Corpus:
 
 
 def write_corpus(
-    output_dir: str | Path,
-    pairs: int,
-    src: str = "en",
-    tgt: str = "de",
-    validation: int = 3000,
-    test: int = 3003,
-    vocab: int = 50000,
-    seed: int = 0,
-) -> Path:
+    output_dir,
+    pairs,
+    src="en",
+    tgt="de",
+    validation=3000,
+    test=3003,
+    vocab=50000,
+    seed=0,
+):
     """Write the train, validation ("val") and test splits of a synthetic corpus into `output_dir`, 100,000 pairs at
     a time."""
     output_dir = Path(output_dir)
@@ -106,7 +107,7 @@ def write_corpus(
     return output_dir
 
 
-def main(argv) -> Path:
+def main(argv):
     parser = argparse.ArgumentParser(
         "python -m bench corpus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

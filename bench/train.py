@@ -21,10 +21,10 @@ import torch
 from bench import common
 
 
-def make_step(name, model, optimizer, batch, dtype: str, device: str):
+def make_step(name, model, optimizer, batch, dtype, device):
     """One training step of `model` as a closure returning the loss."""
 
-    def step() -> float:
+    def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=dtype == "bf16"):
             loss = common.training_loss(name, model, batch, 0.1)
@@ -35,10 +35,10 @@ def make_step(name, model, optimizer, batch, dtype: str, device: str):
     return step
 
 
-def build(name: str, preset: str, args, device: str, compiled: bool):
+def build(name, preset, args, device, compiled):
     """The model, its Adam (§5.3, the fused kernel for every implementation alike, so the step measures the models)
     and its forward, compiled or not."""
-    config = common.vaswani_config(preset, args.vocab, attn_implementation=args.attention)
+    config = common.vaswani_config(preset, args.vocab, args.attention)
     model = common.build_model(name, config).to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     return model, optimizer, torch.compile(model) if compiled else model
@@ -60,7 +60,7 @@ def parse_args(argv):
     )
 
 
-def memory_child(args) -> None:
+def memory_child(args):
     """Subprocess: the peak resident memory of two steps (the first allocates Adam's state), as a JSON line."""
     name, preset, dtype = args.memory_child.split(",")
     batch = common.random_batch(args.batch_size, args.src_len, args.tgt_len, args.vocab)
@@ -69,7 +69,7 @@ def memory_child(args) -> None:
     print(json.dumps(common.peak_rss_during(lambda: [step() for _ in range(2)])))
 
 
-def main(argv) -> dict:
+def main(argv):
     args = parse_args(argv)
     if args.memory_child:
         return memory_child(args)
@@ -94,43 +94,33 @@ def main(argv) -> dict:
         for model in models.values():  # the CUDA rise below counts the gradients too
             model.zero_grad(set_to_none=True)
         for (name, dtype), seconds in times.items():
-            params = common.num_parameters(models[name])
-            row = {"preset": preset, "impl": name, "dtype": dtype, "params_m": params / 1e6}
-            row |= {"step_s": statistics.median(seconds), "step_s_all": seconds}
-            row["tokens_per_s"] = tokens / row["step_s"]
-            row["mfu"] = 6 * params * row["tokens_per_s"] / (peak[dtype] * 1e9)
-            if args.gpu:  # how far allocated memory rises over the weights, Adam's state and the data
-                row["mem_rise_mib"] = common.cuda_memory_rise_mib(jobs[name, dtype])
-            elif not args.no_memory:
-                memory = common.run_child("train", [*args.argv, "--memory-child", f"{name},{preset},{dtype}"])
-                row["peak_rss_mib"], row["mem_rise_mib"] = memory["peak_rss_mib"], memory["rise_mib"]
+            params, step_s = common.num_parameters(models[name]), statistics.median(seconds)
+            row = {
+                "preset": preset,
+                "impl": name,
+                "dtype": dtype,
+                "params_m": params / 1e6,
+                "step_s": step_s,
+                "step_s_all": seconds,
+                "tokens_per_s": tokens / step_s,
+                "mfu": 6 * params * tokens / step_s / (peak[dtype] * 1e9),
+            }
+            # on a GPU, how far allocated memory rises over the weights, Adam's state and the data
+            common.measure_memory(args, row, jobs[name, dtype], "--memory-child", f"{name},{preset},{dtype}")
             rows.append(row)
         del models, jobs
-    add_ratios(rows, ("preset", "dtype"), ("marian", "torch"))
     columns = [
-        ("preset", "preset", ""),
-        ("impl", "impl", ""),
-        ("dtype", "dtype", ""),
+        "preset",
+        "impl",
+        "dtype",
         ("params_m", "params M", ".1f"),
-    ]
-    columns += [("step_s", "step s", ".3f"), ("tokens_per_s", "tgt tok/s", ".0f"), ("mfu", "MFU", ".1%")]
-    columns += [
+        ("step_s", "step s", ".3f"),
+        ("tokens_per_s", "tgt tok/s", ".0f"),
+        ("mfu", "MFU", ".1%"),
         ("mem_rise_mib", "mem rise MiB", ".0f"),
-        ("vs_marian", "x marian", ".2f"),
-        ("vs_torch", "x torch", ".2f"),
+        *common.add_ratios(rows, ("preset", "dtype"), ("marian", "torch")),
     ]
     title = (
         f"training: {args.batch_size} pairs x {args.src_len}+{args.tgt_len} tokens, median of {args.repeats}"
     )
     return common.report(args, title, rows, columns, matmul_peak_gflops=peak)
-
-
-def add_ratios(
-    rows: list[dict], same: tuple[str, ...], peers: tuple[str, ...], measure: str = "tokens_per_s"
-):
-    """`vs_<peer>`: each row's `measure` over its peer's, among rows alike in the keys `same`."""
-    by_key = {(row["impl"], *(row[key] for key in same)): row for row in rows}
-    for row in rows:
-        for peer in peers:
-            other = by_key.get((peer, *(row[key] for key in same)))
-            row[f"vs_{peer.replace('-', '_')}"] = row[measure] / other[measure] if other else None
