@@ -77,10 +77,18 @@ class PushArguments:
 def main(argv):
     (args,) = parse_args(PushArguments, argv, description=DESCRIPTION, epilog=EPILOG, renamed=RENAMED)
     setup_logging()
-    from ..publishing.hub import publish  # torch and transformers: only when the tool runs
+    from ..modeling_vaswani import VaswaniForConditionalGeneration
+    from ..publishing.hub import check_model_dir, publish  # torch and transformers: only when the tool runs
+    from ..recipe.model_folders import load_model
+    from ..recipe.tokenization import load_model_tokenizers
 
+    check_model_dir(args.model_name_or_path, args.tokenizer_name)  # a missing or corrupt file, named
+    load_model_tokenizers(args.model_name_or_path, args.tokenizer_name)  # another run's tokenizer is refused
     published = publish(
         args.model_name_or_path,
+        model=load_model(
+            args.model_name_or_path, VaswaniForConditionalGeneration
+        ),  # mismatched weights: refused
         repo_id=args.hub_model_id,
         output_dir=args.output_dir,
         dry_run=args.dry_run,

@@ -32,8 +32,6 @@ from ..common.errors import PublishError
 from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from ..recipe.model_folders import load_model
-from ..recipe.tokenization import load_model_tokenizers
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -93,12 +91,15 @@ def check_model_dir(model_dir, tokenizer_dir=None):
 # --------------------------------------------------------------------------------------------------------------------
 # The folder that is published
 # --------------------------------------------------------------------------------------------------------------------
-def build_folder(model_dir, output_dir, repo_id=None, tokenizer_dir=None, results=None, summary=None, **card):
+def build_folder(
+    model_dir, output_dir, repo_id=None, tokenizer_dir=None, results=None, summary=None, model=None, **card
+):
     """Write the folder to publish into `output_dir` (which must be new or empty) and check it; `model_dir` and
     `tokenizer_dir` were checked (`check_model_dir`).
 
-    `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`. The model
-    loads checked against its config (`model_folders.load_model`: weights it does not describe are refused).
+    `repo_id` names the model in the card's usage example; without one, the example loads `output_dir`. `model`: the
+    folder's model loaded already (the tools load it checked against its config: `recipe.model_folders.load_model`),
+    else loaded here.
     `card`: `render_card`'s `template_path`, `license`, `example_text` and `dataset_tags`.
     """
     output_dir = Path(output_dir)
@@ -109,7 +110,8 @@ def build_folder(model_dir, output_dir, repo_id=None, tokenizer_dir=None, result
     if results is None:
         logger.warning("No evaluation results: the card will have no model-index.")
 
-    model = load_model(model_dir, VaswaniForConditionalGeneration)
+    if model is None:
+        model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir or model_dir)
     config = model.config
     for name in ("pad_token_id", "eos_token_id"):
@@ -210,6 +212,7 @@ def publish(
     token=None,
     commit_message=None,
     create_pr=False,
+    model=None,
     **card,
 ):
     """Build the publishable folder from a trained model folder and push it to `repo_id` in one commit.
@@ -219,9 +222,10 @@ def publish(
     - `output_dir` only, or `dry_run=True`: build in `output_dir`, push nothing.
 
     A `repo_id` without namespace goes to the token's user (one `whoami` call). `results` and `summary` are
-    `EvalResults` / `TrainingSummary` objects or paths of their JSON files. `card`: `render_card`'s `template_path`,
-    `license`, `example_text` and `dataset_tags`. Every check (repo id, token, input folders, output folder) runs
-    before the model is loaded, and the built folder is checked before it is uploaded.
+    `EvalResults` / `TrainingSummary` objects or paths of their JSON files; `model`, the folder's model loaded already
+    (`build_folder`). `card`: `render_card`'s `template_path`, `license`, `example_text` and `dataset_tags`. Every
+    check (repo id, token, input folders, output folder) runs before the model is loaded here, and the built folder is
+    checked before it is uploaded.
     """
     push = repo_id is not None and not dry_run
     if repo_id is None and output_dir is None:
@@ -229,7 +233,6 @@ def publish(
     if dry_run and output_dir is None:
         raise PublishError("A dry run writes the folder to `output_dir`; give one.")
     check_model_dir(model_dir, tokenizer_dir)
-    load_model_tokenizers(model_dir, tokenizer_dir)  # another run's tokenizer is refused
     if repo_id is not None:
         check_repo_id(repo_id)
     if push:
@@ -247,6 +250,8 @@ def publish(
     if summary is not None and not isinstance(summary, TrainingSummary):
         summary = TrainingSummary.from_json(summary)
     with tempfile.TemporaryDirectory(prefix="vaswani-publish-") as tmp:
-        folder = build_folder(model_dir, output_dir or tmp, repo_id, tokenizer_dir, results, summary, **card)
+        folder = build_folder(
+            model_dir, output_dir or tmp, repo_id, tokenizer_dir, results, summary, model, **card
+        )
         commit = _upload(api, folder, repo_id, private, revision, commit_message, create_pr) if push else None
         return Published(folder=folder if output_dir is not None else None, commit=commit)

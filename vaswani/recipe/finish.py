@@ -13,11 +13,13 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..common.fileio import atomic_folder, read_json, replace_files, write_json
+from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..publishing.hub import publish
 from .averaging import average_checkpoints
 from .checkpoints import checkpoints
 from .evaluation import describe_decoding, describe_seconds
 from .metrics import reported_scores
+from .model_folders import load_model
 from .run import load_split, load_test_split, test_split_name
 from .tokenization import lowercases
 from .translation import load_translation_model, translate, write_sentences
@@ -67,6 +69,7 @@ def finish(trainer, data_args, finish_args):
     if args.push_to_hub:
         published = publish(
             final_dir,
+            model=load_model(final_dir, VaswaniForConditionalGeneration),  # mismatched weights: refused
             repo_id=args.hub_model_id or output_dir.name,
             results=results if scores else None,
             summary=output_dir / "training_summary.json",
