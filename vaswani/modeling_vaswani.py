@@ -28,6 +28,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.loss.loss_utils import fixed_cross_entropy
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -752,14 +753,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 def cross_entropy(logits, labels, num_items_in_batch=None):
     """Cross-entropy of the logits against the labels (-100 ignored), in float32: the mean over target tokens, or the
     sum divided by `num_items_in_batch` (the target tokens of all micro-batches of a gradient-accumulation step)."""
-    total = F.cross_entropy(
-        logits.flatten(0, -2).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
+    # transformers' own reduction (its masked-LM loss, without that loss's `view`s); no target token: the mean is
+    # 0 / 0, NaN, as Marian's loss is
+    return fixed_cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten().to(logits.device), num_items_in_batch
     )
-    if num_items_in_batch is None:
-        num_items_in_batch = (labels != -100).sum()  # none: 0 / 0 is NaN, as the mean of Marian's loss
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
 
 
 __all__ = ["VaswaniPreTrainedModel", "VaswaniModel", "VaswaniForConditionalGeneration"]

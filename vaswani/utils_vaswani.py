@@ -23,11 +23,10 @@ from .generation_vaswani import CACHE_NAME
 # relative import of `modeling_vaswani.py` itself: loading a folder, transformers copies that file's own imports
 # into its module cache (5.5 no deeper), where `write_model_code` of a model loaded from it finds them again.
 CODE_FILES = {
-    "configuration_vaswani.py": "configuration_vaswani.py",
-    "modeling_vaswani.py": "modeling_vaswani.py",
-    "generation_vaswani.py": "generation_vaswani.py",
-    "pipeline_vaswani.py": "pipeline_vaswani.py",
-    "utils_vaswani.py": "utils_vaswani.py",
+    **{
+        f"{name}_vaswani.py": f"{name}_vaswani.py"
+        for name in ("configuration", "modeling", "generation", "pipeline", "utils")
+    },
     # transformers' seam for a model's own decoding: from_pretrained(..., trust_remote_code=True) installs its
     # `generate` (GenerationMixin.load_custom_generate)
     "custom_generate/generate.py": "generation_vaswani.py",
