@@ -287,7 +287,7 @@ class VaswaniConfig(PreTrainedConfig):
                 "`share_encoder_decoder_embeddings=False` for separate vocabularies."
             )
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            value = getattr(self, name, None)
+            value = getattr(self, name)
             if value is not None and not 0 <= value < min(self.vocab_size, self.decoder_vocab_size):
                 raise ValueError(f"`{name}` ({value}) is outside the vocabulary.")
 

@@ -354,8 +354,7 @@ def beam_search(
         if use_cache:
             # Each beam's decoder self-attention keys and values follow it. The encoder-decoder attention's stay:
             # a beam moves within its own source, whose beams all hold the same ones.
-            cache = model_kwargs[CACHE_NAME]
-            getattr(cache, "self_attention_cache", cache).reorder_cache(beam_idx)
+            model_kwargs[CACHE_NAME].self_attention_cache.reorder_cache(beam_idx)
         if beams.done():
             return _beam_search_output(beams, config, collect, model_kwargs)
 

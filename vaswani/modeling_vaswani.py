@@ -545,8 +545,9 @@ class VaswaniDecoder(VaswaniStack):
 
         # (B, T, d_model)
         hidden_states = self.embed(input_ids, inputs_embeds, "decoder_input_ids", past_length)
-        sizes = (*hidden_states.shape[:2], past_length)  # (B, T, past)
-        check_decoder_inputs(attention_mask, encoder_attention_mask, encoder_hidden_states, *sizes)
+        check_decoder_inputs(
+            attention_mask, encoder_attention_mask, encoder_hidden_states, hidden_states, past_length
+        )
         self_mask = causal_mask(self.config, hidden_states, attention_mask, cache)
         cross_mask = create_bidirectional_mask(
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states

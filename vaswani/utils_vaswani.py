@@ -173,11 +173,12 @@ def check_mask(mask, expected, name, of):
 
 
 def check_decoder_inputs(
-    attention_mask, encoder_attention_mask, encoder_hidden_states, batch_size, seq_len, past_length
+    attention_mask, encoder_attention_mask, encoder_hidden_states, hidden_states, past_length
 ):
     """A clear error for decoder masks of the wrong shape (the target's covers past and current tokens) and a decoder
     batch that is not the encoder's. A static cache counts its past on the device: the target mask's
     length is then not checked, which would cost a host-device sync."""
+    batch_size, seq_len = hidden_states.shape[:2]  # the embedded target (B, T, d_model)
     if torch.is_tensor(past_length):
         target = None if attention_mask is None else (batch_size, attention_mask.shape[-1])
     else:
