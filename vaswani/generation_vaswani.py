@@ -106,7 +106,7 @@ def generate(*args, model, **kwargs):
         return GenerationMixin.generate(
             model, *args, custom_generate=beam_search, length_penalty_form=form, **kwargs
         )
-    _check_beam_search_vocabulary(model.config, beam_search_mode or (config.num_beams or 1) > 1)
+    _check_beam_search_vocabulary(model.config, (config.num_beams or 1) > 1)  # beam search of any kind
     return GenerationMixin.generate(model, *args, **kwargs)
 
 

@@ -131,7 +131,6 @@ def resized_rows(module, rows, pad_to_multiple_of=None):
         module.num_embeddings = rows
         if module.padding_idx is not None and module.padding_idx >= rows:
             module.padding_idx = None
-    return module
 
 
 def flag(value, config, name="output_hidden_states"):
@@ -168,7 +167,7 @@ def check_embedding_inputs(input_ids, inputs_embeds, name, embed_tokens):
 
 def check_mask(mask, expected, name, of):
     # 4-D masks are taken as already prepared
-    if mask is not None and mask.dim() != 4 and tuple(mask.shape) != tuple(expected):
+    if mask is not None and mask.dim() != 4 and mask.shape != tuple(expected):
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but {of} needs {tuple(expected)}.")
 
 
