@@ -10,10 +10,10 @@ and again when transformers saves it.
 """
 
 import math
-import re
 
 import transformers
 from huggingface_hub.dataclasses import strict
+from torch.torch_version import TorchVersion
 from transformers import PreTrainedConfig
 
 # The oldest transformers these files are tested on (pyproject.toml says the same). Earlier 5.x releases give wrong
@@ -22,13 +22,9 @@ from transformers import PreTrainedConfig
 MIN_TRANSFORMERS_VERSION = "5.5.0"
 
 
-def _release(version):
-    """(major, minor, patch) of a version string ("5.5.0.dev0" -> (5, 5, 0)): the files import torch and
-    transformers only, so not `packaging`."""
-    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-
-
-if _release(transformers.__version__) < _release(MIN_TRANSFORMERS_VERSION):
+# compared as `packaging` compares versions (the files import torch and transformers only), as
+# `generation_vaswani` compares them
+if TorchVersion(transformers.__version__) < MIN_TRANSFORMERS_VERSION:
     raise ImportError(
         f"The Vaswani model needs transformers >= {MIN_TRANSFORMERS_VERSION}, but {transformers.__version__} is "
         f"installed: pip install -U 'transformers>={MIN_TRANSFORMERS_VERSION}'."
@@ -291,7 +287,7 @@ class VaswaniConfig(PreTrainedConfig):
                 "`share_encoder_decoder_embeddings=False` for separate vocabularies."
             )
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            value = getattr(self, name, None)
+            value = getattr(self, name)
             if value is not None and not 0 <= value < min(self.vocab_size, self.decoder_vocab_size):
                 raise ValueError(f"`{name}` ({value}) is outside the vocabulary.")
 

@@ -50,6 +50,12 @@ LENGTH_PENALTY_FORMS = (PAPER_LENGTH_PENALTY_FORM, "power")
 # logits: beam search over a target vocabulary of another size failed inside transformers with a reshape error.
 BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
 
+# transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
+# installed version's name in its outputs and accepts both names as input (`utils_vaswani.cache_argument`).
+CACHE_NAME = (
+    "cache" if "cache" in GenerateBeamEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"
+)
+
 
 def paper_decoding(generation_config) -> None:
     """Write §6.1's decoding (`PAPER_DECODING`) into a model's `GenerationConfig`, saved as generation_config.json,
@@ -100,7 +106,7 @@ def generate(*args, model, **kwargs):
         return GenerationMixin.generate(
             model, *args, custom_generate=beam_search, length_penalty_form=form, **kwargs
         )
-    _check_beam_search_vocabulary(model.config, beam_search_mode or (config.num_beams or 1) > 1)
+    _check_beam_search_vocabulary(model.config, (config.num_beams or 1) > 1)  # beam search of any kind
     return GenerationMixin.generate(model, *args, **kwargs)
 
 
@@ -315,7 +321,7 @@ def beam_search(
     # not for the forward calls of decoding (`labels` come with Seq2SeqTrainer's inputs)
     for key in ("output_attentions", "output_hidden_states", "return_dict", "labels"):
         model_kwargs.pop(key, None)
-    cache = model_kwargs.get(_CACHE_FIELD)
+    cache = model_kwargs.get(CACHE_NAME)
     past_length = cache.get_seq_length() if cache is not None else 0
     while True:
         sequences = beams.sequences()
@@ -328,7 +334,7 @@ def beam_search(
             **model_kwargs,
         )
         if use_cache:
-            model_kwargs[_CACHE_FIELD], past_length = getattr(outputs, _CACHE_FIELD), beams.cur_len
+            model_kwargs[CACHE_NAME], past_length = getattr(outputs, CACHE_NAME), beams.cur_len
         mask = model_kwargs.get("decoder_attention_mask")
         if mask is not None:  # one more target position
             model_kwargs["decoder_attention_mask"] = torch.cat(
@@ -348,8 +354,7 @@ def beam_search(
         if use_cache:
             # Each beam's decoder self-attention keys and values follow it. The encoder-decoder attention's stay:
             # a beam moves within its own source, whose beams all hold the same ones.
-            cache = model_kwargs[_CACHE_FIELD]
-            getattr(cache, "self_attention_cache", cache).reorder_cache(beam_idx)
+            model_kwargs[CACHE_NAME].self_attention_cache.reorder_cache(beam_idx)
         if beams.done():
             return _beam_search_output(beams, config, collect, model_kwargs)
 
@@ -369,11 +374,6 @@ _COLLECTED = {
     "decoder_hidden_states": "output_hidden_states",
 }
 
-# transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`
-_CACHE_FIELD = (
-    "cache" if "cache" in GenerateBeamEncoderDecoderOutput.__dataclass_fields__ else "past_key_values"
-)
-
 
 def _beam_search_output(beams, generation_config, collect, model_kwargs):
     """The best `num_return_sequences` hypotheses per source, cut to the longest one, as transformers returns them."""
@@ -388,5 +388,5 @@ def _beam_search_output(beams, generation_config, collect, model_kwargs):
         encoder_attentions=encoder_outputs.get("attentions"),
         encoder_hidden_states=encoder_outputs.get("hidden_states"),
         **collect,
-        **{_CACHE_FIELD: model_kwargs.get(_CACHE_FIELD)},
+        **{CACHE_NAME: model_kwargs.get(CACHE_NAME)},
     )

@@ -28,6 +28,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.loss.loss_utils import fixed_cross_entropy
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -39,12 +40,11 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS, VaswaniConfig
-from .generation_vaswani import drop_trainer_defaults
+from .generation_vaswani import CACHE_NAME, drop_trainer_defaults
 from .generation_vaswani import generate as paper_generate
 from .pipeline_vaswani import VaswaniTranslationPipeline  # noqa: F401 (travels with this file: CODE_FILES)
 from .utils_vaswani import (
     AUTO_MAP,
-    CACHE_NAME,
     CUSTOM_PIPELINES,
     cache_argument,
     causal_mask,
@@ -365,13 +365,11 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         return saved
 
     def get_expanded_tied_weights_keys(self, all_submodels=False):
-        """The `{target: source}` weights that transformers ties. It ties nothing when `tie_word_embeddings=False`;
+        """The `{target: source}` weights that transformers ties: the model's `_tied_weights_keys`, which name the
+        output projection only with `tie_word_embeddings`. transformers ties nothing when `tie_word_embeddings=False`;
         here the source and target embeddings stay one matrix whenever `share_encoder_decoder_embeddings` (§3.4), so
         that an untied output projection still has one embedding matrix under it."""
-        tied = super().get_expanded_tied_weights_keys(all_submodels)
-        if not all_submodels and self.config.share_encoder_decoder_embeddings:
-            tied.update({k: v for k, v in (self._tied_weights_keys or {}).items() if "embed_tokens" in k})
-        return tied
+        return {**super().get_expanded_tied_weights_keys(all_submodels), **(self._tied_weights_keys or {})}
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """Resize the (source) vocabulary. With one shared vocabulary (the paper) transformers' resizing applies to
@@ -482,11 +480,12 @@ class VaswaniStack(nn.Module):
             all_weights.append(weights)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        if flag(output_attentions, self.config, "output_attentions"):
-            # the self-attention maps of every layer, then (in the decoder) the encoder-decoder ones
-            attentions = zip(*all_weights, strict=True)
-        else:
-            attentions = [None] * len(weights)
+        # the self-attention maps of every layer, then (in the decoder) the encoder-decoder ones
+        attentions = (
+            zip(*all_weights, strict=True)
+            if flag(output_attentions, self.config, "output_attentions")
+            else ()
+        )
         output = output_class(
             last_hidden_state=hidden_states,
             hidden_states=(*all_hidden, hidden_states) if flag(output_hidden_states, self.config) else None,
@@ -546,9 +545,10 @@ class VaswaniDecoder(VaswaniStack):
 
         # (B, T, d_model)
         hidden_states = self.embed(input_ids, inputs_embeds, "decoder_input_ids", past_length)
-        sizes = (*hidden_states.shape[:2], past_length)  # (B, T, past)
-        check_decoder_inputs(attention_mask, encoder_attention_mask, encoder_hidden_states, *sizes)
-        self_mask = causal_mask(self.config, hidden_states, attention_mask, cache, past_length)
+        check_decoder_inputs(
+            attention_mask, encoder_attention_mask, encoder_hidden_states, hidden_states, past_length
+        )
+        self_mask = causal_mask(self.config, hidden_states, attention_mask, cache)
         cross_mask = create_bidirectional_mask(
             self.config, hidden_states, encoder_attention_mask, encoder_hidden_states
         )
@@ -586,7 +586,7 @@ class VaswaniModel(VaswaniPreTrainedModel):
         self.encoder = VaswaniEncoder(config, encoder_embed)
         self.decoder = VaswaniDecoder(config, decoder_embed)
         self.post_init()
-        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
+        self._keys_to_ignore_on_save = set(self.all_tied_weights_keys)  # (`tied_weights_saved_once`)
 
     def get_input_embeddings(self):
         return self.encoder.embed_tokens
@@ -682,7 +682,7 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
         if not config.tie_word_embeddings:  # a projection of its own is no tied weight (Marian's layout)
             self._tied_weights_keys.pop("lm_head.weight")
         self.post_init()
-        self._keys_to_ignore_on_save = tied_weights_saved_once(self, built=True)
+        self._keys_to_ignore_on_save = set(self.all_tied_weights_keys)  # (`tied_weights_saved_once`)
 
     def prepare_decoder_input_ids_from_labels(self, labels):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -754,14 +754,11 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 def cross_entropy(logits, labels, num_items_in_batch=None):
     """Cross-entropy of the logits against the labels (-100 ignored), in float32: the mean over target tokens, or the
     sum divided by `num_items_in_batch` (the target tokens of all micro-batches of a gradient-accumulation step)."""
-    total = F.cross_entropy(
-        logits.flatten(0, -2).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction="sum"
+    # transformers' own reduction (its masked-LM loss, without that loss's `view`s); no target token: the mean is
+    # 0 / 0, NaN, as Marian's loss is
+    return fixed_cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten().to(logits.device), num_items_in_batch
     )
-    if num_items_in_batch is None:
-        num_items_in_batch = (labels != -100).sum()  # none: 0 / 0 is NaN, as the mean of Marian's loss
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
 
 
 __all__ = ["VaswaniPreTrainedModel", "VaswaniModel", "VaswaniForConditionalGeneration"]

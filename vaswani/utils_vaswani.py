@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS
+from .generation_vaswani import CACHE_NAME
 
 # What every saved folder carries besides its weights, configs and tokenizer, stated once: the files that
 # `trust_remote_code=True` loads (folder name -> file of this package), the `auto_map` naming them for the Auto
@@ -23,11 +23,10 @@ from .configuration_vaswani import ARCHITECTURE_FIELDS, DROPOUT_FIELDS
 # relative import of `modeling_vaswani.py` itself: loading a folder, transformers copies that file's own imports
 # into its module cache (5.5 no deeper), where `write_model_code` of a model loaded from it finds them again.
 CODE_FILES = {
-    "configuration_vaswani.py": "configuration_vaswani.py",
-    "modeling_vaswani.py": "modeling_vaswani.py",
-    "generation_vaswani.py": "generation_vaswani.py",
-    "pipeline_vaswani.py": "pipeline_vaswani.py",
-    "utils_vaswani.py": "utils_vaswani.py",
+    **{
+        f"{name}_vaswani.py": f"{name}_vaswani.py"
+        for name in ("configuration", "modeling", "generation", "pipeline", "utils")
+    },
     # transformers' seam for a model's own decoding: from_pretrained(..., trust_remote_code=True) installs its
     # `generate` (GenerationMixin.load_custom_generate)
     "custom_generate/generate.py": "generation_vaswani.py",
@@ -80,24 +79,18 @@ def follow_config(model):
         built.update(rates)
 
 
-def tied_weights_saved_once(model, built=False):
+def tied_weights_saved_once(model):
     """The tied weights (`all_tied_weights_keys`) that are one tensor with the weight they are tied to: a saved folder
-    holds them once, under that weight. The model sets them as transformers' `_keys_to_ignore_on_save` when it is
-    `built` (all of them: transformers ties them when it loads the weights; its Trainer compares them with the keys a
-    resumed checkpoint lacks, to tell tied weights from missing ones) and before it is saved (a weight untied by hand
-    since is saved as itself)."""
-    tied = model.__dict__.get("all_tied_weights_keys") or {}
+    holds them once, under that weight. The model sets them as transformers' `_keys_to_ignore_on_save` before it is
+    saved (a weight untied by hand since is saved as itself); when it is built, all of them (transformers ties them
+    when it loads the weights; its Trainer compares them with the keys a resumed checkpoint lacks, to tell tied
+    weights from missing ones)."""
     weights = dict(model.named_parameters(remove_duplicate=False))
     return {
         target
-        for target, source in tied.items()
-        if built or weights.get(target, target) is weights.get(source, source)
+        for target, source in model.all_tied_weights_keys.items()
+        if weights.get(target, target) is weights.get(source, source)
     }
-
-
-# transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
-# installed version's name in its outputs and accepts both names as input.
-CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
 def cache_argument(cache, kwargs):
@@ -112,18 +105,14 @@ def cache_argument(cache, kwargs):
     return cache if cache is not None else old
 
 
-_CAUSAL_MASK_PARAMETERS = inspect.signature(create_causal_mask).parameters
+_CACHE_KEYWORD = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
-def causal_mask(config, hidden_states, attention_mask, cache, past_length):
-    """transformers' causal mask for the current attention implementation; its arguments changed names in 5.x."""
+def causal_mask(config, hidden_states, attention_mask, cache):
+    """transformers' causal mask for the current attention implementation (its cache argument is named as the
+    installed release names it); the positions come from the cache's length."""
     self_cache = cache.self_attention_cache if cache is not None else None
-    kwargs = {"cache" if "cache" in _CAUSAL_MASK_PARAMETERS else "past_key_values": self_cache}
-    if "cache_position" in _CAUSAL_MASK_PARAMETERS:  # transformers < 5.6
-        kwargs["cache_position"] = (
-            torch.arange(hidden_states.shape[1], device=hidden_states.device) + past_length
-        )
-    return create_causal_mask(config, hidden_states, attention_mask, **kwargs)
+    return create_causal_mask(config, hidden_states, attention_mask, **{_CACHE_KEYWORD: self_cache})
 
 
 def resized_rows(module, rows, pad_to_multiple_of=None):
@@ -142,11 +131,11 @@ def resized_rows(module, rows, pad_to_multiple_of=None):
         module.num_embeddings = rows
         if module.padding_idx is not None and module.padding_idx >= rows:
             module.padding_idx = None
-    return module
 
 
 def flag(value, config, name="output_hidden_states"):
-    return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
+    """An output flag of the call, else the config's."""
+    return getattr(config, name) if value is None else value
 
 
 def check_embedding_inputs(input_ids, inputs_embeds, name, embed_tokens):
@@ -178,16 +167,17 @@ def check_embedding_inputs(input_ids, inputs_embeds, name, embed_tokens):
 
 def check_mask(mask, expected, name, of):
     # 4-D masks are taken as already prepared
-    if mask is not None and mask.dim() != 4 and tuple(mask.shape) != tuple(expected):
+    if mask is not None and mask.dim() != 4 and mask.shape != tuple(expected):
         raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but {of} needs {tuple(expected)}.")
 
 
 def check_decoder_inputs(
-    attention_mask, encoder_attention_mask, encoder_hidden_states, batch_size, seq_len, past_length
+    attention_mask, encoder_attention_mask, encoder_hidden_states, hidden_states, past_length
 ):
     """A clear error for decoder masks of the wrong shape (the target's covers past and current tokens) and a decoder
     batch that is not the encoder's. A static cache counts its past on the device: the target mask's
     length is then not checked, which would cost a host-device sync."""
+    batch_size, seq_len = hidden_states.shape[:2]  # the embedded target (B, T, d_model)
     if torch.is_tensor(past_length):
         target = None if attention_mask is None else (batch_size, attention_mask.shape[-1])
     else:
