@@ -43,12 +43,10 @@ def length_penalty_form_of(model, requested=None):
     """The length penalty form a beam search of `model` uses: `requested`, else its generation config's, else the
     paper's ("gnmt") for this package's models, which default to it, and transformers' |Y| ** alpha ("power") for
     any other model."""
-    paper = getattr(model.config, "model_type", None) == "vaswani"
-    return (
-        requested
-        or getattr(model.generation_config, "length_penalty_form", None)
-        or (PAPER_LENGTH_PENALTY_FORM if paper else "power")
-    )
+    form = requested or getattr(model.generation_config, "length_penalty_form", None)
+    if form:  # an exported engine (ONNX, CTranslate2) has a generation config but no model config
+        return form
+    return PAPER_LENGTH_PENALTY_FORM if getattr(model.config, "model_type", None) == "vaswani" else "power"
 
 
 def length_penalty_of(model, requested=None):
