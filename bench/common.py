@@ -38,23 +38,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from vaswani import VaswaniConfig, VaswaniForConditionalGeneration, shift_tokens_right
+from vaswani.interop.convert import SAME_FIELDS
 from vaswani.kernels import FAST_ATTENTION, use_cpu_kernels
 from vaswani.recipe.losses import fused_output_loss, label_smoothed_loss
 
 IMPLEMENTATIONS = ("vaswani", "marian", "torch")
 PAD, BOS, EOS = 0, 1, 2
-MARIAN_SIZES = (  # the VaswaniConfig fields that MarianConfig has under the same names
-    "vocab_size",
-    "d_model",
-    "encoder_layers",
-    "decoder_layers",
-    "encoder_attention_heads",
-    "decoder_attention_heads",
-    "encoder_ffn_dim",
-    "decoder_ffn_dim",
-    "dropout",
-    "max_position_embeddings",
-)
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"  # the local copy of Multi30k, where there is one
 DEFAULT_VOCAB = 37000  # §5.1: the shared EN-DE BPE vocabulary of about 37000 tokens
@@ -130,19 +119,13 @@ def build_model(name, config):
         from transformers import MarianConfig, MarianMTModel
 
         marian = MarianConfig(
-            **{size: getattr(config, size) for size in MARIAN_SIZES},
+            # the fields MarianConfig shares with VaswaniConfig (Marian keeps its own initialisation scale)
+            **{name: getattr(config, name) for name in SAME_FIELDS if name != "init_std"},
+            vocab_size=config.vocab_size,
             decoder_vocab_size=config.vocab_size,
-            activation_function="relu",
-            attention_dropout=0.0,
-            activation_dropout=0.0,
-            scale_embedding=True,
             share_encoder_decoder_embeddings=True,
             tie_word_embeddings=True,
-            pad_token_id=PAD,
-            bos_token_id=BOS,
-            eos_token_id=EOS,
             forced_eos_token_id=None,
-            decoder_start_token_id=BOS,
         )
         return MarianMTModel(marian)
     return TorchTransformerLM(config)
