@@ -3,8 +3,8 @@
 The defaults are the paper's base model (Table 3, first row). Every choice that departs from the paper is a named
 field whose default is the paper's behaviour, documented here and where it acts in `modeling_vaswani.py`.
 
-This file is copied next to `modeling_vaswani.py` into saved model folders, so it imports only transformers (and
-huggingface_hub's `strict`, which transformers' own configurations use). As `MarianConfig`, it is a `@strict` dataclass:
+This file is copied next to `modeling_vaswani.py` into saved model folders, so it imports only torch and transformers
+(and huggingface_hub's `strict`, which transformers' own configurations use). As `MarianConfig`, it is a `@strict` dataclass:
 each field's type is checked when it is set, and the `validate_*` methods check the values when the config is built
 and again when transformers saves it.
 """
