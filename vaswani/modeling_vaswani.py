@@ -217,9 +217,7 @@ class VaswaniAttention(nn.Module):
             if self.is_cross_attention and cache is not None:
                 key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                 cache.is_updated[self.layer_idx] = True
-            elif (
-                cache is not None
-            ):  # append to the keys and values of earlier steps: (B, h, T_past + Tq, d_k)
+            elif cache is not None:  # append to the earlier steps' keys and values: (B, h, T_past + Tq, d_k)
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
 
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -377,9 +375,8 @@ class VaswaniPreTrainedModel(PreTrainedModel):
         `resize_decoder_token_embeddings`)."""
         output = self.get_output_embeddings()
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        if (
-            self.config.share_encoder_decoder_embeddings
-        ):  # transformers set `vocab_size`: the target side is the same
+        # transformers set `vocab_size`; with one shared vocabulary the target side is the same
+        if self.config.share_encoder_decoder_embeddings:
             self.config.decoder_vocab_size = self.config.vocab_size
         elif output is not None:  # transformers resized it with the source side; the target side is unchanged
             self.set_output_embeddings(output)

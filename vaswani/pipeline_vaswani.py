@@ -47,9 +47,8 @@ class VaswaniTranslationPipeline(Pipeline):
         )
 
     def __call__(self, inputs, **kwargs):
-        if not isinstance(
-            inputs, (str, list)
-        ):  # a generator or a dataset, as transformers' pipelines take them
+        # a generator or a dataset, as transformers' pipelines take them
+        if not isinstance(inputs, (str, list)):
             return super().__call__(inputs, **kwargs)
         # An empty (or all-whitespace) text translates to "" without running the model, as `vaswani.translate`
         # does: a decoder given only `</s>` would otherwise invent a sentence.
