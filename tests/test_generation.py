@@ -9,15 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import transformers
 from helpers import batch, tiny_model
-from packaging.version import Version
 from transformers import GenerationConfig, GenerationMixin
 
 import vaswani
 from vaswani import generation_vaswani
 from vaswani.generation_vaswani import (
     EXTRA_OUTPUT_TOKENS,
+    LENGTH_PENALTY_FORMS,
     PAPER_LENGTH_PENALTY,
     PAPER_NUM_BEAMS,
     beam_search,
@@ -455,20 +454,12 @@ def test_continuing_generation_from_a_returned_cache_equals_one_call(model):
             torch.testing.assert_close(ours.keys, theirs.keys)
 
 
-def test_beam_search_over_separate_vocabularies_works_on_every_release_in_the_papers_form(monkeypatch):
-    """transformers' own beam search before 5.18 sized its beams by the source vocabulary: with |Y| ** alpha there
-    (handed to it) the error says so; the paper's form runs in `beam_search`, sized by the logits."""
+def test_beam_search_over_separate_vocabularies_works_on_every_release_in_either_form():
+    """transformers' own beam search before 5.18 sized its beams by the source vocabulary; the model's own loop
+    (`beam_search`, sized by the logits) runs beam search in either length-penalty form on every release."""
     separate = tiny_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=61)
     input_ids, attention_mask, _ = batch()
-    kw = dict(attention_mask=attention_mask, num_beams=2, max_new_tokens=3)
-    monkeypatch.setattr(generation_vaswani.transformers, "__version__", "5.14.0")
-    with pytest.raises(
-        ValueError, match=r"length_penalty_form='power' needs transformers >= 5.18.0 \(found 5.14.0\)"
-    ):
-        separate.generate(input_ids, length_penalty_form="power", **kw)
-    assert separate.generate(input_ids, **kw).shape[0] == 3
-    separate.generate(input_ids, attention_mask=attention_mask, max_new_tokens=3)  # greedy works there
-    monkeypatch.undo()
-    if Version(transformers.__version__) >= Version(generation_vaswani.BEAM_SEARCH_OVER_ANY_VOCABULARY):
-        beams = separate.generate(input_ids, length_penalty_form="power", **kw)
-        assert beams.shape[0] == 3
+    kw = dict(attention_mask=attention_mask, num_beams=2, max_new_tokens=3, output_scores=True)
+    for form in LENGTH_PENALTY_FORMS:
+        out = separate.generate(input_ids, length_penalty_form=form, return_dict_in_generate=True, **kw)
+        assert out.sequences.shape[0] == 3 and out.scores[0].shape == (6, 61)

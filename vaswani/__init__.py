@@ -45,7 +45,7 @@ _LAZY = {
 }
 
 
-def register() -> None:
+def register():
     """Register `model_type="vaswani"` with `AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM`, and
     `attn_implementation="vaswani_sdpa"` (`vaswani.kernels`), with transformers' public `register` methods. Calling it
     again changes nothing."""
@@ -78,15 +78,4 @@ def __dir__():
 if "transformers.models.auto.configuration_auto" in sys.modules:
     register()
 
-__all__ = [
-    "PRESETS",
-    "VaswaniConfig",
-    "VaswaniPreTrainedModel",
-    "VaswaniModel",
-    "VaswaniForConditionalGeneration",
-    "VaswaniTranslationPipeline",
-    "register",
-    "shift_tokens_right",
-    "use_cpu_kernels",
-    "use_plain_modules",
-]
+__all__ = [*_LAZY, "register"]

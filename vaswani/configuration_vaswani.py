@@ -47,7 +47,7 @@ def _preset(d_model, layers, heads, ffn_dim, dropout):
 
 # Table 3 of the paper, as data. `small` and `tiny` are not in the paper: CPU-sized models for Multi30k-sized
 # corpora, kept in the same family (post-norm, sinusoidal, shared embeddings).
-PRESETS: dict[str, dict] = {
+PRESETS = {
     # Table 3, "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1, eps_ls=0.1; 65M parameters on EN-DE.
     "base": _preset(512, 6, 8, 2048, 0.1),
     # Table 3, "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (EN-DE); 213M parameters.
@@ -292,7 +292,7 @@ class VaswaniConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` ({value}) is outside the vocabulary.")
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "VaswaniConfig":
+    def from_preset(cls, name, **overrides):
         """Build a configuration from a named preset (`"base"`, `"big"` of Table 3, or `"small"`, `"tiny"`) plus
         overrides."""
         if name not in PRESETS:

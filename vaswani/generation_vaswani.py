@@ -9,10 +9,11 @@ divides by ((5 + |Y|) / 6)^alpha. `generate` below decodes a model with the form
 
 - it hands every call to `GenerationMixin.generate`, which prepares the inputs, the encoder output, the cache, the
   logits processors and the stopping criteria as for any model;
-- for beam search in the paper's form it passes `custom_generate=beam_search`, transformers' documented hook for a
-  decoding loop of one's own: `beam_search` runs the beams on the model's public forward and the cache's public
-  `reorder_cache`, exactly as transformers' beam search does except for lp(Y) (with `length_penalty_form="power"` it
-  gives transformers' beams and scores);
+- for beam search it passes `custom_generate=beam_search`, transformers' documented hook for a decoding loop of
+  one's own: `beam_search` runs the beams on the model's public forward and the cache's public `reorder_cache`,
+  exactly as transformers' beam search does except for lp(Y) (with `length_penalty_form="power"` it gives
+  transformers' beams and scores), over a target vocabulary of any size on every supported release, each process
+  on its own (transformers hands a `custom_generate` loop no `synced_gpus`);
 - when neither the call nor the generation config sets a maximum length, the maximum is the paper's: the longest
   source of the batch + 50 new tokens (transformers' default would cut every sentence at 20 tokens).
 
@@ -28,9 +29,7 @@ import math
 import numbers
 
 import torch
-import transformers
 from torch import nn
-from torch.torch_version import TorchVersion
 from transformers import GenerationMixin
 from transformers.generation import GenerateBeamEncoderDecoderOutput, GenerationMode
 
@@ -46,10 +45,6 @@ PAPER_DECODING = {
 EXTRA_OUTPUT_TOKENS = 50  # "maximum output length [...] input length + 50"
 LENGTH_PENALTY_FORMS = (PAPER_LENGTH_PENALTY_FORM, "power")
 
-# Before 5.18, transformers' beam search sized its beams by `config.vocab_size` (the source vocabulary), not by the
-# logits: beam search over a target vocabulary of another size failed inside transformers with a reshape error.
-BEAM_SEARCH_OVER_ANY_VOCABULARY = "5.18.0"
-
 # transformers 5.24 renamed the cache argument and output field `past_key_values` -> `cache`; the model speaks the
 # installed version's name in its outputs and accepts both names as input (`utils_vaswani.cache_argument`).
 CACHE_NAME = (
@@ -57,7 +52,7 @@ CACHE_NAME = (
 )
 
 
-def paper_decoding(generation_config) -> None:
+def paper_decoding(generation_config):
     """Write §6.1's decoding (`PAPER_DECODING`) into a model's `GenerationConfig`, saved as generation_config.json,
     where transformers keeps a checkpoint's decoding (as Marian's and BART's folders do)."""
     generation_config.update(**PAPER_DECODING, allow_custom_entries=True)
@@ -66,7 +61,7 @@ def paper_decoding(generation_config) -> None:
     generation_config._from_model_config = False
 
 
-def length_penalty_factor(length, alpha: float, form: str = PAPER_LENGTH_PENALTY_FORM):
+def length_penalty_factor(length, alpha, form=PAPER_LENGTH_PENALTY_FORM):
     """lp(Y), by which beam search divides a hypothesis' summed log-probability so that lengths compare fairly.
 
     `"gnmt"`: ((5 + |Y|) / 6) ** alpha, Wu et al. (2016) eq. 14, cited by §6.1 (also tensor2tensor's).
@@ -101,16 +96,12 @@ def generate(*args, model, **kwargs):
     _check_settings(config)
     if config.max_length is None and config.max_new_tokens is None:  # the call's settings are in `config`
         kwargs["max_new_tokens"] = _source_length(source, kwargs) + EXTRA_OUTPUT_TOKENS
-    beam_search_mode = config.get_generation_mode(kwargs.get("assistant_model")) == GenerationMode.BEAM_SEARCH
-    if beam_search_mode and form == "gnmt" and config.length_penalty != 0:  # else transformers' own lp(Y)
-        return GenerationMixin.generate(
-            model, *args, custom_generate=beam_search, length_penalty_form=form, **kwargs
-        )
-    _check_beam_search_vocabulary(model.config, (config.num_beams or 1) > 1)  # beam search of any kind
+    if config.get_generation_mode(kwargs.get("assistant_model")) == GenerationMode.BEAM_SEARCH:
+        kwargs.update(custom_generate=beam_search, length_penalty_form=form)
     return GenerationMixin.generate(model, *args, **kwargs)
 
 
-def check_token_ids(ids, vocab_size: int, name: str) -> None:
+def check_token_ids(ids, vocab_size, name):
     """A clear error for token ids outside the vocabulary where data enters `generate` (and the tools, which call it),
     instead of an index error inside torch. It reads the smallest and largest id (a host-device sync, once per call);
     the model's forward reads no token value."""
@@ -142,7 +133,7 @@ def _check_settings(config):
         raise ValueError(f"`length_penalty` must be a finite number, got {alpha!r}.")
 
 
-def drop_trainer_defaults(generation_config) -> None:
+def drop_trainer_defaults(generation_config):
     """Take back the `max_length` of 20 that transformers' `Seq2SeqTrainer.prediction_step` writes into a model's
     generation config: after its first generated batch it fills every unset setting with transformers' defaults
     (`update(**GenerationConfig._get_default_generation_params(), defaults_only=True)`), so that each later
@@ -171,21 +162,6 @@ def _source_length(source, kwargs):
     if source is None and kwargs.get("encoder_outputs") is not None:
         source = kwargs["encoder_outputs"][0]
     return int(source.shape[1]) if source is not None and source.dim() >= 2 else 0
-
-
-def _check_beam_search_vocabulary(config, uses_beams):
-    """A clear error where transformers' own beam search cannot handle separate vocabularies of different sizes."""
-    if (
-        uses_beams
-        and config.decoder_vocab_size != config.vocab_size
-        and TorchVersion(transformers.__version__) < BEAM_SEARCH_OVER_ANY_VOCABULARY
-    ):
-        raise ValueError(
-            f"Beam search over a target vocabulary ({config.decoder_vocab_size} tokens) of another size than the source's "
-            f"({config.vocab_size}) with length_penalty_form='power' needs transformers >= "
-            f"{BEAM_SEARCH_OVER_ANY_VOCABULARY} (found {transformers.__version__}); upgrade transformers, or use the "
-            "paper's length penalty (length_penalty_form='gnmt'), greedy decoding or sampling."
-        )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -301,11 +277,11 @@ class BeamSearch:
 
 def beam_search(
     model,
-    input_ids: torch.LongTensor,
+    input_ids,
     logits_processor,
     stopping_criteria,
     generation_config,
-    length_penalty_form: str = PAPER_LENGTH_PENALTY_FORM,
+    length_penalty_form=PAPER_LENGTH_PENALTY_FORM,
     **model_kwargs,
 ):
     """Beam search (`BeamSearch`) on the model's public forward and the cache's public `reorder_cache`, as

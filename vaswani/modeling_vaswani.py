@@ -59,7 +59,7 @@ from .utils_vaswani import (
 )
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+def shift_tokens_right(labels, pad_token_id, decoder_start_token_id):
     """Teacher forcing: decoder inputs are the labels shifted one step right behind the start token (§3.1: the
     decoder's "output embeddings are offset by one position"). The -100 of ignored label positions become padding."""
     shifted = labels.new_empty(labels.shape)
@@ -71,9 +71,7 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 # --------------------------------------------------------------------------------------------------------------------
 # §3.5 Positional encoding
 # --------------------------------------------------------------------------------------------------------------------
-def sinusoidal_positional_encoding(
-    positions: torch.Tensor, d_model: int, layout: str = "interleaved", frequencies: str = "paper"
-) -> torch.Tensor:
+def sinusoidal_positional_encoding(positions, d_model, layout="interleaved", frequencies="paper"):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)) (§3.5).
 
     (T,) positions -> (T, d_model) encodings in float32. `layout="concatenated"` puts all sines before all cosines
@@ -382,7 +380,7 @@ class VaswaniPreTrainedModel(PreTrainedModel):
             self.set_output_embeddings(output)
         return embeddings
 
-    def resize_decoder_token_embeddings(self, new_num_tokens: int, pad_to_multiple_of: int | None = None):
+    def resize_decoder_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None):
         """Resize the target vocabulary of separate vocabularies: the decoder embedding and the output projection."""
         if self.config.share_encoder_decoder_embeddings:
             raise ValueError(
@@ -595,20 +593,20 @@ class VaswaniModel(VaswaniPreTrainedModel):
 
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: BaseModelOutput | tuple | None = None,
-        cache: EncoderDecoderCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        cache=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
         **kwargs,
-    ) -> Seq2SeqModelOutput | tuple:
+    ):
         r"""
         input_ids (`torch.LongTensor` of shape `(batch_size, source_length)`): source token ids.
         attention_mask (`torch.Tensor` of shape `(batch_size, source_length)`): 1 for real tokens, 0 for padding.
@@ -686,22 +684,22 @@ class VaswaniForConditionalGeneration(VaswaniPreTrainedModel, GenerationMixin):
 
     def forward(
         self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: BaseModelOutput | tuple | None = None,
-        cache: EncoderDecoderCache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        encoder_outputs=None,
+        cache=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        num_items_in_batch=None,
         **kwargs,
-    ) -> Seq2SeqLMOutput | tuple:
+    ):
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*): target ids ending with the
             end-of-sentence token, -100 where ignored. Decoder inputs are made from them by shifting right unless
