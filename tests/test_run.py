@@ -383,6 +383,8 @@ def test_the_learning_rate_flags_of_transformers_tensor2tensor_and_fairseq(tmp_p
         (["--learning_rate", "-1"], "--learning_rate must be a positive number"),
         (["--label_smoothing_factor", "1.5"], "--label_smoothing_factor"),
         (["--save_steps", "0"], "--save_steps must be positive"),
+        (["--max_tokens", "0"], "--max_tokens must be positive, got 0"),  # the sampler's token budget
+        (["--max_tokens", "40", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be positive"),
         (["--lr_scheduler_type", "cosine"], "add --paper_lr_schedule false to use it"),  # not ignored
     ):
         code, _, err = invoke(

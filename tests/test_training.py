@@ -61,14 +61,6 @@ def test_token_budget_batches_cover_every_example_once_within_budget():
 def test_token_budget_rejects_examples_over_budget():
     with pytest.raises(ValueError, match="Example 1 has 50 tokens.*max_tokens"):
         TokenBudgetBatchSampler([3, 50, 4], max_tokens=40)
-    with pytest.raises(ValueError, match="max_tokens"):
-        TokenBudgetBatchSampler([3], max_tokens=0)
-    with pytest.raises(ValueError, match="Example 2 has a negative length"):
-        TokenBudgetBatchSampler([3, 4, -1], max_tokens=40)
-    with pytest.raises(ValueError, match="max_sentences"):
-        TokenBudgetBatchSampler([3], max_tokens=40, max_sentences=0)
-    with pytest.raises(ValueError, match="empty dataset"):
-        TokenBudgetBatchSampler(np.zeros(0, dtype=np.int32), max_tokens=40)
 
 
 class PerExampleSampler:

@@ -120,25 +120,19 @@ class TokenBudgetBatchSampler:
 
     `lengths` may be any integer sequence; pass a numpy array (`example_lengths(dataset)`) for a large corpus. The
     sampler keeps the lengths in the smallest integer type that holds them, and an epoch as one permuted index array
-    sliced at fixed offsets; each batch becomes a Python list only when it is yielded.
+    sliced at fixed offsets; each batch becomes a Python list only when it is yielded. `max_tokens` and
+    `max_sentences` (None: no cap) are positive and `lengths` non-empty, as the recipe checks (`--max_tokens`,
+    `--per_device_train_batch_size`; a run whose every training pair was dropped stops before batching).
     """
 
     def __init__(self, lengths, max_tokens, seed=0, max_sentences=None):
-        if max_tokens <= 0:
-            raise ValueError(f"`max_tokens` must be positive, got {max_tokens}.")
-        if max_sentences is not None and max_sentences < 1:
-            raise ValueError(f"`max_sentences` must be positive (or None), got {max_sentences}.")
         lengths = np.asarray(lengths)
-        if len(lengths) == 0:
-            raise ValueError("Cannot batch an empty dataset.")
         longest = int(lengths.max())
         if longest > max_tokens:
             raise ValueError(
                 f"Example {int(lengths.argmax())} has {longest} tokens, more than `max_tokens`={max_tokens}: "
                 "raise the token budget or filter long pairs (`max_length`)."
             )
-        if int(lengths.min()) < 0:
-            raise ValueError(f"Example {int(lengths.argmin())} has a negative length, {int(lengths.min())}.")
         self.lengths = lengths.astype(np.min_scalar_type(longest), copy=False)
         self._index_dtype = np.int32 if len(lengths) < 2**31 else np.int64
         self._counts = np.bincount(self.lengths)
