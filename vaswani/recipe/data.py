@@ -20,8 +20,6 @@ Sources understood:
 """
 
 import gzip
-import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from functools import partial
@@ -125,13 +123,12 @@ def _load_text_split(paths, langs, cache_dir):
     # Cached as Arrow under `cache_dir`, keyed by the files' paths, sizes and modification times, so later
     # `map` calls are cached too and an edited file is read again.
     stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
-    fingerprint = hashlib.sha256(json.dumps([stats, *langs]).encode()).hexdigest()[:32]
     return Dataset.from_generator(
         _generate_pairs,
         features=datasets.Features(dict.fromkeys(langs, datasets.Value("string"))),
         gen_kwargs={"paths": tuple(map(str, paths)), "langs": langs},
         cache_dir=cache_dir,
-        fingerprint=fingerprint,
+        fingerprint=Hasher.hash([stats, langs]),
     )
 
 
@@ -310,9 +307,9 @@ def sample_pairs(dataset, max_samples, seed=0):
     is None or not smaller than it. To train a BPE vocabulary on a sample of a WMT-sized corpus."""
     if max_samples is None or max_samples >= len(dataset):
         return dataset
-    rows = np.random.default_rng(seed).choice(len(dataset), size=max_samples, replace=False)
-    rows.sort()
-    return dataset.select(rows)
+    return dataset.select(
+        np.sort(np.random.default_rng(seed).choice(len(dataset), max_samples, replace=False))
+    )
 
 
 def _encoder(tok):

@@ -98,10 +98,8 @@ def _new_bpe_tokenizer(lowercase=False):
 def check_special_ids(tokenizer, name="tokenizer"):
     """Raise `ValueError` unless `<pad>`, `<s>`, `</s>`, `<unk>` have the ids 0, 1, 2, 3 the model relies on."""
     expected = {
-        "pad": (PAD_TOKEN, PAD_ID),
-        "bos": (BOS_TOKEN, BOS_ID),
-        "eos": (EOS_TOKEN, EOS_ID),
-        "unk": (UNK_TOKEN, UNK_ID),
+        kind: (token, i)
+        for i, (kind, token) in enumerate(zip(("pad", "bos", "eos", "unk"), SPECIAL_TOKENS, strict=True))
     }
     found = {
         name: (getattr(tokenizer, f"{name}_token"), getattr(tokenizer, f"{name}_token_id"))
@@ -249,13 +247,12 @@ def load_tokenizers(path):
 def tokenizer_digest(source_tokenizer, target_tokenizer):
     """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
     tokens give different digests."""
-    models = []
-    for tokenizer in (source_tokenizer, target_tokenizer):
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            models.append(json.loads(backend.to_str()).get("model"))
-        else:
-            models.append(sorted(tokenizer.get_vocab().items()))
+    models = [
+        json.loads(tok.backend_tokenizer.to_str()).get("model")
+        if hasattr(tok, "backend_tokenizer")
+        else sorted(tok.get_vocab().items())
+        for tok in (source_tokenizer, target_tokenizer)
+    ]
     text = json.dumps(models, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
@@ -292,10 +289,8 @@ def load_model_tokenizers(model_path, tokenizer_path=None):
 
 
 def _pair_digest(source_dir, target_dir):
-    digest = hashlib.sha256()
-    for folder in (source_dir, target_dir):
-        digest.update((folder / "tokenizer.json").read_bytes())
-    return digest.hexdigest()
+    both = b"".join((folder / "tokenizer.json").read_bytes() for folder in (source_dir, target_dir))
+    return hashlib.sha256(both).hexdigest()
 
 
 def _check_pair(source_dir, target_dir):
