@@ -12,39 +12,29 @@ takes about 0.3 s and 50 MB (BENCHMARKS.md, "Data at WMT scale").
 import math
 
 import numpy as np
-import pyarrow.compute as pc
 from transformers import TrainerCallback
 
 LENGTH_COLUMN = "length"
 # Pairs grouped by length per pass of `_group_by_length`: bounds its temporary arrays to a few MB.
 _CHUNK = 1 << 18
-# Rows of the dataset read per pass by `example_lengths`.
+# Rows of the dataset read per pass by `example_lengths` (an indices mapping is read a chunk of indices at a time).
 _READ_ROWS = 1 << 20
 
 
 def example_lengths(dataset):
-    """The length of each training pair, the longer of its two sides, as an int32 array, read from Arrow in chunks.
-
-    From the `length` column that `data.tokenize_dataset` writes, else from the lengths of the `input_ids` and
-    `labels` lists (`pyarrow.compute.list_value_length`): the token lists never become Python objects. A dataset
-    with an indices mapping (`select`, `shuffle`) is read in its own order."""
-    columns = dataset.column_names
-    if LENGTH_COLUMN in columns:
-        wanted = [LENGTH_COLUMN]
-    elif "input_ids" in columns and "labels" in columns:
-        wanted = ["input_ids", "labels"]
-    else:
+    """The length of each training pair, the longer of its two sides, as an int32 array: the `length` column that
+    `data.tokenize_dataset` writes, read from Arrow in chunks (the token lists are never read). A dataset with an
+    indices mapping (`select`, `shuffle`) is read in its own order."""
+    if LENGTH_COLUMN not in dataset.column_names:
         raise ValueError(
-            f"Token-budget batches need a {LENGTH_COLUMN!r} column or the 'input_ids' and 'labels' columns of a "
-            f"tokenized dataset (data.tokenize_dataset); the training dataset has {columns}"
+            f"Token-budget batches need a {LENGTH_COLUMN!r} column, as a dataset tokenized by data.tokenize_dataset "
+            f"has; the training dataset has {dataset.column_names}"
         )
-    lengths = np.empty(len(dataset), dtype=np.int32)
-    start = 0
-    for table in dataset.select_columns(wanted).with_format("arrow").iter(batch_size=_READ_ROWS):
-        sides = table.columns if wanted == [LENGTH_COLUMN] else map(pc.list_value_length, table.columns)
-        lengths[start : start + len(table)] = pc.max_element_wise(*sides)
-        start += len(table)
-    return lengths
+    tables = dataset.select_columns([LENGTH_COLUMN]).with_format("arrow").iter(batch_size=_READ_ROWS)
+    # one array per table: a table read through an indices mapping holds a chunk per row
+    return np.concatenate(
+        [table[LENGTH_COLUMN].combine_chunks().to_numpy() for table in tables], dtype=np.int32
+    )
 
 
 def padded_lengths(lengths, multiple):
