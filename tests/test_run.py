@@ -195,11 +195,11 @@ def test_fsdp_on_two_cpu_processes_trains_the_model_as_one_process_does(corpus, 
     common.remove("--output_dir")
     common.remove("OUT")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    from vaswani.recipe.data import read_lines
     from vaswani.recipe.tokenization import save_tokenizers, train_bpe_tokenizer
 
-    tokenizer = train_bpe_tokenizer(
-        [corpus / "train.de", corpus / "train.en"], vocab_size=300, show_progress=False
-    )
+    lines = [*read_lines(corpus / "train.de"), *read_lines(corpus / "train.en")]
+    tokenizer = train_bpe_tokenizer(iter(lines), vocab_size=300, show_progress=False)
     save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
     common += ["--tokenizer_name", str(tmp_path / "tokenizer")]
     torchrun = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", "29547", "-m"]
