@@ -97,27 +97,18 @@ def train_bpe_tokenizer(
     lowercase=False,
     length=None,
 ):
-    """Learn a byte-level BPE vocabulary and wrap it as a `PreTrainedTokenizerFast`.
+    """Learn a byte-level BPE vocabulary from `sentences` and wrap it as a `PreTrainedTokenizerFast` with `<pad>`=0,
+    `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every sequence and pads on the right (`tok(sources,
+    text_target=targets)` returns `input_ids`, `attention_mask` and `labels`).
 
-    For the paper's shared vocabulary (§5.1: about 37000 tokens for EN-DE) pass source and target text
-    together, e.g. `data.iter_text(train, ["de", "en"])`, or the lines of both files,
-    `itertools.chain(*map(data.read_lines, [train.de.gz, train.en.gz]))`.
-
-    Args:
-        sentences: an iterator over sentences or over batches (lists) of sentences. A path, a list or a tuple is
-            refused with a `TypeError`, so that neither file names nor a list of them is learned as text.
-        vocab_size: the size of the vocabulary, special tokens and the 256 byte symbols included. A small
-            corpus may end with fewer tokens, when no pair is left that occurs `min_frequency` times.
-        min_frequency: a pair of symbols is merged only if it occurs at least this often.
-        model_max_length: the length above which `transformers` warns (positions are sinusoidal, no limit).
-        show_progress: show the trainer's progress bar.
-        lowercase: lowercase all text before encoding (not the paper; see the module docstring). The vocabulary is
-            then learned on lowercased text too.
-        length: the number of sentences the iterator yields, if known: the progress bar then shows how far it is.
-
-    Returns:
-        A tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every sequence and pads
-        on the right; `tok(sources, text_target=targets)` returns `input_ids`, `attention_mask` and `labels`.
+    `sentences`: an iterator over sentences or over batches (lists) of them: source and target text together for the
+    paper's shared vocabulary (§5.1: about 37000 tokens for EN-DE), e.g. `data.iter_text(train, ["de", "en"])` or
+    `itertools.chain(*map(data.read_lines, files))`; a path, list or tuple is refused (`TypeError`), so that file
+    names are never learned as text. `vocab_size` counts the special tokens and the 256 byte symbols (a small corpus
+    may end with fewer tokens, when no pair is left that occurs `min_frequency` times, the least a merged pair
+    occurs). `model_max_length`: the length above which `transformers` warns (positions are sinusoidal, no limit).
+    `show_progress`: the trainer's progress bar, which ends at `length` sentences if given. `lowercase`: lowercase
+    all text before encoding, and learn on lowercased text (not the paper; see the module docstring).
     """
     if isinstance(sentences, (str, os.PathLike, list, tuple)):
         raise TypeError(
