@@ -319,7 +319,7 @@ def test_token_budget_batches_report_what_they_trained_on(finished):
     """`train_samples_per_second` counted 8 sentences (the unused --per_device_train_batch_size) per token-budget
     batch; it counts the sentences of the batches, and `train_tokens_per_second` their target tokens."""
     _, trainer, _ = finished
-    batches = trainer.token_sampler().batches()[:8]  # epoch 0: the 8 steps of the run
+    batches = list(trainer.token_sampler())[:8]  # epoch 0: the 8 steps of the run
     labels = trainer.train_dataset["labels"]
     final = trainer.state.log_history[-1]
     assert final["train_samples"] == sum(len(b) for b in batches) != 8 * 8
@@ -356,7 +356,7 @@ def test_batches_follow_the_flags_given(tmp_path, corpus, capsys):
         )
     )
     assert "token-budget batches of at most 96 tokens and 3 sentences per device" in capsys.readouterr().err
-    assert all(len(batch) <= 3 for batch in trainer.token_sampler().batches())
+    assert all(len(batch) <= 3 for batch in trainer.token_sampler())
     assert trainer.state.log_history[-1]["train_samples"] <= 6 * 3
 
 

@@ -160,10 +160,6 @@ class TokenBudgetBatchSampler:
         order = self._group_by_length(indices)
         return order, rng.permutation(len(self))
 
-    def batches(self):
-        """Every batch of this epoch as lists of indices (for inspection; training iterates the sampler)."""
-        return list(self)
-
     def __iter__(self):
         order, batch_order = self.epoch_order()
         offsets = self._offsets
