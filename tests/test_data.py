@@ -265,15 +265,6 @@ def test_tokenize_and_filter(noisy):
         assert tok.decode(example["input_ids"], skip_special_tokens=True) == de
         assert tok.decode(example["labels"], skip_special_tokens=True) == en
 
-    everywhere, dropped = tokenize_dataset(
-        ds, tok, tok, "de", "en", max_length, filter_splits=None, keep_text=True
-    )
-    assert dropped == {"train": 4, "val": 1}
-    assert everywhere["val"].column_names == ["de", "en", "input_ids", "labels", "length"]
-    assert everywhere["val"]["de"] == ds["val"]["de"][:-1]
-    with pytest.raises(ValueError, match="test"):
-        tokenize_dataset(ds, tok, tok, "de", "en", filter_splits=["test"])
-
 
 def test_separate_tokenizers_tokenize_their_own_side(noisy):
     ds, tok = noisy
@@ -352,17 +343,21 @@ def test_the_filter_settings_are_part_of_the_cache_key(noisy):
     shorter, dropped_shorter = tokenize_dataset(ds, tok, tok, "de", "en", max_length=8)
     assert shorter["train"].cache_files != first["train"].cache_files
     assert dropped_shorter["train"] > dropped["train"] and max(shorter["train"]["length"]) <= 8
-    unfiltered, none_dropped = tokenize_dataset(ds, tok, tok, "de", "en", filter_splits=[])
-    assert none_dropped == {"train": 0, "val": 0} and len(unfiltered["train"]) == len(ds["train"])
+    # The same rows outside "train" are not filtered: another key, every pair kept.
+    unfiltered, none_dropped = tokenize_dataset(
+        DatasetDict(test=ds["train"]), tok, tok, "de", "en", max_length=1000
+    )
+    assert unfiltered["test"].cache_files != first["train"].cache_files
+    assert none_dropped == {"test": 0} and len(unfiltered["test"]) == len(ds["train"])
 
 
-def test_a_null_text_outside_the_filtered_splits_is_named(noisy):
+def test_a_null_text_outside_the_training_split_is_named(noisy):
     ds, tok = noisy
     broken = DatasetDict({"test": Dataset.from_dict({"de": ["Ein Hund.", None], "en": ["A dog.", "A cat."]})})
     with pytest.raises(ValueError, match="test: .* no de text"):
-        tokenize_dataset(broken, tok, tok, "de", "en", filter_splits=[])
-    dropped = tokenize_dataset(broken, tok, tok, "de", "en", filter_splits=["test"])[1]
-    assert dropped == {"test": 1}  # where pairs are filtered, a null side is an empty one
+        tokenize_dataset(broken, tok, tok, "de", "en")
+    dropped = tokenize_dataset(DatasetDict(train=broken["test"]), tok, tok, "de", "en")[1]
+    assert dropped == {"train": 1}  # where pairs are filtered, a null side is an empty one
 
 
 def test_sample_pairs_draws_a_fixed_uniform_sample_in_corpus_order():

@@ -195,11 +195,11 @@ def test_fsdp_on_two_cpu_processes_trains_the_model_as_one_process_does(corpus, 
     common.remove("--output_dir")
     common.remove("OUT")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    from vaswani.recipe.data import read_lines
     from vaswani.recipe.tokenization import save_tokenizers, train_bpe_tokenizer
 
-    tokenizer = train_bpe_tokenizer(
-        [corpus / "train.de", corpus / "train.en"], vocab_size=300, show_progress=False
-    )
+    lines = [*read_lines(corpus / "train.de"), *read_lines(corpus / "train.en")]
+    tokenizer = train_bpe_tokenizer(iter(lines), vocab_size=300, show_progress=False)
     save_tokenizers(tokenizer, tokenizer, tmp_path / "tokenizer")
     common += ["--tokenizer_name", str(tmp_path / "tokenizer")]
     torchrun = [str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", "29547", "-m"]
@@ -319,7 +319,7 @@ def test_token_budget_batches_report_what_they_trained_on(finished):
     """`train_samples_per_second` counted 8 sentences (the unused --per_device_train_batch_size) per token-budget
     batch; it counts the sentences of the batches, and `train_tokens_per_second` their target tokens."""
     _, trainer, _ = finished
-    batches = trainer.token_sampler().batches()[:8]  # epoch 0: the 8 steps of the run
+    batches = list(trainer.token_sampler())[:8]  # epoch 0: the 8 steps of the run
     labels = trainer.train_dataset["labels"]
     final = trainer.state.log_history[-1]
     assert final["train_samples"] == sum(len(b) for b in batches) != 8 * 8
@@ -356,7 +356,7 @@ def test_batches_follow_the_flags_given(tmp_path, corpus, capsys):
         )
     )
     assert "token-budget batches of at most 96 tokens and 3 sentences per device" in capsys.readouterr().err
-    assert all(len(batch) <= 3 for batch in trainer.token_sampler().batches())
+    assert all(len(batch) <= 3 for batch in trainer.token_sampler())
     assert trainer.state.log_history[-1]["train_samples"] <= 6 * 3
 
 
@@ -383,6 +383,8 @@ def test_the_learning_rate_flags_of_transformers_tensor2tensor_and_fairseq(tmp_p
         (["--learning_rate", "-1"], "--learning_rate must be a positive number"),
         (["--label_smoothing_factor", "1.5"], "--label_smoothing_factor"),
         (["--save_steps", "0"], "--save_steps must be positive"),
+        (["--max_tokens", "0"], "--max_tokens must be positive, got 0"),  # the sampler's token budget
+        (["--max_tokens", "40", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be positive"),
         (["--lr_scheduler_type", "cosine"], "add --paper_lr_schedule false to use it"),  # not ignored
     ):
         code, _, err = invoke(

@@ -61,14 +61,6 @@ def test_token_budget_batches_cover_every_example_once_within_budget():
 def test_token_budget_rejects_examples_over_budget():
     with pytest.raises(ValueError, match="Example 1 has 50 tokens.*max_tokens"):
         TokenBudgetBatchSampler([3, 50, 4], max_tokens=40)
-    with pytest.raises(ValueError, match="max_tokens"):
-        TokenBudgetBatchSampler([3], max_tokens=0)
-    with pytest.raises(ValueError, match="Example 2 has a negative length"):
-        TokenBudgetBatchSampler([3, 4, -1], max_tokens=40)
-    with pytest.raises(ValueError, match="max_sentences"):
-        TokenBudgetBatchSampler([3], max_tokens=40, max_sentences=0)
-    with pytest.raises(ValueError, match="empty dataset"):
-        TokenBudgetBatchSampler(np.zeros(0, dtype=np.int32), max_tokens=40)
 
 
 class PerExampleSampler:
@@ -139,13 +131,12 @@ def test_example_lengths_are_read_from_arrow():
     from vaswani.recipe.batching import example_lengths
 
     rows = {"input_ids": [[5, 2], [5, 6, 7, 2], [2]], "labels": [[9, 9, 9, 2], [2], [4, 2]]}
-    bare = Dataset.from_dict(rows)
-    assert example_lengths(bare).tolist() == [4, 4, 2] and example_lengths(bare).dtype == np.int32
     with_length = Dataset.from_dict({**rows, "length": [40, 41, 42]})
-    assert example_lengths(with_length).tolist() == [40, 41, 42]  # the column tokenize_dataset writes wins
+    assert example_lengths(with_length).tolist() == [40, 41, 42]  # the column tokenize_dataset writes
+    assert example_lengths(with_length).dtype == np.int32
     assert example_lengths(with_length.select([2, 0])).tolist() == [42, 40]  # an indices mapping is followed
-    with pytest.raises(ValueError, match="'length' column or the 'input_ids' and 'labels'"):
-        example_lengths(Dataset.from_dict({"input_ids": rows["input_ids"]}))
+    with pytest.raises(ValueError, match="need a 'length' column.*data.tokenize_dataset.*'input_ids', 'labels'"):
+        example_lengths(Dataset.from_dict(rows))
 
 
 # ---- schedule and optimizer defaults -----------------------------------------------------------------------------

@@ -12,39 +12,29 @@ takes about 0.3 s and 50 MB (BENCHMARKS.md, "Data at WMT scale").
 import math
 
 import numpy as np
-import pyarrow.compute as pc
 from transformers import TrainerCallback
 
 LENGTH_COLUMN = "length"
 # Pairs grouped by length per pass of `_group_by_length`: bounds its temporary arrays to a few MB.
 _CHUNK = 1 << 18
-# Rows of the dataset read per pass by `example_lengths`.
+# Rows of the dataset read per pass by `example_lengths` (an indices mapping is read a chunk of indices at a time).
 _READ_ROWS = 1 << 20
 
 
 def example_lengths(dataset):
-    """The length of each training pair, the longer of its two sides, as an int32 array, read from Arrow in chunks.
-
-    From the `length` column that `data.tokenize_dataset` writes, else from the lengths of the `input_ids` and
-    `labels` lists (`pyarrow.compute.list_value_length`): the token lists never become Python objects. A dataset
-    with an indices mapping (`select`, `shuffle`) is read in its own order."""
-    columns = dataset.column_names
-    if LENGTH_COLUMN in columns:
-        wanted = [LENGTH_COLUMN]
-    elif "input_ids" in columns and "labels" in columns:
-        wanted = ["input_ids", "labels"]
-    else:
+    """The length of each training pair, the longer of its two sides, as an int32 array: the `length` column that
+    `data.tokenize_dataset` writes, read from Arrow in chunks (the token lists are never read). A dataset with an
+    indices mapping (`select`, `shuffle`) is read in its own order."""
+    if LENGTH_COLUMN not in dataset.column_names:
         raise ValueError(
-            f"Token-budget batches need a {LENGTH_COLUMN!r} column or the 'input_ids' and 'labels' columns of a "
-            f"tokenized dataset (data.tokenize_dataset); the training dataset has {columns}"
+            f"Token-budget batches need a {LENGTH_COLUMN!r} column, as a dataset tokenized by data.tokenize_dataset "
+            f"has; the training dataset has {dataset.column_names}"
         )
-    lengths = np.empty(len(dataset), dtype=np.int32)
-    start = 0
-    for table in dataset.select_columns(wanted).with_format("arrow").iter(batch_size=_READ_ROWS):
-        sides = table.columns if wanted == [LENGTH_COLUMN] else map(pc.list_value_length, table.columns)
-        lengths[start : start + len(table)] = pc.max_element_wise(*sides)
-        start += len(table)
-    return lengths
+    tables = dataset.select_columns([LENGTH_COLUMN]).with_format("arrow").iter(batch_size=_READ_ROWS)
+    # one array per table: a table read through an indices mapping holds a chunk per row
+    return np.concatenate(
+        [table[LENGTH_COLUMN].combine_chunks().to_numpy() for table in tables], dtype=np.int32
+    )
 
 
 def padded_lengths(lengths, multiple):
@@ -120,25 +110,19 @@ class TokenBudgetBatchSampler:
 
     `lengths` may be any integer sequence; pass a numpy array (`example_lengths(dataset)`) for a large corpus. The
     sampler keeps the lengths in the smallest integer type that holds them, and an epoch as one permuted index array
-    sliced at fixed offsets; each batch becomes a Python list only when it is yielded.
+    sliced at fixed offsets; each batch becomes a Python list only when it is yielded. `max_tokens` and
+    `max_sentences` (None: no cap) are positive and `lengths` non-empty, as the recipe checks (`--max_tokens`,
+    `--per_device_train_batch_size`; a run whose every training pair was dropped stops before batching).
     """
 
     def __init__(self, lengths, max_tokens, seed=0, max_sentences=None):
-        if max_tokens <= 0:
-            raise ValueError(f"`max_tokens` must be positive, got {max_tokens}.")
-        if max_sentences is not None and max_sentences < 1:
-            raise ValueError(f"`max_sentences` must be positive (or None), got {max_sentences}.")
         lengths = np.asarray(lengths)
-        if len(lengths) == 0:
-            raise ValueError("Cannot batch an empty dataset.")
         longest = int(lengths.max())
         if longest > max_tokens:
             raise ValueError(
                 f"Example {int(lengths.argmax())} has {longest} tokens, more than `max_tokens`={max_tokens}: "
                 "raise the token budget or filter long pairs (`max_length`)."
             )
-        if int(lengths.min()) < 0:
-            raise ValueError(f"Example {int(lengths.argmin())} has a negative length, {int(lengths.min())}.")
         self.lengths = lengths.astype(np.min_scalar_type(longest), copy=False)
         self._index_dtype = np.int32 if len(lengths) < 2**31 else np.int64
         self._counts = np.bincount(self.lengths)
@@ -175,10 +159,6 @@ class TokenBudgetBatchSampler:
         rng.shuffle(indices)  # the draws of rng.permutation(len(lengths)), in 4 bytes per example
         order = self._group_by_length(indices)
         return order, rng.permutation(len(self))
-
-    def batches(self):
-        """Every batch of this epoch as lists of indices (for inspection; training iterates the sampler)."""
-        return list(self)
 
     def __iter__(self):
         order, batch_order = self.epoch_order()

@@ -20,8 +20,6 @@ Sources understood:
 """
 
 import gzip
-import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from functools import partial
@@ -43,11 +41,13 @@ logger = logging.getLogger(__name__)
 _JSON_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")
 # What `tokenize_dataset` writes: token ids as int32 lists, and the longer side's length for the batch sampler.
-_ENCODED_FEATURES = {
-    "input_ids": datasets.Sequence(datasets.Value("int32")),
-    "labels": datasets.Sequence(datasets.Value("int32")),
-    LENGTH_COLUMN: datasets.Value("int32"),
-}
+_ENCODED_FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "labels": datasets.Sequence(datasets.Value("int32")),
+        LENGTH_COLUMN: datasets.Value("int32"),
+    }
+)
 _IDS = pa.list_(pa.int32())
 
 
@@ -123,13 +123,12 @@ def _load_text_split(paths, langs, cache_dir):
     # Cached as Arrow under `cache_dir`, keyed by the files' paths, sizes and modification times, so later
     # `map` calls are cached too and an edited file is read again.
     stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
-    fingerprint = hashlib.sha256(json.dumps([stats, *langs]).encode()).hexdigest()[:32]
     return Dataset.from_generator(
         _generate_pairs,
         features=datasets.Features(dict.fromkeys(langs, datasets.Value("string"))),
         gen_kwargs={"paths": tuple(map(str, paths)), "langs": langs},
         cache_dir=cache_dir,
-        fingerprint=fingerprint,
+        fingerprint=Hasher.hash([stats, langs]),
     )
 
 
@@ -308,104 +307,76 @@ def sample_pairs(dataset, max_samples, seed=0):
     is None or not smaller than it. To train a BPE vocabulary on a sample of a WMT-sized corpus."""
     if max_samples is None or max_samples >= len(dataset):
         return dataset
-    rows = np.random.default_rng(seed).choice(len(dataset), size=max_samples, replace=False)
-    rows.sort()
-    return dataset.select(rows)
-
-
-def _rust_ids(encoder, texts):
-    return [encoding.ids for encoding in encoder.encode_batch_fast(texts, add_special_tokens=True)]
-
-
-def _python_ids(tok, texts):
-    return tok(texts, truncation=False)["input_ids"] if texts else []  # a batch whose every pair was dropped
+    return dataset.select(
+        np.sort(np.random.default_rng(seed).choice(len(dataset), max_samples, replace=False))
+    )
 
 
 def _encoder(tok):
     """`texts -> tok(texts, truncation=False)["input_ids"]`, through the Rust tokenizer behind `tok` where it has one,
     set as that call sets it (special tokens added, neither truncation nor padding, special tokens split or not as
     `tok.split_special_tokens` says), as a copy so that `tok` is left as it is; else (a Python "slow" tokenizer)
-    through `tok` itself."""
+    through `tok` itself (not called on a batch whose every pair was dropped)."""
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
-        return partial(_python_ids, tok)
+        return lambda texts: tok(texts, truncation=False)["input_ids"] if texts else []
     encoder = Tokenizer.from_str(backend.to_str())
     encoder.no_truncation()
     encoder.no_padding()
     encoder.encode_special_tokens = tok.split_special_tokens
-    return partial(_rust_ids, encoder)
+    return lambda texts: [
+        encoding.ids for encoding in encoder.encode_batch_fast(texts, add_special_tokens=True)
+    ]
 
 
-def _encode_pairs(batch, encoders, langs, keep, limits, split):
+def _encode_pairs(batch, encoders, langs, limits, split):
     """One batch of `tokenize_dataset`'s single pass: both sides (`langs`) encoded as int32 lists, and with `limits`
     (the maximum source and target lengths) the unusable pairs dropped (an empty side, a side too long), so the batch
     may shrink."""
     texts = [batch.column(lang).to_pylist() for lang in langs]
-    rows = list(range(batch.num_rows))
-    if limits is None:
-        for lang, side in zip(langs, texts, strict=True):
-            if None in side:
-                raise ValueError(f"{split}: pair {side.index(None)} of a batch has no {lang} text (null)")
-    else:  # `bool(s.strip())` without the copies; a null side is an empty one
-        pairs = enumerate(zip(*texts, strict=True))
-        rows = [i for i, (s, t) in pairs if s and t and not s.isspace() and not t.isspace()]
-        texts = [[side[i] for i in rows] for side in texts]
+    for lang, side in zip(langs, texts, strict=True):
+        if limits is None and None in side:
+            raise ValueError(f"{split}: pair {side.index(None)} of a batch has no {lang} text (null)")
+    if limits is not None:  # `bool(s.strip())` without the copies; a null side is an empty one
+        pairs = [
+            (s, t) for s, t in zip(*texts, strict=True) if s and t and not s.isspace() and not t.isspace()
+        ]
+        texts = [[s for s, _ in pairs], [t for _, t in pairs]]
     ids = [pa.array(encode(side), _IDS) for encode, side in zip(encoders, texts, strict=True)]
     lengths = [pc.list_value_length(side) for side in ids]
-    encoded = pa.table(
-        {
-            **{name: batch.column(name).take(rows) for name in keep},
-            "input_ids": ids[0],
-            "labels": ids[1],
-            LENGTH_COLUMN: pc.max_element_wise(*lengths),
-        }
-    )
+    encoded = pa.table({"input_ids": ids[0], "labels": ids[1], LENGTH_COLUMN: pc.max_element_wise(*lengths)})
     if limits is None:
         return encoded
-    return encoded.filter(pc.and_(pc.less_equal(lengths[0], limits[0]), pc.less_equal(lengths[1], limits[1])))
+    return encoded.filter(pc.and_(*map(pc.less_equal, lengths, limits)))
 
 
-def _encoding_fingerprint(ds, toks, langs, keep_text, limits):
-    """A cache key for `_encode_pairs` from what decides its output: the input rows, both tokenizers' JSON, the
-    columns kept and the filter's limits (None: no filter). The main process's cache file is the one every other
-    rank and every rerun maps.
+def _encoding_fingerprint(ds, toks, langs, limits):
+    """A cache key for `_encode_pairs` from what decides its output: the input rows, both tokenizers' JSON, and the
+    filter's limits (None: no filter). The main process's cache file is the one every other rank and every rerun maps.
 
     `datasets` would otherwise hash the tokenizer objects, whose state (e.g. `name_or_path`) differs between
     a freshly trained and a reloaded tokenizer, so every run would tokenize again.
     """
-    parts = [ds._fingerprint, *langs, str(keep_text), json.dumps(limits), "encode-v2"]
-    for tok in toks:
-        backend = getattr(tok, "backend_tokenizer", None)
-        parts.append(backend.to_str() if backend is not None else Hasher.hash(tok))
-    return hashlib.sha256("".join(parts).encode()).hexdigest()[:32]
+    backends = [tok.backend_tokenizer.to_str() if hasattr(tok, "backend_tokenizer") else tok for tok in toks]
+    return Hasher.hash([ds._fingerprint, langs, limits, backends, "encode-v3"])
 
 
 def tokenize_dataset(
-    dataset,
-    src_tok,
-    tgt_tok,
-    src_lang,
-    tgt_lang,
-    max_length=256,
-    filter_splits=("train",),
-    max_target_length=None,
-    keep_text=False,
-    num_proc=None,
-    batch_size=10_000,
+    dataset, src_tok, tgt_tok, src_lang, tgt_lang, max_length=256, max_target_length=None, num_proc=None
 ):
-    """Encode every split for the model and drop unusable pairs from the splits in `filter_splits`.
+    """Encode every split for the model and drop unusable pairs from the training split.
 
     Each example gets `input_ids` (source, ending in `</s>`), `labels` (target, ending in `</s>`; the model prepends
     `<s>` when shifting right), both int32 lists, and `length`, the longer side's token count, which the token-budget
-    sampler reads (`batching.example_lengths`) without turning token lists into Python objects. There is no
-    `attention_mask` column: `DataCollatorForSeq2Seq` makes it when it pads. Nothing is truncated and nothing is
-    padded: the collator pads per batch, labels with -100. The ids are those of `src_tok(texts)["input_ids"]`; the
-    Rust tokenizer is called directly, with both sides in one `Dataset.map` pass of `batch_size` pairs.
+    sampler reads (`batching.example_lengths`) without turning token lists into Python objects. No other column
+    remains, and there is no `attention_mask` column: `DataCollatorForSeq2Seq` makes it when it pads. Nothing is
+    truncated and nothing is padded: the collator pads per batch, labels with -100. The ids are those of
+    `src_tok(texts)["input_ids"]`; the Rust tokenizer is called directly, with both sides in one `Dataset.map` pass.
 
-    In the splits named by `filter_splits` (`None`: all), a pair is dropped when either side is empty or
-    whitespace, or when the source has more than `max_length` tokens or the target more than `max_target_length`
-    (default: `max_length`), `</s>` included. Only "train" is filtered by default, so validation and test BLEU stay
-    comparable with published numbers.
+    In the "train" split, a pair is dropped when either side is empty or whitespace, or when the source has more than
+    `max_length` tokens or the target more than `max_target_length` (default: `max_length`), `</s>` included. The
+    other splits are kept whole, so that validation and test BLEU stay comparable with published numbers; a null
+    text there raises `ValueError` naming the split and the language.
 
     Datasets backed by Arrow files (every loader of this module) are tokenized once: the result is cached beside
     them under a key of the rows, the tokenizers and these settings, so a rerun, and every other process of a
@@ -414,35 +385,26 @@ def tokenize_dataset(
     Args:
         dataset: splits with `src_lang` and `tgt_lang` text columns (from `load_parallel_dataset`).
         src_tok, tgt_tok: the tokenizers of each side; pass the same one twice for a joint vocabulary.
-        keep_text: keep the two text columns (e.g. as BLEU references), else only model inputs remain.
-        num_proc, batch_size: passed to `Dataset.map`.
+        num_proc: passed to `Dataset.map`.
 
     Returns:
         The tokenized `DatasetDict` and `{split: number of pairs dropped}`.
     """
-    max_target_length = max_target_length or max_length
-    filtered = set(dataset) if filter_splits is None else set(filter_splits)
-    if unknown := filtered - set(dataset):
-        raise ValueError(
-            f"filter_splits names splits the dataset lacks: {sorted(unknown)} (it has {list(dataset)})"
-        )
     toks, langs = (src_tok, tgt_tok), (src_lang, tgt_lang)
     encoders = tuple(map(_encoder, toks))
     result = DatasetDict()
     for split, ds in dataset.items():
-        limits = (max_length, max_target_length) if split in filtered else None
-        keep = [c for c in ds.column_names if c not in _ENCODED_FEATURES and (keep_text or c not in langs)]
-        encode = partial(_encode_pairs, encoders=encoders, langs=langs, keep=keep, limits=limits, split=split)
+        limits = (max_length, max_target_length or max_length) if split == "train" else None
         result[split] = (
             ds.with_format("arrow")
             .map(
-                encode,
+                partial(_encode_pairs, encoders=encoders, langs=langs, limits=limits, split=split),
                 batched=True,
-                batch_size=batch_size,
+                batch_size=10_000,
                 num_proc=num_proc,
                 remove_columns=ds.column_names,
-                features=datasets.Features({**{c: ds.features[c] for c in keep}, **_ENCODED_FEATURES}),
-                new_fingerprint=_encoding_fingerprint(ds, toks, langs, keep_text, limits),
+                features=_ENCODED_FEATURES,
+                new_fingerprint=_encoding_fingerprint(ds, toks, langs, limits),
                 desc=f"Tokenizing {split}" + (" and dropping unusable pairs" if limits else ""),
             )
             .with_format(None)

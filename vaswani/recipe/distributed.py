@@ -8,7 +8,7 @@ import os
 
 import torch
 from accelerate import PartialState
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, parse_flag_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -19,10 +19,9 @@ _MPI_WORLD_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD
 def check_launch() -> None:
     """`accelerate launch --cpu --num_processes N` (N > 1, no MPI host file) starts one process that would train
     alone: refuse it with the launch that works."""
-    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
     # accelerate's simple launcher sets MASTER_ADDR for num_processes > 1
     if (
-        cpu
+        parse_flag_from_env("ACCELERATE_USE_CPU")
         and "MASTER_ADDR" in os.environ
         and not any(name in os.environ for name in _MPI_WORLD_SIZE_VARIABLES)
     ):

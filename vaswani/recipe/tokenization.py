@@ -26,7 +26,6 @@ when it shifts the labels right.
 """
 
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -39,7 +38,6 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from ..common.fileio import read_json, replace_files, temporary_sibling, write_json
 from ..publishing.model_card import lowercases  # noqa: F401 (the card states it; the recipe asks it too)
 from .callbacks import saved_args
-from .data import read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -55,25 +53,6 @@ PAIR_FILE = "vaswani_tokenizer_pair.json"
 # Positions are sinusoidal (§3.5), so this bounds nothing in the model; it only sets when the tokenizer warns.
 DEFAULT_MODEL_MAX_LENGTH = 1024
 _MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256  # the special tokens plus the byte alphabet
-
-
-def _text_batches(files_or_iterator):
-    """Sentences to train on: lines of files (a path or a list/tuple of paths), or the iterator as given.
-
-    A list is always read as file paths, so a list of sentences fails loudly instead of being mistaken for
-    files or vice versa; pass sentences as an iterator (`iter(sentences)`, a generator, `data.iter_text`).
-    """
-    if isinstance(files_or_iterator, (str, os.PathLike)):
-        files_or_iterator = [files_or_iterator]
-    if not isinstance(files_or_iterator, (list, tuple)):
-        return files_or_iterator
-    for path in files_or_iterator:
-        if not Path(path).is_file():
-            raise FileNotFoundError(
-                f"No such text file: {str(path)!r}. To train on sentences rather than files, "
-                "pass an iterator such as iter(sentences)."
-            )
-    return itertools.chain.from_iterable(map(read_lines, files_or_iterator))
 
 
 def _new_bpe_tokenizer(lowercase=False):
@@ -98,10 +77,8 @@ def _new_bpe_tokenizer(lowercase=False):
 def check_special_ids(tokenizer, name="tokenizer"):
     """Raise `ValueError` unless `<pad>`, `<s>`, `</s>`, `<unk>` have the ids 0, 1, 2, 3 the model relies on."""
     expected = {
-        "pad": (PAD_TOKEN, PAD_ID),
-        "bos": (BOS_TOKEN, BOS_ID),
-        "eos": (EOS_TOKEN, EOS_ID),
-        "unk": (UNK_TOKEN, UNK_ID),
+        kind: (token, i)
+        for i, (kind, token) in enumerate(zip(("pad", "bos", "eos", "unk"), SPECIAL_TOKENS, strict=True))
     }
     found = {
         name: (getattr(tokenizer, f"{name}_token"), getattr(tokenizer, f"{name}_token_id"))
@@ -112,7 +89,7 @@ def check_special_ids(tokenizer, name="tokenizer"):
 
 
 def train_bpe_tokenizer(
-    files_or_iterator,
+    sentences,
     vocab_size=37000,
     min_frequency=2,
     model_max_length=DEFAULT_MODEL_MAX_LENGTH,
@@ -120,27 +97,24 @@ def train_bpe_tokenizer(
     lowercase=False,
     length=None,
 ):
-    """Learn a byte-level BPE vocabulary and wrap it as a `PreTrainedTokenizerFast`.
+    """Learn a byte-level BPE vocabulary from `sentences` and wrap it as a `PreTrainedTokenizerFast` with `<pad>`=0,
+    `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every sequence and pads on the right (`tok(sources,
+    text_target=targets)` returns `input_ids`, `attention_mask` and `labels`).
 
-    For the paper's shared vocabulary (§5.1: about 37000 tokens for EN-DE) pass source and target text
-    together, e.g. `data.iter_text(train, ["de", "en"])` or both files `[train.de.gz, train.en.gz]`.
-
-    Args:
-        files_or_iterator: a text file path or a list/tuple of them (one sentence a line, `.gz` allowed), or an
-            iterator over sentences or over batches (lists) of sentences.
-        vocab_size: the size of the vocabulary, special tokens and the 256 byte symbols included. A small
-            corpus may end with fewer tokens, when no pair is left that occurs `min_frequency` times.
-        min_frequency: a pair of symbols is merged only if it occurs at least this often.
-        model_max_length: the length above which `transformers` warns (positions are sinusoidal, no limit).
-        show_progress: show the trainer's progress bar.
-        lowercase: lowercase all text before encoding (not the paper; see the module docstring). The vocabulary is
-            then learned on lowercased text too.
-        length: the number of sentences the iterator yields, if known: the progress bar then shows how far it is.
-
-    Returns:
-        A tokenizer with `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3 that appends `</s>` to every sequence and pads
-        on the right; `tok(sources, text_target=targets)` returns `input_ids`, `attention_mask` and `labels`.
+    `sentences`: an iterator over sentences or over batches (lists) of them: source and target text together for the
+    paper's shared vocabulary (§5.1: about 37000 tokens for EN-DE), e.g. `data.iter_text(train, ["de", "en"])` or
+    `itertools.chain(*map(data.read_lines, files))`; a path, list or tuple is refused (`TypeError`), so that file
+    names are never learned as text. `vocab_size` counts the special tokens and the 256 byte symbols (a small corpus
+    may end with fewer tokens, when no pair is left that occurs `min_frequency` times, the least a merged pair
+    occurs). `model_max_length`: the length above which `transformers` warns (positions are sinusoidal, no limit).
+    `show_progress`: the trainer's progress bar, which ends at `length` sentences if given. `lowercase`: lowercase
+    all text before encoding, and learn on lowercased text (not the paper; see the module docstring).
     """
+    if isinstance(sentences, (str, os.PathLike, list, tuple)):
+        raise TypeError(
+            f"train_bpe_tokenizer takes an iterator over sentences, not a {type(sentences).__name__}: pass "
+            "iter(sentences), data.iter_text(dataset, columns) or the lines of files (data.read_lines)"
+        )
     if vocab_size < _MIN_VOCAB_SIZE:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: the special tokens and bytes take {_MIN_VOCAB_SIZE}"
@@ -153,7 +127,7 @@ def train_bpe_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
-    tokenizer.train_from_iterator(_text_batches(files_or_iterator), trainer=trainer, length=length)
+    tokenizer.train_from_iterator(sentences, trainer=trainer, length=length)
     logger.info(
         "Trained a byte-level BPE vocabulary of %d tokens (asked for %d)%s",
         tokenizer.get_vocab_size(),
@@ -177,8 +151,8 @@ def train_bpe_tokenizer(
 
 
 def train_separate_tokenizers(
-    source_files_or_iterator,
-    target_files_or_iterator,
+    source_sentences,
+    target_sentences,
     vocab_size=37000,
     target_vocab_size=None,
     **options,
@@ -191,8 +165,8 @@ def train_separate_tokenizers(
     `show_progress`, `lowercase`, and `length`, the number of sentences of each side, for the progress bar).
     `save_tokenizers` writes them to `<directory>/source` and `<directory>/target`.
     """
-    source = train_bpe_tokenizer(source_files_or_iterator, vocab_size, **options)
-    target = train_bpe_tokenizer(target_files_or_iterator, target_vocab_size or vocab_size, **options)
+    source = train_bpe_tokenizer(source_sentences, vocab_size, **options)
+    target = train_bpe_tokenizer(target_sentences, target_vocab_size or vocab_size, **options)
     return source, target
 
 
@@ -249,13 +223,12 @@ def load_tokenizers(path):
 def tokenizer_digest(source_tokenizer, target_tokenizer):
     """A digest of the vocabularies and merges of a run's tokenizers: two tokenizers of the same size but different
     tokens give different digests."""
-    models = []
-    for tokenizer in (source_tokenizer, target_tokenizer):
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            models.append(json.loads(backend.to_str()).get("model"))
-        else:
-            models.append(sorted(tokenizer.get_vocab().items()))
+    models = [
+        json.loads(tok.backend_tokenizer.to_str()).get("model")
+        if hasattr(tok, "backend_tokenizer")
+        else sorted(tok.get_vocab().items())
+        for tok in (source_tokenizer, target_tokenizer)
+    ]
     text = json.dumps(models, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
@@ -292,10 +265,8 @@ def load_model_tokenizers(model_path, tokenizer_path=None):
 
 
 def _pair_digest(source_dir, target_dir):
-    digest = hashlib.sha256()
-    for folder in (source_dir, target_dir):
-        digest.update((folder / "tokenizer.json").read_bytes())
-    return digest.hexdigest()
+    both = b"".join((folder / "tokenizer.json").read_bytes() for folder in (source_dir, target_dir))
+    return hashlib.sha256(both).hexdigest()
 
 
 def _check_pair(source_dir, target_dir):
