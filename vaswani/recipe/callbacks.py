@@ -120,8 +120,7 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         # callback) from zero.
         saved = saved_args(state.stateful_callbacks, type(self).__name__) or {}
         self.saved_at = self.clock() - float(saved.get("seconds_since_save", 0.0))
-        if state.stateful_callbacks is not None:
-            state.stateful_callbacks[type(self).__name__] = self.state()
+        state.stateful_callbacks[type(self).__name__] = self.state()  # (a dict: `TrainerState.__post_init__`)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds_since_save >= self.minutes * 60 or state.global_step >= state.max_steps:
@@ -168,19 +167,20 @@ class RunTokenizer(TrainerCallback, ExportableState):
 
 
 class RunProgress(ProgressCallback):
-    """The training progress bar, ending where the run ends: at `max_steps`, or where the `budget` (a `TimeBudget`,
-    `--max_train_minutes`) stops the run first, so that a 10-minute run never shows a 40-hour ETA.
+    """The training progress bar of a run with a time `budget` (a `TimeBudget`, `--max_train_minutes`), ending where
+    the run ends: at `max_steps`, or where the budget stops the run first, so that a 10-minute run never shows a
+    40-hour ETA (without a budget, transformers' `ProgressCallback` counts the steps).
 
-    With a time budget the bar fills with the time spent (the time left beside it, the step as a postfix), and moves
-    ahead to the step fraction when steps run out first."""
+    The bar fills with the time spent (the time left beside it, the step as a postfix), and moves ahead to the step
+    fraction when steps run out first."""
 
-    def __init__(self, budget=None):
+    def __init__(self, budget):
         super().__init__()
         self.budget = budget
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
-        if self.budget and self.training_bar is not None:  # on the main process
+        if self.training_bar is not None:  # on the main process
             steps = "" if getattr(args, "timed_only", False) else f" or {state.max_steps} steps"
             self.training_bar.reset(total=1000)  # per mille of the run: the bar shows the time spent and left
             self.training_bar.set_description_str(
@@ -191,14 +191,12 @@ class RunProgress(ProgressCallback):
             )
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not self.budget:
-            return super().on_step_end(args, state, control, **kwargs)
         if self.training_bar is not None:  # the larger of the time and the step fractions
             done = max(self.budget.elapsed_fraction(), state.global_step / max(state.max_steps, 1))
             self.training_bar.n = round(min(1.0, done) * self.training_bar.total)
             self.training_bar.set_postfix(step=state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.budget and self.training_bar is not None:
+        if self.training_bar is not None:
             self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
         return super().on_train_end(args, state, control, **kwargs)
