@@ -1099,7 +1099,9 @@ def test_the_progress_bar_ends_where_the_run_ends(tmp_path):
     assert bar.training_bar.n == bar.training_bar.total  # the time budget is spent: the bar is full
     bar.on_train_end(None, state, control)
     # Without a time budget the trainer keeps transformers' bar, which counts the steps.
-    settings = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", eval_strategy="no", disable_tqdm=False)
+    settings = dict(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", eval_strategy="no", disable_tqdm=False
+    )
     trainer = VaswaniTrainer(model=tiny_model(), args=PaperTrainingArguments(**settings))
     (by_steps,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback)]
     assert type(by_steps) is ProgressCallback

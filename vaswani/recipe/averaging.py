@@ -179,7 +179,7 @@ def average_checkpoints(checkpoints, output_dir, show_progress=True, tokenizer_d
     with atomic_folder(output_dir) as building:
         model.save_pretrained(building)
         copied = _copy_companion_files(newest, building)
-        if tokenizer_dir is not None:
+        if tokenizer_dir:
             save_tokenizers(*load_tokenizers(tokenizer_dir), building)
     logger.info("Wrote the averaged model to %s (copied from %s: %s)", output_dir, newest, ", ".join(copied))
     return output_dir

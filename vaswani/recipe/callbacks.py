@@ -20,6 +20,11 @@ def saved_args(stateful_callbacks, name):
     return saved.get("args", {}) if saved else None
 
 
+def _state(**args):
+    """An `ExportableState`'s state: the arguments that rebuild it."""
+    return {"args": args, "attributes": {}}
+
+
 class AutocastInTheTrainer(TrainerCallback):
     """Once training begins (the model prepared by Accelerate), hands mixed precision from Accelerate's forward
     wrapper to the trainer's own autocast (`VaswaniTrainer.autocast_smart_context_manager`)."""
@@ -89,7 +94,6 @@ class TimeBudget(TrainerCallback):
             # The last step evaluates, as at --max_steps (transformers' step-based evaluation does that there).
             if args is not None and args.eval_strategy == "steps" and args.eval_delay <= state.global_step:
                 control.should_evaluate = True
-        return control
 
 
 class TimedCheckpoints(TrainerCallback, ExportableState):
@@ -110,24 +114,20 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         return self.clock() - self.saved_at
 
     def state(self):
-        return {
-            "args": {"minutes": self.minutes, "seconds_since_save": self.seconds_since_save},
-            "attributes": {},
-        }
+        return _state(minutes=self.minutes, seconds_since_save=self.seconds_since_save)
 
     def on_train_begin(self, args, state, control, **kwargs):
         # A resumed run continues from its checkpoint's count; a fresh one (or a checkpoint written without this
         # callback) from zero.
-        saved = saved_args(state.stateful_callbacks, type(self).__name__) or {}
+        saved = saved_args(state.stateful_callbacks, "TimedCheckpoints") or {}
         self.saved_at = self.clock() - float(saved.get("seconds_since_save", 0.0))
-        state.stateful_callbacks[type(self).__name__] = self.state()  # (a dict: `TrainerState.__post_init__`)
+        state.stateful_callbacks["TimedCheckpoints"] = self.state()  # (a dict: `TrainerState.__post_init__`)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds_since_save >= self.minutes * 60 or state.global_step >= state.max_steps:
             control.should_save = True
         if control.should_save:
             self.saved_at = self.clock()
-        return control
 
 
 class TrainingClock(TrainerCallback, ExportableState):
@@ -151,7 +151,7 @@ class TrainingClock(TrainerCallback, ExportableState):
         return self.seconds_before + (self.ended or time.monotonic()) - self.started
 
     def state(self):
-        return {"args": {"seconds_before": self.seconds}, "attributes": {}}
+        return _state(seconds_before=self.seconds)
 
 
 class RunTokenizer(TrainerCallback, ExportableState):
@@ -163,7 +163,7 @@ class RunTokenizer(TrainerCallback, ExportableState):
         self.digest = digest
 
     def state(self):
-        return {"args": {"digest": self.digest}, "attributes": {}}
+        return _state(digest=self.digest)
 
 
 class RunProgress(ProgressCallback):
@@ -199,4 +199,4 @@ class RunProgress(ProgressCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.training_bar is not None:
             self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
-        return super().on_train_end(args, state, control, **kwargs)
+        super().on_train_end(args, state, control, **kwargs)

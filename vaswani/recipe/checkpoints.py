@@ -41,7 +41,6 @@ TORCH_STATE_FILES = (
     "pytorch_model_fsdp*.bin",
     "optimizer*.bin",
 )
-JSON_FILES = ("config.json", "generation_config.json", "trainer_state.json")
 # The training state a resumed run needs beside the weights, as (what it is, the file names that hold it): without it,
 # transformers restarts Adam, the schedule or the random streams in silence.
 TRAINING_STATE = (
@@ -50,7 +49,8 @@ TRAINING_STATE = (
     ("the random state (dropout, data order)", ("rng_state.pth", "rng_state_*.pth")),
 )
 # The callbacks whose state trainer_state.json keeps (`stateful_callbacks`) and that a resumed run rebuilds from it
-# (`TrainingClock.from_checkpoint`; transformers' `type(callback)(**args)` with --restore_callback_states_from_checkpoint).
+# (`train_or_resume`'s `TrainingClock`; transformers' `type(callback)(**args)` with
+# --restore_callback_states_from_checkpoint).
 STATEFUL_CALLBACKS = {
     cls.__name__: cls
     for cls in (TrainingClock, TimedCheckpoints, RunTokenizer, TrainerControl, EarlyStoppingCallback)
@@ -65,7 +65,7 @@ def _check_torch_archive(path):
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
-    if bad is not None:
+    if bad:  # the first bad member's name
         raise ValueError(f"Checkpoint file {path} is corrupt: member {bad} fails its CRC check")
 
 
@@ -81,7 +81,7 @@ def verify_checkpoint(folder, training_state=False, tokenizer_digest=None):
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Checkpoint folder {folder} does not exist.")
-    for name in JSON_FILES:
+    for name in ("config.json", "generation_config.json", "trainer_state.json"):
         path = folder / name
         if not path.is_file():
             if name == "generation_config.json":  # the only optional one
@@ -145,7 +145,7 @@ def check_trainer_state(path, state):
         if not isinstance(given, dict):
             raise ValueError(f"{where} a {type(given).__name__}, not the fields of {owner}")
         accepted = [field for field in inspect.signature(cls).parameters if field != "clock"]  # no JSON
-        if unknown := sorted(set(given) - set(accepted)):
+        if unknown := sorted(given.keys() - accepted):
             raise ValueError(
                 f"{where} an unknown field {unknown[0]!r}: {owner} takes {', '.join(accepted) or 'none'}"
             )

@@ -179,9 +179,7 @@ def model_languages(model_path):
     candidates = [folder / name for name in _RECORDING_FILES]
     if folder.name == "averaged" or folder.name.startswith("checkpoint-"):
         candidates.append(folder.parent / "training_summary.json")
-    for path in candidates:
-        if not path.is_file():
-            continue
+    for path in filter(Path.is_file, candidates):
         record = read_json(path)
         if path.name == "vaswani_export.json":  # what the exported model recorded, under "languages"
             record = record.get("languages") or {}

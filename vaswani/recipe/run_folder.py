@@ -28,6 +28,7 @@ from pathlib import Path
 from ..common.errors import UsageError
 from ..common.fileio import read_json, write_json
 from ..utils_vaswani import CODE_FILES
+from .model_folders import _first
 
 try:
     import fcntl
@@ -124,7 +125,7 @@ def lock_output_dir(output_dir):
     with the process however it ends. A process that holds the lock already takes it again at no cost."""
     path = Path(output_dir)
     _lock(path)
-    if str(path.resolve()) in _held:  # (not where there is no flock)
+    if path.resolve() in _held:  # (not where there is no flock)
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -136,7 +137,7 @@ def lock_output_dir(output_dir):
 
 def release_output_dir(output_dir):
     """Release the lock `lock_output_dir` took (nothing if this process holds none)."""
-    descriptor = _held.pop(str(Path(output_dir).resolve()), None)
+    descriptor = _held.pop(Path(output_dir).resolve(), None)
     if descriptor is not None:
         os.close(descriptor)  # closing the descriptor releases the flock
 
@@ -145,7 +146,7 @@ def _lock(path, create=True):
     """Take the lock on `path`, writing nothing into it but what is missing (the folder, an empty lock file), which is
     returned, newest first, so that a refusal can remove it again. With `create` false, only refuse a folder another
     process holds, creating and keeping nothing."""
-    lock, key = path / LOCK_FILE, str(path.resolve())
+    lock, key = path / LOCK_FILE, path.resolve()
     created = [item for item in (lock, path, *path.parents) if create and not item.exists()]
     if create:
         path.mkdir(parents=True, exist_ok=True)
@@ -156,9 +157,7 @@ def _lock(path, create=True):
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
-            holder = " (process {pid} on {host}, since {since})".format(
-                **json.loads(os.pread(descriptor, 4096, 0))
-            )
+            holder = " (process {pid} on {host}, since {since})".format(**json.loads(lock.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
             holder = ""
         os.close(descriptor)
@@ -223,9 +222,9 @@ def _replacing(path, entries, overwrite, resuming):
     # A file of the user's inside a folder that a run replaces whole would be lost later: replacing is refused.
     inside = [
         item.relative_to(path).as_posix()
-        for entry in sorted(path.iterdir())
-        if _matches(entry.name, REPLACED_WHOLE) and _real_folder(entry)
-        for item in _sort_out(entry)[1]
+        for name in entries
+        if _matches(name, REPLACED_WHOLE) and _real_folder(path / name)
+        for item in _sort_out(path / name)[1]
     ]
     if inside:
         what = OVERWRITE if overwrite else f"--output_dir {path} ({UNTRAINED})"
@@ -314,10 +313,6 @@ def _remove_run(path, why):
         path,
     )
     if kept:
-        more = f" and {len(kept) - 10} more" if len(kept) > 10 else ""
         logger.warning(
-            "Left in %s (not written by a vaswani run, so not removed by %s): %s",
-            path,
-            why,
-            ", ".join(kept[:10]) + more,
+            "Left in %s (not written by a vaswani run, so not removed by %s): %s", path, why, _first(kept, 10)
         )

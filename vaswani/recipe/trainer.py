@@ -44,8 +44,6 @@ from .schedule import WarmupEnd, paper_schedule
 
 logger = logging.getLogger(__name__)
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "labels")
-
 
 class VaswaniTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget batches, the paper's learning-rate schedule and label smoothing.
@@ -155,7 +153,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         token, self.args.hub_token = self.args.hub_token, None
         try:
             if not self.args.should_save:
-                return super()._save(output_dir, state_dict=state_dict)
+                return super()._save(output_dir, state_dict)
             if self.is_fsdp_enabled and state_dict:
                 # A gathered FSDP state dict holds a tied matrix once per name: tie them again, so that it is saved
                 # once, as without FSDP.
@@ -196,21 +194,22 @@ class VaswaniTrainer(Seq2SeqTrainer):
         if self.args.max_tokens is None:
             return super().get_train_dataloader()
         dataset = self.train_dataset.select_columns(
-            [c for c in MODEL_INPUTS if c in self.train_dataset.column_names]
+            [c for c in ("input_ids", "attention_mask", "labels") if c in self.train_dataset.column_names]
         )
-        loader = DataLoader(
-            dataset,
-            batch_sampler=self.token_sampler(),
-            collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
+        return self.accelerator.prepare(
+            DataLoader(
+                dataset,
+                batch_sampler=self.token_sampler(),
+                collate_fn=self.data_collator,
+                num_workers=self.args.dataloader_num_workers,
+                pin_memory=self.args.dataloader_pin_memory,
+            )
         )
-        return self.accelerator.prepare(loader)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", **gen_kwargs):
         """`Seq2SeqTrainer.evaluate`, with a log line before it saying what it decodes and how long it should take,
         and one after it with the time it took (`evaluation.EvaluationClock`)."""
-        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        dataset = eval_dataset or self.eval_dataset
         timing = contextlib.nullcontext()
         if self.args.predict_with_generate and hasattr(dataset, "__len__") and not isinstance(dataset, dict):
             beams, limit = generation_settings(self, gen_kwargs)
@@ -223,8 +222,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Generation during evaluation stops at source length + 50 tokens (§6.1) unless a maximum is given."""
         if self.args.predict_with_generate and not prediction_loss_only:
-            if not gen_kwargs:
-                gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
+            gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
             # (`Seq2SeqTrainer.prediction_step` drops a `max_length` of None itself)
             if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
                 gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + EXTRA_OUTPUT_TOKENS
@@ -235,9 +233,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         try:
             # Generation in evaluation under the trainer's autocast once it has taken autocast over from Accelerate.
             with self.autocast_smart_context_manager():
-                return super().prediction_step(
-                    model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
-                )
+                return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = own
 
@@ -260,7 +256,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         """transformers' loading, then the §5.3 schedule's peak is this run's learning rate: a checkpoint saved when
         the optimizer's rate was the formula's multiplier (1.0) would otherwise make the peak 1.0."""
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and self.args.paper_lr_schedule and hasattr(self.lr_scheduler, "base_lrs"):
+        if checkpoint and self.args.paper_lr_schedule and hasattr(self.lr_scheduler, "base_lrs"):
             self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
 
     def train(self, *args, **kwargs):
@@ -287,11 +283,11 @@ class VaswaniTrainer(Seq2SeqTrainer):
         token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
         target tokens, of every process. Each training log (`loss`) also gives `seconds_per_step`: the wall time per
         optimizer step since the previous one (since the first step for the first), evaluations included."""
-        clock = self._step_clock  # None before train()
-        if "loss" in logs and clock is not None and self.state.global_step > clock[1]:
+        clock, step = self._step_clock, self.state.global_step  # clock: None before train()
+        if "loss" in logs and clock and step > clock[1]:
             now = time.monotonic()
-            logs["seconds_per_step"] = round((now - clock[0]) / (self.state.global_step - clock[1]), 4)
-            self._step_clock = (now, self.state.global_step)
+            logs["seconds_per_step"] = round((now - clock[0]) / (step - clock[1]), 4)
+            self._step_clock = (now, step)
         if "train_samples_per_second" in logs:  # the end of training (with `train_runtime`)
             counts = torch.tensor([float(count) for count in self._trained.values()], device=self.args.device)
             totals = self.accelerator.reduce(counts, "sum").tolist()
