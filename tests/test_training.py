@@ -1069,10 +1069,13 @@ def test_time_budget_stops_training_with_a_checkpoint():
     assert not control.should_training_stop
 
 
-def test_the_progress_bar_ends_where_the_run_ends():
+def test_the_progress_bar_ends_where_the_run_ends(tmp_path):
+    from helpers import tiny_model
     from transformers import TrainerControl, TrainerState
+    from transformers.trainer_callback import ProgressCallback
 
     from vaswani.recipe.callbacks import RunProgress
+    from vaswani.recipe.trainer import VaswaniTrainer
 
     state, control = TrainerState(), TrainerControl()
     state.max_steps, state.global_step = 100000, 0
@@ -1086,7 +1089,13 @@ def test_the_progress_bar_ends_where_the_run_ends():
     bar.on_step_end(None, state, control)
     assert bar.training_bar.n == bar.training_bar.total  # the time budget is spent: the bar is full
     bar.on_train_end(None, state, control)
-    by_steps = RunProgress()
+    # Without a time budget the trainer keeps transformers' bar, which counts the steps.
+    settings = dict(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", eval_strategy="no", disable_tqdm=False
+    )
+    trainer = VaswaniTrainer(model=tiny_model(), args=PaperTrainingArguments(**settings))
+    (by_steps,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback)]
+    assert type(by_steps) is ProgressCallback
     by_steps.on_train_begin(None, state, control)
     assert by_steps.training_bar.total == 100000
     by_steps.on_train_end(None, state, control)

@@ -14,11 +14,9 @@ config, tied weights stored once and tied again on load, plus the newest checkpo
 import fnmatch
 import json
 import logging
-import re
 import shutil
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
@@ -29,7 +27,6 @@ from .tokenization import SOURCE_SUBDIR, TARGET_SUBDIR, load_tokenizers, save_to
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 # The files copied from the newest checkpoint: the generation config and those `save_pretrained` of a tokenizer may
 # write (fast and slow ones).
 COMPANION_PATTERNS = (
@@ -47,13 +44,11 @@ COMPANION_PATTERNS = (
 def find_checkpoints(run_dir):
     """The `checkpoint-<step>` folders of a run directory, oldest first (by step number, not by name); none when the
     folder is missing."""
-    run_dir = Path(run_dir)
+    step = len("checkpoint-")
     found = [
-        (int(match.group(1)), path)
-        for path in (run_dir.iterdir() if run_dir.is_dir() else ())
-        if path.is_dir() and (match := CHECKPOINT_PATTERN.match(path.name))
+        path for path in Path(run_dir).glob("checkpoint-*") if path.is_dir() and path.name[step:].isdecimal()
     ]
-    return [path for _, path in sorted(found)]
+    return sorted(found, key=lambda path: int(path.name[step:]))
 
 
 def last_checkpoints(run_dir, num_checkpoints):
@@ -106,22 +101,6 @@ def load_safetensors_state_dict(checkpoint):
     return state_dict
 
 
-def _check_compatible(shapes, reference_name, state_dict, name):
-    missing, extra = sorted(shapes.keys() - state_dict.keys()), sorted(state_dict.keys() - shapes.keys())
-    if missing or extra:
-        few = [f"{keys[:5]}{'...' if len(keys) > 5 else ''}" for keys in (missing, extra)]
-        raise ValueError(
-            f"Checkpoint {name} does not have the same tensors as {reference_name}: "
-            f"missing {few[0]}, unexpected {few[1]}"
-        )
-    for key, tensor in state_dict.items():
-        if tensor.shape != shapes[key]:
-            raise ValueError(
-                f"Checkpoint {name}: tensor {key!r} has shape {tuple(tensor.shape)}, but "
-                f"{tuple(shapes[key])} in {reference_name}"
-            )
-
-
 def average_state_dicts(checkpoints, show_progress=True):
     """The average of the checkpoints' safetensors state dicts.
 
@@ -129,24 +108,29 @@ def average_state_dicts(checkpoints, show_progress=True):
     Other tensors: the newest checkpoint's. All checkpoints must hold the same keys and shapes (`ValueError`
     naming the offending folder otherwise).
     """
-    paths = [Path(path) for path in checkpoints]
-    if not paths:
+    if not checkpoints:
         raise ValueError("No checkpoints to average")
     sums, shapes = {}, None
-    for path in tqdm(paths, desc="Averaging checkpoints", unit="ckpt", disable=not show_progress):
+    for path in tqdm(checkpoints, desc="Averaging checkpoints", unit="ckpt", disable=not show_progress):
         state_dict = load_safetensors_state_dict(path)  # the last one read is the newest
-        if shapes is None:
-            shapes = {key: tensor.shape for key, tensor in state_dict.items()}
-            sums = {
-                key: torch.zeros(tensor.shape, dtype=torch.float64)
-                for key, tensor in state_dict.items()
-                if tensor.is_floating_point()
-            }
-        _check_compatible(shapes, paths[0], state_dict, path)
-        for key, total in sums.items():
-            total += state_dict[key].to(torch.float64)
+        shapes = shapes or {key: tensor.shape for key, tensor in state_dict.items()}
+        missing, extra = sorted(shapes.keys() - state_dict.keys()), sorted(state_dict.keys() - shapes.keys())
+        if missing or extra:
+            few = [f"{keys[:5]}{'...' if len(keys) > 5 else ''}" for keys in (missing, extra)]
+            raise ValueError(
+                f"Checkpoint {path} does not have the same tensors as {checkpoints[0]}: "
+                f"missing {few[0]}, unexpected {few[1]}"
+            )
+        for key, tensor in state_dict.items():
+            if tensor.shape != shapes[key]:
+                raise ValueError(
+                    f"Checkpoint {path}: tensor {key!r} has shape {tuple(tensor.shape)}, but "
+                    f"{tuple(shapes[key])} in {checkpoints[0]}"
+                )
+            if tensor.is_floating_point():
+                sums[key] = sums.get(key, 0) + tensor.double()
     return {
-        key: (sums[key] / len(paths)).to(tensor.dtype) if key in sums else tensor
+        key: (sums[key] / len(checkpoints)).to(tensor.dtype) if key in sums else tensor
         for key, tensor in state_dict.items()
     }
 
@@ -155,16 +139,17 @@ def _copy_companion_files(newest, output_dir):
     """Copy the tokenizer files, `generation_config.json` and remote-code files of `newest` to `output_dir`."""
     copied = []
     for path in sorted(newest.iterdir()):
+        target = output_dir / path.name
         is_companion = path.is_file() and any(
             fnmatch.fnmatch(path.name, pattern) for pattern in COMPANION_PATTERNS
         )
         # Code the config refers to (e.g. a custom pipeline) that save_pretrained did not write itself.
-        is_extra_code = path.suffix == ".py" and not (output_dir / path.name).exists()
+        is_extra_code = path.suffix == ".py" and not target.exists()
         if is_companion or is_extra_code:
-            shutil.copy2(path, output_dir / path.name)
+            shutil.copy2(path, target)
             copied.append(path.name)
         elif path.is_dir() and path.name in (SOURCE_SUBDIR, TARGET_SUBDIR):  # separate vocabularies
-            shutil.copytree(path, output_dir / path.name, dirs_exist_ok=True)
+            shutil.copytree(path, target, dirs_exist_ok=True)
             copied.append(path.name + "/")
     return copied
 
@@ -184,7 +169,7 @@ def average_checkpoints(checkpoints, output_dir, show_progress=True, tokenizer_d
     if output_dir.resolve() in {path.resolve() for path in paths}:
         raise ValueError(f"The output folder {output_dir} is one of the checkpoints being averaged")
     logger.info("Averaging %d checkpoints: %s", len(paths), ", ".join(path.name for path in paths))
-    averaged = average_state_dicts(paths, show_progress=show_progress)
+    averaged = average_state_dicts(paths, show_progress)
     newest = paths[-1]
     # `load_model` refuses a folder whose stored tensors are not the model's; the averaged ones are the same tensors,
     # so the only keys left out are the tied ones.
@@ -194,7 +179,7 @@ def average_checkpoints(checkpoints, output_dir, show_progress=True, tokenizer_d
     with atomic_folder(output_dir) as building:
         model.save_pretrained(building)
         copied = _copy_companion_files(newest, building)
-        if tokenizer_dir is not None:
+        if tokenizer_dir:
             save_tokenizers(*load_tokenizers(tokenizer_dir), building)
     logger.info("Wrote the averaged model to %s (copied from %s: %s)", output_dir, newest, ", ".join(copied))
     return output_dir

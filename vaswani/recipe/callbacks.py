@@ -20,6 +20,11 @@ def saved_args(stateful_callbacks, name):
     return saved.get("args", {}) if saved else None
 
 
+def _state(**args):
+    """An `ExportableState`'s state: the arguments that rebuild it."""
+    return {"args": args, "attributes": {}}
+
+
 class AutocastInTheTrainer(TrainerCallback):
     """Once training begins (the model prepared by Accelerate), hands mixed precision from Accelerate's forward
     wrapper to the trainer's own autocast (`VaswaniTrainer.autocast_smart_context_manager`)."""
@@ -89,7 +94,6 @@ class TimeBudget(TrainerCallback):
             # The last step evaluates, as at --max_steps (transformers' step-based evaluation does that there).
             if args is not None and args.eval_strategy == "steps" and args.eval_delay <= state.global_step:
                 control.should_evaluate = True
-        return control
 
 
 class TimedCheckpoints(TrainerCallback, ExportableState):
@@ -110,25 +114,20 @@ class TimedCheckpoints(TrainerCallback, ExportableState):
         return self.clock() - self.saved_at
 
     def state(self):
-        return {
-            "args": {"minutes": self.minutes, "seconds_since_save": self.seconds_since_save},
-            "attributes": {},
-        }
+        return _state(minutes=self.minutes, seconds_since_save=self.seconds_since_save)
 
     def on_train_begin(self, args, state, control, **kwargs):
         # A resumed run continues from its checkpoint's count; a fresh one (or a checkpoint written without this
         # callback) from zero.
-        saved = saved_args(state.stateful_callbacks, type(self).__name__) or {}
+        saved = saved_args(state.stateful_callbacks, "TimedCheckpoints") or {}
         self.saved_at = self.clock() - float(saved.get("seconds_since_save", 0.0))
-        if state.stateful_callbacks is not None:
-            state.stateful_callbacks[type(self).__name__] = self.state()
+        state.stateful_callbacks["TimedCheckpoints"] = self.state()  # (a dict: `TrainerState.__post_init__`)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.seconds_since_save >= self.minutes * 60 or state.global_step >= state.max_steps:
             control.should_save = True
         if control.should_save:
             self.saved_at = self.clock()
-        return control
 
 
 class TrainingClock(TrainerCallback, ExportableState):
@@ -152,7 +151,7 @@ class TrainingClock(TrainerCallback, ExportableState):
         return self.seconds_before + (self.ended or time.monotonic()) - self.started
 
     def state(self):
-        return {"args": {"seconds_before": self.seconds}, "attributes": {}}
+        return _state(seconds_before=self.seconds)
 
 
 class RunTokenizer(TrainerCallback, ExportableState):
@@ -164,23 +163,24 @@ class RunTokenizer(TrainerCallback, ExportableState):
         self.digest = digest
 
     def state(self):
-        return {"args": {"digest": self.digest}, "attributes": {}}
+        return _state(digest=self.digest)
 
 
 class RunProgress(ProgressCallback):
-    """The training progress bar, ending where the run ends: at `max_steps`, or where the `budget` (a `TimeBudget`,
-    `--max_train_minutes`) stops the run first, so that a 10-minute run never shows a 40-hour ETA.
+    """The training progress bar of a run with a time `budget` (a `TimeBudget`, `--max_train_minutes`), ending where
+    the run ends: at `max_steps`, or where the budget stops the run first, so that a 10-minute run never shows a
+    40-hour ETA (without a budget, transformers' `ProgressCallback` counts the steps).
 
-    With a time budget the bar fills with the time spent (the time left beside it, the step as a postfix), and moves
-    ahead to the step fraction when steps run out first."""
+    The bar fills with the time spent (the time left beside it, the step as a postfix), and moves ahead to the step
+    fraction when steps run out first."""
 
-    def __init__(self, budget=None):
+    def __init__(self, budget):
         super().__init__()
         self.budget = budget
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
-        if self.budget and self.training_bar is not None:  # on the main process
+        if self.training_bar is not None:  # on the main process
             steps = "" if getattr(args, "timed_only", False) else f" or {state.max_steps} steps"
             self.training_bar.reset(total=1000)  # per mille of the run: the bar shows the time spent and left
             self.training_bar.set_description_str(
@@ -191,14 +191,12 @@ class RunProgress(ProgressCallback):
             )
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not self.budget:
-            return super().on_step_end(args, state, control, **kwargs)
         if self.training_bar is not None:  # the larger of the time and the step fractions
             done = max(self.budget.elapsed_fraction(), state.global_step / max(state.max_steps, 1))
             self.training_bar.n = round(min(1.0, done) * self.training_bar.total)
             self.training_bar.set_postfix(step=state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.budget and self.training_bar is not None:
+        if self.training_bar is not None:
             self.training_bar.n = self.training_bar.total  # the run is over: the bar is full
-        return super().on_train_end(args, state, control, **kwargs)
+        super().on_train_end(args, state, control, **kwargs)

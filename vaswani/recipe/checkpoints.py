@@ -10,7 +10,6 @@ checkpoint saved, or, for a run that had already reached `--max_steps`, nothing 
 final model.
 """
 
-import dataclasses
 import inspect
 import json
 import logging
@@ -19,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import EarlyStoppingCallback, TrainerControl, TrainerState
 
 from ..common.fileio import replace_files, temporary_sibling
@@ -29,10 +28,6 @@ from .model_folders import check_safetensors
 from .tokenization import saved_tokenizer_digest
 
 logger = logging.getLogger(__name__)
-
-# The values of `--resume_from_checkpoint` that start a run from scratch.
-NO_RESUME = (None, False, "", "False", "false", "no")
-
 
 # What transformers' Trainer reads from a checkpoint when it resumes (all with `torch.load(weights_only=True)`), and
 # the JSON files it parses. Nothing else in the folder is opened, so a file dropped into a checkpoint is never run.
@@ -46,7 +41,6 @@ TORCH_STATE_FILES = (
     "pytorch_model_fsdp*.bin",
     "optimizer*.bin",
 )
-JSON_FILES = ("config.json", "generation_config.json", "trainer_state.json")
 # The training state a resumed run needs beside the weights, as (what it is, the file names that hold it): without it,
 # transformers restarts Adam, the schedule or the random streams in silence.
 TRAINING_STATE = (
@@ -55,7 +49,8 @@ TRAINING_STATE = (
     ("the random state (dropout, data order)", ("rng_state.pth", "rng_state_*.pth")),
 )
 # The callbacks whose state trainer_state.json keeps (`stateful_callbacks`) and that a resumed run rebuilds from it
-# (`TrainingClock.from_checkpoint`; transformers' `type(callback)(**args)` with --restore_callback_states_from_checkpoint).
+# (`train_or_resume`'s `TrainingClock`; transformers' `type(callback)(**args)` with
+# --restore_callback_states_from_checkpoint).
 STATEFUL_CALLBACKS = {
     cls.__name__: cls
     for cls in (TrainingClock, TimedCheckpoints, RunTokenizer, TrainerControl, EarlyStoppingCallback)
@@ -70,7 +65,7 @@ def _check_torch_archive(path):
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise ValueError(f"Checkpoint file {path} is corrupt or truncated: {error}") from None
-    if bad is not None:
+    if bad:  # the first bad member's name
         raise ValueError(f"Checkpoint file {path} is corrupt: member {bad} fails its CRC check")
 
 
@@ -86,7 +81,7 @@ def verify_checkpoint(folder, training_state=False, tokenizer_digest=None):
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Checkpoint folder {folder} does not exist.")
-    for name in JSON_FILES:
+    for name in ("config.json", "generation_config.json", "trainer_state.json"):
         path = folder / name
         if not path.is_file():
             if name == "generation_config.json":  # the only optional one
@@ -115,56 +110,49 @@ def verify_checkpoint(folder, training_state=False, tokenizer_digest=None):
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         raise ValueError(f"Checkpoint {folder} is incomplete: no *.safetensors weights file.")
+    for pattern in TORCH_STATE_FILES:
+        for path in sorted(folder.glob(pattern)):
+            _check_torch_archive(path)
     for path in weights:
         try:
             check_safetensors(path)
         except ValueError as error:
             raise ValueError(f"Checkpoint file {error}") from None
-    for pattern in TORCH_STATE_FILES:
-        for path in sorted(folder.glob(pattern)):
-            _check_torch_archive(path)
-    for path in weights if training_state else ():
         # A run that diverged: training on from NaN or infinite weights trains nothing and saves a model that
         # outputs nothing.
-        with safe_open(str(path), framework="pt", device="cpu") as tensors:
-            for key in tensors.keys():
-                tensor = tensors.get_tensor(key)
-                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                    raise ValueError(
-                        f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
-                    )
+        for key, tensor in load_file(path).items() if training_state else ():
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise ValueError(
+                    f"Checkpoint file {path} holds NaN or infinite weights ({key}): the run had diverged by then"
+                )
 
 
 def check_trainer_state(path, state):
     """Raise `ValueError` naming the file and the field when a `trainer_state.json` holds what a resumed run cannot
-    rebuild: a field transformers' `TrainerState` does not take, or a saved callback state (`STATEFUL_CALLBACKS`)
-    with a field or value its callback does not take. Resuming from it ended in a `TypeError` naming neither."""
+    rebuild: a field or value transformers' `TrainerState` does not take, or a saved callback state
+    (`STATEFUL_CALLBACKS`) with a field or value its callback does not take. Resuming from it ended in a `TypeError`
+    naming neither."""
     if not isinstance(state, dict):
         raise ValueError(f"Checkpoint file {path} is not a training state: it holds a {type(state).__name__}")
-    fields = sorted(field.name for field in dataclasses.fields(TrainerState))
-    _check_fields(f"Checkpoint file {path} has", state, "transformers' TrainerState", fields)
+    checks = [(f"Checkpoint file {path} has", state, "transformers' TrainerState", TrainerState)]
     saved_callbacks = state.get("stateful_callbacks") or {}
     for name, saved in saved_callbacks.items() if isinstance(saved_callbacks, dict) else ():
-        callback = STATEFUL_CALLBACKS.get(name)
-        for entry in (saved if isinstance(saved, list) else [saved]) if callback is not None else ():
+        for entry in (saved if isinstance(saved, list) else [saved]) if name in STATEFUL_CALLBACKS else ():
             args = entry.get("args", {}) if isinstance(entry, dict) else None
             where = f"Checkpoint file {path} has in stateful_callbacks.{name}.args"
-            if not isinstance(args, dict):
-                raise ValueError(f"{where} a {type(args).__name__}, not the fields of {name}")
-            _check_fields(
-                where, args, name, [p for p in inspect.signature(callback).parameters if p != "clock"]
+            checks.append((where, args, name, STATEFUL_CALLBACKS[name]))
+    for where, given, owner, cls in checks:
+        if not isinstance(given, dict):
+            raise ValueError(f"{where} a {type(given).__name__}, not the fields of {owner}")
+        accepted = [field for field in inspect.signature(cls).parameters if field != "clock"]  # no JSON
+        if unknown := sorted(given.keys() - accepted):
+            raise ValueError(
+                f"{where} an unknown field {unknown[0]!r}: {owner} takes {', '.join(accepted) or 'none'}"
             )
-            try:
-                callback(**args)
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"{where} a value {name} does not take: {error}") from None
-
-
-def _check_fields(where, given, owner, accepted):
-    if unknown := sorted(set(given) - set(accepted)):
-        raise ValueError(
-            f"{where} an unknown field {unknown[0]!r}: {owner} takes {', '.join(accepted) or 'none'}"
-        )
+        try:
+            cls(**given)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where} a value {owner} does not take: {error}") from None
 
 
 def resolve_resume_checkpoint(resume, output_dir, training_state=True, tokenizer_digest=None):
@@ -193,23 +181,19 @@ def resolve_resume_checkpoint(resume, output_dir, training_state=True, tokenizer
             logger.warning("Skipping checkpoint %s: %s", candidate, error)
             reasons.setdefault(str(error).replace(str(candidate), ""), str(error))
     # Starting afresh would write new checkpoints among the old ones, and a later resume would mix them.
-    names = ", ".join(c.name for c in candidates)
+    why = "; the warnings above give each reason):"
     if len(reasons) == 1:  # the newest one's reason, which is every one's
-        (reason,) = reasons.values()
         same = ", all for the same reason" if len(candidates) > 1 else ""
-        raise ValueError(
-            f"no checkpoint in {output_dir} can be resumed from ({names}){same}: {reason}; "
-            "--overwrite_output_dir starts the run afresh"
-        )
+        why = f"){same}: {reasons.popitem()[1]};"
     raise ValueError(
-        f"no checkpoint in {output_dir} can be resumed from ({names}; the warnings above give each reason): "
+        f"no checkpoint in {output_dir} can be resumed from ({', '.join(c.name for c in candidates)}{why} "
         "--overwrite_output_dir starts the run afresh"
     )
 
 
 def asks_to_resume(resume):
     """Whether a `--resume_from_checkpoint` value continues a run (`last`, `true` or a checkpoint folder)."""
-    return resume not in NO_RESUME
+    return resume not in (None, False, "", "False", "false", "no")
 
 
 def train_or_resume(trainer, checkpoint):
@@ -220,8 +204,8 @@ def train_or_resume(trainer, checkpoint):
     checkpoint only if the run was killed before writing it."""
     if checkpoint is None:
         return trainer.train()
-    state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
-    clock = saved_args(state.stateful_callbacks, TrainingClock.__name__)
+    state = TrainerState.load_from_json(f"{checkpoint}/trainer_state.json")
+    clock = saved_args(state.stateful_callbacks, "TrainingClock")
     if clock is None:
         logger.warning(
             "%s holds no training clock: the training time reported counts from this resumption only",
@@ -242,13 +226,11 @@ def train_or_resume(trainer, checkpoint):
     output_dir = Path(trainer.args.output_dir)
     if trainer.is_world_process_zero() and not (output_dir / "model.safetensors").is_file():
         building = temporary_sibling(output_dir)
-        for path in Path(checkpoint).iterdir():
-            if (
-                path.is_file()
-                and not path.name.endswith((".pt", ".pth", ".bin"))
-                and path.name != "trainer_state.json"
-            ):
-                shutil.copy2(path, building / path.name)
+        # the checkpoint's model folder, without its training state
+        training_state = shutil.ignore_patterns(
+            "*.pt", "*.pth", "*.bin", "trainer_state.json", "optimizer_*", "pytorch_model_fsdp*"
+        )
+        shutil.copytree(checkpoint, building, ignore=training_state, dirs_exist_ok=True)
         replace_files(building, output_dir)
         logger.info("Restored the final model of %s from %s", output_dir, checkpoint)
     return None

@@ -35,9 +35,8 @@ def check_model_path(model_path):
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a model folder: it has no config.json")
-        for name in ("config.json", "generation_config.json"):
-            if (path / name).is_file():
-                read_json(path / name)
+        for config in [path / "config.json", *path.glob("generation_config.json")]:
+            read_json(config)
         for weights in sorted(path.glob("*.safetensors")):
             check_safetensors(weights)
         return
@@ -86,9 +85,9 @@ def load_model(model_path, model_class=AutoModelForSeq2SeqLM, **kwargs):
     wrong = [
         f"{kind} {_first(names)}"
         for kind, names in (
-            ("missing", info.get("missing_keys", ())),
-            ("unexpected", info.get("unexpected_keys", ())),
-            ("of another shape", [key for key, *_ in info.get("mismatched_keys", ())]),
+            ("missing", info["missing_keys"]),
+            ("unexpected", info["unexpected_keys"]),
+            ("of another shape", [key for key, *_ in info["mismatched_keys"]]),
         )
         if names
     ]
@@ -140,11 +139,6 @@ class ModelLanguages:
     source: str | None = None
     target: str | None = None
 
-    def describe(self):
-        if self.source and self.target:
-            return f"translates {self.source} into {self.target} (as {self.recorded_in} records)"
-        return f"knows {', '.join(self.known)} (as {self.recorded_in} records)"
-
 
 # The keys under which configs and tokenizer configs record a direction: transformers' Marian tokenizer
 # (`source_lang`, `target_lang`), NLLB / M2M-style tokenizers (`src_lang`, `tgt_lang`), FSMT's `langs` pair.
@@ -160,10 +154,17 @@ _RECORDING_FILES = (
 
 
 def _direction(record):
-    pairs = [(record.get(source_key), record.get(target_key)) for source_key, target_key in _DIRECTION_KEYS]
-    if isinstance(record.get("langs"), list) and len(record["langs"]) == 2:
-        pairs.append(tuple(record["langs"]))
-    return next((pair for pair in pairs if all(isinstance(code, str) and code for code in pair)), None)
+    pairs = [[record.get(key) for key in keys] for keys in _DIRECTION_KEYS] + [record.get("langs")]
+    return next(
+        (
+            tuple(pair)
+            for pair in pairs
+            if isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(code, str) and code for code in pair)
+        ),
+        None,
+    )
 
 
 def model_languages(model_path):
@@ -178,9 +179,7 @@ def model_languages(model_path):
     candidates = [folder / name for name in _RECORDING_FILES]
     if folder.name == "averaged" or folder.name.startswith("checkpoint-"):
         candidates.append(folder.parent / "training_summary.json")
-    for path in candidates:
-        if not path.is_file():
-            continue
+    for path in filter(Path.is_file, candidates):
         record = read_json(path)
         if path.name == "vaswani_export.json":  # what the exported model recorded, under "languages"
             record = record.get("languages") or {}
@@ -210,19 +209,12 @@ def _primary(code):
     return code.lower().replace("_", "-").split("-")[0]
 
 
-def _is_one_language(code):
-    """Whether a recorded code names one language (an ISO 639 code of 2 or 3 letters, with or without a region or
-    script), not a group such as Marian's "ROMANCE" or ISO's "mul" (multiple) and "und" (undetermined)."""
-    primary = _primary(code)
-    return 2 <= len(primary) <= 3 and primary.isalpha() and primary not in ("mul", "und")
-
-
 def check_model_languages(model_path, source_lang, target_lang):
     """Raise `UsageError` naming the flag when `source_lang` or `target_lang` (None: not given) is not a language the
-    folder `model_path` records (`model_languages`), saying which it knows. Returns what it records (None: nothing;
-    then the flags are not checked, and a warning says so when a flag was given)."""
+    folder `model_path` records (`model_languages`), saying which it knows. Where it records nothing the flags are not
+    checked, and a warning says so when a flag was given."""
     if source_lang is None and target_lang is None:
-        return None
+        return
     languages = model_languages(model_path)
     if languages is None:
         if Path(model_path).is_dir():
@@ -231,14 +223,24 @@ def check_model_languages(model_path, source_lang, target_lang):
                 "no model card): --source_lang and --target_lang are not checked against the model",
                 model_path,
             )
-        return None
+        return
     for flag, given, recorded in (
         ("source_lang", source_lang, languages.source),
         ("target_lang", target_lang, languages.target),
     ):
-        allowed = [recorded] if recorded else list(languages.known)
-        if given is None or not all(_is_one_language(code) for code in allowed):
-            continue  # e.g. Marian's "ROMANCE" or "mul": a group of languages, which this check cannot judge
-        if not any(_primary(given) == _primary(code) for code in allowed):
-            raise UsageError(f"--{flag} {given}: the model {model_path} {languages.describe()}")
-    return languages
+        allowed = {_primary(code) for code in ([recorded] if recorded else languages.known)}
+        # Each must name one language (an ISO 639 code of 2 or 3 letters, with or without a region or script), not a
+        # group such as Marian's "ROMANCE" or ISO's "mul" (multiple) and "und" (undetermined), which this check
+        # cannot judge.
+        one_each = all(
+            2 <= len(code) <= 3 and code.isalpha() and code not in ("mul", "und") for code in allowed
+        )
+        if given is not None and one_each and _primary(given) not in allowed:
+            what = (
+                f"translates {languages.source} into {languages.target}"
+                if languages.source  # (and target: a direction)
+                else f"knows {', '.join(languages.known)}"
+            )
+            raise UsageError(
+                f"--{flag} {given}: the model {model_path} {what} (as {languages.recorded_in} records)"
+            )

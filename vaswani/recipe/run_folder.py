@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 from ..common.errors import UsageError
-from ..common.fileio import write_json
+from ..common.fileio import read_json, write_json
 from ..utils_vaswani import CODE_FILES
+from .model_folders import _first
 
 try:
     import fcntl
@@ -86,7 +87,7 @@ RUN_FOLDERS = {
     "runs": ("*events.out.tfevents.*",),  # transformers' TensorBoard logs (--report_to tensorboard)
 }
 RUN_FILES = (
-    *(name for name in MODEL_FILES if "/" not in name),
+    *MODEL_FILES,  # (those inside a folder match no top-level entry)
     "trainer_state.json",
     "training_summary.json",
     "test_results.json",
@@ -124,19 +125,19 @@ def lock_output_dir(output_dir):
     with the process however it ends. A process that holds the lock already takes it again at no cost."""
     path = Path(output_dir)
     _lock(path)
-    if (descriptor := _held.get(str(path.resolve()))) is not None:
+    if path.resolve() in _held:  # (not where there is no flock)
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, (json.dumps(holder) + "\n").encode(), 0)
+        # written through a descriptor of its own: the lock stays with the one `_lock` holds
+        (path / LOCK_FILE).write_text(json.dumps(holder) + "\n")
 
 
 def release_output_dir(output_dir):
     """Release the lock `lock_output_dir` took (nothing if this process holds none)."""
-    descriptor = _held.pop(str(Path(output_dir).resolve()), None)
+    descriptor = _held.pop(Path(output_dir).resolve(), None)
     if descriptor is not None:
         os.close(descriptor)  # closing the descriptor releases the flock
 
@@ -145,7 +146,7 @@ def _lock(path, create=True):
     """Take the lock on `path`, writing nothing into it but what is missing (the folder, an empty lock file), which is
     returned, newest first, so that a refusal can remove it again. With `create` false, only refuse a folder another
     process holds, creating and keeping nothing."""
-    lock, key = path / LOCK_FILE, str(path.resolve())
+    lock, key = path / LOCK_FILE, path.resolve()
     created = [item for item in (lock, path, *path.parents) if create and not item.exists()]
     if create:
         path.mkdir(parents=True, exist_ok=True)
@@ -156,9 +157,7 @@ def _lock(path, create=True):
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         try:
-            holder = " (process {pid} on {host}, since {since})".format(
-                **json.loads(os.pread(descriptor, 4096, 0))
-            )
+            holder = " (process {pid} on {host}, since {since})".format(**json.loads(lock.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
             holder = ""
         os.close(descriptor)
@@ -185,10 +184,12 @@ def take_output_dir(output_dir, overwrite, resuming, check, claim=True):
             "--overwrite_output_dir and --resume_from_checkpoint contradict each other: pick one"
         )
     path = Path(output_dir)
-    _entries(path, overwrite)  # a folder of the user's is refused before a lock file is written into it
+    entries = _entries(
+        path, overwrite
+    )  # a folder of the user's is refused before a lock file is written into it
     created = _lock(path, create=claim)
     try:
-        replacing = _replacing(path, overwrite, resuming)
+        replacing = _replacing(path, entries, overwrite, resuming)
         result = check()
     except BaseException:
         if claim:
@@ -208,10 +209,9 @@ def take_output_dir(output_dir, overwrite, resuming, check, claim=True):
     return result
 
 
-def _replacing(path, overwrite, resuming):
-    """Why claiming `path` replaces the run in it (`OVERWRITE` or `UNTRAINED`; None: the claim only marks it), or the
-    `UsageError` that refuses it; nothing is written."""
-    entries = _entries(path, overwrite)
+def _replacing(path, entries, overwrite, resuming):
+    """Why claiming `path`, which holds `entries` (`_entries`), replaces the run in it (`OVERWRITE` or `UNTRAINED`;
+    None: the claim only marks it), or the `UsageError` that refuses it; nothing is written."""
     if not entries or resuming:
         return None
     if not overwrite and any(_matches(name, TRAINED_EVIDENCE) for name in entries):
@@ -221,11 +221,10 @@ def _replacing(path, overwrite, resuming):
         )
     # A file of the user's inside a folder that a run replaces whole would be lost later: replacing is refused.
     inside = [
-        f"{entry.name}/{relative}"
-        for entry in sorted(path.iterdir())
-        if _matches(entry.name, REPLACED_WHOLE) and _real_folder(entry)
-        for _, relative in _files(entry)
-        if not _matches(relative, _run_patterns(entry))
+        item.relative_to(path).as_posix()
+        for name in entries
+        if _matches(name, REPLACED_WHOLE) and _real_folder(path / name)
+        for item in _sort_out(path / name)[1]
     ]
     if inside:
         what = OVERWRITE if overwrite else f"--output_dir {path} ({UNTRAINED})"
@@ -266,70 +265,54 @@ def _real_folder(item):
     return item.is_dir() and not item.is_symlink()
 
 
-def _files(folder):
-    """Every file (or link) under `folder`, with its path relative to it."""
-    return [
-        (item, item.relative_to(folder).as_posix())
-        for item in sorted(folder.rglob("*"))
-        if not _real_folder(item)
-    ]
-
-
-def _run_patterns(entry):
-    """What a run wrote of `entry`, a top-level entry of its folder: all of it (True), the files under it that match
-    the patterns returned (a run's folder), or nothing (None: another model's `config.json` too)."""
+def _sort_out(entry):
+    """The paths under `entry`, a top-level entry of a run's folder, that a run wrote, and the others. A run's folder
+    (`RUN_FOLDERS`; `source` and `target` only when they hold a tokenizer) is sorted file by file by its patterns;
+    anything else is the run's whole (a temporary, a link to a run's folder, a file in `RUN_FILES`, but for another
+    model's `config.json`) or not at all."""
     name = entry.name
-    if _matches(name, TEMPORARIES) or (entry.is_symlink() and _matches(name, RUN_FOLDERS)):
-        return True
-    if _real_folder(entry):
-        if name in ("source", "target") and not (entry / "tokenizer.json").is_file():
-            return None  # a folder of that name without a tokenizer is not the run's
-        return next(
+    if _real_folder(entry) and not _matches(name, TEMPORARIES):
+        patterns = next(
             (files for pattern, files in RUN_FOLDERS.items() if fnmatch.fnmatchcase(name, pattern)), None
         )
+        if not patterns or (name in ("source", "target") and not (entry / "tokenizer.json").is_file()):
+            return [], [entry]
+        ours, others = [], []
+        for item in sorted(entry.rglob("*")):
+            if not _real_folder(item):
+                (ours if _matches(item.relative_to(entry).as_posix(), patterns) else others).append(item)
+        return ours, others
     if name == "config.json" and not entry.is_symlink():
         try:
-            return json.loads(entry.read_text(encoding="utf-8")).get("model_type") == "vaswani" or None
+            ours = read_json(entry).get("model_type") == "vaswani"
         except (OSError, ValueError, AttributeError):
-            return None
-    return _matches(name, RUN_FILES) or None
+            ours = False
+    else:
+        ours = _matches(name, TEMPORARIES + RUN_FILES) or (entry.is_symlink() and _matches(name, RUN_FOLDERS))
+    return ([entry], []) if ours else ([], [entry])
 
 
 def _remove_run(path, why):
     """Delete the files an earlier run wrote into `path`, and nothing else (`_replacing` has refused a folder where
-    that would lose a file of the user's later), emptied folders with them; `why`: the reason, for the log."""
+    that would lose a file of the user's later), the folders it empties with them; `why`: the reason, for the log."""
     removed, kept = [], []
     for entry in sorted(set(path.iterdir()) - {path / MARKER, path / LOCK_FILE}):
-        patterns = _run_patterns(entry)
-        if patterns is True:
-            shutil.rmtree(entry) if _real_folder(entry) else entry.unlink()
-            removed.append(entry.name)
-        elif patterns is None:
-            kept.append(entry.name)
-        else:
-            left, emptied = [], set()
-            for item, relative in _files(entry):
-                if _matches(relative, patterns):
-                    item.unlink()
-                    emptied.update(Path(relative).parents)  # "." among them: `entry` itself
-                else:
-                    left.append(f"{entry.name}/{relative}")
-            for folder in sorted(emptied, key=lambda folder: len(folder.parts), reverse=True):
-                if not any((entry / folder).iterdir()):
-                    (entry / folder).rmdir()
-            kept += left
-            removed += [] if left else [entry.name]
+        ours, others = _sort_out(entry)
+        for item in ours:
+            shutil.rmtree(item) if _real_folder(item) else item.unlink()
+            for folder in item.parents:  # the folders this emptied, up to the run's folder
+                if folder == path or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+        kept += [item.relative_to(path).as_posix() for item in others]
+        removed += [] if others else [entry.name]
     logger.info(
         "%s: removed the earlier run's %s from %s",
-        why[0].upper() + why[1:],
+        why.capitalize(),  # (both reasons are lower-case)
         ", ".join(removed) or "nothing",
         path,
     )
     if kept:
-        more = f" and {len(kept) - 10} more" if len(kept) > 10 else ""
         logger.warning(
-            "Left in %s (not written by a vaswani run, so not removed by %s): %s",
-            path,
-            why,
-            ", ".join(kept[:10]) + more,
+            "Left in %s (not written by a vaswani run, so not removed by %s): %s", path, why, _first(kept, 10)
         )

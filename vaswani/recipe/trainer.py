@@ -44,8 +44,6 @@ from .schedule import WarmupEnd, paper_schedule
 
 logger = logging.getLogger(__name__)
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "labels")
-
 
 class VaswaniTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget batches, the paper's learning-rate schedule and label smoothing.
@@ -61,31 +59,29 @@ class VaswaniTrainer(Seq2SeqTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._train_sampler = None
+        args = self.args  # `arguments.PaperTrainingArguments`
+        self._train_sampler = self._step_clock = None
         self.add_callback(TrainingClock())
         if self.accelerator.native_amp:  # bf16 or fp16 mixed precision
             self.add_callback(AutocastInTheTrainer(self))
-        minutes = getattr(self.args, "max_train_minutes", None)
+        minutes = args.max_train_minutes
         self.time_budget = TimeBudget(minutes) if minutes else None
         if self.time_budget:
             self.add_callback(self.time_budget)
-        self.paper_schedule = getattr(self.args, "paper_lr_schedule", False)  # PaperTrainingArguments only
-        if self.paper_schedule:
+        if args.paper_lr_schedule:
             self.add_callback(WarmupEnd(minutes and minutes * 60))
-        if getattr(self.args, "save_minutes", None):  # after TimeBudget: its checkpoint restarts the interval
-            self.add_callback(TimedCheckpoints(self.args.save_minutes))
-        if self.args.torch_compile:
+        if args.save_minutes:  # after TimeBudget: its checkpoint restarts the interval
+            self.add_callback(TimedCheckpoints(args.save_minutes))
+        if args.torch_compile:
             self.add_callback(CompileCounter())
         self.evaluation_clock = EvaluationClock()
-        if not self.args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
+        if self.time_budget and not args.disable_tqdm and self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RunProgress(self.time_budget))
-        if hasattr(self.args, "learning_rate_constant"):  # PaperTrainingArguments: the peak needs d_model
-            resolve_peak_learning_rate(self.args, self.model.config.d_model)
-        self._owns_loss = False
-        if self.args.label_smoothing_factor and self.compute_loss_func is None:
-            self.compute_loss_func = partial(label_smoothed_loss, epsilon=self.args.label_smoothing_factor)
+        resolve_peak_learning_rate(args, self.model.config.d_model)  # the §5.3 peak needs d_model
+        self._owns_loss = args.label_smoothing_factor and self.compute_loss_func is None
+        if self._owns_loss:
+            self.compute_loss_func = partial(label_smoothed_loss, epsilon=args.label_smoothing_factor)
             self.label_smoother = None
-            self._owns_loss = True
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """transformers' `compute_loss`, except in the training steps that `fuses_output_loss` picks: there the
@@ -100,7 +96,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         label-smoothed loss, a training step of the bare model in one process (not wrapped for DDP, FSDP or PEFT)
         on the CPU, under the trainer's bf16/fp16 autocast (where it is measured faster: BENCHMARKS.md)."""
         return (
-            getattr(self.args, "fused_output_loss", False)
+            self.args.fused_output_loss
             and self._owns_loss
             and "labels" in inputs
             and self.accelerator.num_processes == 1
@@ -157,7 +153,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         token, self.args.hub_token = self.args.hub_token, None
         try:
             if not self.args.should_save:
-                return super()._save(output_dir, state_dict=state_dict)
+                return super()._save(output_dir, state_dict)
             if self.is_fsdp_enabled and state_dict:
                 # A gathered FSDP state dict holds a tied matrix once per name: tie them again, so that it is saved
                 # once, as without FSDP.
@@ -166,7 +162,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
                         state_dict[target] = state_dict[source]
             building = temporary_sibling(output_dir)
             try:
-                super()._save(str(building), state_dict=state_dict)
+                super()._save(str(building), state_dict)
             except BaseException:
                 shutil.rmtree(building, ignore_errors=True)
                 raise
@@ -181,39 +177,39 @@ class VaswaniTrainer(Seq2SeqTrainer):
             # With --pad_to_multiple_of the collator pads to the bucket's length: the budget counts it.
             multiple = getattr(self.data_collator, "pad_to_multiple_of", None)  # None: pads to the longest
             lengths = padded_lengths(example_lengths(self.train_dataset), multiple)
-            self._train_sampler = TokenBudgetBatchSampler(
-                lengths,
-                self.args.max_tokens,
-                seed=self.args.seed,
-                max_sentences=getattr(self.args, "max_sentences", None),
+            budget = self.args.max_tokens
+            sampler = TokenBudgetBatchSampler(
+                lengths, budget, seed=self.args.seed, max_sentences=self.args.max_sentences
             )
-            self.add_callback(EpochSetter(self._train_sampler))
+            self.add_callback(EpochSetter(sampler))
             logger.info(
                 "Token-budget batches: %d batches of at most %d tokens per device and epoch",
-                len(self._train_sampler),
-                self.args.max_tokens,
+                len(sampler),
+                budget,
             )
+            self._train_sampler = sampler
         return self._train_sampler
 
     def get_train_dataloader(self):
-        if getattr(self.args, "max_tokens", None) is None:
+        if self.args.max_tokens is None:
             return super().get_train_dataloader()
         dataset = self.train_dataset.select_columns(
-            [c for c in MODEL_INPUTS if c in self.train_dataset.column_names]
+            [c for c in ("input_ids", "attention_mask", "labels") if c in self.train_dataset.column_names]
         )
-        loader = DataLoader(
-            dataset,
-            batch_sampler=self.token_sampler(),
-            collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
+        return self.accelerator.prepare(
+            DataLoader(
+                dataset,
+                batch_sampler=self.token_sampler(),
+                collate_fn=self.data_collator,
+                num_workers=self.args.dataloader_num_workers,
+                pin_memory=self.args.dataloader_pin_memory,
+            )
         )
-        return self.accelerator.prepare(loader)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", **gen_kwargs):
         """`Seq2SeqTrainer.evaluate`, with a log line before it saying what it decodes and how long it should take,
         and one after it with the time it took (`evaluation.EvaluationClock`)."""
-        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        dataset = eval_dataset or self.eval_dataset
         timing = contextlib.nullcontext()
         if self.args.predict_with_generate and hasattr(dataset, "__len__") and not isinstance(dataset, dict):
             beams, limit = generation_settings(self, gen_kwargs)
@@ -226,8 +222,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Generation during evaluation stops at source length + 50 tokens (§6.1) unless a maximum is given."""
         if self.args.predict_with_generate and not prediction_loss_only:
-            if not gen_kwargs:
-                gen_kwargs = dict(getattr(self, "_gen_kwargs", {}))
+            gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
             # (`Seq2SeqTrainer.prediction_step` drops a `max_length` of None itself)
             if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
                 gen_kwargs["max_new_tokens"] = inputs["input_ids"].shape[1] + EXTRA_OUTPUT_TOKENS
@@ -238,22 +233,21 @@ class VaswaniTrainer(Seq2SeqTrainer):
         try:
             # Generation in evaluation under the trainer's autocast once it has taken autocast over from Accelerate.
             with self.autocast_smart_context_manager():
-                return super().prediction_step(
-                    model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
-                )
+                return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = own
 
     def create_scheduler(self, num_training_steps, optimizer=None):
-        if not self.paper_schedule:
+        if not self.args.paper_lr_schedule:
             return super().create_scheduler(num_training_steps, optimizer)
         if self.lr_scheduler is None:
+            args = self.args
             self.lr_scheduler = paper_schedule(
                 optimizer or self.optimizer,
-                int(self.args.warmup_steps),
-                cooldown_fraction=self.args.lr_cooldown_fraction,
-                max_steps=num_training_steps,
-                budget=self.time_budget,
+                int(args.warmup_steps),
+                args.lr_cooldown_fraction,
+                num_training_steps,
+                self.time_budget,
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
@@ -262,7 +256,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
         """transformers' loading, then the §5.3 schedule's peak is this run's learning rate: a checkpoint saved when
         the optimizer's rate was the formula's multiplier (1.0) would otherwise make the peak 1.0."""
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and self.paper_schedule and hasattr(self.lr_scheduler, "base_lrs"):
+        if checkpoint and self.args.paper_lr_schedule and hasattr(self.lr_scheduler, "base_lrs"):
             self.lr_scheduler.base_lrs = [self.args.learning_rate] * len(self.lr_scheduler.base_lrs)
 
     def train(self, *args, **kwargs):
@@ -289,14 +283,14 @@ class VaswaniTrainer(Seq2SeqTrainer):
         token-budget batch of hundreds); here it is the real number of sentences, and `train_tokens_per_second` the
         target tokens, of every process. Each training log (`loss`) also gives `seconds_per_step`: the wall time per
         optimizer step since the previous one (since the first step for the first), evaluations included."""
-        clock = getattr(self, "_step_clock", None)  # None before train()
-        if "loss" in logs and clock is not None and self.state.global_step > clock[1]:
+        clock, step = self._step_clock, self.state.global_step  # clock: None before train()
+        if "loss" in logs and clock and step > clock[1]:
             now = time.monotonic()
-            logs["seconds_per_step"] = round((now - clock[0]) / (self.state.global_step - clock[1]), 4)
-            self._step_clock = (now, self.state.global_step)
-        if "train_runtime" in logs and "train_samples_per_second" in logs:
+            logs["seconds_per_step"] = round((now - clock[0]) / (step - clock[1]), 4)
+            self._step_clock = (now, step)
+        if "train_samples_per_second" in logs:  # the end of training (with `train_runtime`)
             counts = torch.tensor([float(count) for count in self._trained.values()], device=self.args.device)
-            totals = self.accelerator.reduce(counts, reduction="sum").tolist()
+            totals = self.accelerator.reduce(counts, "sum").tolist()
             runtime = max(float(logs["train_runtime"]), 1e-9)
             for name, total in zip(self._trained, totals, strict=True):  # train_samples, train_tokens
                 logs[f"train_{name}_per_second"] = round(total / runtime, 3)
