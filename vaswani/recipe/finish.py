@@ -90,35 +90,34 @@ def repeats_one_token(text):
     half of it. A line of blanks only is empty, not repeated."""
     if not text.strip():
         return False  # empty, counted as such
-    blanks = max((len(run) for run in _BLANKS.findall(text)), default=0)
-    if blanks and 2 * blanks >= len(text):
+    if 2 * max(map(len, _BLANKS.findall(text)), default=0) >= len(text):
         return True
-    text = text.strip()
-    match = _REPEATED.search(text)
-    return match is not None and 2 * (match.end() - match.start()) >= len(text)
+    match = _REPEATED.search(text.strip())
+    return match is not None and 2 * len(match[0]) >= len(text.strip())
 
 
 def degenerate_translations_warning(scores):
     """What to say when most test translations are empty (a model after a few steps writes the end of sentence
     first), repeat one token to the length limit (the model before that), or either: their BLEU of about 0 measures
     the training so far, not the recipe. None otherwise."""
-    empty, repeated = scores.get("empty_translations", 0), scores.get("repeated_translations", 0)
-    total, repeat = scores.get("sentences", 0), "repeat one token over and over"
-    if not total or (empty + repeated) * 2 <= total:
+    empty, repeated, total = (
+        scores["empty_translations"],
+        scores["repeated_translations"],
+        scores["sentences"],
+    )
+    repeat, steps = "repeat one token over and over", scores["steps"]
+    if (empty + repeated) * 2 <= total:
         return None
     if empty * 2 > total:
         what = f"{empty} of the {total} test translations are empty"
-    else:
+    else:  # so some are repeated
         what = f"{repeated} of the {total} test translations {repeat}"
         if repeated * 2 <= total:
             what = f"{empty} of the {total} test translations are empty and {repeated} {repeat}"
-        if scores.get("repeated_example"):
-            what += f" (the first: {scores['repeated_example']})"
-    steps = scores.get("steps")
-    trained = f"{steps} training step{'s' if steps != 1 else ''}" if steps is not None else "its training"
+        what += f" (the first: {scores['repeated_example']})"
     return (
-        f"{what}: the model is undertrained ({trained}), so its scores say nothing yet about the recipe; train "
-        "longer (--max_steps, --max_train_minutes)"
+        f"{what}: the model is undertrained ({steps} training step{'s' if steps != 1 else ''}), so its scores say "
+        "nothing yet about the recipe; train longer (--max_steps, --max_train_minutes)"
     )
 
 

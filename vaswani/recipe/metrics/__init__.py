@@ -124,7 +124,6 @@ def compute_moses_bleu(predictions, references, lang):
 
 # tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as re.sub)
 _COMPOUND = re.compile(r"(\S)-(\S)")
-TOKENIZED_BLEU_NOTE = "Moses-tokenized, compounds split as ##AT##-##AT##"
 
 
 def split_compounds(text):
@@ -150,14 +149,14 @@ def compute_tokenized_bleu(predictions, references, lang, lowercase=False):
 
     Exactly: both sides go through `moses_compound_tokenize` (`lang`, the target language), and sacreBLEU scores the
     result case-sensitively with `tokenize="none"` and no smoothing, as `multi-bleu.perl` does (0 when an n-gram
-    order has no match). The signature says so (`tok:none|smooth:none`, plus `TOKENIZED_BLEU_NOTE`). It runs higher
+    order has no match). The signature says so (`tok:none|smooth:none`, and that compounds were split). It runs higher
     than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
     `lowercase` scores it case-insensitively (`case:lc`), for a model that writes lowercase only.
     """
     scores = _bleu_of_moses_tokens(
         moses_compound_tokenize, predictions, references, lang, lowercase=lowercase, smooth_method="none"
     )
-    scores["bleu_signature"] += f" ({TOKENIZED_BLEU_NOTE})"
+    scores["bleu_signature"] += " (Moses-tokenized, compounds split as ##AT##-##AT##)"
     return scores
 
 
