@@ -255,7 +255,7 @@ def evaluate_test_split(model_dir, data_args, finish_args, alpha):
 
         eager, src_tok, tgt_tok = load_attention_model(model_dir)
         maps = attention_maps(eager, src_tok, sources[0], hypotheses[0], tgt_tok)
-        plot_attention_maps(maps, model_dir, prefix="attention")
+        plot_attention_maps(maps, model_dir)  # attention_{encoder,decoder,cross}.png
     return {
         **scores,
         "dataset": data_args.source,

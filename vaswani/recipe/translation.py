@@ -304,11 +304,10 @@ def write_sentences(sentences, path):
         f.writelines(ended)
 
 
-def score_translations(translations, reference_paths, moses_lang=None, **bleu_kwargs):
-    """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`);
-    with `moses_lang`, the record a run reports instead (`metrics.reported_scores`: also BLEU on lowercased
-    Moses-tokenized text of that language, the published Multi30k convention; of `bleu_kwargs` it takes
-    `lowercase` only).
+def score_translations(translations, reference_paths, moses_lang=None, lowercase=False):
+    """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`),
+    case-insensitive with `lowercase`; with `moses_lang`, the record a run reports instead (`metrics.reported_scores`:
+    also BLEU on lowercased Moses-tokenized text of that language, the published Multi30k convention).
 
     Raises `ValueError` naming the file whose line count differs.
     """
@@ -319,9 +318,6 @@ def score_translations(translations, reference_paths, moses_lang=None, **bleu_kw
         if len(stream) != len(translations):
             raise ValueError(f"{len(translations)} translations but {path} has {len(stream)} lines")
     per_segment = list(zip(*references, strict=True))
-    if moses_lang is not None:
-        lowercase = bleu_kwargs.pop("lowercase", False)
-        if bleu_kwargs:
-            raise ValueError(f"moses_lang reports the fixed record; drop {sorted(bleu_kwargs)}")
-        return reported_scores(translations, per_segment, moses_lang, lowercase=lowercase)
-    return compute_bleu(translations, per_segment, **bleu_kwargs)
+    if moses_lang is None:
+        return compute_bleu(translations, per_segment, lowercase=lowercase)
+    return reported_scores(translations, per_segment, moses_lang, lowercase)

@@ -171,9 +171,8 @@ def score_files(
     hypotheses_path, reference_paths, tokenize="13a", lowercase=False, chrf_word_order=0, moses_lang=None
 ):
     """`reported_scores` of a hypothesis file against one or more reference files (one segment a line, `.gz`
-    allowed). Raises `ValueError` naming the files if their line counts differ."""
-    if moses_lang is not None:
-        check_moses_lang(moses_lang)
+    allowed). Raises `ValueError` naming the files if their line counts differ. `moses_lang` is one Moses has rules
+    for (`check_moses_lang`, which `vaswani-evaluate` runs on its flag)."""
     from ..data import read_lines  # here: scoring text files needs neither datasets nor torch
 
     hypotheses = list(read_lines(hypotheses_path))
