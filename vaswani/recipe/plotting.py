@@ -8,7 +8,8 @@
 
 Attention weights come from `output_attentions=True`, which needs the eager attention: load the model with
 `attn_implementation="eager"` (`load_attention_model` does). Figures are drawn on matplotlib `Figure` objects
-with the Agg canvas, without pyplot, so nothing here changes the process's matplotlib backend.
+without pyplot (`savefig` draws a PNG with the Agg canvas), so nothing here changes the process's matplotlib
+backend.
 """
 
 import itertools
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..common.fileio import atomic_write
@@ -79,7 +79,6 @@ def learning_curves(log_history):
 def _save(figure, output_path, dpi):
     """Write `figure` as a PNG at `output_path`; returns the path."""
     output_path = Path(output_path)
-    FigureCanvasAgg(figure)
     with atomic_write(output_path, "wb") as handle:  # a PNG is complete or absent
         figure.savefig(handle, dpi=dpi, format="png")
     logger.info("Wrote %s", output_path)
@@ -184,11 +183,11 @@ def attention_maps(model, source_tokenizer, source, target=None, target_tokenize
         (target,) = translate([source], model, source_tokenizer, target_tokenizer, show_progress=False)
         logger.info("Plotting the model's translation: %r", target)
     source_ids = source_tokenizer(source)["input_ids"]  # ends with </s>
-    labels = target_tokenizer(target)["input_ids"]
-    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(torch.tensor([labels]))  # <s> y_1 ... y_n
+    labels = torch.tensor([target_tokenizer(target)["input_ids"]], device=model.device)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)  # <s> y_1 ... y_n
     outputs = model(
         input_ids=torch.tensor([source_ids], device=model.device),
-        decoder_input_ids=decoder_input_ids.to(model.device),
+        decoder_input_ids=decoder_input_ids,
         output_attentions=True,
         use_cache=False,
     )

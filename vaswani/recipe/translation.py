@@ -233,7 +233,7 @@ def translate_n_best(
                 num_beams=num_beams,
                 num_return_sequences=n_best,
                 length_penalty=length_penalty,
-                max_new_tokens=max_new_tokens or max(len(ids) for ids in sources) + EXTRA_OUTPUT_TOKENS,
+                max_new_tokens=max_new_tokens or max(map(len, sources)) + EXTRA_OUTPUT_TOKENS,
                 **generate_kwargs,
             )
             if isinstance(model, PreTrainedModel):

@@ -236,15 +236,13 @@ def bleu_metric_fn(tokenizer, references):
     `len(references)` rows, which are the dataset's rows in order, are scored."""
     from ..tokenization import lowercases
 
-    lowercase = lowercases(tokenizer)
-
     def compute(eval_prediction):
         predictions = eval_prediction.predictions
         if isinstance(predictions, tuple):
             predictions = predictions[0]
         predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)[: len(references)]
         texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
-        scores = compute_bleu(texts, list(references), lowercase=lowercase)
+        scores = compute_bleu(texts, list(references), lowercase=lowercases(tokenizer))
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     return compute
