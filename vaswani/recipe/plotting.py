@@ -16,7 +16,7 @@ import itertools
 import json
 import logging
 import os
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import torch
@@ -105,8 +105,9 @@ def plot_learning_curves(log_history_or_path, output_path, title=None):
     for ax, (ylabel, keys) in zip(figure.subplots(1, 3), panels.items(), strict=True):
         drawn = [key for key in keys if curves[key][0]]
         for key in drawn:
-            marker = "o" if key.startswith("eval_") else None
-            ax.plot(*curves[key], marker=marker, markersize=3, label=CURVES[key])
+            ax.plot(
+                *curves[key], marker="o" if key.startswith("eval_") else None, markersize=3, label=CURVES[key]
+            )
         if drawn:
             ax.legend()
         else:
@@ -122,19 +123,11 @@ def plot_learning_curves(log_history_or_path, output_path, title=None):
 # ----------------------------------------------------------------------------------------------------------------
 # Attention maps
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class AttentionMaps:
-    """Attention weights of one sentence pair; every row (one query position) sums to 1.
-
-    `source_tokens` label the encoder positions (`</s>` included), `target_tokens` the decoder input positions
-    (`<s>` first: the row of a target token is the query that predicts the next one).
-    """
-
-    source_tokens: list[str]
-    target_tokens: list[str]
-    encoder: torch.Tensor  # (layers, heads, Ts, Ts)
-    decoder: torch.Tensor  # (layers, heads, Tt, Tt), zero above the diagonal
-    cross: torch.Tensor  # (layers, heads, Tt, Ts)
+# Attention weights of one sentence pair; every row (one query position) sums to 1. `source_tokens` label the
+# encoder positions (`</s>` included), `target_tokens` the decoder input positions (`<s>` first: the row of a target
+# token is the query that predicts the next one); `encoder` is (layers, heads, Ts, Ts), `decoder` (layers, heads, Tt,
+# Tt), zero above the diagonal, `cross` (layers, heads, Tt, Ts).
+AttentionMaps = namedtuple("AttentionMaps", "source_tokens target_tokens encoder decoder cross")
 
 
 def load_attention_model(model_path, tokenizer_path=None, device=None):
