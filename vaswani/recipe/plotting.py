@@ -202,7 +202,7 @@ def plot_attention_maps(maps, output_dir, prefix="attention", layers=None, heads
     `layers` / `heads` (0-based) restrict the grid, e.g. for the big model's 6 x 16 heads. Colours share one
     scale from 0 to 1.
     """
-    layers, heads = layers or range(maps.encoder.shape[0]), heads or range(maps.encoder.shape[1])
+    layers, heads = layers or range(len(maps.encoder)), heads or range(maps.encoder.shape[1])
     paths = {}
     for kind, (title, rows, columns) in ATTENTION_KINDS.items():
         rows, columns = getattr(maps, rows), getattr(maps, columns)

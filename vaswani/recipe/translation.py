@@ -252,7 +252,7 @@ def translate_n_best(
 def _generate(model, tokenizer, sources, with_scores, settings):
     """`model.generate` on a batch of id lists: `num_return_sequences` (ids, score) rows per source. The score of
     beam search is the beam's own; of greedy search, the summed log-probabilities of the tokens up to `</s>`."""
-    inputs = tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(model.device)
+    inputs = tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(model.device)
     output = model.generate(
         **inputs, **settings, output_scores=with_scores, return_dict_in_generate=with_scores
     )
