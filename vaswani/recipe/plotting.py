@@ -125,8 +125,8 @@ def plot_learning_curves(log_history_or_path, output_path, title=None):
 # ----------------------------------------------------------------------------------------------------------------
 # Attention weights of one sentence pair; every row (one query position) sums to 1. `source_tokens` label the
 # encoder positions (`</s>` included), `target_tokens` the decoder input positions (`<s>` first: the row of a target
-# token is the query that predicts the next one); `encoder` is (layers, heads, Ts, Ts), `decoder` (layers, heads, Tt,
-# Tt), zero above the diagonal, `cross` (layers, heads, Tt, Ts).
+# token is the query that predicts the next one). Shapes: `encoder` (layers, heads, Ts, Ts); `decoder`
+# (layers, heads, Tt, Tt), zero above the diagonal; `cross` (layers, heads, Tt, Ts).
 AttentionMaps = namedtuple("AttentionMaps", "source_tokens target_tokens encoder decoder cross")
 
 

@@ -237,11 +237,9 @@ def bleu_metric_fn(tokenizer, references):
     from ..tokenization import lowercases
 
     def compute(eval_prediction):
-        predictions = (
-            eval_prediction.predictions
-        )  # the generated ids (predict_with_generate), -100 as padding
-        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)[: len(references)]
-        texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        # the generated ids (predict_with_generate), -100 as padding
+        ids = np.where(eval_prediction.predictions < 0, tokenizer.pad_token_id, eval_prediction.predictions)
+        texts = [t.strip() for t in tokenizer.batch_decode(ids[: len(references)], skip_special_tokens=True)]
         scores = compute_bleu(texts, list(references), lowercase=lowercases(tokenizer))
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
