@@ -5,14 +5,13 @@ beam search and score it, draw the learning curves and attention maps, and publi
 
 import logging
 import re
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..common.fileio import atomic_folder, read_json, replace_files, write_json
+from ..common.fileio import read_json, write_json
 from ..modeling_vaswani import VaswaniForConditionalGeneration
 from ..publishing.hub import publish
 from .averaging import average_checkpoints
@@ -40,14 +39,12 @@ def finish(trainer, data_args, finish_args):
     if last > 0 and not own:
         logger.warning("No checkpoints in %s to average: the final model is the result", output_dir)
     elif last > 0:
-        final_dir = output_dir / "averaged"
+        final_dir, averaged = output_dir / "averaged", own[-last:]
         if finish_args.chooses_average:
             averaged = choose_average_on_validation(own, output_dir, data_args, finish_args)
-        else:
-            averaged = own[-last:]
-            if len(averaged) < last:
-                logger.warning("Only %d checkpoints to average (asked for %d)", len(averaged), last)
-            average_checkpoints(averaged, final_dir, tokenizer_dir=output_dir)
+        elif len(averaged) < last:
+            logger.warning("Only %d checkpoints to average (asked for %d)", len(averaged), last)
+        average_checkpoints(averaged, final_dir, tokenizer_dir=output_dir)
     alpha = finish_args.length_penalty[0]
     if finish_args.chooses_length_penalty:
         alpha = choose_length_penalty_on_validation(final_dir, output_dir, data_args, finish_args)
@@ -93,35 +90,34 @@ def repeats_one_token(text):
     half of it. A line of blanks only is empty, not repeated."""
     if not text.strip():
         return False  # empty, counted as such
-    blanks = max((len(run) for run in _BLANKS.findall(text)), default=0)
-    if blanks and 2 * blanks >= len(text):
+    if 2 * max(map(len, _BLANKS.findall(text)), default=0) >= len(text):
         return True
-    text = text.strip()
-    match = _REPEATED.search(text)
-    return match is not None and 2 * (match.end() - match.start()) >= len(text)
+    match = _REPEATED.search(text.strip())
+    return match is not None and 2 * len(match[0]) >= len(text.strip())
 
 
 def degenerate_translations_warning(scores):
     """What to say when most test translations are empty (a model after a few steps writes the end of sentence
     first), repeat one token to the length limit (the model before that), or either: their BLEU of about 0 measures
     the training so far, not the recipe. None otherwise."""
-    empty, repeated = scores.get("empty_translations", 0), scores.get("repeated_translations", 0)
-    total, repeat = scores.get("sentences", 0), "repeat one token over and over"
-    if not total or (empty + repeated) * 2 <= total:
+    empty, repeated, total = (
+        scores["empty_translations"],
+        scores["repeated_translations"],
+        scores["sentences"],
+    )
+    repeat, steps = "repeat one token over and over", scores["steps"]
+    if (empty + repeated) * 2 <= total:
         return None
     if empty * 2 > total:
         what = f"{empty} of the {total} test translations are empty"
-    else:
+    else:  # so some are repeated
         what = f"{repeated} of the {total} test translations {repeat}"
         if repeated * 2 <= total:
             what = f"{empty} of the {total} test translations are empty and {repeated} {repeat}"
-        if scores.get("repeated_example"):
-            what += f" (the first: {scores['repeated_example']})"
-    steps = scores.get("steps")
-    trained = f"{steps} training step{'s' if steps != 1 else ''}" if steps is not None else "its training"
+        what += f" (the first: {scores['repeated_example']})"
     return (
-        f"{what}: the model is undertrained ({trained}), so its scores say nothing yet about the recipe; train "
-        "longer (--max_steps, --max_train_minutes)"
+        f"{what}: the model is undertrained ({steps} training step{'s' if steps != 1 else ''}), so its scores say "
+        "nothing yet about the recipe; train longer (--max_steps, --max_train_minutes)"
     )
 
 
@@ -137,37 +133,40 @@ def _example(text):
 
 def choose_average_on_validation(own, output_dir, data_args, finish_args):
     """The checkpoints whose average translates the validation split best: for each N of `--average_last` (several
-    numbers), the last N of `own` (oldest first) are averaged and the validation split is translated with the test's
-    beam search and scored. The highest BLEU wins, the fewest checkpoints among equals; its folder becomes
-    `output_dir/averaged`. The scores of every candidate are written to `average_on_validation.json` in
-    `output_dir`."""
-    validation, most = load_split(data_args, "validation"), max(finish_args.average_last)
-    sizes = sorted({min(n, len(own)) for n in finish_args.average_last})
+    numbers), the last N of `own` (oldest first) are averaged in a temporary folder, one at a time, and the
+    validation split is translated with the test's beam search and scored. The highest BLEU wins, the fewest
+    checkpoints among equals (`finish` averages them into `output_dir/averaged`). The scores of every candidate are
+    written to `average_on_validation.json` in `output_dir`."""
+    validation, most, alpha = (
+        load_split(data_args, "validation"),
+        max(finish_args.average_last),
+        finish_args.length_penalty[0],
+    )
     if len(own) < most:
         logger.warning("Only %d checkpoints to average (asked for up to %d)", len(own), most)
-    candidates, best, alpha = [], None, finish_args.length_penalty[0]
-    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".average-") as scratch:
-        for size in tqdm(sizes, desc="Averages on validation", disable=len(sizes) < 2):
-            chosen = own[-size:]
+    sizes, candidates = sorted({min(n, len(own)) for n in finish_args.average_last}), []
+    for size in tqdm(sizes, desc="Averages on validation", disable=len(sizes) < 2):
+        with tempfile.TemporaryDirectory(dir=output_dir, prefix=".average-") as scratch:
             folder = average_checkpoints(
-                chosen, Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
+                own[-size:], Path(scratch, f"last-{size}"), show_progress=False, tokenizer_dir=output_dir
             )
             _, scores = _translate_and_score(folder, validation, data_args, finish_args, alpha)
-            candidates.append({"checkpoints": [c.name for c in chosen], **scores})
-            logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
-            if best is None or scores["bleu"] > best[1]:
-                best, folder = (chosen, scores["bleu"], folder), best and best[2]
-            if folder:
-                shutil.rmtree(folder)  # the loser's: one candidate besides the best on disk at a time
-        with atomic_folder(output_dir / "averaged") as building:
-            replace_files(best[2], building)
-    chosen = [c.name for c in best[0]]
-    path = output_dir / "average_on_validation.json"
-    _write_choice(path, data_args, finish_args, length_penalty=alpha, chosen=chosen, candidates=candidates)
-    logger.info(
-        "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", len(chosen), best[1]
+        candidates.append({"checkpoints": [c.name for c in own[-size:]], **scores})
+        logger.info("Average of the last %d checkpoints: validation BLEU %.2f", size, scores["bleu"])
+    # sizes ascend, so the first of equals has the fewest checkpoints
+    best = _choose(
+        output_dir / "average_on_validation.json",
+        candidates,
+        "checkpoints",
+        data_args,
+        finish_args,
+        length_penalty=alpha,
     )
-    return best[0]
+    size = len(best["checkpoints"])
+    logger.info(
+        "Chosen on validation: the average of the last %d checkpoints (BLEU %.2f)", size, best["bleu"]
+    )
+    return own[-size:]
 
 
 def choose_length_penalty_on_validation(model_dir, output_dir, data_args, finish_args):
@@ -179,15 +178,16 @@ def choose_length_penalty_on_validation(model_dir, output_dir, data_args, finish
         _, scores = _translate_and_score(model_dir, validation, data_args, finish_args, alpha)
         candidates.append({"length_penalty": alpha, **scores})
         logger.info("Length penalty %g: validation BLEU %.2f", alpha, scores["bleu"])
-    best = max(candidates, key=lambda candidate: candidate["bleu"])  # the first of equals
-    path, alpha = output_dir / "length_penalty_on_validation.json", best["length_penalty"]
-    _write_choice(path, data_args, finish_args, model=str(model_dir), chosen=alpha, candidates=candidates)
-    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", alpha, best["bleu"])
-    return alpha
+    path = output_dir / "length_penalty_on_validation.json"
+    best = _choose(path, candidates, "length_penalty", data_args, finish_args, model=str(model_dir))
+    logger.info("Chosen on validation: length penalty %g (BLEU %.2f)", best["length_penalty"], best["bleu"])
+    return best["length_penalty"]
 
 
-def _write_choice(path, data_args, finish_args, **choice):
-    """Write down a choice on the validation split: the criterion, the split, the decoding, `choice`."""
+def _choose(path, candidates, key, data_args, finish_args, **record):
+    """The candidate with the highest BLEU, the first among equals. Written down at `path`: the criterion, the
+    split, the decoding, `record`, the choice (the winner's `key`) and every candidate with its scores."""
+    best = max(candidates, key=lambda candidate: candidate["bleu"])
     write_json(
         path,
         {
@@ -195,9 +195,12 @@ def _write_choice(path, data_args, finish_args, **choice):
             "split": data_args.validation_file or data_args.validation_split,
             "num_beams": finish_args.num_beams,
             "length_penalty_form": finish_args.length_penalty_form,
-            **choice,
+            **record,
+            "chosen": best[key],
+            "candidates": candidates,
         },
     )
+    return best
 
 
 def save_decoding(model_dir, finish_args, alpha):
@@ -252,7 +255,7 @@ def evaluate_test_split(model_dir, data_args, finish_args, alpha):
 
         eager, src_tok, tgt_tok = load_attention_model(model_dir)
         maps = attention_maps(eager, src_tok, sources[0], hypotheses[0], tgt_tok)
-        plot_attention_maps(maps, model_dir, prefix="attention")
+        plot_attention_maps(maps, model_dir)  # attention_{encoder,decoder,cross}.png
     return {
         **scores,
         "dataset": data_args.source,

@@ -8,17 +8,18 @@
 
 Attention weights come from `output_attentions=True`, which needs the eager attention: load the model with
 `attn_implementation="eager"` (`load_attention_model` does). Figures are drawn on matplotlib `Figure` objects
-with the Agg canvas, without pyplot, so nothing here changes the process's matplotlib backend.
+without pyplot (`savefig` draws a PNG with the Agg canvas), so nothing here changes the process's matplotlib
+backend.
 """
 
+import itertools
 import json
 import logging
 import os
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..common.fileio import atomic_write
@@ -76,15 +77,15 @@ def learning_curves(log_history):
 
 
 def _save(figure, output_path, dpi):
+    """Write `figure` as a PNG at `output_path`; returns the path."""
     output_path = Path(output_path)
-    FigureCanvasAgg(figure)
     with atomic_write(output_path, "wb") as handle:  # a PNG is complete or absent
         figure.savefig(handle, dpi=dpi, format="png")
     logger.info("Wrote %s", output_path)
     return output_path
 
 
-def plot_learning_curves(log_history_or_path, output_path, title=None, dpi=120):
+def plot_learning_curves(log_history_or_path, output_path, title=None):
     """Plot loss (training and eval), eval BLEU and learning rate against the step into one PNG.
 
     `log_history_or_path`: a `log_history` list, or a run, checkpoint or `trainer_state.json` whose `log_history` is
@@ -104,37 +105,29 @@ def plot_learning_curves(log_history_or_path, output_path, title=None, dpi=120):
     for ax, (ylabel, keys) in zip(figure.subplots(1, 3), panels.items(), strict=True):
         drawn = [key for key in keys if curves[key][0]]
         for key in drawn:
-            marker = "o" if key.startswith("eval_") else None
-            ax.plot(*curves[key], marker=marker, markersize=3, label=CURVES[key])
+            ax.plot(
+                *curves[key], marker="o" if key.startswith("eval_") else None, markersize=3, label=CURVES[key]
+            )
         if drawn:
             ax.legend()
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="step", ylabel=ylabel)
         ax.grid(alpha=0.3)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))  # the learning rate's
     if title:
         figure.suptitle(title)
-    return _save(figure, output_path, dpi)
+    return _save(figure, output_path, 120)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Attention maps
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class AttentionMaps:
-    """Attention weights of one sentence pair; every row (one query position) sums to 1.
-
-    `source_tokens` label the encoder positions (`</s>` included), `target_tokens` the decoder input positions
-    (`<s>` first: the row of a target token is the query that predicts the next one).
-    """
-
-    source_tokens: list[str]
-    target_tokens: list[str]
-    encoder: torch.Tensor  # (layers, heads, Ts, Ts)
-    decoder: torch.Tensor  # (layers, heads, Tt, Tt), zero above the diagonal
-    cross: torch.Tensor  # (layers, heads, Tt, Ts)
+# Attention weights of one sentence pair; every row (one query position) sums to 1. `source_tokens` label the
+# encoder positions (`</s>` included), `target_tokens` the decoder input positions (`<s>` first: the row of a target
+# token is the query that predicts the next one). Shapes: `encoder` (layers, heads, Ts, Ts); `decoder`
+# (layers, heads, Tt, Tt), zero above the diagonal; `cross` (layers, heads, Tt, Ts).
+AttentionMaps = namedtuple("AttentionMaps", "source_tokens target_tokens encoder decoder cross")
 
 
 def load_attention_model(model_path, tokenizer_path=None, device=None):
@@ -146,19 +139,17 @@ def token_labels(tokenizer, ids):
     """A label per token: the text it adds to the decoded sentence, a space shown as "▁" so that word starts stay
     visible; special tokens as themselves. A token that ends inside a multi-byte character (byte-level BPE) is
     labelled "�", and the character goes to the token that completes it."""
-    special = set(tokenizer.all_special_ids)
     labels, previous = [], ""
     for i, token_id in enumerate(ids):
-        if token_id in special:
-            labels.append(tokenizer.convert_ids_to_tokens(token_id))
-            continue
         text = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete character
+        if token_id in tokenizer.all_special_ids:
+            labels.append(tokenizer.convert_ids_to_tokens(token_id))
+        elif text.endswith("\ufffd"):  # an incomplete character
             labels.append("\ufffd")
-            continue
-        piece = text[len(previous) :] if text.startswith(previous) else tokenizer.decode([token_id])
-        previous = text
-        labels.append(piece.replace(" ", "▁") or "▁")  # empty: a space the decoder strips at the start
+        else:
+            piece = text[len(previous) :] if text.startswith(previous) else tokenizer.decode([token_id])
+            previous = text
+            labels.append(piece.replace(" ", "▁") or "▁")  # empty: a space the decoder strips at the start
     return labels
 
 
@@ -185,17 +176,14 @@ def attention_maps(model, source_tokenizer, source, target=None, target_tokenize
         (target,) = translate([source], model, source_tokenizer, target_tokenizer, show_progress=False)
         logger.info("Plotting the model's translation: %r", target)
     source_ids = source_tokenizer(source)["input_ids"]  # ends with </s>
-    labels = target_tokenizer(target)["input_ids"]
-    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(torch.tensor([labels]))  # <s> y_1 ... y_n
+    labels = torch.tensor([target_tokenizer(target)["input_ids"]], device=model.device)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)  # <s> y_1 ... y_n
     outputs = model(
         input_ids=torch.tensor([source_ids], device=model.device),
-        decoder_input_ids=decoder_input_ids.to(model.device),
+        decoder_input_ids=decoder_input_ids,
         output_attentions=True,
         use_cache=False,
     )
-    if not outputs.encoder_attentions or outputs.encoder_attentions[0] is None:
-        raise ValueError("The model returned no attention weights despite output_attentions=True")
-
     return AttentionMaps(
         token_labels(source_tokenizer, source_ids),
         token_labels(target_tokenizer, decoder_input_ids[0].tolist()),
@@ -207,29 +195,29 @@ def attention_maps(model, source_tokenizer, source, target=None, target_tokenize
     )
 
 
-def plot_attention_maps(maps, output_dir, prefix="attention", layers=None, heads=None, dpi=100):
+def plot_attention_maps(maps, output_dir, prefix="attention", layers=None, heads=None):
     """Write `<prefix>_encoder.png`, `<prefix>_decoder.png` and `<prefix>_cross.png` to `output_dir`: for each kind
     of attention, a grid of heatmaps, a row per layer and a column per head; returns their paths by kind.
 
     `layers` / `heads` (0-based) restrict the grid, e.g. for the big model's 6 x 16 heads. Colours share one
     scale from 0 to 1.
     """
-    layers = range(maps.encoder.shape[0]) if layers is None else layers
-    heads = range(maps.encoder.shape[1]) if heads is None else heads
+    layers, heads = layers or range(len(maps.encoder)), heads or range(maps.encoder.shape[1])
     paths = {}
     for kind, (title, rows, columns) in ATTENTION_KINDS.items():
         rows, columns = getattr(maps, rows), getattr(maps, columns)
         cell = min(max(2.5, 0.24 * max(len(rows), len(columns)) + 1.3), 9.0)  # inches: a label per token
         figure = Figure(figsize=(cell * len(heads) + 1.0, cell * len(layers) + 0.6), layout="constrained")
         axes = figure.subplots(len(layers), len(heads), squeeze=False)
-        for axes_row, layer in zip(axes, layers, strict=True):
-            for ax, head in zip(axes_row, heads, strict=True):
-                weights = getattr(maps, kind)[layer, head].numpy()  # (rows, columns)
-                image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-                ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
-                ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
-                ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        for ax, (layer, head) in zip(axes.flat, itertools.product(layers, heads), strict=True):
+            # the weights of (rows, columns)
+            image = ax.imshow(
+                getattr(maps, kind)[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto"
+            )
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(rows)), rows, fontsize=7)
         figure.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
         figure.suptitle(f"{title}: rows attend to columns")
-        paths[kind] = _save(figure, Path(output_dir) / f"{prefix}_{kind}.png", dpi)
+        paths[kind] = _save(figure, Path(output_dir) / f"{prefix}_{kind}.png", 100)
     return paths

@@ -12,7 +12,6 @@ length during inference to input length + 50, but terminate early when possible.
   line-aligned with their inputs.
 """
 
-import io
 import logging
 import math
 import sys
@@ -181,7 +180,7 @@ def translate(sentences, model, source_tokenizer, target_tokenizer=None, **optio
             `length_penalty_form` ("gnmt": ((5 + |Y|) / 6) ** alpha, the form §6.1 cites, or "power": |Y| ** alpha,
             transformers'; `None` leaves the model's generation config to decide, the paper's for this package's
             models; see `generation_vaswani.length_penalty_factor`), `max_new_tokens` (a fixed output limit; `None`
-            gives §6.1's input length + `extra_output_tokens`, where the input length is the longest source of the
+            gives §6.1's input length + 50, where the input length is the longest source of the
             batch), `show_progress` (a tqdm bar over sentences) and further arguments of `model.generate` (e.g.
             `early_stopping`).
     """
@@ -203,7 +202,6 @@ def translate_n_best(
     num_beams=PAPER_NUM_BEAMS,
     length_penalty=None,
     max_new_tokens=None,
-    extra_output_tokens=EXTRA_OUTPUT_TOKENS,
     show_progress=True,
     with_scores=True,
     max_source_length=None,
@@ -235,7 +233,7 @@ def translate_n_best(
                 num_beams=num_beams,
                 num_return_sequences=n_best,
                 length_penalty=length_penalty,
-                max_new_tokens=max_new_tokens or max(len(ids) for ids in sources) + extra_output_tokens,
+                max_new_tokens=max_new_tokens or max(map(len, sources)) + EXTRA_OUTPUT_TOKENS,
                 **generate_kwargs,
             )
             if isinstance(model, PreTrainedModel):
@@ -254,7 +252,7 @@ def translate_n_best(
 def _generate(model, tokenizer, sources, with_scores, settings):
     """`model.generate` on a batch of id lists: `num_return_sequences` (ids, score) rows per source. The score of
     beam search is the beam's own; of greedy search, the summed log-probabilities of the tokens up to `</s>`."""
-    inputs = tokenizer.pad({"input_ids": sources}, padding=True, return_tensors="pt").to(model.device)
+    inputs = tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(model.device)
     output = model.generate(
         **inputs, **settings, output_scores=with_scores, return_dict_in_generate=with_scores
     )
@@ -271,7 +269,7 @@ def _generate(model, tokenizer, sources, with_scores, settings):
         is_eos = (sequences[:, -steps.shape[1] :] == eos).long()
         scores = steps.masked_fill(is_eos.cumsum(dim=1) - is_eos > 0, 0.0).sum(dim=1).tolist()
     rows, n = list(zip(sequences.tolist(), scores, strict=True)), settings["num_return_sequences"]
-    return [rows[k * n : (k + 1) * n] for k in range(len(sources))]
+    return [rows[k : k + n] for k in range(0, len(rows), n)]
 
 
 def read_sentences(path):
@@ -299,20 +297,17 @@ def write_sentences(sentences, path):
     was, and two processes writing one path leave one complete file, never a mix."""
     ended = (sentence.replace("\r", " ").replace("\n", " ") + "\n" for sentence in sentences)
     if path is None or str(path) == "-":
-        stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n", write_through=True)
-        stdout.writelines(ended)
-        stdout.flush()
-        stdout.detach()  # leave sys.stdout's buffer open
+        sys.stdout.buffer.writelines(line.encode() for line in ended)  # UTF-8 whatever the locale
+        sys.stdout.buffer.flush()
         return
     with atomic_write(path) as f:
         f.writelines(ended)
 
 
-def score_translations(translations, reference_paths, moses_lang=None, **bleu_kwargs):
-    """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`);
-    with `moses_lang`, the record a run reports instead (`metrics.reported_scores`: also BLEU on lowercased
-    Moses-tokenized text of that language, the published Multi30k convention; of `bleu_kwargs` it takes
-    `lowercase` only).
+def score_translations(translations, reference_paths, moses_lang=None, lowercase=False):
+    """sacreBLEU BLEU and chrF of `translations` against line-aligned reference files (`metrics.compute_bleu`),
+    case-insensitive with `lowercase`; with `moses_lang`, the record a run reports instead (`metrics.reported_scores`:
+    also BLEU on lowercased Moses-tokenized text of that language, the published Multi30k convention).
 
     Raises `ValueError` naming the file whose line count differs.
     """
@@ -322,10 +317,7 @@ def score_translations(translations, reference_paths, moses_lang=None, **bleu_kw
     for path, stream in zip(reference_paths, references, strict=True):
         if len(stream) != len(translations):
             raise ValueError(f"{len(translations)} translations but {path} has {len(stream)} lines")
-    per_segment = [list(refs) for refs in zip(*references, strict=True)]
-    if moses_lang is not None:
-        lowercase = bleu_kwargs.pop("lowercase", False)
-        if bleu_kwargs:
-            raise ValueError(f"moses_lang reports the fixed record; drop {sorted(bleu_kwargs)}")
-        return reported_scores(translations, per_segment, moses_lang, lowercase=lowercase)
-    return compute_bleu(translations, per_segment, **bleu_kwargs)
+    per_segment = list(zip(*references, strict=True))
+    if moses_lang is None:
+        return compute_bleu(translations, per_segment, lowercase=lowercase)
+    return reported_scores(translations, per_segment, moses_lang, lowercase)

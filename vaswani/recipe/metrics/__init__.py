@@ -124,7 +124,6 @@ def compute_moses_bleu(predictions, references, lang):
 
 # tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' (non-overlapping, as re.sub)
 _COMPOUND = re.compile(r"(\S)-(\S)")
-TOKENIZED_BLEU_NOTE = "Moses-tokenized, compounds split as ##AT##-##AT##"
 
 
 def split_compounds(text):
@@ -150,14 +149,14 @@ def compute_tokenized_bleu(predictions, references, lang, lowercase=False):
 
     Exactly: both sides go through `moses_compound_tokenize` (`lang`, the target language), and sacreBLEU scores the
     result case-sensitively with `tokenize="none"` and no smoothing, as `multi-bleu.perl` does (0 when an n-gram
-    order has no match). The signature says so (`tok:none|smooth:none`, plus `TOKENIZED_BLEU_NOTE`). It runs higher
+    order has no match). The signature says so (`tok:none|smooth:none`, and that compounds were split). It runs higher
     than sacreBLEU on detokenized text (`compute_bleu`), the figure WMT reports: give both, never compare across.
     `lowercase` scores it case-insensitively (`case:lc`), for a model that writes lowercase only.
     """
     scores = _bleu_of_moses_tokens(
         moses_compound_tokenize, predictions, references, lang, lowercase=lowercase, smooth_method="none"
     )
-    scores["bleu_signature"] += f" ({TOKENIZED_BLEU_NOTE})"
+    scores["bleu_signature"] += " (Moses-tokenized, compounds split as ##AT##-##AT##)"
     return scores
 
 
@@ -172,9 +171,8 @@ def score_files(
     hypotheses_path, reference_paths, tokenize="13a", lowercase=False, chrf_word_order=0, moses_lang=None
 ):
     """`reported_scores` of a hypothesis file against one or more reference files (one segment a line, `.gz`
-    allowed). Raises `ValueError` naming the files if their line counts differ."""
-    if moses_lang is not None:
-        check_moses_lang(moses_lang)
+    allowed). Raises `ValueError` naming the files if their line counts differ. `moses_lang` is one Moses has rules
+    for (`check_moses_lang`, which `vaswani-evaluate` runs on its flag)."""
     from ..data import read_lines  # here: scoring text files needs neither datasets nor torch
 
     hypotheses = list(read_lines(hypotheses_path))
@@ -238,15 +236,11 @@ def bleu_metric_fn(tokenizer, references):
     `len(references)` rows, which are the dataset's rows in order, are scored."""
     from ..tokenization import lowercases
 
-    lowercase = lowercases(tokenizer)
-
     def compute(eval_prediction):
-        predictions = eval_prediction.predictions
-        if isinstance(predictions, tuple):
-            predictions = predictions[0]
-        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)[: len(references)]
-        texts = [t.strip() for t in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
-        scores = compute_bleu(texts, list(references), lowercase=lowercase)
+        # the generated ids (predict_with_generate), -100 as padding
+        ids = np.where(eval_prediction.predictions < 0, tokenizer.pad_token_id, eval_prediction.predictions)
+        texts = [t.strip() for t in tokenizer.batch_decode(ids[: len(references)], skip_special_tokens=True)]
+        scores = compute_bleu(texts, list(references), lowercase=lowercases(tokenizer))
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     return compute

@@ -9,10 +9,9 @@ def reference_streams(references):
     """sacreBLEU's layout (one list per reference set) from one reference or a list of them per segment."""
     if references and isinstance(references[0], str):
         return [list(references)]
-    n_refs = len(references[0]) if references else 0
-    if any(len(refs) != n_refs for refs in references):
+    if any(len(refs) != len(references[0]) for refs in references):
         raise ValueError("Every prediction needs the same number of references")
-    return [[refs[i] for refs in references] for i in range(n_refs)]
+    return [list(stream) for stream in zip(*references, strict=True)]
 
 
 def corpus_scores(
