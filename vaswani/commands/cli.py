@@ -158,9 +158,6 @@ def command(prog):
 # ---------------------------------------------------------------------------------------------------------------------
 # Renamed flags, fairseq's --lenpen, two names of one flag
 # ---------------------------------------------------------------------------------------------------------------------
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse reads `-1` after a flag
-
-
 # A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed flag,
 # the parser's action it sets and that action's dest (None: a flag the parser lacks), and the texts of its values.
 _Flag = collections.namedtuple("_Flag", "start end name new action dest texts")
@@ -171,18 +168,21 @@ def _flags(parser, argv, renamed):
     recognised as `--old`, `--old=value` and `--old-name`."""
     found, i = [], 0
     while i < len(argv) and argv[i] != "--":
-        token, start = argv[i], i
+        start, (name, equals, value) = i, argv[i].partition("=")
         i += 1
-        if not token.startswith("--"):
+        if not name.startswith("--"):
             continue
-        name, equals, value = token.partition("=")
-        key = name[2:].replace("-", "_")
-        new = f"--{renamed[key]}" if key in renamed else None
-        action = parser._option_string_actions.get(new or name)
+        new = renamed.get(name[2:].replace("-", "_"))
+        action = parser._option_string_actions.get(f"--{new}" if new else name)
         texts = [value] if equals else []
-        nargs = 0 if equals else getattr(action, "nargs", 0)
-        most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(nargs, nargs)
-        while len(texts) < most and i < len(argv) and (argv[i][:1] != "-" or _NEGATIVE_NUMBER.match(argv[i])):
+        # argparse's count: one value after `=`, or after a flag of nargs None or "?"; all that follow for "+"
+        most = 0 if equals else {None: 1, "?": 1, 0: 0}.get(getattr(action, "nargs", 0), len(argv))
+        # a value starts with a dash only as a negative number (`--device -1`)
+        while (
+            len(texts) < most
+            and i < len(argv)
+            and (argv[i][:1] != "-" or parser._negative_number_matcher.match(argv[i]))
+        ):
             texts.append(argv[i])
             i += 1
         found.append(_Flag(start, i, name, new, action, getattr(action, "dest", None), texts))
@@ -194,50 +194,23 @@ def typed_value(action, texts):
     texts themselves when a value does not convert: argparse reports that later)."""
     if not texts:
         return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
-    convert = action.type if callable(action.type) else str
     try:
-        values = [convert(text) for text in texts]
+        values = [(action.type or str)(text) for text in texts]
     except (TypeError, ValueError, argparse.ArgumentTypeError):
-        values = list(texts)
-    return values[0] if action.nargs in (None, "?") else tuple(values)
-
-
-def _lenpen(flags, where, dashes):
-    """The values of fairseq's `--lenpen A` (none without it), which is `--length_penalty A --length_penalty_form
-    power` (fairseq divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form`
-    other than power beside it is refused, as is `--lenpen` beside `--length_penalty`."""
-    dests = {flag.dest: flag for flag in flags}
-    if "lenpen" not in dests:
-        return []
-    if "length_penalty" in dests:
-        raise UsageError(
-            f"{where}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
-        )
-    if not dests["lenpen"].texts:
-        raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
-    form = dests["length_penalty_form"].texts[:1] if "length_penalty_form" in dests else ["power"]
-    if form != ["power"]:
-        raise UsageError(
-            f"{where}{dashes}lenpen is fairseq's length penalty |Y| ** alpha ({dashes}length_penalty_form power), but "
-            f"{dashes}length_penalty_form is {''.join(form)!r}: give {dashes}length_penalty with it instead"
-        )
-    return dests["lenpen"].texts
+        values = texts
+    return values[0] if action.nargs in (None, "?") else values
 
 
 def read_flags(parser, argv, renamed, path=None):
     """`argv` (a command line, or the flags of the arguments file `path`) for `parser`: renamed flags under their new
-    names (each with a warning), `--lenpen A` as `--length_penalty A --length_penalty_form power`. Raises `UsageError`
-    naming both flags when two names of one flag have different values: fairseq's and transformers' (`--lr` and
-    `--learning_rate`), a renamed flag and its new name, `--flag-name` and `--flag_name`, `--flag` and `--no_flag`.
-    The same value under both names is accepted; the same name given twice keeps argparse's rule (the last one wins).
-    An arguments file's flags must all be flags of the tool's dataclasses."""
+    names (each with a warning), `--lenpen A` as `--length_penalty A --length_penalty_form power` (fairseq divides a
+    hypothesis' score by |Y| ** A, transformers' "power" form). Raises `UsageError` naming both flags when two names
+    of one flag have different values: fairseq's and transformers' (`--lr` and `--learning_rate`), a renamed flag and
+    its new name, `--flag-name` and `--flag_name`, `--flag` and `--no_flag`. The same value under both names is
+    accepted; the same name given twice keeps argparse's rule (the last one wins). `--lenpen` is refused beside
+    `--length_penalty`, and beside a `--length_penalty_form` other than power."""
     flags = _flags(parser, argv, renamed)
     where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
-    for flag in flags:
-        if path and (flag.dest not in parser.field_names | {"lenpen"} or flag.action.nargs == 0):
-            raise UsageError(
-                f"{where}{flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
-            )
     given = [flag for flag in flags if flag.action and (flag.texts or flag.action.nargs in (0, "?", "*"))]
     for a, b in itertools.combinations(given, 2):
         if (
@@ -249,10 +222,22 @@ def read_flags(parser, argv, renamed, path=None):
             raise UsageError(
                 f"{where}{shown[0]} and {shown[1]} are two names of one flag with different values: give one of them"
             )
-    lenpen, result, position = _lenpen(flags, where, dashes), [], 0
+    dests = {flag.dest: flag for flag in flags}
+    if "lenpen" in dests:
+        if "length_penalty" in dests:
+            raise UsageError(
+                f"{where}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
+            )
+        if not dests["lenpen"].texts:
+            raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
+        form = getattr(dests.get("length_penalty_form"), "texts", ["power"])[:1]
+        if form != ["power"]:
+            raise UsageError(
+                f"{where}{dashes}lenpen is fairseq's length penalty |Y| ** alpha ({dashes}length_penalty_form power), but "
+                f"{dashes}length_penalty_form is {''.join(form)!r}: give {dashes}length_penalty with it instead"
+            )
+    result = list(argv)
     for flag in flags:
-        result += argv[position : flag.start]
-        position = flag.end
         if flag.new:
             logger.warning(
                 "%s%s%s is deprecated; use %s%s",
@@ -260,14 +245,11 @@ def read_flags(parser, argv, renamed, path=None):
                 dashes,
                 flag.name[2:].replace("-", "_"),
                 dashes,
-                flag.new[2:],
+                flag.new,
             )
-            result += [flag.new + argv[flag.start][len(flag.name) :], *argv[flag.start + 1 : flag.end]]
-        elif flag.dest == "lenpen":
-            result += ["--length_penalty", *lenpen, "--length_penalty_form", "power"]
-        else:
-            result += argv[flag.start : flag.end]
-    return result + list(argv[position:])
+        if flag.new or flag.dest == "lenpen":  # the flag under its new name, its values where they stand
+            result[flag.start] = f"--{flag.new or 'length_penalty'}{argv[flag.start][len(flag.name) :]}"
+    return (["--length_penalty_form", "power"] if "lenpen" in dests else []) + result
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -293,18 +275,13 @@ def read_arguments_file(path):
         raise UsageError(
             f"Arguments file {path} is not UTF-8 text: {error.reason} at byte {error.start}"
         ) from None
-    if path.suffix == ".json":
-        try:
-            values = json.loads(text)
-        except ValueError as error:
-            raise UsageError(f"Arguments file {path} is not valid JSON: {error}") from None
-    else:
-        try:
-            values = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise UsageError(
-                f"Arguments file {path} is not valid YAML: {' '.join(str(error).split())}"
-            ) from None
+    kind, load = ("JSON", json.loads) if path.suffix == ".json" else ("YAML", yaml.safe_load)
+    try:
+        values = load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise UsageError(
+            f"Arguments file {path} is not valid {kind}: {' '.join(str(error).split())}"
+        ) from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -313,41 +290,35 @@ def read_arguments_file(path):
     for key, value in values.items():
         if not isinstance(key, str) or not key.strip("-"):
             raise UsageError(f"Arguments file {path}: {key!r} is not a flag name.")
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
-            if not value:
-                raise UsageError(f"Arguments file {path}: {key} is an empty list.")
-            for item in value:
-                _check_scalar(path, key, item)
-        elif not isinstance(value, dict):
-            _check_scalar(path, key, value)
-        mapping[key.lstrip("-")] = value
+        if value == []:
+            raise UsageError(f"Arguments file {path}: {key} is an empty list.")
+        for item in value if isinstance(value, list) else [] if isinstance(value, dict) else [value]:
+            if isinstance(item, (dict, list)):
+                raise UsageError(f"Arguments file {path}: {key} holds a nested {type(item).__name__}.")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise UsageError(f"Arguments file {path}: {key} is {item}.")
+        if value is not None:
+            mapping[key.lstrip("-")] = value
     return mapping
-
-
-def _check_scalar(path, key, value):
-    if isinstance(value, (dict, list)):
-        raise UsageError(f"Arguments file {path}: {key} holds a nested {type(value).__name__}.")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"Arguments file {path}: {key} is {value}.")
-
-
-def _as_text(value):
-    """A file's value as it would be written on the command line."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
 def file_tokens(parser, path, renamed):
     """The flags of the arguments file `path` as a command line: `--flag=value`, or `--flag value ...` for a flag that
-    takes several values; a list for a flag of one value is refused."""
+    takes several values, each value as it would be typed (a mapping as its JSON text); a flag the tool lacks, or a
+    list for a flag of one value, is refused."""
     tokens = []
     for key, value in read_arguments_file(path).items():
-        texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
-        action = parser._option_string_actions.get(f"--{renamed.get(key, key)}")
-        if len(texts) > 1 and action is not None and action.nargs in (None, "?"):
+        texts = [
+            json.dumps(v) if isinstance(v, (bool, dict)) else str(v)
+            for v in (value if isinstance(value, list) else [value])
+        ]
+        action = parser._option_string_actions.get(f"--{renamed.get(key.replace('-', '_'), key)}")
+        # a field's flag (`--no_flag`, the negative spelling of a switch, is no entry of a file) or fairseq's --lenpen
+        if getattr(action, "dest", None) not in parser.field_names | {"lenpen"} or action.nargs == 0:
+            raise UsageError(
+                f"Arguments file {path}: {key} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
+            )
+        if len(texts) > 1 and action.nargs in (None, "?"):
             parser.error(f"argument --{action.dest}: expected one argument, got {len(texts)} ({path})")
         tokens += [f"--{key}={texts[0]}"] if len(texts) == 1 else [f"--{key}", *texts]
     return tokens
@@ -422,6 +393,7 @@ def build_parser(dataclass_types, *, description, epilog=None):
     if not trainer_debug:
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
+    common.add_argument(HELP_ALL_FLAG, action="help", help=argparse.SUPPRESS)  # --help: it lists every flag
     if {"length_penalty", "length_penalty_form"} <= fields:
         common.add_argument(  # read as --length_penalty before parsing (`read_flags`)
             LENPEN_FLAG,
@@ -454,9 +426,9 @@ def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None)
     """Parse `argv` (a list of strings) into instances of `dataclass_types`, in their order.
 
     Renamed flags are translated (`renamed`: old -> new name), arguments files' flags go before the command line's
-    (`file_tokens`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
-    flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
-    `ValueError`. `--help_all` is `--help`.
+    (`file_tokens`), then the parser reads the command line and `HfArgumentParser.parse_dict` makes the dataclasses;
+    an unknown flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises
+    its own `ValueError`. `--help_all` is `--help`.
     """
     argv = list(argv)
     files = (
@@ -469,17 +441,15 @@ def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None)
             if not flag.texts:
                 raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
             files.append(flag.texts[0])
-    argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
+    argv = read_flags(parser, argv, renamed)
     files = [
         token
         for path in files
         for token in read_flags(parser, file_tokens(parser, path, renamed), renamed, path)
     ]
     argv = files + argv  # the command line last: its flags win
-    parser.parse_args(argv)  # an unknown flag is reported before any dataclass checks its values
-    outputs = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
-    # The dataclasses, without the namespace of the common flags (--args_file, --debug, --verbose).
-    return tuple(outputs[: len(parser.dataclass_types)])
+    # an unknown flag is reported before any dataclass checks its values
+    return parser.parse_dict(vars(parser.parse_args(argv)), allow_extra_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
