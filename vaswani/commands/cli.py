@@ -57,14 +57,6 @@ logger = logging.getLogger(__name__)
 ARGS_FILE_FLAG = "--args_file"
 DEBUG_FLAG = "--debug"
 VERBOSE_FLAG = "--verbose"
-HELP_ALL_FLAG = "--help_all"
-DEBUG_ENVIRONMENT = "VASWANI_DEBUG"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# fairseq's length penalty: `--lenpen A` divides a hypothesis' score by |Y| ** A, transformers' "power" form.
-LENPEN_FLAG = "--lenpen"
-# The values of transformers' own `--debug` training flag, each as the argument after it: `--debug underflow_overflow`
-# stays the Trainer's.
-_TRAINER_DEBUG_VALUES = (["underflow_overflow"], ["tpu_metrics_debug"])
 
 
 # The running tool: its name (`vaswani-train`, ...) and whether it was given `--verbose`.
@@ -73,18 +65,16 @@ _current = argparse.Namespace(
 )
 
 
-def current_prog():
-    """The name of the running tool (`vaswani-train`, ...), for messages."""
-    return _current.prog
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The tool: one-line errors, exit statuses, --debug and --verbose
 # ---------------------------------------------------------------------------------------------------------------------
-def _take_flag(argv, flag, keep_if_followed_by=()):
-    """Remove every bare `flag` from `argv` (not one followed by one of `keep_if_followed_by`); whether any was."""
+def _take_flag(argv, flag):
+    """Remove every bare `flag` from `argv`, whether any was. Transformers' own `--debug underflow_overflow` (or
+    `tpu_metrics_debug`) stays the Trainer's."""
     bare = [
-        i for i, token in enumerate(argv) if token == flag and argv[i + 1 : i + 2] not in keep_if_followed_by
+        i
+        for i, token in enumerate(argv)
+        if token == flag and argv[i + 1 : i + 2] not in (["underflow_overflow"], ["tpu_metrics_debug"])
     ]
     for i in reversed(bare):
         del argv[i]
@@ -130,9 +120,8 @@ def command(prog):
         def run(argv=None):
             global _current
             arguments = list(sys.argv[1:] if argv is None else argv)
-            debug = _take_flag(
-                arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES
-            ) or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
+            debug_environment = os.environ.get("VASWANI_DEBUG", "").lower() in ("1", "true", "yes")
+            debug = _take_flag(arguments, DEBUG_FLAG) or debug_environment
             previous = _current
             _current = argparse.Namespace(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
             try:
@@ -229,7 +218,7 @@ def read_flags(parser, argv, renamed, path=None):
                 f"{where}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
             )
         if not dests["lenpen"].texts:
-            raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
+            raise UsageError("--lenpen needs a value (fairseq's length penalty alpha)")
         form = getattr(dests.get("length_penalty_form"), "texts", ["power"])[:1]
         if form != ["power"]:
             raise UsageError(
@@ -370,7 +359,7 @@ def build_parser(dataclass_types, *, description, epilog=None):
     `_argument_group_name`, and the flags common to every tool. `description` and `epilog` are printed as written."""
     parser = _Parser(
         dataclass_types,
-        prog=current_prog(),
+        prog=_current.prog,
         description=description,
         epilog=epilog,
         formatter_class=_HelpFormatter,
@@ -393,33 +382,26 @@ def build_parser(dataclass_types, *, description, epilog=None):
     if not trainer_debug:
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
-    common.add_argument(HELP_ALL_FLAG, action="help", help=argparse.SUPPRESS)  # --help: it lists every flag
+    common.add_argument("--help_all", action="help", help=argparse.SUPPRESS)  # --help: it lists every flag
     if {"length_penalty", "length_penalty_form"} <= fields:
         common.add_argument(  # read as --length_penalty before parsing (`read_flags`)
-            LENPEN_FLAG,
+            "--lenpen",
             metavar="ALPHA",
             nargs="+",
-            type=float,
             help="fairseq's length penalty: --length_penalty ALPHA --length_penalty_form power (|Y| ** ALPHA)",
         )
+    # The flags of the fields that a dataclass inherits (not declared in its own body) move from its group to one
+    # titled `_inherited_argument_group_name`, after every other group (transformers' Trainer flags, last).
     for dtype in parser.dataclass_types:
-        _list_inherited_flags_last(parser, dtype)
+        if title := getattr(dtype, "_inherited_argument_group_name", None):
+            own = vars(dtype)["__annotations__"]
+            (group,) = [group for group in parser._action_groups if group.title == dtype._argument_group_name]
+            inherited = parser.add_argument_group(title)
+            for action in list(group._group_actions):
+                if action.dest not in own:
+                    group._group_actions.remove(action)
+                    inherited._group_actions.append(action)
     return parser
-
-
-def _list_inherited_flags_last(parser, dtype):
-    """Move the flags of the fields that `dtype` inherits (not declared in its own body) from its group of `--help` to
-    a group titled `dtype._inherited_argument_group_name`, after every other group; nothing without that title."""
-    title = getattr(dtype, "_inherited_argument_group_name", None)
-    if title is None:
-        return
-    own = set(vars(dtype).get("__annotations__", {}))
-    (group,) = [group for group in parser._action_groups if group.title == dtype._argument_group_name]
-    inherited = parser.add_argument_group(title)
-    for action in list(group._group_actions):
-        if action.dest not in own:
-            group._group_actions.remove(action)
-            inherited._group_actions.append(action)
 
 
 def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None):
@@ -474,17 +456,15 @@ def setup_logging(main_process=True):
     root = logging.getLogger()
     if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("vaswani").setLevel(logging.INFO if main_process else logging.WARNING)
     logging.captureWarnings(True)
     loud = _current.verbose and main_process
-    for library in (transformers, datasets):
+    for library in (transformers, datasets):  # transformers' bars: "Loading weights", "Writing model shards"
         library.utils.logging.set_verbosity(logging.INFO if loud else logging.WARNING)
-    if loud:
-        transformers.utils.logging.enable_progress_bar()
-        datasets.enable_progress_bars()
-    else:
-        transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
-        datasets.disable_progress_bars()
+        if loud:
+            library.utils.logging.enable_progress_bar()
+        else:
+            library.utils.logging.disable_progress_bar()
