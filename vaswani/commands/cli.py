@@ -50,7 +50,7 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
-from ..common.errors import UsageError, describe_error, require_positive  # noqa: F401 (the tools' import)
+from ..common.errors import UsageError, describe_error
 
 logger = logging.getLogger(__name__)
 
@@ -148,24 +148,25 @@ def command(prog):
 # Renamed flags, fairseq's --lenpen, two names of one flag
 # ---------------------------------------------------------------------------------------------------------------------
 # A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed flag,
-# the parser's action it sets and that action's dest (None: a flag the parser lacks), and the texts of its values.
+# the parser's action it sets and that action's dest, and the texts of its values.
 _Flag = collections.namedtuple("_Flag", "start end name new action dest texts")
 
 
 def _flags(parser, argv, renamed):
-    """The flags of `argv` (up to a `--`), each with the values that argparse would give it. A renamed flag is
-    recognised as `--old`, `--old=value` and `--old-name`."""
+    """The flags of the parser in `argv` (up to a `--`), each with the values that argparse would give it (a flag the
+    parser lacks takes none: argparse names it). A renamed flag is recognised as `--old`, `--old=value` and
+    `--old-name`."""
     found, i = [], 0
     while i < len(argv) and argv[i] != "--":
         start, (name, equals, value) = i, argv[i].partition("=")
         i += 1
-        if not name.startswith("--"):
-            continue
         new = renamed.get(name[2:].replace("-", "_"))
         action = parser._option_string_actions.get(f"--{new}" if new else name)
+        if not name.startswith("--") or action is None:
+            continue
         texts = [value] if equals else []
         # argparse's count: one value after `=`, or after a flag of nargs None or "?"; all that follow for "+"
-        most = 0 if equals else {None: 1, "?": 1, 0: 0}.get(getattr(action, "nargs", 0), len(argv))
+        most = 0 if equals else {None: 1, "?": 1, 0: 0}.get(action.nargs, len(argv))
         # a value starts with a dash only as a negative number (`--device -1`)
         while (
             len(texts) < most
@@ -174,7 +175,7 @@ def _flags(parser, argv, renamed):
         ):
             texts.append(argv[i])
             i += 1
-        found.append(_Flag(start, i, name, new, action, getattr(action, "dest", None), texts))
+        found.append(_Flag(start, i, name, new, action, action.dest, texts))
     return found
 
 
@@ -200,7 +201,7 @@ def read_flags(parser, argv, renamed, path=None):
     `--length_penalty`, and beside a `--length_penalty_form` other than power."""
     flags = _flags(parser, argv, renamed)
     where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
-    given = [flag for flag in flags if flag.action and (flag.texts or flag.action.nargs in (0, "?", "*"))]
+    given = [flag for flag in flags if flag.texts or flag.action.nargs in (0, "?", "*")]
     for a, b in itertools.combinations(given, 2):
         if (
             a.dest == b.dest
@@ -342,16 +343,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
     def _format_action_invocation(self, action):
-        names = [
+        names = ", ".join(
             name
             for name in action.option_strings
             if "-" not in name[2:] or "--" + name[2:].replace("-", "_") not in action.option_strings
-        ]
-        if action.nargs == 0:
-            return ", ".join(names)
-        return (
-            f"{', '.join(names)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
         )
+        if action.nargs == 0:
+            return names
+        return f"{names} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
 def build_parser(dataclass_types, *, description, epilog=None):

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
 
-from ..common.errors import UsageError
+from ..common.errors import UsageError, require_positive
 from ..recipe.arguments import DataArguments
-from .cli import command, parse_args, require_positive, setup_logging
+from .cli import command, parse_args, setup_logging
 
 logger = logging.getLogger(__name__)
 
