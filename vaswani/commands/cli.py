@@ -180,15 +180,13 @@ def _flags(parser, argv, renamed):
 
 
 def typed_value(action, texts):
-    """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
-    texts themselves when a value does not convert: argparse reports that later)."""
-    if not texts:
-        return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
+    """The values an occurrence of `action` with the values `texts` gives, as a list, converted as argparse converts
+    them (the texts themselves when a value does not convert: argparse reports that later); `--flag` alone gives its
+    constant (store_true/store_false, or a switch of nargs "?")."""
     try:
-        values = [(action.type or str)(text) for text in texts]
+        return [(action.type or str)(text) for text in texts] or [action.const]
     except (TypeError, ValueError, argparse.ArgumentTypeError):
-        values = texts
-    return values[0] if action.nargs in (None, "?") else values
+        return texts
 
 
 def read_flags(parser, argv, renamed, path=None):
