@@ -351,17 +351,17 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return f"{names} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
-def build_parser(dataclass_types, *, description, epilog=None):
+def build_parser(dataclass_types, **options):
     """The parser of a tool: a flag per field of `dataclass_types`, grouped in `--help` by each dataclass's
-    `_argument_group_name`, and the flags common to every tool. `description` and `epilog` are printed as written."""
+    `_argument_group_name`, and the flags common to every tool. `options` are argparse's: the `description` and the
+    `epilog` (examples), printed as written."""
     parser = _Parser(
         dataclass_types,
         prog=_current.prog,
-        description=description,
-        epilog=epilog,
         formatter_class=_HelpFormatter,
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
         allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
+        **options,
     )
     fields = parser.field_names
     trainer_debug = "debug" in fields  # transformers' --debug takes a value; a bare --debug is ours
@@ -401,8 +401,9 @@ def build_parser(dataclass_types, *, description, epilog=None):
     return parser
 
 
-def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None):
-    """Parse `argv` (a list of strings) into instances of `dataclass_types`, in their order.
+def parse_args(dataclass_types, argv, renamed=None, **options):
+    """Parse `argv` (a list of strings) into instances of `dataclass_types`, in their order; `options` go to
+    `build_parser` (`description`, `epilog`).
 
     Renamed flags are translated (`renamed`: old -> new name), arguments files' flags go before the command line's
     (`file_tokens`), then the parser reads the command line and `HfArgumentParser.parse_dict` makes the dataclasses;
@@ -413,7 +414,7 @@ def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None)
     files = (
         [argv.pop(0)] if argv and argv[0][:1] != "-" and argv[0].endswith((".json", ".yaml", ".yml")) else []
     )
-    parser = build_parser(dataclass_types, description=description, epilog=epilog)
+    parser = build_parser(dataclass_types, **options)
     renamed = renamed or {}
     for flag in _flags(parser, argv, renamed):
         if flag.dest == "args_file":

@@ -6,8 +6,6 @@ language to `<output_dir>/source` and `<output_dir>/target`. Load the result wit
 `vaswani.recipe.tokenization.load_tokenizers(output_dir)`, or pass it to `vaswani-train --tokenizer_name`.
 """
 
-from __future__ import annotations
-
 import logging
 from dataclasses import dataclass
 
