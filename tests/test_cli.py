@@ -105,6 +105,9 @@ def test_an_arguments_file_names_its_mistakes_and_keeps_its_values_whole(tmp_pat
         (args,) = parse_args(Example, [str(config)], description="", renamed={"beams": "num_beams"})
     assert (args.source_lang, args.num_beams) == ("-x", 3)
     assert "run.yaml: beams is deprecated; use num_beams" in caplog.text
+    config.write_text("source_lang: 2024-13-01\n")  # a YAML date that cannot be is named with its file
+    with pytest.raises(UsageError, match=r"run.yaml is not valid YAML: month must be in 1\.\.12"):
+        parse_args(Example, [str(config)], description="")
 
 
 def test_a_yaml_learning_rate_arrives_as_a_float_and_the_command_line_wins(tmp_path):

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
 
-from ..common.errors import UsageError
-from .cli import command, parse_args, require_positive, setup_logging
+from ..common.errors import UsageError, require_positive
+from .cli import command, parse_args, setup_logging
 
 DESCRIPTION = __doc__.replace("`vaswani-average-checkpoints`: a", "A", 1)
 

@@ -50,21 +50,13 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser  # transformers.hf_argparser: light, without torch
 
-from ..common.errors import UsageError, describe_error, require_positive  # noqa: F401 (the tools' import)
+from ..common.errors import UsageError, describe_error
 
 logger = logging.getLogger(__name__)
 
 ARGS_FILE_FLAG = "--args_file"
 DEBUG_FLAG = "--debug"
 VERBOSE_FLAG = "--verbose"
-HELP_ALL_FLAG = "--help_all"
-DEBUG_ENVIRONMENT = "VASWANI_DEBUG"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# fairseq's length penalty: `--lenpen A` divides a hypothesis' score by |Y| ** A, transformers' "power" form.
-LENPEN_FLAG = "--lenpen"
-# The values of transformers' own `--debug` training flag, each as the argument after it: `--debug underflow_overflow`
-# stays the Trainer's.
-_TRAINER_DEBUG_VALUES = (["underflow_overflow"], ["tpu_metrics_debug"])
 
 
 # The running tool: its name (`vaswani-train`, ...) and whether it was given `--verbose`.
@@ -73,18 +65,16 @@ _current = argparse.Namespace(
 )
 
 
-def current_prog():
-    """The name of the running tool (`vaswani-train`, ...), for messages."""
-    return _current.prog
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The tool: one-line errors, exit statuses, --debug and --verbose
 # ---------------------------------------------------------------------------------------------------------------------
-def _take_flag(argv, flag, keep_if_followed_by=()):
-    """Remove every bare `flag` from `argv` (not one followed by one of `keep_if_followed_by`); whether any was."""
+def _take_flag(argv, flag):
+    """Remove every bare `flag` from `argv`, whether any was. Transformers' own `--debug underflow_overflow` (or
+    `tpu_metrics_debug`) stays the Trainer's."""
     bare = [
-        i for i, token in enumerate(argv) if token == flag and argv[i + 1 : i + 2] not in keep_if_followed_by
+        i
+        for i, token in enumerate(argv)
+        if token == flag and argv[i + 1 : i + 2] not in (["underflow_overflow"], ["tpu_metrics_debug"])
     ]
     for i in reversed(bare):
         del argv[i]
@@ -130,9 +120,8 @@ def command(prog):
         def run(argv=None):
             global _current
             arguments = list(sys.argv[1:] if argv is None else argv)
-            debug = _take_flag(
-                arguments, DEBUG_FLAG, keep_if_followed_by=_TRAINER_DEBUG_VALUES
-            ) or os.environ.get(DEBUG_ENVIRONMENT, "").lower() in ("1", "true", "yes")
+            debug_environment = os.environ.get("VASWANI_DEBUG", "").lower() in ("1", "true", "yes")
+            debug = _take_flag(arguments, DEBUG_FLAG) or debug_environment
             previous = _current
             _current = argparse.Namespace(prog=prog, verbose=_take_flag(arguments, VERBOSE_FLAG))
             try:
@@ -158,87 +147,59 @@ def command(prog):
 # ---------------------------------------------------------------------------------------------------------------------
 # Renamed flags, fairseq's --lenpen, two names of one flag
 # ---------------------------------------------------------------------------------------------------------------------
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # a value, as argparse reads `-1` after a flag
-
-
 # A flag of a command line: its tokens `argv[start:end]`, its name as written (`--lr`), the new name of a renamed flag,
-# the parser's action it sets and that action's dest (None: a flag the parser lacks), and the texts of its values.
+# the parser's action it sets and that action's dest, and the texts of its values.
 _Flag = collections.namedtuple("_Flag", "start end name new action dest texts")
 
 
 def _flags(parser, argv, renamed):
-    """The flags of `argv` (up to a `--`), each with the values that argparse would give it. A renamed flag is
-    recognised as `--old`, `--old=value` and `--old-name`."""
+    """The flags of the parser in `argv` (up to a `--`), each with the values that argparse would give it (a flag the
+    parser lacks takes none: argparse names it). A renamed flag is recognised as `--old`, `--old=value` and
+    `--old-name`."""
     found, i = [], 0
     while i < len(argv) and argv[i] != "--":
-        token, start = argv[i], i
+        start, (name, equals, value) = i, argv[i].partition("=")
         i += 1
-        if not token.startswith("--"):
+        new = renamed.get(name[2:].replace("-", "_"))
+        action = parser._option_string_actions.get(f"--{new}" if new else name)
+        if not name.startswith("--") or action is None:
             continue
-        name, equals, value = token.partition("=")
-        key = name[2:].replace("-", "_")
-        new = f"--{renamed[key]}" if key in renamed else None
-        action = parser._option_string_actions.get(new or name)
         texts = [value] if equals else []
-        nargs = 0 if equals else getattr(action, "nargs", 0)
-        most = {None: 1, "?": 1, "+": len(argv), "*": len(argv)}.get(nargs, nargs)
-        while len(texts) < most and i < len(argv) and (argv[i][:1] != "-" or _NEGATIVE_NUMBER.match(argv[i])):
+        # argparse's count: one value after `=`, or after a flag of nargs None or "?"; all that follow for "+"
+        most = 0 if equals else {None: 1, "?": 1, 0: 0}.get(action.nargs, len(argv))
+        # a value starts with a dash only as a negative number (`--device -1`)
+        while (
+            len(texts) < most
+            and i < len(argv)
+            and (argv[i][:1] != "-" or parser._negative_number_matcher.match(argv[i]))
+        ):
             texts.append(argv[i])
             i += 1
-        found.append(_Flag(start, i, name, new, action, getattr(action, "dest", None), texts))
+        found.append(_Flag(start, i, name, new, action, action.dest, texts))
     return found
 
 
 def typed_value(action, texts):
-    """The value an occurrence of `action` with the values `texts` gives, converted as argparse converts it (the
-    texts themselves when a value does not convert: argparse reports that later)."""
-    if not texts:
-        return action.const  # --flag alone: store_true/store_false, or a switch (nargs "?")
-    convert = action.type if callable(action.type) else str
+    """The values an occurrence of `action` with the values `texts` gives, as a list, converted as argparse converts
+    them (the texts themselves when a value does not convert: argparse reports that later); `--flag` alone gives its
+    constant (store_true/store_false, or a switch of nargs "?")."""
     try:
-        values = [convert(text) for text in texts]
+        return [(action.type or str)(text) for text in texts] or [action.const]
     except (TypeError, ValueError, argparse.ArgumentTypeError):
-        values = list(texts)
-    return values[0] if action.nargs in (None, "?") else tuple(values)
-
-
-def _lenpen(flags, where, dashes):
-    """The values of fairseq's `--lenpen A` (none without it), which is `--length_penalty A --length_penalty_form
-    power` (fairseq divides a hypothesis' score by |Y| ** A, transformers' "power" form). A `--length_penalty_form`
-    other than power beside it is refused, as is `--lenpen` beside `--length_penalty`."""
-    dests = {flag.dest: flag for flag in flags}
-    if "lenpen" not in dests:
-        return []
-    if "length_penalty" in dests:
-        raise UsageError(
-            f"{where}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
-        )
-    if not dests["lenpen"].texts:
-        raise UsageError(f"{LENPEN_FLAG} needs a value (fairseq's length penalty alpha)")
-    form = dests["length_penalty_form"].texts[:1] if "length_penalty_form" in dests else ["power"]
-    if form != ["power"]:
-        raise UsageError(
-            f"{where}{dashes}lenpen is fairseq's length penalty |Y| ** alpha ({dashes}length_penalty_form power), but "
-            f"{dashes}length_penalty_form is {''.join(form)!r}: give {dashes}length_penalty with it instead"
-        )
-    return dests["lenpen"].texts
+        return texts
 
 
 def read_flags(parser, argv, renamed, path=None):
     """`argv` (a command line, or the flags of the arguments file `path`) for `parser`: renamed flags under their new
-    names (each with a warning), `--lenpen A` as `--length_penalty A --length_penalty_form power`. Raises `UsageError`
-    naming both flags when two names of one flag have different values: fairseq's and transformers' (`--lr` and
-    `--learning_rate`), a renamed flag and its new name, `--flag-name` and `--flag_name`, `--flag` and `--no_flag`.
-    The same value under both names is accepted; the same name given twice keeps argparse's rule (the last one wins).
-    An arguments file's flags must all be flags of the tool's dataclasses."""
+    names (each with a warning), `--lenpen A` as `--length_penalty A --length_penalty_form power` (fairseq divides a
+    hypothesis' score by |Y| ** A, transformers' "power" form). Raises `UsageError` naming both flags when two names
+    of one flag have different values: fairseq's and transformers' (`--lr` and `--learning_rate`), a renamed flag and
+    its new name, `--flag-name` and `--flag_name`, `--flag` and `--no_flag`. The same value under both names is
+    accepted; the same name given twice keeps argparse's rule (the last one wins). `--lenpen` is refused beside
+    `--length_penalty`, and beside a `--length_penalty_form` other than power."""
     flags = _flags(parser, argv, renamed)
     where, dashes = (f"Arguments file {path}: ", "") if path else ("", "--")
-    for flag in flags:
-        if path and (flag.dest not in parser.field_names | {"lenpen"} or flag.action.nargs == 0):
-            raise UsageError(
-                f"{where}{flag.name[2:]} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
-            )
-    given = [flag for flag in flags if flag.action and (flag.texts or flag.action.nargs in (0, "?", "*"))]
+    given = [flag for flag in flags if flag.texts or flag.action.nargs in (0, "?", "*")]
     for a, b in itertools.combinations(given, 2):
         if (
             a.dest == b.dest
@@ -249,10 +210,22 @@ def read_flags(parser, argv, renamed, path=None):
             raise UsageError(
                 f"{where}{shown[0]} and {shown[1]} are two names of one flag with different values: give one of them"
             )
-    lenpen, result, position = _lenpen(flags, where, dashes), [], 0
+    dests = {flag.dest: flag for flag in flags}
+    if "lenpen" in dests:
+        if "length_penalty" in dests:
+            raise UsageError(
+                f"{where}{dashes}lenpen is fairseq's name of {dashes}length_penalty: give one of them"
+            )
+        if not dests["lenpen"].texts:
+            raise UsageError("--lenpen needs a value (fairseq's length penalty alpha)")
+        form = getattr(dests.get("length_penalty_form"), "texts", ["power"])[:1]
+        if form != ["power"]:
+            raise UsageError(
+                f"{where}{dashes}lenpen is fairseq's length penalty |Y| ** alpha ({dashes}length_penalty_form power), but "
+                f"{dashes}length_penalty_form is {''.join(form)!r}: give {dashes}length_penalty with it instead"
+            )
+    result = list(argv)
     for flag in flags:
-        result += argv[position : flag.start]
-        position = flag.end
         if flag.new:
             logger.warning(
                 "%s%s%s is deprecated; use %s%s",
@@ -260,14 +233,11 @@ def read_flags(parser, argv, renamed, path=None):
                 dashes,
                 flag.name[2:].replace("-", "_"),
                 dashes,
-                flag.new[2:],
+                flag.new,
             )
-            result += [flag.new + argv[flag.start][len(flag.name) :], *argv[flag.start + 1 : flag.end]]
-        elif flag.dest == "lenpen":
-            result += ["--length_penalty", *lenpen, "--length_penalty_form", "power"]
-        else:
-            result += argv[flag.start : flag.end]
-    return result + list(argv[position:])
+        if flag.new or flag.dest == "lenpen":  # the flag under its new name, its values where they stand
+            result[flag.start] = f"--{flag.new or 'length_penalty'}{argv[flag.start][len(flag.name) :]}"
+    return (["--length_penalty_form", "power"] if "lenpen" in dests else []) + result
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -293,18 +263,13 @@ def read_arguments_file(path):
         raise UsageError(
             f"Arguments file {path} is not UTF-8 text: {error.reason} at byte {error.start}"
         ) from None
-    if path.suffix == ".json":
-        try:
-            values = json.loads(text)
-        except ValueError as error:
-            raise UsageError(f"Arguments file {path} is not valid JSON: {error}") from None
-    else:
-        try:
-            values = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise UsageError(
-                f"Arguments file {path} is not valid YAML: {' '.join(str(error).split())}"
-            ) from None
+    kind, load = ("JSON", json.loads) if path.suffix == ".json" else ("YAML", yaml.safe_load)
+    try:
+        values = load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise UsageError(
+            f"Arguments file {path} is not valid {kind}: {' '.join(str(error).split())}"
+        ) from None
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -313,41 +278,35 @@ def read_arguments_file(path):
     for key, value in values.items():
         if not isinstance(key, str) or not key.strip("-"):
             raise UsageError(f"Arguments file {path}: {key!r} is not a flag name.")
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
-            if not value:
-                raise UsageError(f"Arguments file {path}: {key} is an empty list.")
-            for item in value:
-                _check_scalar(path, key, item)
-        elif not isinstance(value, dict):
-            _check_scalar(path, key, value)
-        mapping[key.lstrip("-")] = value
+        if value == []:
+            raise UsageError(f"Arguments file {path}: {key} is an empty list.")
+        for item in value if isinstance(value, list) else [] if isinstance(value, dict) else [value]:
+            if isinstance(item, (dict, list)):
+                raise UsageError(f"Arguments file {path}: {key} holds a nested {type(item).__name__}.")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise UsageError(f"Arguments file {path}: {key} is {item}.")
+        if value is not None:
+            mapping[key.lstrip("-")] = value
     return mapping
-
-
-def _check_scalar(path, key, value):
-    if isinstance(value, (dict, list)):
-        raise UsageError(f"Arguments file {path}: {key} holds a nested {type(value).__name__}.")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"Arguments file {path}: {key} is {value}.")
-
-
-def _as_text(value):
-    """A file's value as it would be written on the command line."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
 def file_tokens(parser, path, renamed):
     """The flags of the arguments file `path` as a command line: `--flag=value`, or `--flag value ...` for a flag that
-    takes several values; a list for a flag of one value is refused."""
+    takes several values, each value as it would be typed (a mapping as its JSON text); a flag the tool lacks, or a
+    list for a flag of one value, is refused."""
     tokens = []
     for key, value in read_arguments_file(path).items():
-        texts = [_as_text(v) for v in value] if isinstance(value, (list, tuple)) else [_as_text(value)]
-        action = parser._option_string_actions.get(f"--{renamed.get(key, key)}")
-        if len(texts) > 1 and action is not None and action.nargs in (None, "?"):
+        texts = [
+            json.dumps(v) if isinstance(v, (bool, dict)) else str(v)
+            for v in (value if isinstance(value, list) else [value])
+        ]
+        action = parser._option_string_actions.get(f"--{renamed.get(key.replace('-', '_'), key)}")
+        # a field's flag (`--no_flag`, the negative spelling of a switch, is no entry of a file) or fairseq's --lenpen
+        if getattr(action, "dest", None) not in parser.field_names | {"lenpen"} or action.nargs == 0:
+            raise UsageError(
+                f"Arguments file {path}: {key} is not a flag of {parser.prog} ({parser.prog} --help lists the flags)"
+            )
+        if len(texts) > 1 and action.nargs in (None, "?"):
             parser.error(f"argument --{action.dest}: expected one argument, got {len(texts)} ({path})")
         tokens += [f"--{key}={texts[0]}"] if len(texts) == 1 else [f"--{key}", *texts]
     return tokens
@@ -382,29 +341,27 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return super()._get_help_string(action)
 
     def _format_action_invocation(self, action):
-        names = [
+        names = ", ".join(
             name
             for name in action.option_strings
             if "-" not in name[2:] or "--" + name[2:].replace("-", "_") not in action.option_strings
-        ]
-        if action.nargs == 0:
-            return ", ".join(names)
-        return (
-            f"{', '.join(names)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
         )
+        if action.nargs == 0:
+            return names
+        return f"{names} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
-def build_parser(dataclass_types, *, description, epilog=None):
+def build_parser(dataclass_types, **options):
     """The parser of a tool: a flag per field of `dataclass_types`, grouped in `--help` by each dataclass's
-    `_argument_group_name`, and the flags common to every tool. `description` and `epilog` are printed as written."""
+    `_argument_group_name`, and the flags common to every tool. `options` are argparse's: the `description` and the
+    `epilog` (examples), printed as written."""
     parser = _Parser(
         dataclass_types,
-        prog=current_prog(),
-        description=description,
-        epilog=epilog,
+        prog=_current.prog,
         formatter_class=_HelpFormatter,
         usage=f"%(prog)s [ARGS.yaml | {ARGS_FILE_FLAG} FILE] [--flag value ...]",
         allow_abbrev=False,  # a prefix (--lr, --learning_rat) is an error, never silently another flag
+        **options,
     )
     fields = parser.field_names
     trainer_debug = "debug" in fields  # transformers' --debug takes a value; a bare --debug is ours
@@ -422,64 +379,57 @@ def build_parser(dataclass_types, *, description, epilog=None):
     if not trainer_debug:
         common.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
     common.add_argument(VERBOSE_FLAG, action="store_true", help="INFO logs of transformers and datasets too")
+    common.add_argument("--help_all", action="help", help=argparse.SUPPRESS)  # --help: it lists every flag
     if {"length_penalty", "length_penalty_form"} <= fields:
         common.add_argument(  # read as --length_penalty before parsing (`read_flags`)
-            LENPEN_FLAG,
+            "--lenpen",
             metavar="ALPHA",
             nargs="+",
-            type=float,
             help="fairseq's length penalty: --length_penalty ALPHA --length_penalty_form power (|Y| ** ALPHA)",
         )
+    # The flags of the fields that a dataclass inherits (not declared in its own body) move from its group to one
+    # titled `_inherited_argument_group_name`, after every other group (transformers' Trainer flags, last).
     for dtype in parser.dataclass_types:
-        _list_inherited_flags_last(parser, dtype)
+        if title := getattr(dtype, "_inherited_argument_group_name", None):
+            own = vars(dtype)["__annotations__"]
+            (group,) = [group for group in parser._action_groups if group.title == dtype._argument_group_name]
+            inherited = parser.add_argument_group(title)
+            for action in list(group._group_actions):
+                if action.dest not in own:
+                    group._group_actions.remove(action)
+                    inherited._group_actions.append(action)
     return parser
 
 
-def _list_inherited_flags_last(parser, dtype):
-    """Move the flags of the fields that `dtype` inherits (not declared in its own body) from its group of `--help` to
-    a group titled `dtype._inherited_argument_group_name`, after every other group; nothing without that title."""
-    title = getattr(dtype, "_inherited_argument_group_name", None)
-    if title is None:
-        return
-    own = set(vars(dtype).get("__annotations__", {}))
-    (group,) = [group for group in parser._action_groups if group.title == dtype._argument_group_name]
-    inherited = parser.add_argument_group(title)
-    for action in list(group._group_actions):
-        if action.dest not in own:
-            group._group_actions.remove(action)
-            inherited._group_actions.append(action)
-
-
-def parse_args(dataclass_types, argv, *, description, epilog=None, renamed=None):
-    """Parse `argv` (a list of strings) into instances of `dataclass_types`, in their order.
+def parse_args(dataclass_types, argv, renamed=None, **options):
+    """Parse `argv` (a list of strings) into instances of `dataclass_types`, in their order; `options` go to
+    `build_parser` (`description`, `epilog`).
 
     Renamed flags are translated (`renamed`: old -> new name), arguments files' flags go before the command line's
-    (`file_tokens`), then `HfArgumentParser.parse_args_into_dataclasses` parses the command line; an unknown
-    flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises its own
-    `ValueError`. `--help_all` is `--help`.
+    (`file_tokens`), then the parser reads the command line and `HfArgumentParser.parse_dict` makes the dataclasses;
+    an unknown flag or a bad value raises `UsageError`, and a dataclass whose `__post_init__` rejects a value raises
+    its own `ValueError`. `--help_all` is `--help`.
     """
     argv = list(argv)
     files = (
         [argv.pop(0)] if argv and argv[0][:1] != "-" and argv[0].endswith((".json", ".yaml", ".yml")) else []
     )
-    parser = build_parser(dataclass_types, description=description, epilog=epilog)
+    parser = build_parser(dataclass_types, **options)
     renamed = renamed or {}
     for flag in _flags(parser, argv, renamed):
         if flag.dest == "args_file":
             if not flag.texts:
                 raise UsageError(f"{ARGS_FILE_FLAG} needs a file name.")
             files.append(flag.texts[0])
-    argv = ["--help" if token == HELP_ALL_FLAG else token for token in read_flags(parser, argv, renamed)]
+    argv = read_flags(parser, argv, renamed)
     files = [
         token
         for path in files
         for token in read_flags(parser, file_tokens(parser, path, renamed), renamed, path)
     ]
     argv = files + argv  # the command line last: its flags win
-    parser.parse_args(argv)  # an unknown flag is reported before any dataclass checks its values
-    outputs = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
-    # The dataclasses, without the namespace of the common flags (--args_file, --debug, --verbose).
-    return tuple(outputs[: len(parser.dataclass_types)])
+    # an unknown flag is reported before any dataclass checks its values
+    return parser.parse_dict(vars(parser.parse_args(argv)), allow_extra_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -504,17 +454,15 @@ def setup_logging(main_process=True):
     root = logging.getLogger()
     if not any(isinstance(handler, _StderrHandler) for handler in root.handlers):
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("vaswani").setLevel(logging.INFO if main_process else logging.WARNING)
     logging.captureWarnings(True)
     loud = _current.verbose and main_process
-    for library in (transformers, datasets):
+    for library in (transformers, datasets):  # transformers' bars: "Loading weights", "Writing model shards"
         library.utils.logging.set_verbosity(logging.INFO if loud else logging.WARNING)
-    if loud:
-        transformers.utils.logging.enable_progress_bar()
-        datasets.enable_progress_bars()
-    else:
-        transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
-        datasets.disable_progress_bars()
+        if loud:
+            library.utils.logging.enable_progress_bar()
+        else:
+            library.utils.logging.disable_progress_bar()

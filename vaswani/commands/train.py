@@ -44,11 +44,9 @@ def comparable_to(scores):
     moses = (
         f"the convention of published Multi30k figures, comparable with them on {split}" if multi30k else same
     )
-    if dataset.lower() in WMT14 and split == "test":
-        paper = "the paper's measure, comparable with its newstest2014 figures; never with sacreBLEU"
-    else:
-        paper = f"the paper's measure, {same}; never with sacreBLEU"
-    return moses, paper
+    newstest2014 = dataset.lower() in WMT14 and split == "test"
+    paper = "comparable with its newstest2014 figures" if newstest2014 else same
+    return moses, f"the paper's measure, {paper}; never with sacreBLEU"
 
 
 @command("vaswani-train")

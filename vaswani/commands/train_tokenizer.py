@@ -6,16 +6,14 @@ language to `<output_dir>/source` and `<output_dir>/target`. Load the result wit
 `vaswani.recipe.tokenization.load_tokenizers(output_dir)`, or pass it to `vaswani-train --tokenizer_name`.
 """
 
-from __future__ import annotations
-
 import logging
 from dataclasses import dataclass
 
 from transformers.hf_argparser import HfArg
 
-from ..common.errors import UsageError
+from ..common.errors import UsageError, require_positive
 from ..recipe.arguments import DataArguments
-from .cli import command, parse_args, require_positive, setup_logging
+from .cli import command, parse_args, setup_logging
 
 logger = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from transformers.hf_argparser import HfArg
 
-from ..common.errors import UsageError, flag_errors
+from ..common.errors import UsageError, flag_errors, require_positive
 from ..common.fileio import check_input_file, check_input_folder, write_json
 from ..common.flag_choices import LENGTH_PENALTY_FORMS, PAPER_LENGTH_PENALTY, PAPER_NUM_BEAMS
 from ..recipe.metrics import check_moses_lang, score_lines
-from .cli import command, current_prog, parse_args, require_positive, setup_logging
+from .cli import command, parse_args, setup_logging
 
 # The model, the engines and the decoding (torch, transformers) are imported where they are used: `--help` loads
 # none of them.
@@ -243,7 +243,7 @@ def main(argv):
         return None
     if args.input == "-" and sys.stdin.isatty():
         print(
-            f"{current_prog()}: reading sentences from standard input, one a line; Ctrl-D ends them "
+            "vaswani-translate: reading sentences from standard input, one a line; Ctrl-D ends them "
             "(--input FILE reads a file, --interactive answers each line at once)",
             file=sys.stderr,
         )
