@@ -24,11 +24,16 @@ from vaswani.configuration_vaswani import (
     SINUSOID_FREQUENCIES,
     SINUSOID_LAYOUTS,
 )
-from vaswani.recipe.arguments import PaperTrainingArguments, resolve_peak_learning_rate
+from vaswani.recipe.arguments import PaperTrainingArguments
 from vaswani.recipe.batching import TokenBudgetBatchSampler
 from vaswani.recipe.callbacks import TimeBudget
 from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
-from vaswani.recipe.schedule import cooldown_factor, paper_peak_learning_rate, paper_schedule
+from vaswani.recipe.schedule import (
+    cooldown_factor,
+    paper_peak_learning_rate,
+    paper_schedule,
+    resolve_peak_learning_rate,
+)
 
 RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
 

@@ -49,14 +49,13 @@ from ..generation_vaswani import (
 )
 from ..kernels import FAST_ATTENTION
 from .distributed import check_launch
-from .schedule import paper_peak_learning_rate
+from .schedule import choose_learning_rate
 
 PAPER_VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens" (EN-DE)
 # §5.1's token-budget batches, per device: micro-batches of this many padded tokens unless other batches are asked for
 # (the paper's ~25,000-token update is `--batch_tokens 25000`, which accumulates them).
 PAPER_MAX_TOKENS = 4096
-# transformers' `TrainingArguments` defaults, for the flags whose default here is None ("not given").
-TRANSFORMERS_LEARNING_RATE = 5e-5
+# transformers' `TrainingArguments` default, for the flag whose default here is None ("not given").
 TRANSFORMERS_BATCH_SIZE = 8
 # Old flag names of `vaswani-train`, still accepted with a warning naming the new one.
 RENAMED = {
@@ -67,6 +66,23 @@ RENAMED = {
     "num_proc": "preprocessing_num_workers",
     "init_from": "model_name_or_path",
 }
+
+
+def refuse_below_one(args, names):
+    """Raise `UsageError` naming the flag of `names` (space-separated) whose value is below 1 (None: not given)."""
+    for name in names.split():
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be positive, got {value}")
+
+
+def refuse_nonpositive(args, names, unit=""):
+    """Raise `UsageError` naming the flag of `names` (space-separated) whose value is not a positive finite number
+    (None: not given); `unit`: what the number counts."""
+    for name in names.split():
+        value = getattr(args, name)
+        if value is not None and not 0 < value < math.inf:
+            raise UsageError(f"--{name} must be a positive number{unit}, got {value}")
 
 
 def check_languages(source_lang, target_lang):
@@ -156,19 +172,11 @@ class DataArguments:
 
     def __post_init__(self):
         check_languages(self.source_lang or "", self.target_lang or "")  # both required here
-        for name in (
-            "vocab_size",
-            "max_source_length",
-            "max_target_length",
-            "max_train_samples",
-            "max_eval_samples",
-            "max_predict_samples",
-            "max_tokenizer_samples",
-            "preprocessing_num_workers",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name} must be positive, got {value}")
+        refuse_below_one(
+            self,
+            "vocab_size max_source_length max_target_length max_train_samples max_eval_samples max_predict_samples "
+            "max_tokenizer_samples preprocessing_num_workers",
+        )
 
     @property
     def source(self):
@@ -492,7 +500,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         super().__post_init__()
         if self.batch_tokens is not None:
             self.gradient_accumulation_steps = max(
-                1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
+                1, math.ceil(self.batch_tokens / (self.max_tokens * self.world_size))
             )
 
 
@@ -535,9 +543,8 @@ def check_recipe_values(args):
         raise ValueError(
             f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
         )
-    minutes = args.max_train_minutes
-    if minutes is not None and not 0 < minutes < math.inf:
-        raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")
+    refuse_nonpositive(args, "max_train_minutes save_minutes", " of minutes")
+    refuse_nonpositive(args, "learning_rate learning_rate_constant")
     if not args.do_train:
         raise ValueError(
             "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
@@ -563,8 +570,6 @@ def check_recipe_values(args):
             "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
             "--lr_scheduler_type (linear, cosine) instead"
         )
-    if args.save_minutes is not None and not 0 < args.save_minutes < math.inf:
-        raise UsageError(f"--save_minutes must be a positive number of minutes, got {args.save_minutes}")
     if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
         raise UsageError(
             f"--pad_to_multiple_of must be a positive number of tokens, got {args.pad_to_multiple_of}"
@@ -575,10 +580,7 @@ def choose_batches(args):
     """Set `args.max_tokens` and `args.max_sentences` (the cap of a token-budget batch, None for none) from what was
     given; `per_device_train_batch_size` None means not given (then transformers' 8, which token-budget batches do
     not use)."""
-    for name in ("per_device_train_batch_size", "max_tokens", "batch_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be positive, got {value}")
+    refuse_below_one(args, "per_device_train_batch_size max_tokens batch_tokens")
     args.max_sentences = None
     if args.per_device_train_batch_size is None:
         args.per_device_train_batch_size = TRANSFORMERS_BATCH_SIZE
@@ -591,42 +593,3 @@ def choose_batches(args):
             "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size alone "
             "batches sentences)"
         )
-
-
-def choose_learning_rate(args):
-    """Check `--learning_rate` and `--learning_rate_constant` (positive, not both) and `--lr_scheduler_type` (only
-    without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
-    for name in ("learning_rate", "learning_rate_constant"):
-        value = getattr(args, name)
-        if value is not None and not 0 < value < math.inf:
-            raise ValueError(f"--{name} must be a positive number, got {value}")
-    if args.learning_rate is not None and args.learning_rate_constant is not None:
-        raise ValueError(
-            f"--learning_rate {args.learning_rate} and --learning_rate_constant {args.learning_rate_constant} both "
-            "set the peak learning rate: give one (--learning_rate is the peak itself; --learning_rate_constant "
-            "multiplies the §5.3 formula)"
-        )
-    if args.lr_scheduler_type is None:
-        args.lr_scheduler_type = "linear"  # transformers' default, unused by the §5.3 schedule
-    elif args.paper_lr_schedule:
-        raise ValueError(
-            f"--lr_scheduler_type {args.lr_scheduler_type} is one of transformers' schedules, but the §5.3 "
-            "schedule is on: add --paper_lr_schedule false to use it"
-        )
-    if not args.paper_lr_schedule:
-        if args.learning_rate_constant is not None:
-            raise ValueError(
-                "--learning_rate_constant multiplies the §5.3 schedule; with --paper_lr_schedule false give "
-                "--learning_rate (the peak rate) instead"
-            )
-        if args.learning_rate is None:
-            args.learning_rate = TRANSFORMERS_LEARNING_RATE
-
-
-def resolve_peak_learning_rate(args, d_model):
-    """The peak learning rate for a model of width `d_model`: `--learning_rate`, else the §5.3 schedule's peak times
-    `--learning_rate_constant`. Sets `args.learning_rate` to it."""
-    if args.learning_rate is None:
-        constant = 1.0 if args.learning_rate_constant is None else args.learning_rate_constant
-        args.learning_rate = paper_peak_learning_rate(d_model, int(args.warmup_steps), constant)
-    return args.learning_rate

@@ -17,7 +17,6 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -70,8 +69,8 @@ def describe_decoding(pairs, num_beams, batch_size, processes=1, max_new_tokens=
 def seconds_to_decode(
     model,
     source_ids,
-    batch_size,
     pad_token_id,
+    batch_size,
     num_beams,
     max_new_tokens=None,
     processes=1,
@@ -86,43 +85,40 @@ def seconds_to_decode(
     longest_first = sorted(source_ids, key=len, reverse=True)  # as `translation.make_batches` batches them
     if not longest_first:
         return 0.0
-    limits = [max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size]]
-    batch = [torch.tensor(ids, dtype=torch.long) for ids in longest_first[:batch_size]]
-    input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id)
-    device = next(model.parameters()).device
-    training = model.training
+    steps = sum(max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size])
+    batch = [torch.tensor(ids) for ids in longest_first[:batch_size]]
+    input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id).to(model.device)
+    training, device = model.training, model.device
     model.eval()
-    try:
-        with (
-            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
-            torch.inference_mode(),
-            torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast),
-        ):
-            started = time.perf_counter()
-            model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=(input_ids != pad_token_id).to(device),  # no source holds the padding id
-                num_beams=num_beams,
-                max_new_tokens=PROBE_STEPS,
-                min_new_tokens=PROBE_STEPS,
-                do_sample=False,
-                use_cache=True,
-            )
-            step = (time.perf_counter() - started) / PROBE_STEPS
-    finally:
-        model.train(training)
-    return math.ceil(sum(limits) / max(1, processes)) * step
+    with (
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        torch.inference_mode(),
+        torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_autocast),
+    ):
+        started = time.perf_counter()
+        model.generate(
+            input_ids=input_ids,
+            attention_mask=input_ids != pad_token_id,  # no source holds the padding id
+            num_beams=num_beams,
+            max_new_tokens=PROBE_STEPS,
+            min_new_tokens=PROBE_STEPS,
+            do_sample=False,
+            use_cache=True,
+        )
+        step = (time.perf_counter() - started) / PROBE_STEPS
+    model.train(training)
+    return math.ceil(steps / processes) * step
 
 
 class EvaluationClock:
     """Logs what each evaluation decodes and how long it should take, and measures how long it took: the rate of the
-    last evaluation (pairs per second over every process) predicts the next one, and `AfterTraining` the work
-    after training."""
+    last evaluation (pairs per second over every process) predicts the next one, and `describe_after_training` the
+    work after training."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
         self.rate = None  # validation pairs per second, the last evaluation's
-        self.after_training = None  # an AfterTraining, with a time budget
+        self.after_training = None  # with a time budget: `describe_after_training` given the last rate
 
     @contextlib.contextmanager
     def timing(self, pairs, description):
@@ -144,7 +140,7 @@ class EvaluationClock:
             "Evaluation of %d pairs took %s (%.1f pairs/s)", pairs, describe_seconds(seconds), self.rate
         )
         if self.after_training is not None:  # with a time budget
-            logger.info(self.after_training.describe(self.rate))
+            logger.info(self.after_training(self.rate))
 
 
 def generation_settings(trainer, gen_kwargs):
@@ -156,38 +152,31 @@ def generation_settings(trainer, gen_kwargs):
     return int(beams), limit or trainer.args.generation_max_length
 
 
-@dataclass
-class AfterTraining:
-    """What `vaswani-train` does once training ends (`when`: at `--max_steps`, or the `--max_train_minutes` budget),
-    on the main process but for the final evaluation, as `parts`: (what it does, what it costs in validation pairs
-    decoded greedily over every process, the most seconds it should take as timed before training); None where a
-    part is not timed. `describe` says it, with the time of each part: from the measured rate of the last evaluation
-    (beam search estimated at `BEAM_SLOWDOWN` times greedy's time per pair), else the bound timed before training."""
-
-    when: str
-    parts: list[tuple[str, float | None, float | None]]
-
-    def describe(self, rate=None):
-        """One line; `rate`: the last evaluation's validation pairs per second (greedy, every process)."""
-        if not self.parts:
-            return f"After {self.when}: nothing more than saving the final model"
-        bounded = not rate and any(bound is not None for *_, bound in self.parts)
-        texts, total = [], 0.0
-        for text, pairs, bound in self.parts:
-            seconds = pairs / rate if rate and pairs is not None else bound if bounded else None
-            if seconds is not None:
-                total += seconds
-                text += f" ({'up to ' if bounded else ''}~{describe_seconds(seconds)})"
-            texts.append(text)
-        text = f"After {self.when}: " + "; ".join(texts)
-        if bounded:
-            return text + (
-                f"; up to about {describe_seconds(total)} in all (decoder steps timed on the untrained model, "
-                "which writes every output to its length limit; a trained model stops sooner)"
-            )
-        if not rate:
-            return text + ". How long these take is logged once an evaluation has measured the decoding rate"
+def describe_after_training(when, parts, rate=None):
+    """One line saying what `vaswani-train` does once training ends (`when`: at `--max_steps`, or the
+    `--max_train_minutes` budget), on the main process but for the final evaluation: `parts`, each (what it does,
+    what it costs in validation pairs decoded greedily over every process, the most seconds it should take as timed
+    before training), None where a part is not timed. The time of each part comes from `rate`, the last evaluation's
+    validation pairs per second (greedy, every process; beam search estimated at `BEAM_SLOWDOWN` times greedy's time
+    per pair), else from the bound timed before training."""
+    if not parts:
+        return f"After {when}: nothing more than saving the final model"
+    texts, total = [], 0.0
+    for text, pairs, bound in parts:
+        seconds = (pairs and pairs / rate) if rate else bound
+        if seconds is not None:
+            total += seconds
+            text += f" ({'' if rate else 'up to '}~{describe_seconds(seconds)})"
+        texts.append(text)
+    text = f"After {when}: " + "; ".join(texts)
+    if rate:
         return text + (
             f"; about {describe_seconds(total)} in all (beam search estimated at {BEAM_SLOWDOWN:g}x the measured "
             "greedy time per pair, on one process)"
         )
+    if any(bound is not None for *_, bound in parts):
+        return text + (
+            f"; up to about {describe_seconds(total)} in all (decoder steps timed on the untrained model, "
+            "which writes every output to its length limit; a trained model stops sooner)"
+        )
+    return text + ". How long these take is logged once an evaluation has measured the decoding rate"

@@ -13,6 +13,7 @@ training, `vaswani.recipe.finish` averages, translates the test split, scores, d
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from .checks import check_lowercase, check_run, resume_checkpoint, take_run_fold
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
 from .evaluation import (
     BEAM_SLOWDOWN,
-    AfterTraining,
+    describe_after_training,
     describe_decoding,
     describe_seconds,
     generation_settings,
@@ -250,54 +251,53 @@ def train_main(model_args, data_args, training_args, overrides, finish_args=None
 
 
 def log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok):
-    """Log before training what runs once it ends (`AfterTraining`: the final evaluation, the averaging, the
-    translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
+    """Log before training what runs once it ends (`describe_after_training`: the final evaluation, the averaging,
+    the translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
     translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
     flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
-    args, main, pad = trainer.args, trainer.is_world_process_zero(), source_tok.pad_token_id
-    test_beams = finish_args.num_beams
+    args, budget, validation = trainer.args, trainer.args.max_train_minutes, trainer.eval_dataset
+    batch, beams = finish_args.translate_batch_size, finish_args.num_beams
 
-    def beam_seconds(sources):  # with the test's decoding; empty sources are not decoded
-        if main:
-            ids = source_tok([s for s in sources if s.strip()])["input_ids"]
-            return seconds_to_decode(trainer.model, ids, finish_args.translate_batch_size, pad, test_beams)
+    def bound(ids, *decoding, **autocast):  # timed on the main process only
+        if trainer.is_world_process_zero():
+            return seconds_to_decode(trainer.model, ids, source_tok.pad_token_id, *decoding, **autocast)
         return None
 
-    budget, validation, evaluation = args.max_train_minutes, trainer.eval_dataset, None
-    end = f"step {args.max_steps}" if args.max_steps > 0 else "the last epoch"
-    when = f"training ({end})"
-    if budget:
-        when = f"the {budget:g}-minute budget" + ("" if args.timed_only else f" (or {end}, if sooner)")
-    parts = []
+    def beam_bound(sources):  # with the test's decoding; empty sources are not decoded
+        return bound(source_tok([s for s in sources if s.strip()])["input_ids"], batch, beams)
+
+    parts, evaluation = [], None
     if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):
-        beams, limit = generation_settings(trainer, {})
-        batch, processes, ids = args.per_device_eval_batch_size, args.world_size, validation["input_ids"]
-        if main:
-            evaluation = seconds_to_decode(
-                trainer.model, ids, batch, pad, beams, limit, processes, bf16_autocast=args.bf16
-            )
-        what = describe_decoding(len(validation), beams, batch, processes, limit)
+        eval_beams, limit = generation_settings(trainer, {})
+        eval_batch, processes = args.per_device_eval_batch_size, args.world_size
+        evaluation = bound(
+            validation["input_ids"], eval_batch, eval_beams, limit, processes, bf16_autocast=args.bf16
+        )
+        what = describe_decoding(len(validation), eval_beams, eval_batch, processes, limit)
         parts.append((f"a final evaluation of {what}", len(validation), evaluation))
     if max(finish_args.average_last) > 0:
         sizes = "/".join(map(str, finish_args.average_last))
         parts.append((f"the average of the last {sizes} checkpoints", None, None))
     per_pair = args.world_size * BEAM_SLOWDOWN  # greedy pairs over every process: beam search on the main one
-    choices = finish_args.chooses_average * len(set(finish_args.average_last))
-    choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
-    if choices and choice_sources:
-        each = beam_seconds(choice_sources)
+    if choice_sources:
+        choices = finish_args.chooses_average * len(set(finish_args.average_last))
+        choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
+        each = beam_bound(choice_sources)
         text = f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among"
         pairs = choices * len(choice_sources) * per_pair
         parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
     if test_sources:
-        what = describe_decoding(len(test_sources), test_beams, finish_args.translate_batch_size)
-        pairs = len(test_sources) * per_pair
-        parts.append((f"the test translation of {what}", pairs, beam_seconds(test_sources)))
-    plan = AfterTraining(when, parts)
-    logger.info(plan.describe())
-    most = sum(bound or 0 for *_, bound in parts)
+        what = describe_decoding(len(test_sources), beams, batch)
+        parts.append(
+            (f"the test translation of {what}", len(test_sources) * per_pair, beam_bound(test_sources))
+        )
+    end = f"step {args.max_steps}" if args.max_steps > 0 else "the last epoch"
+    when = f"training ({end})"
     if budget:
-        trainer.evaluation_clock.after_training = plan  # each evaluation times it again
+        when = f"the {budget:g}-minute budget" + ("" if args.timed_only else f" (or {end}, if sooner)")
+        trainer.evaluation_clock.after_training = partial(describe_after_training, when, parts)  # timed again
+    logger.info(describe_after_training(when, parts))
+    most = sum(bound or 0 for *_, bound in parts)
     if budget and most > budget * 60:
         fewer = ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else ""
         logger.warning(
@@ -308,7 +308,6 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
             budget,
             fewer,
         )
-    return plan
 
 
 def read_splits(data_args, training_args, finish_args):

@@ -15,13 +15,52 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
+# transformers' `TrainingArguments` default learning rate, for `--learning_rate` not given without the §5.3 schedule.
+TRANSFORMERS_LEARNING_RATE = 5e-5
+
 
 def paper_peak_learning_rate(d_model, warmup_steps, constant=1.0):
     """The highest rate of Eq. 3, reached at step `warmup_steps`: d_model^-0.5 * warmup_steps^-0.5, times
     tensor2tensor's `learning_rate_constant` (1.0: the paper)."""
-    if warmup_steps <= 0:
-        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
     return constant * (d_model * warmup_steps) ** -0.5
+
+
+def choose_learning_rate(args):
+    """Check `--learning_rate` and `--learning_rate_constant` (not both; `arguments.check_recipe_values` checks that
+    they are positive), `--warmup_steps` (positive with the §5.3 schedule) and `--lr_scheduler_type` (only
+    without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
+    if args.paper_lr_schedule and int(args.warmup_steps) <= 0:
+        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {int(args.warmup_steps)}.")
+    if args.learning_rate is not None and args.learning_rate_constant is not None:
+        raise ValueError(
+            f"--learning_rate {args.learning_rate} and --learning_rate_constant {args.learning_rate_constant} both "
+            "set the peak learning rate: give one (--learning_rate is the peak itself; --learning_rate_constant "
+            "multiplies the §5.3 formula)"
+        )
+    if args.lr_scheduler_type is None:
+        args.lr_scheduler_type = "linear"  # transformers' default, unused by the §5.3 schedule
+    elif args.paper_lr_schedule:
+        raise ValueError(
+            f"--lr_scheduler_type {args.lr_scheduler_type} is one of transformers' schedules, but the §5.3 "
+            "schedule is on: add --paper_lr_schedule false to use it"
+        )
+    if not args.paper_lr_schedule:
+        if args.learning_rate_constant is not None:
+            raise ValueError(
+                "--learning_rate_constant multiplies the §5.3 schedule; with --paper_lr_schedule false give "
+                "--learning_rate (the peak rate) instead"
+            )
+        if args.learning_rate is None:
+            args.learning_rate = TRANSFORMERS_LEARNING_RATE
+
+
+def resolve_peak_learning_rate(args, d_model):
+    """The peak learning rate for a model of width `d_model`: `--learning_rate`, else the §5.3 schedule's peak times
+    `--learning_rate_constant`. Sets `args.learning_rate` to it."""
+    if args.learning_rate is None:
+        constant = args.learning_rate_constant or 1.0  # never 0: refused
+        args.learning_rate = paper_peak_learning_rate(d_model, int(args.warmup_steps), constant)
+    return args.learning_rate
 
 
 def warmup_factor(step, warmup_steps):
@@ -46,8 +85,6 @@ def paper_schedule(optimizer, warmup_steps, cooldown_fraction=0.0, max_steps=1, 
     `cooldown_fraction` > 0 (`--lr_cooldown_fraction`, not the paper) multiplies it by `cooldown_factor`, with the
     run's progress the larger of the step fraction (`step / max_steps`) and, with a time budget (`TimeBudget`), the
     share of `--max_train_minutes` spent: the learning rate reaches 0 where the run ends, whichever limit ends it."""
-    if warmup_steps <= 0:
-        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
 
     def factor(step):  # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update
         progress = max(step / max(max_steps, 1), budget.elapsed_fraction() if budget else 0.0)
