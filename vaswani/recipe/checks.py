@@ -59,36 +59,35 @@ def check_model_config(model_args, data_args, overrides):
 
 
 def _check_data_sources(data_args, training_args, finish_args):
-    if not data_args.dataset_name and not data_args.train_file:
+    name, test = data_args.dataset_name, data_args.test_split or data_args.test_file
+    if not name and not data_args.train_file:
         raise UsageError(
             "No training data: give --dataset_name (a Hub dataset or a local folder) or --train_file"
         )
-    if training_args.do_predict and not (data_args.test_split or data_args.test_file):
+    if training_args.do_predict and not test:
         data_args.test_split = "test"
-    if training_args.do_predict is False and (data_args.test_split or data_args.test_file):
-        test = (
-            f"--test_split {data_args.test_split}"
-            if data_args.test_split
-            else f"--test_file {data_args.test_file}"
-        )
-        logger.info("--do_predict false: %s is not translated after training", test)
+    if training_args.do_predict is False and test:
+        flag = "--test_split" if data_args.test_split else "--test_file"
+        logger.info("--do_predict false: %s %s is not translated after training", flag, test)
         data_args.test_split = data_args.test_file = None
     for split in ("train", "validation", "test"):
-        try:
-            if path := getattr(data_args, f"{split}_file"):
+        if path := getattr(data_args, f"{split}_file"):
+            try:
                 parallel_file_paths(path, data_args.source_lang, data_args.target_lang)
-        except FileNotFoundError as error:
-            raise UsageError(f"--{split}_file: {error}") from None
-    name = data_args.dataset_name
-    looks_local = name and (Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1)
-    if looks_local and not Path(name).exists():
+            except FileNotFoundError as error:
+                raise UsageError(f"--{split}_file: {error}") from None
+    if (
+        name
+        and (Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1)
+        and not Path(name).exists()
+    ):
         raise UsageError(f"--dataset_name {name}: no such file or folder")
-    has_validation = data_args.validation_file or data_args.dataset_name
+    has_validation = data_args.validation_file or name
     if (training_args.eval_strategy != "no" or training_args.do_eval) and not has_validation:
         raise UsageError(
             "Evaluation needs validation data: give --validation_file (or --dataset_name), or --eval_strategy no"
         )
-    if data_args.test_split and not data_args.dataset_name and not data_args.test_file:
+    if data_args.test_split and not name and not data_args.test_file:
         raise UsageError(f"--test_split {data_args.test_split} needs --dataset_name (or give --test_file)")
     for flag, chooses in (
         ("--average_last", finish_args.chooses_average),
@@ -143,16 +142,16 @@ def check_run(model_args, data_args, training_args, finish_args, overrides):
     _check_data_sources(data_args, training_args, finish_args)
     if data_args.tokenizer_name:
         check_tokenizer_folder(data_args, model_args.model_name_or_path)
-    if training_args.push_to_hub and data_args.separate_vocabularies:
-        raise UsageError(
-            "--push_to_hub publishes a model with one shared tokenizer: not with --separate_vocabularies"
-        )
-    try:
-        if training_args.push_to_hub:
+    if training_args.push_to_hub:
+        if data_args.separate_vocabularies:
+            raise UsageError(
+                "--push_to_hub publishes a model with one shared tokenizer: not with --separate_vocabularies"
+            )
+        try:
             check_repo_id(training_args.hub_model_id or Path(training_args.output_dir).name)
-    except ValueError as error:
-        flag = "--push_to_hub (without --hub_model_id, the --output_dir name)"
-        raise UsageError(f"{'--hub_model_id' if training_args.hub_model_id else flag}: {error}") from None
+        except ValueError as error:
+            flag = "--push_to_hub (without --hub_model_id, the --output_dir name)"
+            raise UsageError(f"{'--hub_model_id' if training_args.hub_model_id else flag}: {error}") from None
     take_run_folder(training_args, claim=False)
 
 

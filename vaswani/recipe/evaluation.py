@@ -70,26 +70,27 @@ def seconds_to_decode(
     model,
     source_ids,
     pad_token_id,
-    batch_size,
     num_beams,
-    max_new_tokens=None,
+    batch_size,
     processes=1,
+    max_new_tokens=None,
     bf16_autocast=False,
 ):
-    """About the most seconds `model` should take to decode `source_ids` (`num_beams` beams each): the decoder steps
+    """About the most seconds `model` should take to decode `source_ids` (`num_beams` beams each; the decoding's
+    settings in the order of `describe_decoding`): the decoder steps
     if every output runs to its limit, as an untrained model's do (over batches of `batch_size` sources of similar
     length, the longest source + `EXTRA_OUTPUT_TOKENS` each, or `max_new_tokens`; the batches shared among
     `processes`), times one step of `generate()` timed over `PROBE_STEPS` steps on the longest batch, under bf16
-    autocast when the decoding it stands for runs under it (evaluation in a `--bf16` run). The model is left in the
-    mode it was in, the run's random state untouched."""
+    autocast when the decoding it stands for runs under it (evaluation in a `--bf16` run). The model is left in
+    evaluation mode, the run's random state untouched."""
     longest_first = sorted(source_ids, key=len, reverse=True)  # as `translation.make_batches` batches them
     if not longest_first:
         return 0.0
     steps = sum(max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size])
     batch = [torch.tensor(ids) for ids in longest_first[:batch_size]]
     input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id).to(model.device)
-    training, device = model.training, model.device
-    model.eval()
+    device = model.device
+    model.eval()  # the Trainer's `training_step` puts it back in training mode
     with (
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
         torch.inference_mode(),
@@ -106,7 +107,6 @@ def seconds_to_decode(
             use_cache=True,
         )
         step = (time.perf_counter() - started) / PROBE_STEPS
-    model.train(training)
     return math.ceil(steps / processes) * step
 
 

@@ -16,7 +16,6 @@ import time
 from functools import partial
 from pathlib import Path
 
-import torch
 from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, set_seed
 
@@ -148,7 +147,7 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
     """The model to train: the preset with the command line's fields over it and the tokenizer's vocabulary, or the
     `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config. Its attention is
     `--attn_implementation`, else this package's faster CPU path on the CPU and SDPA elsewhere."""
-    on_cpu, path = torch.device(training_args.device).type == "cpu", model_args.model_name_or_path
+    on_cpu, path = training_args.device.type == "cpu", model_args.model_name_or_path
     attention = model_args.attn_implementation or (FAST_ATTENTION if on_cpu else "sdpa")
     if path:
         model = load_model(path, VaswaniForConditionalGeneration, attn_implementation=attention, **overrides)
@@ -162,13 +161,13 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
                     f"({path}) only {size}: pass its own tokenizer (--tokenizer_name)"
                 )
     else:
-        fields = dict(
+        config = VaswaniConfig.from_preset(
+            model_args.preset,
+            attn_implementation=attention,
             vocab_size=len(source_tok),
             decoder_vocab_size=len(target_tok),
             share_encoder_decoder_embeddings=source_tok is target_tok,
-        )
-        config = VaswaniConfig.from_preset(
-            model_args.preset, attn_implementation=attention, **{**fields, **overrides}
+            **overrides,  # the command line's fields, never these (`arguments.CONFIG_FIELDS_NOT_FLAGS`)
         )
         model = VaswaniForConditionalGeneration(config)
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
@@ -183,11 +182,11 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
 # ---------------------------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------------------------
-def train_main(model_args, data_args, training_args, overrides, finish_args=None):
+def train_main(model_args, data_args, args, overrides, finish_args=None):
     """Run the whole training (`ModelArguments`, `DataArguments`, `PaperTrainingArguments`, the config fields given
     on the command line, `FinishArguments`); returns the trainer (its model is the final one, the checkpoints are on
     disk)."""
-    started, args = time.time(), training_args
+    started = time.time()
     finish_args = finish_args or FinishArguments()
     with args.main_process_first(desc="checks"):
         check_run(model_args, data_args, args, finish_args, overrides)
@@ -229,12 +228,11 @@ def train_main(model_args, data_args, training_args, overrides, finish_args=None
     log_recipe(args)
     result = train_or_resume(trainer, resume)
     if result is not None:
-        trainer.model.config.use_cache = (
-            True  # the Trainer turns the cache off while training; the saved model is for use
-        )
+        # the Trainer turns the cache off while training; the saved model is for use
+        trainer.model.config.use_cache = True
         trainer.save_model()  # the final weights in output_dir
     args.push_to_hub, output_dir, main = push_to_hub, Path(args.output_dir), trainer.is_world_process_zero()
-    if args.do_eval and args.eval_strategy == "no" and validation is not None:
+    if args.do_eval and args.eval_strategy == "no":  # validation data: checked (`checks.check_run`)
         metrics = trainer.evaluate()
         if main:
             write_json(output_dir / "eval_results.json", metrics)
@@ -245,7 +243,7 @@ def train_main(model_args, data_args, training_args, overrides, finish_args=None
         if result is None:
             logger.info("Restored the final tokenizer of %s", output_dir)
     if main and (result is not None or not (output_dir / "training_summary.json").is_file()):
-        summary = training_summary(trainer, result, model_args, data_args, parameters, dropped, started)
+        summary = training_summary(trainer, model_args, data_args, parameters, dropped, started)
         write_json(output_dir / "training_summary.json", summary)
     return trainer
 
@@ -256,7 +254,7 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
     translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
     flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
     args, budget, validation = trainer.args, trainer.args.max_train_minutes, trainer.eval_dataset
-    batch, beams = finish_args.translate_batch_size, finish_args.num_beams
+    test_decoding = finish_args.num_beams, finish_args.translate_batch_size
 
     def bound(ids, *decoding, **autocast):  # timed on the main process only
         if trainer.is_world_process_zero():
@@ -264,16 +262,14 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
         return None
 
     def beam_bound(sources):  # with the test's decoding; empty sources are not decoded
-        return bound(source_tok([s for s in sources if s.strip()])["input_ids"], batch, beams)
+        return bound(source_tok([s for s in sources if s.strip()])["input_ids"], *test_decoding)
 
     parts, evaluation = [], None
     if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):
-        eval_beams, limit = generation_settings(trainer, {})
-        eval_batch, processes = args.per_device_eval_batch_size, args.world_size
-        evaluation = bound(
-            validation["input_ids"], eval_batch, eval_beams, limit, processes, bf16_autocast=args.bf16
-        )
-        what = describe_decoding(len(validation), eval_beams, eval_batch, processes, limit)
+        beams, limit = generation_settings(trainer, {})
+        decoding = beams, args.per_device_eval_batch_size, args.world_size, limit
+        evaluation = bound(validation["input_ids"], *decoding, bf16_autocast=args.bf16)
+        what = describe_decoding(len(validation), *decoding)
         parts.append((f"a final evaluation of {what}", len(validation), evaluation))
     if max(finish_args.average_last) > 0:
         sizes = "/".join(map(str, finish_args.average_last))
@@ -287,7 +283,7 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
         pairs = choices * len(choice_sources) * per_pair
         parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
     if test_sources:
-        what = describe_decoding(len(test_sources), beams, batch)
+        what = describe_decoding(len(test_sources), *test_decoding)
         parts.append(
             (f"the test translation of {what}", len(test_sources) * per_pair, beam_bound(test_sources))
         )
@@ -352,11 +348,10 @@ def tokenize_splits(raw, source_tok, target_tok, data_args, training_args):
         )
     logger.info("Pairs dropped by filtering: %s", dropped)
     if "validation" in tokenized:
-        tokenized["validation"], raw["validation"] = sort_by_source_length(
-            tokenized["validation"], raw["validation"]
-        )
         # `length` is for the training sampler; with --remove_unused_columns false it would reach generate()
-        tokenized["validation"] = tokenized["validation"].remove_columns(LENGTH_COLUMN)
+        tokenized["validation"], raw["validation"] = sort_by_source_length(
+            tokenized["validation"].remove_columns(LENGTH_COLUMN), raw["validation"]
+        )
     return tokenized, dropped
 
 

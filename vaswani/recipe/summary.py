@@ -13,11 +13,11 @@ from .callbacks import TrainingClock
 logger = logging.getLogger(__name__)
 
 
-def training_summary(trainer, result, model_args, data_args, parameters, dropped, started):
-    """The summary of the run `trainer` has just trained (`result`: its `TrainOutput`, None for a finished run resumed)
-    into a model of `parameters` parameters; `dropped`: the pairs filtering dropped, `started`: the run's start
+def training_summary(trainer, model_args, data_args, parameters, dropped, started):
+    """The summary of the run `trainer` has trained (just now, or before: a finished run resumed) into a model of
+    `parameters` parameters; `dropped`: the pairs filtering dropped, `started`: the run's start
     (`time.time()`)."""
-    args, processes = trainer.args, max(trainer.args.world_size, 1)
+    args, processes = trainer.args, trainer.args.world_size
     schedule = args.lr_scheduler_type
     if args.paper_lr_schedule:
         schedule = "§5.3 inverse square root with linear warm-up"
@@ -71,14 +71,15 @@ def log_recipe(args):
         )
     logger.info("Batches: %s", batches)
     if not args.paper_lr_schedule:
-        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
         logger.info(
-            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)", args.learning_rate, schedule
+            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)",
+            args.learning_rate,
+            args.lr_scheduler_type.value,  # a transformers `SchedulerType`
         )
-        return
-    logger.info(
-        "Learning rate: the §5.3 schedule, rising to its peak %.3g at step %d (--warmup_steps), then falling as "
-        "step^-0.5",
-        args.learning_rate,
-        int(args.warmup_steps),
-    )
+    else:
+        logger.info(
+            "Learning rate: the §5.3 schedule, rising to its peak %.3g at step %d (--warmup_steps), then falling as "
+            "step^-0.5",
+            args.learning_rate,
+            int(args.warmup_steps),
+        )
