@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 import transformers
-from packaging import version
+from torch.torch_version import TorchVersion
 from transformers import Seq2SeqTrainingArguments
 from transformers.hf_argparser import HfArg
 
@@ -68,21 +68,13 @@ RENAMED = {
 }
 
 
-def refuse_below_one(args, names):
-    """Raise `UsageError` naming the flag of `names` (space-separated) whose value is below 1 (None: not given)."""
-    for name in names.split():
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name} must be positive, got {value}")
-
-
-def refuse_nonpositive(args, names, unit=""):
+def refuse_nonpositive(args, names, what="positive"):
     """Raise `UsageError` naming the flag of `names` (space-separated) whose value is not a positive finite number
-    (None: not given); `unit`: what the number counts."""
+    (None: not given): "--NAME must be `what`, got VALUE"."""
     for name in names.split():
         value = getattr(args, name)
         if value is not None and not 0 < value < math.inf:
-            raise UsageError(f"--{name} must be a positive number{unit}, got {value}")
+            raise UsageError(f"--{name} must be {what}, got {value}")
 
 
 def check_languages(source_lang, target_lang):
@@ -172,7 +164,7 @@ class DataArguments:
 
     def __post_init__(self):
         check_languages(self.source_lang or "", self.target_lang or "")  # both required here
-        refuse_below_one(
+        refuse_nonpositive(
             self,
             "vocab_size max_source_length max_target_length max_train_samples max_eval_samples max_predict_samples "
             "max_tokenizer_samples preprocessing_num_workers",
@@ -205,17 +197,10 @@ class ModelArguments:
 
 # The `VaswaniConfig` fields that are no flag: set from the tokenizer (sizes, special ids, sharing) or no modelling
 # choice. Every other field is a flag of `ModelConfigArguments`.
-CONFIG_FIELDS_NOT_FLAGS = {
-    "vocab_size",
-    "decoder_vocab_size",
-    "share_encoder_decoder_embeddings",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-    "decoder_start_token_id",
-    "use_cache",
-    "is_encoder_decoder",
-}
+CONFIG_FIELDS_NOT_FLAGS = set(
+    "vocab_size decoder_vocab_size share_encoder_decoder_embeddings pad_token_id bos_token_id eos_token_id "
+    "decoder_start_token_id use_cache is_encoder_decoder".split()
+)
 CONFIG_CHOICES = {
     "activation_function": ACTIVATIONS,
     "position_embedding_type": POSITION_EMBEDDING_TYPES,
@@ -507,28 +492,28 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
 def _check_devices(args):
     """Raise naming the flag for a precision or a sharding the machine cannot run; fit the Trainer's device flags to
     a machine without GPUs."""
-    cuda = torch.cuda.is_available()
     if args.fp16 and (args.use_cpu or not torch.accelerator.is_available()):
         raise UsageError(
             "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
             "float32; --bf16 is the CPU's mixed precision"
         )
-    if args.deepspeed and not cuda:
+    if torch.cuda.is_available():
+        return
+    if args.deepspeed:
         raise ValueError(
             "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
             "processes with --fsdp instead"
         )
-    if args.fsdp and not cuda and version.parse(transformers.__version__) < version.parse("5.8"):
+    if args.fsdp and TorchVersion(transformers.__version__) < "5.8":
         raise ValueError(  # before 5.8, transformers' --fsdp is FSDP1, which has no CPU support, by default
             "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
             f"(found {transformers.__version__}); upgrade transformers"
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not cuda:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
         # gloo process group only when asked for the CPU; otherwise every rank would train alone.
         args.use_cpu = True
-    if not cuda:
-        args.dataloader_pin_memory = False  # pinning needs an accelerator
+    args.dataloader_pin_memory = False  # pinning needs an accelerator
 
 
 def check_recipe_values(args):
@@ -543,8 +528,9 @@ def check_recipe_values(args):
         raise ValueError(
             f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
         )
-    refuse_nonpositive(args, "max_train_minutes save_minutes", " of minutes")
-    refuse_nonpositive(args, "learning_rate learning_rate_constant")
+    refuse_nonpositive(args, "max_train_minutes save_minutes", "a positive number of minutes")
+    refuse_nonpositive(args, "learning_rate learning_rate_constant", "a positive number")
+    refuse_nonpositive(args, "pad_to_multiple_of", "a positive number of tokens")
     if not args.do_train:
         raise ValueError(
             "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
@@ -570,17 +556,13 @@ def check_recipe_values(args):
             "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
             "--lr_scheduler_type (linear, cosine) instead"
         )
-    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
-        raise UsageError(
-            f"--pad_to_multiple_of must be a positive number of tokens, got {args.pad_to_multiple_of}"
-        )
 
 
 def choose_batches(args):
     """Set `args.max_tokens` and `args.max_sentences` (the cap of a token-budget batch, None for none) from what was
     given; `per_device_train_batch_size` None means not given (then transformers' 8, which token-budget batches do
     not use)."""
-    refuse_below_one(args, "per_device_train_batch_size max_tokens batch_tokens")
+    refuse_nonpositive(args, "per_device_train_batch_size max_tokens batch_tokens")
     args.max_sentences = None
     if args.per_device_train_batch_size is None:
         args.per_device_train_batch_size = TRANSFORMERS_BATCH_SIZE

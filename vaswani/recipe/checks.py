@@ -53,8 +53,7 @@ def check_model_config(model_args, data_args, overrides):
     check_vocab_size(
         data_args, max(config.vocab_size, config.decoder_vocab_size or 0), f"--model_name_or_path {path}"
     )
-    for key, value in overrides.items():
-        setattr(config, key, value)
+    config.update(overrides)
     config.validate_fields()
 
 

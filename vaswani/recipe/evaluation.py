@@ -59,7 +59,7 @@ def describe_seconds(seconds):
 def describe_decoding(pairs, num_beams, batch_size, processes=1, max_new_tokens=None):
     """'3000 pairs, greedy, 64 a batch (47 batches), at most source length + 50 new tokens'."""
     decoding = "greedy" if num_beams == 1 else f"beam {num_beams}"
-    batches = math.ceil(pairs / max(1, batch_size * processes))
+    batches = math.ceil(pairs / (batch_size * processes))
     per = f"{batch_size} a batch" + (f" on each of {processes} processes" if processes > 1 else "")
     per += f" ({batches} {'batch' if batches == 1 else 'batches'}{' each' if processes > 1 else ''})"
     limit = max_new_tokens or f"source length + {EXTRA_OUTPUT_TOKENS}"
@@ -139,7 +139,7 @@ class EvaluationClock:
         logger.info(
             "Evaluation of %d pairs took %s (%.1f pairs/s)", pairs, describe_seconds(seconds), self.rate
         )
-        if self.after_training is not None:  # with a time budget
+        if self.after_training:  # with a time budget
             logger.info(self.after_training(self.rate))
 
 

@@ -253,7 +253,8 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
     the translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
     translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
     flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
-    args, budget, validation = trainer.args, trainer.args.max_train_minutes, trainer.eval_dataset
+    args, validation = trainer.args, trainer.eval_dataset
+    budget = args.max_train_minutes
     test_decoding = finish_args.num_beams, finish_args.translate_batch_size
 
     def bound(ids, *decoding, **autocast):  # timed on the main process only

@@ -58,7 +58,8 @@ def resolve_peak_learning_rate(args, d_model):
     """The peak learning rate for a model of width `d_model`: `--learning_rate`, else the §5.3 schedule's peak times
     `--learning_rate_constant`. Sets `args.learning_rate` to it."""
     if args.learning_rate is None:
-        constant = args.learning_rate_constant or 1.0  # never 0: refused
+        # (a --learning_rate_constant of 0 is refused)
+        constant = args.learning_rate_constant or 1.0
         args.learning_rate = paper_peak_learning_rate(d_model, int(args.warmup_steps), constant)
     return args.learning_rate
 
@@ -87,7 +88,7 @@ def paper_schedule(optimizer, warmup_steps, cooldown_fraction=0.0, max_steps=1, 
     share of `--max_train_minutes` spent: the learning rate reaches 0 where the run ends, whichever limit ends it."""
 
     def factor(step):  # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update
-        progress = max(step / max(max_steps, 1), budget.elapsed_fraction() if budget else 0.0)
+        progress = max(step / max_steps, budget.elapsed_fraction() if budget else 0.0)
         return warmup_factor(step + 1, warmup_steps) * cooldown_factor(progress, cooldown_fraction)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
