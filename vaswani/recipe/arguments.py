@@ -484,8 +484,8 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         _check_devices(self)
         super().__post_init__()
         if self.batch_tokens is not None:
-            self.gradient_accumulation_steps = max(
-                1, math.ceil(self.batch_tokens / (self.max_tokens * self.world_size))
+            self.gradient_accumulation_steps = math.ceil(
+                self.batch_tokens / (self.max_tokens * self.world_size)
             )
 
 

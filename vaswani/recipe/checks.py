@@ -6,6 +6,7 @@ and the checkpoint to resume from (`checkpoints.resolve_resume_checkpoint`); not
 flag, seconds after the start, not after the data has been read and tokenized.
 """
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -26,6 +27,16 @@ from .tokenization import load_model_tokenizers, lowercases
 logger = logging.getLogger(__name__)
 
 
+@contextlib.contextmanager
+def naming(flag):
+    """Re-raise an error of the block (a file or folder that cannot be read, a bad value, a config field of the wrong
+    type: `StrictDataclassError`) as a `UsageError` "`flag`: its message"."""
+    try:
+        yield
+    except (OSError, ValueError, StrictDataclassError) as error:
+        raise UsageError(f"{flag}: {error}") from None
+
+
 def check_model_config(model_args, data_args, overrides):
     """Build the configuration the run will train (with the flag's vocabulary size in place of the tokenizer's), so
     that a bad field is reported before any data is read."""
@@ -35,17 +46,13 @@ def check_model_config(model_args, data_args, overrides):
             model_args.preset, vocab_size=max(data_args.vocab_size or 8, 8), **overrides
         )
         return
-    try:
+    with naming("--model_name_or_path"):
         check_model_path(path)
-    except (OSError, ValueError) as error:
-        raise UsageError(f"--model_name_or_path: {error}") from None
     register()  # model_type="vaswani" loads with this package's classes
-    try:
+    with naming(f"--model_name_or_path {path}"):
         config = AutoConfig.from_pretrained(path)
         if isinstance(config, VaswaniConfig):  # weights that do not match the config are named now
             load_model(path, VaswaniForConditionalGeneration)
-    except (OSError, ValueError, StrictDataclassError) as error:  # the last: a field of the wrong type
-        raise UsageError(f"--model_name_or_path {path}: {error}") from None
     if not isinstance(config, VaswaniConfig):
         raise UsageError(
             f"--model_name_or_path {path} holds a {config.model_type!r} model, not a vaswani one"
@@ -71,10 +78,8 @@ def _check_data_sources(data_args, training_args, finish_args):
         data_args.test_split = data_args.test_file = None
     for split in ("train", "validation", "test"):
         if path := getattr(data_args, f"{split}_file"):
-            try:
+            with naming(f"--{split}_file"):
                 parallel_file_paths(path, data_args.source_lang, data_args.target_lang)
-            except FileNotFoundError as error:
-                raise UsageError(f"--{split}_file: {error}") from None
     if (
         name
         and (Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1)
@@ -124,11 +129,9 @@ def check_tokenizer_folder(data_args, model_path=None):
     path = data_args.tokenizer_name
     if not Path(path).exists():
         raise UsageError(f"--tokenizer_name {path}: no such folder")
-    try:
+    with naming(f"--tokenizer_name {path}"):
         source, target = load_model_tokenizers(model_path or path, path)
         check_lowercase(data_args, source, target, path)
-    except (OSError, ValueError) as error:
-        raise UsageError(f"--tokenizer_name {path}: {error}") from None
     check_vocab_size(data_args, max(len(source), len(target)), f"--tokenizer_name {path}")
 
 
@@ -146,11 +149,9 @@ def check_run(model_args, data_args, training_args, finish_args, overrides):
             raise UsageError(
                 "--push_to_hub publishes a model with one shared tokenizer: not with --separate_vocabularies"
             )
-        try:
+        flag = "--push_to_hub (without --hub_model_id, the --output_dir name)"
+        with naming("--hub_model_id" if training_args.hub_model_id else flag):
             check_repo_id(training_args.hub_model_id or Path(training_args.output_dir).name)
-        except ValueError as error:
-            flag = "--push_to_hub (without --hub_model_id, the --output_dir name)"
-            raise UsageError(f"{'--hub_model_id' if training_args.hub_model_id else flag}: {error}") from None
     take_run_folder(training_args, claim=False)
 
 
@@ -174,9 +175,7 @@ def resume_checkpoint(training_args, tokenizer_digest=None):
     tokenizers of `tokenizer_digest` when given; its checkpoints hold the optimizer's, schedule's and random state
     that a resumed run needs but with --save_only_model (DeepSpeed keeps its own)."""
     training_state = not training_args.save_only_model and not training_args.deepspeed
-    try:
+    with naming("--resume_from_checkpoint"):
         return resolve_resume_checkpoint(
             training_args.resume_from_checkpoint, training_args.output_dir, training_state, tokenizer_digest
         )
-    except (ValueError, FileNotFoundError) as error:
-        raise UsageError(f"--resume_from_checkpoint: {error}") from None

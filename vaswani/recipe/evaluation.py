@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import time
+from functools import partial
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -123,15 +124,10 @@ class EvaluationClock:
     @contextlib.contextmanager
     def timing(self, pairs, description):
         """Around one evaluation of `pairs` validation pairs that decodes as `description` says."""
-        if not self.rate:
-            logger.info("Evaluating: decoding %s; its time is logged when it ends", description)
-        else:
-            logger.info(
-                "Evaluating: decoding %s; about %s at the last evaluation's %.1f pairs/s",
-                description,
-                describe_seconds(pairs / self.rate),
-                self.rate,
-            )
+        expected = "its time is logged when it ends"
+        if self.rate:
+            expected = f"about {describe_seconds(pairs / self.rate)} at the last evaluation's {self.rate:.1f} pairs/s"
+        logger.info("Evaluating: decoding %s; %s", description, expected)
         started = self.clock()
         yield
         seconds = max(self.clock() - started, 1e-9)
@@ -180,3 +176,62 @@ def describe_after_training(when, parts, rate=None):
             "which writes every output to its length limit; a trained model stops sooner)"
         )
     return text + ". How long these take is logged once an evaluation has measured the decoding rate"
+
+
+def log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok):
+    """Log before training what runs once it ends (`describe_after_training`: the final evaluation, the averaging,
+    the translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
+    translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
+    flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
+    args, validation = trainer.args, trainer.eval_dataset
+    budget = args.max_train_minutes
+    test_decoding = finish_args.num_beams, finish_args.translate_batch_size
+
+    def bound(ids, *decoding, **autocast):  # timed on the main process only
+        if trainer.is_world_process_zero():
+            return seconds_to_decode(trainer.model, ids, source_tok.pad_token_id, *decoding, **autocast)
+        return None
+
+    def beam_bound(sources):  # with the test's decoding; empty sources are not decoded
+        return bound(source_tok([s for s in sources if s.strip()])["input_ids"], *test_decoding)
+
+    parts, evaluation = [], None
+    if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):
+        beams, limit = generation_settings(trainer, {})
+        decoding = beams, args.per_device_eval_batch_size, args.world_size, limit
+        evaluation = bound(validation["input_ids"], *decoding, bf16_autocast=args.bf16)
+        what = describe_decoding(len(validation), *decoding)
+        parts.append((f"a final evaluation of {what}", len(validation), evaluation))
+    if max(finish_args.average_last) > 0:
+        sizes = "/".join(map(str, finish_args.average_last))
+        parts.append((f"the average of the last {sizes} checkpoints", None, None))
+    per_pair = args.world_size * BEAM_SLOWDOWN  # greedy pairs over every process: beam search on the main one
+    if choice_sources:
+        choices = finish_args.chooses_average * len(set(finish_args.average_last))
+        choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
+        each = beam_bound(choice_sources)
+        text = f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among"
+        pairs = choices * len(choice_sources) * per_pair
+        parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
+    if test_sources:
+        what = describe_decoding(len(test_sources), *test_decoding)
+        parts.append(
+            (f"the test translation of {what}", len(test_sources) * per_pair, beam_bound(test_sources))
+        )
+    end = f"step {args.max_steps}" if args.max_steps > 0 else "the last epoch"
+    when = f"training ({end})"
+    if budget:
+        when = f"the {budget:g}-minute budget" + ("" if args.timed_only else f" (or {end}, if sooner)")
+        trainer.evaluation_clock.after_training = partial(describe_after_training, when, parts)  # timed again
+    logger.info(describe_after_training(when, parts))
+    most = sum(bound or 0 for *_, bound in parts)
+    if budget and most > budget * 60:
+        fewer = ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else ""
+        logger.warning(
+            "The work after training may take up to %s, more than the %g-minute training budget "
+            "(--max_train_minutes bounds training only): --max_predict_samples N translates the first N test pairs "
+            "only, --do_predict false none%s",
+            describe_seconds(most),
+            budget,
+            fewer,
+        )

@@ -6,14 +6,13 @@
 first, so that a bad file is named before any work, 2. train or load the joint BPE tokenizer
 (`vaswani.recipe.tokenization`), 3. tokenize and filter, 4. build the model from a preset plus any config field given on the
 command line (or load one to fine-tune), 5. log what runs after training and the most time it may take
-(`log_after_training`), then train with `VaswaniTrainer` (`vaswani.recipe.trainer`), resuming from the last
+(`evaluation.log_after_training`), then train with `VaswaniTrainer` (`vaswani.recipe.trainer`), resuming from the last
 good checkpoint when asked (`vaswani.recipe.checkpoints`), and write the training summary (`vaswani.recipe.summary`). After
 training, `vaswani.recipe.finish` averages, translates the test split, scores, draws and publishes (§6.1).
 """
 
 import logging
 import time
-from functools import partial
 from pathlib import Path
 
 from datasets import DatasetDict
@@ -33,15 +32,7 @@ from .callbacks import RunTokenizer
 from .checkpoints import train_or_resume
 from .checks import check_lowercase, check_run, resume_checkpoint, take_run_folder
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
-from .evaluation import (
-    BEAM_SLOWDOWN,
-    describe_after_training,
-    describe_decoding,
-    describe_seconds,
-    generation_settings,
-    seconds_to_decode,
-    sort_by_source_length,
-)
+from .evaluation import log_after_training, sort_by_source_length
 from .metrics import bleu_metric_fn
 from .model_folders import load_model
 from .summary import log_recipe, training_summary
@@ -248,72 +239,12 @@ def train_main(model_args, data_args, args, overrides, finish_args=None):
     return trainer
 
 
-def log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok):
-    """Log before training what runs once it ends (`describe_after_training`: the final evaluation, the averaging,
-    the translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
-    translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
-    flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
-    args, validation = trainer.args, trainer.eval_dataset
-    budget = args.max_train_minutes
-    test_decoding = finish_args.num_beams, finish_args.translate_batch_size
-
-    def bound(ids, *decoding, **autocast):  # timed on the main process only
-        if trainer.is_world_process_zero():
-            return seconds_to_decode(trainer.model, ids, source_tok.pad_token_id, *decoding, **autocast)
-        return None
-
-    def beam_bound(sources):  # with the test's decoding; empty sources are not decoded
-        return bound(source_tok([s for s in sources if s.strip()])["input_ids"], *test_decoding)
-
-    parts, evaluation = [], None
-    if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):
-        beams, limit = generation_settings(trainer, {})
-        decoding = beams, args.per_device_eval_batch_size, args.world_size, limit
-        evaluation = bound(validation["input_ids"], *decoding, bf16_autocast=args.bf16)
-        what = describe_decoding(len(validation), *decoding)
-        parts.append((f"a final evaluation of {what}", len(validation), evaluation))
-    if max(finish_args.average_last) > 0:
-        sizes = "/".join(map(str, finish_args.average_last))
-        parts.append((f"the average of the last {sizes} checkpoints", None, None))
-    per_pair = args.world_size * BEAM_SLOWDOWN  # greedy pairs over every process: beam search on the main one
-    if choice_sources:
-        choices = finish_args.chooses_average * len(set(finish_args.average_last))
-        choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
-        each = beam_bound(choice_sources)
-        text = f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among"
-        pairs = choices * len(choice_sources) * per_pair
-        parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
-    if test_sources:
-        what = describe_decoding(len(test_sources), *test_decoding)
-        parts.append(
-            (f"the test translation of {what}", len(test_sources) * per_pair, beam_bound(test_sources))
-        )
-    end = f"step {args.max_steps}" if args.max_steps > 0 else "the last epoch"
-    when = f"training ({end})"
-    if budget:
-        when = f"the {budget:g}-minute budget" + ("" if args.timed_only else f" (or {end}, if sooner)")
-        trainer.evaluation_clock.after_training = partial(describe_after_training, when, parts)  # timed again
-    logger.info(describe_after_training(when, parts))
-    most = sum(bound or 0 for *_, bound in parts)
-    if budget and most > budget * 60:
-        fewer = ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else ""
-        logger.warning(
-            "The work after training may take up to %s, more than the %g-minute training budget "
-            "(--max_train_minutes bounds training only): --max_predict_samples N translates the first N test pairs "
-            "only, --do_predict false none%s",
-            describe_seconds(most),
-            budget,
-            fewer,
-        )
-
-
 def read_splits(data_args, training_args, finish_args):
     """Every split the run reads, the small ones first, so that a bad test or validation file is named before the
     training text is read, the BPE trained or the model built: the training and validation splits (cut to
     --max_train_samples / --max_eval_samples) to train and evaluate on, the sources of the whole validation split
     that the choices after training translate (when any) and those of the test split (when translated)."""
-    source = data_args.source_lang
-    test = data_args.test_split or data_args.test_file
+    source, test = data_args.source_lang, data_args.test_split or data_args.test_file
     test_sources = list(load_test_split(data_args)[source]) if test else None
     chooses = finish_args.chooses_average or finish_args.chooses_length_penalty
     wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
