@@ -209,20 +209,16 @@ CONFIG_CHOICES = {
 }
 
 
-def config_field_docs():
-    """Each field's text in the `Args:` of `VaswaniConfig`'s docstring (an entry `name (`type`, ...): text`, its text
-    continued on the lines indented below it, blank lines within), on one line and without backticks. An entry of
-    several fields (`a, b (...)`) is none."""
+def _config_flags():
+    """A flag per `VaswaniConfig` field but `CONFIG_FIELDS_NOT_FLAGS`: its type or None ("keep the preset's"), its
+    text in the `Args:` of `VaswaniConfig`'s docstring as the help (an entry `name (`type`, ...): text`, its text
+    continued on the lines indented below it, blank lines within; on one line and without backticks; an entry of
+    several fields, `a, b (...)`, is none); a boolean alone (`--normalize_before`) is true."""
     entries = re.findall(
         r"^ {8}(\w+) \(.*?\):((?:.|\n(?=\n| {12}))*)", VaswaniConfig.__doc__.split("Args:", 1)[1], re.M
     )
-    return {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in entries}
-
-
-def _config_flags():
-    """A flag per `VaswaniConfig` field but `CONFIG_FIELDS_NOT_FLAGS`: its type or None ("keep the preset's"), its
-    docstring text as the help; a boolean alone (`--normalize_before`) is true."""
-    docs, flags = config_field_docs(), []
+    docs = {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in entries}
+    flags = []
     for name, kind in vars(VaswaniConfig)["__annotations__"].items():
         if name in CONFIG_FIELDS_NOT_FLAGS:
             continue

@@ -77,16 +77,14 @@ def seconds_to_decode(
     max_new_tokens=None,
     bf16_autocast=False,
 ):
-    """About the most seconds `model` should take to decode `source_ids` (`num_beams` beams each; the decoding's
-    settings in the order of `describe_decoding`): the decoder steps
+    """About the most seconds `model` should take to decode `source_ids` (one or more; `num_beams` beams each; the
+    decoding's settings in the order of `describe_decoding`): the decoder steps
     if every output runs to its limit, as an untrained model's do (over batches of `batch_size` sources of similar
     length, the longest source + `EXTRA_OUTPUT_TOKENS` each, or `max_new_tokens`; the batches shared among
     `processes`), times one step of `generate()` timed over `PROBE_STEPS` steps on the longest batch, under bf16
     autocast when the decoding it stands for runs under it (evaluation in a `--bf16` run). The model is left in
     evaluation mode, the run's random state untouched."""
     longest_first = sorted(source_ids, key=len, reverse=True)  # as `translation.make_batches` batches them
-    if not longest_first:
-        return 0.0
     steps = sum(max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size])
     batch = [torch.tensor(ids) for ids in longest_first[:batch_size]]
     input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id).to(model.device)
@@ -157,11 +155,11 @@ def describe_after_training(when, parts, rate=None):
     per pair), else from the bound timed before training."""
     if not parts:
         return f"After {when}: nothing more than saving the final model"
-    texts, total = [], 0.0
+    texts, total, timed = [], 0.0, False
     for text, pairs, bound in parts:
         seconds = (pairs and pairs / rate) if rate else bound
         if seconds is not None:
-            total += seconds
+            total, timed = total + seconds, True
             text += f" ({'' if rate else 'up to '}~{describe_seconds(seconds)})"
         texts.append(text)
     text = f"After {when}: " + "; ".join(texts)
@@ -170,7 +168,7 @@ def describe_after_training(when, parts, rate=None):
             f"; about {describe_seconds(total)} in all (beam search estimated at {BEAM_SLOWDOWN:g}x the measured "
             "greedy time per pair, on one process)"
         )
-    if any(bound is not None for *_, bound in parts):
+    if timed:
         return text + (
             f"; up to about {describe_seconds(total)} in all (decoder steps timed on the untrained model, "
             "which writes every output to its length limit; a trained model stops sooner)"
@@ -192,8 +190,9 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
             return seconds_to_decode(trainer.model, ids, source_tok.pad_token_id, *decoding, **autocast)
         return None
 
-    def beam_bound(sources):  # with the test's decoding; empty sources are not decoded
-        return bound(source_tok([s for s in sources if s.strip()])["input_ids"], *test_decoding)
+    # with the test's decoding (the bound counts empty sources, which are not decoded)
+    def beam_bound(sources):
+        return bound(source_tok(sources)["input_ids"], *test_decoding)
 
     parts, evaluation = [], None
     if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):

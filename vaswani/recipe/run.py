@@ -119,7 +119,7 @@ def prepare_tokenizers(data_args, raw, output_dir, is_main_process=True, model_a
     tokenizer is written whole or not at all."""
     saved, model = Path(output_dir) / "tokenizer", model_args and model_args.model_name_or_path
     own = model and any(Path(model, name).is_file() for name in ("tokenizer.json", "source/tokenizer.json"))
-    path = data_args.tokenizer_name or (model if own else None) or saved
+    path = data_args.tokenizer_name or (own and model) or saved
     if path != saved or saved.is_dir() or not is_main_process:
         source, target = load_tokenizers(path)
         check_lowercase(data_args, source, target, path)
@@ -164,8 +164,12 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
     if on_cpu:
         use_cpu_kernels(model, attention=False)  # the attention was chosen above
-    name, attention = path or f"{model_args.preset} preset", model.config._attn_implementation
-    logger.info("Model: %s, %s parameters, %s attention", name, f"{model.num_parameters():,}", attention)
+    logger.info(
+        "Model: %s, %s parameters, %s attention",
+        path or f"{model_args.preset} preset",
+        f"{model.num_parameters():,}",
+        model.config._attn_implementation,
+    )
     logger.debug("Model configuration: %s", model.config.to_diff_dict())
     return model
 

@@ -50,8 +50,7 @@ def choose_learning_rate(args):
                 "--learning_rate_constant multiplies the §5.3 schedule; with --paper_lr_schedule false give "
                 "--learning_rate (the peak rate) instead"
             )
-        if args.learning_rate is None:
-            args.learning_rate = TRANSFORMERS_LEARNING_RATE
+        args.learning_rate = args.learning_rate or TRANSFORMERS_LEARNING_RATE  # (0 is refused)
 
 
 def resolve_peak_learning_rate(args, d_model):
