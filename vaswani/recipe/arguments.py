@@ -55,8 +55,6 @@ PAPER_VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 3
 # §5.1's token-budget batches, per device: micro-batches of this many padded tokens unless other batches are asked for
 # (the paper's ~25,000-token update is `--batch_tokens 25000`, which accumulates them).
 PAPER_MAX_TOKENS = 4096
-# transformers' `TrainingArguments` default, for the flag whose default here is None ("not given").
-TRANSFORMERS_BATCH_SIZE = 8
 # Old flag names of `vaswani-train`, still accepted with a warning naming the new one.
 RENAMED = {
     "data": "dataset_name",
@@ -282,7 +280,7 @@ class FinishArguments:
     def __post_init__(self):
         if isinstance(self.average_last, int):  # FinishArguments(average_last=5) in code
             self.average_last = [self.average_last]
-        if not self.average_last or any(n < 0 for n in self.average_last):
+        if not self.average_last or min(self.average_last) < 0:
             raise UsageError(
                 f"--average_last must be 0 (none) or numbers of checkpoints, got {self.average_last}"
             )
@@ -294,7 +292,7 @@ class FinishArguments:
         require_positive(self, "num_beams", "translate_batch_size")
         if isinstance(self.length_penalty, (int, float)):  # FinishArguments(length_penalty=1.0) in code
             self.length_penalty = [float(self.length_penalty)]
-        if not self.length_penalty or not all(math.isfinite(a) for a in self.length_penalty):
+        if not self.length_penalty or not all(map(math.isfinite, self.length_penalty)):
             raise UsageError(f"--length_penalty must be finite numbers, got {self.length_penalty}")
 
     @property
@@ -561,7 +559,8 @@ def choose_batches(args):
     refuse_nonpositive(args, "per_device_train_batch_size max_tokens batch_tokens")
     args.max_sentences = None
     if args.per_device_train_batch_size is None:
-        args.per_device_train_batch_size = TRANSFORMERS_BATCH_SIZE
+        # transformers' default, which token-budget batches do not use
+        args.per_device_train_batch_size = Seq2SeqTrainingArguments.per_device_train_batch_size
         if args.max_tokens is None:
             args.max_tokens = PAPER_MAX_TOKENS
     elif args.max_tokens is not None:

@@ -58,7 +58,7 @@ def check_model_config(model_args, data_args, overrides):
             f"--model_name_or_path {path} holds a {config.model_type!r} model, not a vaswani one"
         )
     check_vocab_size(
-        data_args, max(config.vocab_size, config.decoder_vocab_size or 0), f"--model_name_or_path {path}"
+        data_args, max(config.vocab_size, config.decoder_vocab_size), f"--model_name_or_path {path}"
     )
     config.update(overrides)
     config.validate_fields()
@@ -149,8 +149,11 @@ def check_run(model_args, data_args, training_args, finish_args, overrides):
             raise UsageError(
                 "--push_to_hub publishes a model with one shared tokenizer: not with --separate_vocabularies"
             )
-        flag = "--push_to_hub (without --hub_model_id, the --output_dir name)"
-        with naming("--hub_model_id" if training_args.hub_model_id else flag):
+        with naming(
+            "--hub_model_id"
+            if training_args.hub_model_id
+            else "--push_to_hub (without --hub_model_id, the --output_dir name)"
+        ):
             check_repo_id(training_args.hub_model_id or Path(training_args.output_dir).name)
     take_run_folder(training_args, claim=False)
 
@@ -174,8 +177,10 @@ def resume_checkpoint(training_args, tokenizer_digest=None):
     """The checkpoint `--resume_from_checkpoint` names or finds (`checkpoints.resolve_resume_checkpoint`), one of the
     tokenizers of `tokenizer_digest` when given; its checkpoints hold the optimizer's, schedule's and random state
     that a resumed run needs but with --save_only_model (DeepSpeed keeps its own)."""
-    training_state = not training_args.save_only_model and not training_args.deepspeed
     with naming("--resume_from_checkpoint"):
         return resolve_resume_checkpoint(
-            training_args.resume_from_checkpoint, training_args.output_dir, training_state, tokenizer_digest
+            training_args.resume_from_checkpoint,
+            training_args.output_dir,
+            not training_args.save_only_model and not training_args.deepspeed,  # the training state is needed
+            tokenizer_digest,
         )

@@ -20,7 +20,6 @@ import time
 from functools import partial
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from ..generation_vaswani import EXTRA_OUTPUT_TOKENS
 
@@ -70,7 +69,6 @@ def describe_decoding(pairs, num_beams, batch_size, processes=1, max_new_tokens=
 def seconds_to_decode(
     model,
     source_ids,
-    pad_token_id,
     num_beams,
     batch_size,
     processes=1,
@@ -78,17 +76,16 @@ def seconds_to_decode(
     bf16_autocast=False,
 ):
     """About the most seconds `model` should take to decode `source_ids` (one or more; `num_beams` beams each; the
-    decoding's settings in the order of `describe_decoding`): the decoder steps
-    if every output runs to its limit, as an untrained model's do (over batches of `batch_size` sources of similar
-    length, the longest source + `EXTRA_OUTPUT_TOKENS` each, or `max_new_tokens`; the batches shared among
-    `processes`), times one step of `generate()` timed over `PROBE_STEPS` steps on the longest batch, under bf16
-    autocast when the decoding it stands for runs under it (evaluation in a `--bf16` run). The model is left in
-    evaluation mode, the run's random state untouched."""
+    decoding's settings in the order of `describe_decoding`): the decoder steps if every output runs to its limit, as
+    an untrained model's do (over batches of `batch_size` sources of similar length, the longest source +
+    `EXTRA_OUTPUT_TOKENS` each, or `max_new_tokens`; the batches shared among `processes`), times one step of
+    `generate()` timed over `PROBE_STEPS` steps on a batch of the longest batch's shape (its longest source repeated,
+    with an attention mask as a padded batch has), under bf16 autocast when the decoding it stands for runs under it
+    (evaluation in a `--bf16` run). The model is left in evaluation mode, the run's random state untouched."""
     longest_first = sorted(source_ids, key=len, reverse=True)  # as `translation.make_batches` batches them
     steps = sum(max_new_tokens or len(ids) + EXTRA_OUTPUT_TOKENS for ids in longest_first[::batch_size])
-    batch = [torch.tensor(ids) for ids in longest_first[:batch_size]]
-    input_ids = pad_sequence(batch, batch_first=True, padding_value=pad_token_id).to(model.device)
     device = model.device
+    input_ids = torch.tensor([longest_first[0]] * len(longest_first[:batch_size]), device=device)
     model.eval()  # the Trainer's `training_step` puts it back in training mode
     with (
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
@@ -98,7 +95,7 @@ def seconds_to_decode(
         started = time.perf_counter()
         model.generate(
             input_ids=input_ids,
-            attention_mask=input_ids != pad_token_id,  # no source holds the padding id
+            attention_mask=torch.ones_like(input_ids),
             num_beams=num_beams,
             max_new_tokens=PROBE_STEPS,
             min_new_tokens=PROBE_STEPS,
@@ -114,10 +111,11 @@ class EvaluationClock:
     last evaluation (pairs per second over every process) predicts the next one, and `describe_after_training` the
     work after training."""
 
+    rate = None  # validation pairs per second, the last evaluation's
+    after_training = None  # with a time budget: `describe_after_training` given the last rate
+
     def __init__(self, clock=time.monotonic):
         self.clock = clock
-        self.rate = None  # validation pairs per second, the last evaluation's
-        self.after_training = None  # with a time budget: `describe_after_training` given the last rate
 
     @contextlib.contextmanager
     def timing(self, pairs, description):
@@ -140,8 +138,12 @@ class EvaluationClock:
 def generation_settings(trainer, gen_kwargs):
     """The beams and the fixed output limit (None: source length + 50) of the trainer's evaluation, as
     `Seq2SeqTrainer.evaluate` and `VaswaniTrainer.prediction_step` will choose them."""
-    beams = gen_kwargs.get("num_beams") or trainer.args.generation_num_beams
-    beams = beams or trainer.model.generation_config.num_beams or 1
+    beams = (
+        gen_kwargs.get("num_beams")
+        or trainer.args.generation_num_beams
+        or trainer.model.generation_config.num_beams
+        or 1
+    )
     limit = gen_kwargs.get("max_new_tokens") or gen_kwargs.get("max_length")
     return int(beams), limit or trainer.args.generation_max_length
 
@@ -187,7 +189,7 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
 
     def bound(ids, *decoding, **autocast):  # timed on the main process only
         if trainer.is_world_process_zero():
-            return seconds_to_decode(trainer.model, ids, source_tok.pad_token_id, *decoding, **autocast)
+            return seconds_to_decode(trainer.model, ids, *decoding, **autocast)
         return None
 
     # with the test's decoding (the bound counts empty sources, which are not decoded)

@@ -106,25 +106,25 @@ def train_new_tokenizers(data_args, train, show_progress=True, **options):
         else f"all {len(train):,} training pairs",
     )
     if data_args.separate_vocabularies:
-        source, target = (iter_text(sample, [language]) for language in languages)
-        return train_separate_tokenizers(source, target, length=len(sample), **options)
+        sides = (iter_text(sample, [language]) for language in languages)
+        return train_separate_tokenizers(*sides, length=len(sample), **options)
     options.pop("target_vocab_size", None)
     tokenizer = train_bpe_tokenizer(iter_text(sample, languages), length=2 * len(sample), **options)
     return tokenizer, tokenizer
 
 
-def prepare_tokenizers(data_args, raw, output_dir, is_main_process=True, model_args=None, show_progress=True):
+def prepare_tokenizers(data_args, raw, args, model_args=None):
     """The given tokenizer, else the fine-tuned model's, else the one a previous (resumed) run trained, else a new
-    one (main process only, with a progress bar when `show_progress`; the others load what it saved). A new
-    tokenizer is written whole or not at all."""
-    saved, model = Path(output_dir) / "tokenizer", model_args and model_args.model_name_or_path
+    one (main process only, with a progress bar unless `--disable_tqdm`; the others load what it saved) in the
+    `--output_dir` of `args` (the training arguments). A new tokenizer is written whole or not at all."""
+    saved, model = Path(args.output_dir) / "tokenizer", model_args and model_args.model_name_or_path
     own = model and any(Path(model, name).is_file() for name in ("tokenizer.json", "source/tokenizer.json"))
     path = data_args.tokenizer_name or (own and model) or saved
-    if path != saved or saved.is_dir() or not is_main_process:
+    if path != saved or saved.is_dir() or args.process_index:
         source, target = load_tokenizers(path)
         check_lowercase(data_args, source, target, path)
         return source, target
-    source, target = train_new_tokenizers(data_args, raw["train"], show_progress=show_progress)
+    source, target = train_new_tokenizers(data_args, raw["train"], show_progress=not args.disable_tqdm)
     with atomic_folder(saved) as folder:
         save_tokenizers(source, target, folder)
     logger.info("Saved the new tokenizer to %s", saved)
@@ -191,9 +191,7 @@ def train_main(model_args, data_args, args, overrides, finish_args=None):
         raw, choice_sources, test_sources = read_splits(data_args, args, finish_args)
         resume = take_run_folder(args)
     with args.main_process_first(desc="tokenizer"):
-        source_tok, target_tok = prepare_tokenizers(
-            data_args, raw, args.output_dir, args.process_index == 0, model_args, not args.disable_tqdm
-        )
+        source_tok, target_tok = prepare_tokenizers(data_args, raw, args, model_args)
     tokenized, dropped = tokenize_splits(raw, source_tok, target_tok, data_args, args)
     digest = tokenizer_digest(source_tok, target_tok)
     if resume is not None and saved_tokenizer_digest(resume) not in (None, digest):
@@ -292,4 +290,5 @@ def tokenize_splits(raw, source_tok, target_tok, data_args, training_args):
 
 
 def _first(dataset, pairs):
-    return dataset.select(range(min(pairs, len(dataset)))) if pairs else dataset
+    """The first `pairs` rows of `dataset`, all of them with None (a contiguous selection: no copy, no index map)."""
+    return dataset.select(range(len(dataset))[:pairs])
