@@ -171,7 +171,7 @@ class DataArguments:
     @property
     def source(self):
         """What the data is, for the training summary and the model card."""
-        return self.dataset_name or self.train_file or "?"
+        return self.dataset_name or self.train_file  # one is given: `checks.check_run`
 
 
 @dataclass
@@ -241,7 +241,7 @@ ModelConfigArguments = dataclasses.make_dataclass(
 
 def config_overrides(config_args):
     """The `VaswaniConfig` fields given on the command line."""
-    return {k: v for k, v in dataclasses.asdict(config_args).items() if v is not None}
+    return {k: v for k, v in vars(config_args).items() if v is not None}
 
 
 @dataclass
@@ -477,7 +477,7 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         check_launch()
         _check_devices(self)
         super().__post_init__()
-        if self.batch_tokens is not None:
+        if self.batch_tokens:
             self.gradient_accumulation_steps = math.ceil(
                 self.batch_tokens / (self.max_tokens * self.world_size)
             )
@@ -503,7 +503,7 @@ def _check_devices(args):
             "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
             f"(found {transformers.__version__}); upgrade transformers"
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if os.environ.get("WORLD_SIZE", "1") != "1":
         # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
         # gloo process group only when asked for the CPU; otherwise every rank would train alone.
         args.use_cpu = True
@@ -529,11 +529,10 @@ def check_recipe_values(args):
         raise ValueError(
             "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
         )
-    smoothing = args.label_smoothing_factor
-    if not 0.0 <= smoothing < 1.0:  # NaN too
+    if not 0.0 <= args.label_smoothing_factor < 1.0:  # NaN too
         raise ValueError(
             f"--label_smoothing_factor must be at least 0 and below 1 (the probability mass spread over the "
-            f"vocabulary; the paper: 0.1), got {smoothing}"
+            f"vocabulary; the paper: 0.1), got {args.label_smoothing_factor}"
         )
     if args.save_strategy == "steps" and not args.save_steps > 0:
         raise ValueError(
@@ -563,9 +562,9 @@ def choose_batches(args):
         args.per_device_train_batch_size = Seq2SeqTrainingArguments.per_device_train_batch_size
         if args.max_tokens is None:
             args.max_tokens = PAPER_MAX_TOKENS
-    elif args.max_tokens is not None:
+    elif args.max_tokens:
         args.max_sentences = args.per_device_train_batch_size
-    if args.batch_tokens is not None and args.max_tokens is None:
+    if args.batch_tokens and args.max_tokens is None:
         raise ValueError(
             "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size alone "
             "batches sentences)"

@@ -107,7 +107,7 @@ def _check_data_sources(data_args, training_args, finish_args):
 def check_vocab_size(data_args, size, flag):
     """Raise `UsageError` when `--vocab_size` was given and the vocabulary `flag` brings (`size` tokens, which the
     run trains with) is larger: no BPE trained with that flag has it."""
-    if data_args.vocab_size is not None and size > data_args.vocab_size:
+    if data_args.vocab_size and size > data_args.vocab_size:
         raise UsageError(
             f"--vocab_size {data_args.vocab_size}, but {flag} brings a vocabulary of {size} tokens, which the run "
             "would train with: drop --vocab_size (it sizes a BPE trained for the run)"
@@ -123,7 +123,7 @@ def check_lowercase(data_args, source, target, path):
         )
 
 
-def check_tokenizer_folder(data_args, model_path=None):
+def check_tokenizer_folder(data_args, model_path):
     """`--tokenizer_name` loads, is the tokenizer of the model to fine-tune (`model_path`), and lowercases as
     `--lowercase` says: a torn, missing or other tokenizer is named before any data is read."""
     path = data_args.tokenizer_name
@@ -162,7 +162,7 @@ def take_run_folder(training_args, claim=True):
     """The checkpoint to resume from, chosen under the run's lock on `--output_dir` (`run_folder.take_output_dir`),
     which the main process takes (`claim`) once the data is read: a command refused before that creates nothing.
     A refused checkpoint leaves the folder as it was."""
-    if training_args.process_index != 0:
+    if training_args.process_index:  # not the main process
         return resume_checkpoint(training_args)
     return take_output_dir(
         training_args.output_dir,

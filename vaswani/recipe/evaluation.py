@@ -41,7 +41,9 @@ def sort_by_source_length(tokenized, raw):
         raise ValueError(
             f"{len(lengths)} tokenized validation pairs but {len(raw)} raw ones: they must align"
         )
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    order = sorted(
+        range(len(lengths)), key=lengths.__getitem__, reverse=True
+    )  # stable: ties keep their order
     return tokenized.select(order), raw.select(order)
 
 
@@ -211,9 +213,15 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
         choices = finish_args.chooses_average * len(set(finish_args.average_last))
         choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
         each = beam_bound(choice_sources)
-        text = f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among"
         pairs = choices * len(choice_sources) * per_pair
-        parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
+        parts.append(
+            (
+                f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among "
+                "averages or length penalties",
+                pairs,
+                each and choices * each,
+            )
+        )
     if test_sources:
         what = describe_decoding(len(test_sources), *test_decoding)
         parts.append(

@@ -82,20 +82,17 @@ def test_split_name(data_args, pairs=None):
     return f"{name}[:{cut}]" if cut and (pairs or 0) >= cut else name
 
 
-def train_new_tokenizers(data_args, train, show_progress=True, **options):
+def train_new_tokenizers(data_args, train, **options):
     """A new BPE vocabulary (§5.1: joint; one per side with `--separate_vocabularies`) learned from the training
     split, or from `--max_tokenizer_samples` of its pairs drawn uniformly at random with a fixed seed
-    (`data.sample_pairs`). `options`: `min_frequency`, `model_max_length`, `target_vocab_size` (separate only).
+    (`data.sample_pairs`). `options`: `min_frequency`, `model_max_length`, `show_progress` (default: a progress bar),
+    `target_vocab_size` (separate only).
     Returns `(source, target)`, the same object twice for a joint vocabulary."""
     sample, languages = (
         sample_pairs(train, data_args.max_tokenizer_samples),
         [data_args.source_lang, data_args.target_lang],
     )
-    options.update(
-        vocab_size=data_args.vocab_size or PAPER_VOCAB_SIZE,
-        lowercase=data_args.lowercase,
-        show_progress=show_progress,
-    )
+    options.update(vocab_size=data_args.vocab_size or PAPER_VOCAB_SIZE, lowercase=data_args.lowercase)
     logger.info(
         "Training the BPE vocabulary (%d tokens, %s) on %s sentences: %s",
         options["vocab_size"],
@@ -118,7 +115,9 @@ def prepare_tokenizers(data_args, raw, args, model_args=None):
     one (main process only, with a progress bar unless `--disable_tqdm`; the others load what it saved) in the
     `--output_dir` of `args` (the training arguments). A new tokenizer is written whole or not at all."""
     saved, model = Path(args.output_dir) / "tokenizer", model_args and model_args.model_name_or_path
-    own = model and any(Path(model, name).is_file() for name in ("tokenizer.json", "source/tokenizer.json"))
+    own = model and (
+        Path(model, "tokenizer.json").is_file() or Path(model, "source/tokenizer.json").is_file()
+    )
     path = data_args.tokenizer_name or (own and model) or saved
     if path != saved or saved.is_dir() or args.process_index:
         source, target = load_tokenizers(path)
@@ -194,7 +193,7 @@ def train_main(model_args, data_args, args, overrides, finish_args=None):
         source_tok, target_tok = prepare_tokenizers(data_args, raw, args, model_args)
     tokenized, dropped = tokenize_splits(raw, source_tok, target_tok, data_args, args)
     digest = tokenizer_digest(source_tok, target_tok)
-    if resume is not None and saved_tokenizer_digest(resume) not in (None, digest):
+    if resume and saved_tokenizer_digest(resume) not in (None, digest):
         # trained with other tokenizers: refused when named, from "last" the newest checkpoint of these
         resume = resume_checkpoint(args, digest)
     set_seed(args.seed)  # the initial weights are part of the run: the same on every rank and rerun

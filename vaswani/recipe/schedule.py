@@ -31,7 +31,7 @@ def choose_learning_rate(args):
     without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
     if args.paper_lr_schedule and int(args.warmup_steps) <= 0:
         raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {int(args.warmup_steps)}.")
-    if args.learning_rate is not None and args.learning_rate_constant is not None:
+    if None not in (args.learning_rate, args.learning_rate_constant):
         raise ValueError(
             f"--learning_rate {args.learning_rate} and --learning_rate_constant {args.learning_rate_constant} both "
             "set the peak learning rate: give one (--learning_rate is the peak itself; --learning_rate_constant "
@@ -119,9 +119,11 @@ class WarmupEnd(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.started, self.first = time.monotonic(), state.global_step
         if not args.timed_only and state.max_steps < args.warmup_steps:
-            bound = f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
-            if args.max_steps > 0:
-                bound = f"--max_steps {args.max_steps}"
+            bound = (
+                f"--max_steps {args.max_steps}"
+                if args.max_steps > 0
+                else f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
+            )
             warn_of_a_run_inside_the_warmup(args, state.max_steps, bound)
             self.seconds = None  # said once
 

@@ -47,9 +47,7 @@ def training_summary(trainer, model_args, data_args, parameters, dropped, starte
         "parameters": parameters,
         "wall_time_s": time.time() - started,
         "max_tokens_per_device": args.max_tokens,
-        "sentences_per_device": args.per_device_train_batch_size
-        if args.max_tokens is None
-        else args.max_sentences,
+        "sentences_per_device": args.max_sentences if args.max_tokens else args.per_device_train_batch_size,
         "learning_rate_constant": args.learning_rate_constant,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "label_smoothing": args.label_smoothing_factor,
@@ -62,9 +60,9 @@ def log_recipe(args):
     """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
     the §5.3 warm-up)."""
     batches = f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
-    if args.max_tokens is None:
+    if not args.max_tokens:
         batches = f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
-    elif args.max_sentences is not None:
+    elif args.max_sentences:
         batches = (
             f"token-budget batches of at most {args.max_tokens} tokens and {args.max_sentences} sentences per "
             "device (--max_tokens, --per_device_train_batch_size)"
