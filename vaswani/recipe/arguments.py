@@ -15,7 +15,7 @@ given:
 - Learning rate: `--learning_rate` (fairseq's `--lr`) is the peak rate, as in transformers; the §5.3 schedule rises
   to it over `--warmup_steps`. Not given, the peak is the paper's, d_model^-0.5 * warmup_steps^-0.5, times
   tensor2tensor's `--learning_rate_constant` (1.0); the peak needs the model's d_model, so the trainer resolves it
-  (`resolve_peak_learning_rate`).
+  (`schedule.resolve_peak_learning_rate`).
 - Values transformers accepts but that cannot train are refused by name (`check_recipe_values`).
 """
 

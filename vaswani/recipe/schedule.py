@@ -5,7 +5,9 @@ The optimizer's learning rate is the schedule's peak, as in transformers (`--lea
 it by `warmup_factor`, which rises linearly to 1 at step `warmup_steps` and falls as step^-0.5 after it. The paper's
 own peak, d_model^-0.5 * warmup_steps^-0.5 (`paper_peak_learning_rate`), makes this exactly Eq. 3:
 lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5), step_num from 1. A run that will end inside
-the warm-up is warned of (`WarmupEnd`)."""
+the warm-up is warned of (`WarmupEnd`). The learning-rate flags are checked and completed by `choose_learning_rate`
+(from `PaperTrainingArguments.__post_init__`), the peak resolved on the model's d_model by
+`resolve_peak_learning_rate`."""
 
 import logging
 import time
