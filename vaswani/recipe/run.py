@@ -273,7 +273,7 @@ def tokenize_splits(raw, source_tok, target_tok, data_args, training_args):
             num_proc=data_args.preprocessing_num_workers,
         )
     text_pairs = len(raw.pop("train"))
-    if len(tokenized["train"]) == 0:
+    if not len(tokenized["train"]):
         raise ValueError(
             f"All {text_pairs} training pairs were dropped (an empty side, or longer than "
             f"--max_source_length {data_args.max_source_length} / --max_target_length "
@@ -289,5 +289,4 @@ def tokenize_splits(raw, source_tok, target_tok, data_args, training_args):
 
 
 def _first(dataset, pairs):
-    """The first `pairs` rows of `dataset`, all of them with None (a contiguous selection: no copy, no index map)."""
-    return dataset.select(range(len(dataset))[:pairs])
+    return dataset.select(range(min(pairs, len(dataset)))) if pairs else dataset

@@ -60,8 +60,9 @@ def resolve_peak_learning_rate(args, d_model):
     `--learning_rate_constant`. Sets `args.learning_rate` to it."""
     if args.learning_rate is None:
         # (a --learning_rate_constant of 0 is refused)
-        constant = args.learning_rate_constant or 1.0
-        args.learning_rate = paper_peak_learning_rate(d_model, int(args.warmup_steps), constant)
+        args.learning_rate = paper_peak_learning_rate(
+            d_model, int(args.warmup_steps), args.learning_rate_constant or 1.0
+        )
     return args.learning_rate
 
 
@@ -115,7 +116,7 @@ class WarmupEnd(TrainerCallback):
     step when its steps (--max_steps, or the epochs') end it there; with only a time budget of `seconds`, once a
     minute (or a twentieth of the budget) has passed, when the steps at that pace do."""
 
-    def __init__(self, seconds=None):
+    def __init__(self, seconds):
         self.seconds = seconds
 
     def on_train_begin(self, args, state, control, **kwargs):

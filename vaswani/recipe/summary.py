@@ -17,7 +17,8 @@ def training_summary(trainer, model_args, data_args, parameters, dropped, starte
     """The summary of the run `trainer` has trained (just now, or before: a finished run resumed) into a model of
     `parameters` parameters; `dropped`: the pairs filtering dropped, `started`: the run's start
     (`time.time()`)."""
-    args, processes = trainer.args, trainer.args.world_size
+    args = trainer.args
+    processes = args.world_size
     schedule = args.lr_scheduler_type
     if args.paper_lr_schedule:
         schedule = "§5.3 inverse square root with linear warm-up"
