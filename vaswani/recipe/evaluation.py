@@ -213,15 +213,9 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
         choices = finish_args.chooses_average * len(set(finish_args.average_last))
         choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
         each = beam_bound(choice_sources)
+        text = f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among"
         pairs = choices * len(choice_sources) * per_pair
-        parts.append(
-            (
-                f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among "
-                "averages or length penalties",
-                pairs,
-                each and choices * each,
-            )
-        )
+        parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
     if test_sources:
         what = describe_decoding(len(test_sources), *test_decoding)
         parts.append(
@@ -233,7 +227,7 @@ def log_after_training(trainer, finish_args, choice_sources, test_sources, sourc
         when = f"the {budget:g}-minute budget" + ("" if args.timed_only else f" (or {end}, if sooner)")
         trainer.evaluation_clock.after_training = partial(describe_after_training, when, parts)  # timed again
     logger.info(describe_after_training(when, parts))
-    most = sum(bound or 0 for *_, bound in parts)
+    most = sum(seconds or 0 for *_, seconds in parts)
     if budget and most > budget * 60:
         fewer = ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else ""
         logger.warning(

@@ -177,15 +177,13 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
 # Training
 # ---------------------------------------------------------------------------------------------------------------------
 def train_main(model_args, data_args, args, overrides, finish_args=None):
-    """Run the whole training (`ModelArguments`, `DataArguments`, `PaperTrainingArguments`, the config fields given
-    on the command line, `FinishArguments`); returns the trainer (its model is the final one, the checkpoints are on
-    disk)."""
+    """Run the whole training (`ModelArguments`, `DataArguments`, `PaperTrainingArguments`, the command line's config
+    fields, `FinishArguments`); returns the trainer, whose model is the final one (the checkpoints are on disk)."""
     started = time.time()
     finish_args = finish_args or FinishArguments()
     with args.main_process_first(desc="checks"):
         check_run(model_args, data_args, args, finish_args, overrides)
-    # The main process reads the text into datasets' Arrow cache first; the others then map that cache. The run's
-    # folder is taken once every split it reads is read.
+    # The main process reads the text into datasets' Arrow cache first (the others map it), then takes the run folder
     with args.main_process_first(desc="loading the corpus"):
         raw, choice_sources, test_sources = read_splits(data_args, args, finish_args)
         resume = take_run_folder(args)
