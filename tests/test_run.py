@@ -21,9 +21,8 @@ from safetensors.torch import load_file
 
 from vaswani.commands import train as train_command
 from vaswani.common.errors import UsageError
-from vaswani.recipe.arguments import resolve_peak_learning_rate
 from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
-from vaswani.recipe.schedule import warmup_factor
+from vaswani.recipe.schedule import resolve_peak_learning_rate, warmup_factor
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -24,11 +24,16 @@ from vaswani.configuration_vaswani import (
     SINUSOID_FREQUENCIES,
     SINUSOID_LAYOUTS,
 )
-from vaswani.recipe.arguments import PaperTrainingArguments, resolve_peak_learning_rate
+from vaswani.recipe.arguments import PaperTrainingArguments
 from vaswani.recipe.batching import TokenBudgetBatchSampler
 from vaswani.recipe.callbacks import TimeBudget
 from vaswani.recipe.checkpoints import checkpoints, resolve_resume_checkpoint, verify_checkpoint
-from vaswani.recipe.schedule import cooldown_factor, paper_peak_learning_rate, paper_schedule
+from vaswani.recipe.schedule import (
+    cooldown_factor,
+    paper_peak_learning_rate,
+    paper_schedule,
+    resolve_peak_learning_rate,
+)
 
 RUNNER = ROOT / "tests" / "helpers" / "train_runner.py"
 
@@ -260,14 +265,15 @@ def test_lowercase_flag_trains_a_lowercasing_tokenizer_and_refuses_a_mismatched_
     args = DataArguments(
         dataset_name="unused", source_lang="de", target_lang="en", vocab_size=300, lowercase=True
     )
-    source, target = prepare_tokenizers(args, raw, str(tmp_path / "run"))
+    run = PaperTrainingArguments(output_dir=str(tmp_path / "run"))
+    source, target = prepare_tokenizers(args, raw, run)
     assert source is target and lowercases(source)
-    assert lowercases(prepare_tokenizers(args, raw, str(tmp_path / "run"))[0])  # a resumed run reloads it
+    assert lowercases(prepare_tokenizers(args, raw, run)[0])  # a resumed run reloads it
     cased = DataArguments(
         dataset_name="unused", tokenizer_name=str(tmp_path / "run" / "tokenizer"), lowercase=False
     )
     with pytest.raises(ValueError, match="--lowercase is False but the tokenizer in .* lowercases"):
-        prepare_tokenizers(cased, raw, str(tmp_path / "other"))
+        prepare_tokenizers(cased, raw, PaperTrainingArguments(output_dir=str(tmp_path / "other")))
 
 
 def test_validation_bleu_of_a_lowercasing_model_is_case_insensitive():

@@ -25,9 +25,13 @@ from vaswani.recipe.arguments import (
 )
 from vaswani.recipe.callbacks import TimeBudget, TimedCheckpoints
 from vaswani.recipe.checkpoints import checkpoints
-from vaswani.recipe.evaluation import EvaluationClock, describe_decoding, sort_by_source_length
+from vaswani.recipe.evaluation import (
+    EvaluationClock,
+    describe_decoding,
+    log_after_training,
+    sort_by_source_length,
+)
 from vaswani.recipe.metrics import bleu_metric_fn, compute_bleu, compute_tokenized_bleu
-from vaswani.recipe.run import log_after_training
 
 RECIPES = {path.stem: path for path in sorted((ROOT / "recipes").glob("*.yaml"))}
 

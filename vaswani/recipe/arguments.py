@@ -15,7 +15,7 @@ given:
 - Learning rate: `--learning_rate` (fairseq's `--lr`) is the peak rate, as in transformers; the §5.3 schedule rises
   to it over `--warmup_steps`. Not given, the peak is the paper's, d_model^-0.5 * warmup_steps^-0.5, times
   tensor2tensor's `--learning_rate_constant` (1.0); the peak needs the model's d_model, so the trainer resolves it
-  (`resolve_peak_learning_rate`).
+  (`schedule.resolve_peak_learning_rate`).
 - Values transformers accepts but that cannot train are refused by name (`check_recipe_values`).
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 import transformers
-from packaging import version
+from torch.torch_version import TorchVersion
 from transformers import Seq2SeqTrainingArguments
 from transformers.hf_argparser import HfArg
 
@@ -49,15 +49,12 @@ from ..generation_vaswani import (
 )
 from ..kernels import FAST_ATTENTION
 from .distributed import check_launch
-from .schedule import paper_peak_learning_rate
+from .schedule import choose_learning_rate
 
 PAPER_VOCAB_SIZE = 37000  # §5.1: "a shared source-target vocabulary of about 37000 tokens" (EN-DE)
 # §5.1's token-budget batches, per device: micro-batches of this many padded tokens unless other batches are asked for
 # (the paper's ~25,000-token update is `--batch_tokens 25000`, which accumulates them).
 PAPER_MAX_TOKENS = 4096
-# transformers' `TrainingArguments` defaults, for the flags whose default here is None ("not given").
-TRANSFORMERS_LEARNING_RATE = 5e-5
-TRANSFORMERS_BATCH_SIZE = 8
 # Old flag names of `vaswani-train`, still accepted with a warning naming the new one.
 RENAMED = {
     "data": "dataset_name",
@@ -67,6 +64,15 @@ RENAMED = {
     "num_proc": "preprocessing_num_workers",
     "init_from": "model_name_or_path",
 }
+
+
+def refuse_nonpositive(args, names, what="positive"):
+    """Raise `UsageError` naming the flag of `names` (space-separated) whose value is not a positive finite number
+    (None: not given): "--NAME must be `what`, got VALUE"."""
+    for name in names.split():
+        value = getattr(args, name)
+        if value is not None and not 0 < value < math.inf:
+            raise UsageError(f"--{name} must be {what}, got {value}")
 
 
 def check_languages(source_lang, target_lang):
@@ -156,24 +162,16 @@ class DataArguments:
 
     def __post_init__(self):
         check_languages(self.source_lang or "", self.target_lang or "")  # both required here
-        for name in (
-            "vocab_size",
-            "max_source_length",
-            "max_target_length",
-            "max_train_samples",
-            "max_eval_samples",
-            "max_predict_samples",
-            "max_tokenizer_samples",
-            "preprocessing_num_workers",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UsageError(f"--{name} must be positive, got {value}")
+        refuse_nonpositive(
+            self,
+            "vocab_size max_source_length max_target_length max_train_samples max_eval_samples max_predict_samples "
+            "max_tokenizer_samples preprocessing_num_workers",
+        )
 
     @property
     def source(self):
         """What the data is, for the training summary and the model card."""
-        return self.dataset_name or self.train_file or "?"
+        return self.dataset_name or self.train_file  # one is given: `checks.check_run`
 
 
 @dataclass
@@ -197,17 +195,10 @@ class ModelArguments:
 
 # The `VaswaniConfig` fields that are no flag: set from the tokenizer (sizes, special ids, sharing) or no modelling
 # choice. Every other field is a flag of `ModelConfigArguments`.
-CONFIG_FIELDS_NOT_FLAGS = {
-    "vocab_size",
-    "decoder_vocab_size",
-    "share_encoder_decoder_embeddings",
-    "pad_token_id",
-    "bos_token_id",
-    "eos_token_id",
-    "decoder_start_token_id",
-    "use_cache",
-    "is_encoder_decoder",
-}
+CONFIG_FIELDS_NOT_FLAGS = set(
+    "vocab_size decoder_vocab_size share_encoder_decoder_embeddings pad_token_id bos_token_id eos_token_id "
+    "decoder_start_token_id use_cache is_encoder_decoder".split()
+)
 CONFIG_CHOICES = {
     "activation_function": ACTIVATIONS,
     "position_embedding_type": POSITION_EMBEDDING_TYPES,
@@ -216,20 +207,16 @@ CONFIG_CHOICES = {
 }
 
 
-def config_field_docs():
-    """Each field's text in the `Args:` of `VaswaniConfig`'s docstring (an entry `name (`type`, ...): text`, its text
-    continued on the lines indented below it, blank lines within), on one line and without backticks. An entry of
-    several fields (`a, b (...)`) is none."""
+def _config_flags():
+    """A flag per `VaswaniConfig` field but `CONFIG_FIELDS_NOT_FLAGS`: its type or None ("keep the preset's"), its
+    text in the `Args:` of `VaswaniConfig`'s docstring as the help (an entry `name (`type`, ...): text`, its text
+    continued on the lines indented below it, blank lines within; on one line and without backticks; an entry of
+    several fields, `a, b (...)`, is none); a boolean alone (`--normalize_before`) is true."""
     entries = re.findall(
         r"^ {8}(\w+) \(.*?\):((?:.|\n(?=\n| {12}))*)", VaswaniConfig.__doc__.split("Args:", 1)[1], re.M
     )
-    return {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in entries}
-
-
-def _config_flags():
-    """A flag per `VaswaniConfig` field but `CONFIG_FIELDS_NOT_FLAGS`: its type or None ("keep the preset's"), its
-    docstring text as the help; a boolean alone (`--normalize_before`) is true."""
-    docs, flags = config_field_docs(), []
+    docs = {name: " ".join(text.replace("`", "").replace("%", "%%").split()) for name, text in entries}
+    flags = []
     for name, kind in vars(VaswaniConfig)["__annotations__"].items():
         if name in CONFIG_FIELDS_NOT_FLAGS:
             continue
@@ -254,7 +241,7 @@ ModelConfigArguments = dataclasses.make_dataclass(
 
 def config_overrides(config_args):
     """The `VaswaniConfig` fields given on the command line."""
-    return {k: v for k, v in dataclasses.asdict(config_args).items() if v is not None}
+    return {k: v for k, v in vars(config_args).items() if v is not None}
 
 
 @dataclass
@@ -293,7 +280,7 @@ class FinishArguments:
     def __post_init__(self):
         if isinstance(self.average_last, int):  # FinishArguments(average_last=5) in code
             self.average_last = [self.average_last]
-        if not self.average_last or any(n < 0 for n in self.average_last):
+        if not self.average_last or min(self.average_last) < 0:
             raise UsageError(
                 f"--average_last must be 0 (none) or numbers of checkpoints, got {self.average_last}"
             )
@@ -305,7 +292,7 @@ class FinishArguments:
         require_positive(self, "num_beams", "translate_batch_size")
         if isinstance(self.length_penalty, (int, float)):  # FinishArguments(length_penalty=1.0) in code
             self.length_penalty = [float(self.length_penalty)]
-        if not self.length_penalty or not all(math.isfinite(a) for a in self.length_penalty):
+        if not self.length_penalty or not all(map(math.isfinite, self.length_penalty)):
             raise UsageError(f"--length_penalty must be finite numbers, got {self.length_penalty}")
 
     @property
@@ -490,37 +477,37 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
         check_launch()
         _check_devices(self)
         super().__post_init__()
-        if self.batch_tokens is not None:
-            self.gradient_accumulation_steps = max(
-                1, math.ceil(self.batch_tokens / (self.max_tokens * max(self.world_size, 1)))
+        if self.batch_tokens:
+            self.gradient_accumulation_steps = math.ceil(
+                self.batch_tokens / (self.max_tokens * self.world_size)
             )
 
 
 def _check_devices(args):
     """Raise naming the flag for a precision or a sharding the machine cannot run; fit the Trainer's device flags to
     a machine without GPUs."""
-    cuda = torch.cuda.is_available()
     if args.fp16 and (args.use_cpu or not torch.accelerator.is_available()):
         raise UsageError(
             "--fp16 needs a GPU: on the CPU Accelerate runs no float16 mixed precision, and the run would train in "
             "float32; --bf16 is the CPU's mixed precision"
         )
-    if args.deepspeed and not cuda:
+    if torch.cuda.is_available():
+        return
+    if args.deepspeed:
         raise ValueError(
             "--deepspeed needs a GPU: Accelerate runs DeepSpeed on accelerators only; shard the model on CPU "
             "processes with --fsdp instead"
         )
-    if args.fsdp and not cuda and version.parse(transformers.__version__) < version.parse("5.8"):
+    if args.fsdp and TorchVersion(transformers.__version__) < "5.8":
         raise ValueError(  # before 5.8, transformers' --fsdp is FSDP1, which has no CPU support, by default
             "--fsdp on CPU processes needs transformers >= 5.8, whose --fsdp is FSDP2 "
             f"(found {transformers.__version__}); upgrade transformers"
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not cuda:
+    if os.environ.get("WORLD_SIZE", "1") != "1":
         # Several processes on a machine without GPUs (torchrun / accelerate launch): Accelerate forms the
         # gloo process group only when asked for the CPU; otherwise every rank would train alone.
         args.use_cpu = True
-    if not cuda:
-        args.dataloader_pin_memory = False  # pinning needs an accelerator
+    args.dataloader_pin_memory = False  # pinning needs an accelerator
 
 
 def check_recipe_values(args):
@@ -535,18 +522,17 @@ def check_recipe_values(args):
         raise ValueError(
             f"--num_train_epochs must be positive (or give --max_steps), got {args.num_train_epochs}"
         )
-    minutes = args.max_train_minutes
-    if minutes is not None and not 0 < minutes < math.inf:
-        raise ValueError(f"--max_train_minutes must be a positive number of minutes, got {minutes}")
+    refuse_nonpositive(args, "max_train_minutes save_minutes", "a positive number of minutes")
+    refuse_nonpositive(args, "learning_rate learning_rate_constant", "a positive number")
+    refuse_nonpositive(args, "pad_to_multiple_of", "a positive number of tokens")
     if not args.do_train:
         raise ValueError(
             "--do_train false leaves nothing to do: this tool trains (translate with vaswani-translate)"
         )
-    smoothing = args.label_smoothing_factor
-    if not 0.0 <= smoothing < 1.0:  # NaN too
+    if not 0.0 <= args.label_smoothing_factor < 1.0:  # NaN too
         raise ValueError(
             f"--label_smoothing_factor must be at least 0 and below 1 (the probability mass spread over the "
-            f"vocabulary; the paper: 0.1), got {smoothing}"
+            f"vocabulary; the paper: 0.1), got {args.label_smoothing_factor}"
         )
     if args.save_strategy == "steps" and not args.save_steps > 0:
         raise ValueError(
@@ -563,70 +549,23 @@ def check_recipe_values(args):
             "--lr_cooldown_fraction acts on the §5.3 schedule; with --paper_lr_schedule false choose a decaying "
             "--lr_scheduler_type (linear, cosine) instead"
         )
-    if args.save_minutes is not None and not 0 < args.save_minutes < math.inf:
-        raise UsageError(f"--save_minutes must be a positive number of minutes, got {args.save_minutes}")
-    if args.pad_to_multiple_of is not None and args.pad_to_multiple_of < 1:
-        raise UsageError(
-            f"--pad_to_multiple_of must be a positive number of tokens, got {args.pad_to_multiple_of}"
-        )
 
 
 def choose_batches(args):
     """Set `args.max_tokens` and `args.max_sentences` (the cap of a token-budget batch, None for none) from what was
     given; `per_device_train_batch_size` None means not given (then transformers' 8, which token-budget batches do
     not use)."""
-    for name in ("per_device_train_batch_size", "max_tokens", "batch_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be positive, got {value}")
+    refuse_nonpositive(args, "per_device_train_batch_size max_tokens batch_tokens")
     args.max_sentences = None
     if args.per_device_train_batch_size is None:
-        args.per_device_train_batch_size = TRANSFORMERS_BATCH_SIZE
+        # transformers' default, which token-budget batches do not use
+        args.per_device_train_batch_size = Seq2SeqTrainingArguments.per_device_train_batch_size
         if args.max_tokens is None:
             args.max_tokens = PAPER_MAX_TOKENS
-    elif args.max_tokens is not None:
+    elif args.max_tokens:
         args.max_sentences = args.per_device_train_batch_size
-    if args.batch_tokens is not None and args.max_tokens is None:
+    if args.batch_tokens and args.max_tokens is None:
         raise ValueError(
             "--batch_tokens needs token-budget batches: give --max_tokens too (--per_device_train_batch_size alone "
             "batches sentences)"
         )
-
-
-def choose_learning_rate(args):
-    """Check `--learning_rate` and `--learning_rate_constant` (positive, not both) and `--lr_scheduler_type` (only
-    without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
-    for name in ("learning_rate", "learning_rate_constant"):
-        value = getattr(args, name)
-        if value is not None and not 0 < value < math.inf:
-            raise ValueError(f"--{name} must be a positive number, got {value}")
-    if args.learning_rate is not None and args.learning_rate_constant is not None:
-        raise ValueError(
-            f"--learning_rate {args.learning_rate} and --learning_rate_constant {args.learning_rate_constant} both "
-            "set the peak learning rate: give one (--learning_rate is the peak itself; --learning_rate_constant "
-            "multiplies the §5.3 formula)"
-        )
-    if args.lr_scheduler_type is None:
-        args.lr_scheduler_type = "linear"  # transformers' default, unused by the §5.3 schedule
-    elif args.paper_lr_schedule:
-        raise ValueError(
-            f"--lr_scheduler_type {args.lr_scheduler_type} is one of transformers' schedules, but the §5.3 "
-            "schedule is on: add --paper_lr_schedule false to use it"
-        )
-    if not args.paper_lr_schedule:
-        if args.learning_rate_constant is not None:
-            raise ValueError(
-                "--learning_rate_constant multiplies the §5.3 schedule; with --paper_lr_schedule false give "
-                "--learning_rate (the peak rate) instead"
-            )
-        if args.learning_rate is None:
-            args.learning_rate = TRANSFORMERS_LEARNING_RATE
-
-
-def resolve_peak_learning_rate(args, d_model):
-    """The peak learning rate for a model of width `d_model`: `--learning_rate`, else the §5.3 schedule's peak times
-    `--learning_rate_constant`. Sets `args.learning_rate` to it."""
-    if args.learning_rate is None:
-        constant = 1.0 if args.learning_rate_constant is None else args.learning_rate_constant
-        args.learning_rate = paper_peak_learning_rate(d_model, int(args.warmup_steps), constant)
-    return args.learning_rate

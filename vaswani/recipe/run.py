@@ -6,7 +6,7 @@
 first, so that a bad file is named before any work, 2. train or load the joint BPE tokenizer
 (`vaswani.recipe.tokenization`), 3. tokenize and filter, 4. build the model from a preset plus any config field given on the
 command line (or load one to fine-tune), 5. log what runs after training and the most time it may take
-(`log_after_training`), then train with `VaswaniTrainer` (`vaswani.recipe.trainer`), resuming from the last
+(`evaluation.log_after_training`), then train with `VaswaniTrainer` (`vaswani.recipe.trainer`), resuming from the last
 good checkpoint when asked (`vaswani.recipe.checkpoints`), and write the training summary (`vaswani.recipe.summary`). After
 training, `vaswani.recipe.finish` averages, translates the test split, scores, draws and publishes (§6.1).
 """
@@ -15,7 +15,6 @@ import logging
 import time
 from pathlib import Path
 
-import torch
 from datasets import DatasetDict
 from transformers import DataCollatorForSeq2Seq, set_seed
 
@@ -33,15 +32,7 @@ from .callbacks import RunTokenizer
 from .checkpoints import train_or_resume
 from .checks import check_lowercase, check_run, resume_checkpoint, take_run_folder
 from .data import iter_text, load_parallel_dataset, load_parallel_file, sample_pairs, tokenize_dataset
-from .evaluation import (
-    BEAM_SLOWDOWN,
-    AfterTraining,
-    describe_decoding,
-    describe_seconds,
-    generation_settings,
-    seconds_to_decode,
-    sort_by_source_length,
-)
+from .evaluation import log_after_training, sort_by_source_length
 from .metrics import bleu_metric_fn
 from .model_folders import load_model
 from .summary import log_recipe, training_summary
@@ -91,20 +82,17 @@ def test_split_name(data_args, pairs=None):
     return f"{name}[:{cut}]" if cut and (pairs or 0) >= cut else name
 
 
-def train_new_tokenizers(data_args, train, show_progress=True, **options):
+def train_new_tokenizers(data_args, train, **options):
     """A new BPE vocabulary (§5.1: joint; one per side with `--separate_vocabularies`) learned from the training
     split, or from `--max_tokenizer_samples` of its pairs drawn uniformly at random with a fixed seed
-    (`data.sample_pairs`). `options`: `min_frequency`, `model_max_length`, `target_vocab_size` (separate only).
+    (`data.sample_pairs`). `options`: `min_frequency`, `model_max_length`, `show_progress` (default: a progress bar),
+    `target_vocab_size` (separate only).
     Returns `(source, target)`, the same object twice for a joint vocabulary."""
     sample, languages = (
         sample_pairs(train, data_args.max_tokenizer_samples),
         [data_args.source_lang, data_args.target_lang],
     )
-    options.update(
-        vocab_size=data_args.vocab_size or PAPER_VOCAB_SIZE,
-        lowercase=data_args.lowercase,
-        show_progress=show_progress,
-    )
+    options.update(vocab_size=data_args.vocab_size or PAPER_VOCAB_SIZE, lowercase=data_args.lowercase)
     logger.info(
         "Training the BPE vocabulary (%d tokens, %s) on %s sentences: %s",
         options["vocab_size"],
@@ -115,25 +103,27 @@ def train_new_tokenizers(data_args, train, show_progress=True, **options):
         else f"all {len(train):,} training pairs",
     )
     if data_args.separate_vocabularies:
-        source, target = (iter_text(sample, [language]) for language in languages)
-        return train_separate_tokenizers(source, target, length=len(sample), **options)
+        sides = (iter_text(sample, [language]) for language in languages)
+        return train_separate_tokenizers(*sides, length=len(sample), **options)
     options.pop("target_vocab_size", None)
     tokenizer = train_bpe_tokenizer(iter_text(sample, languages), length=2 * len(sample), **options)
     return tokenizer, tokenizer
 
 
-def prepare_tokenizers(data_args, raw, output_dir, is_main_process=True, model_args=None, show_progress=True):
+def prepare_tokenizers(data_args, raw, args, model_args=None):
     """The given tokenizer, else the fine-tuned model's, else the one a previous (resumed) run trained, else a new
-    one (main process only, with a progress bar when `show_progress`; the others load what it saved). A new
-    tokenizer is written whole or not at all."""
-    saved, model = Path(output_dir) / "tokenizer", model_args and model_args.model_name_or_path
-    own = model and any(Path(model, name).is_file() for name in ("tokenizer.json", "source/tokenizer.json"))
-    path = data_args.tokenizer_name or (model if own else None) or saved
-    if path != saved or saved.is_dir() or not is_main_process:
+    one (main process only, with a progress bar unless `--disable_tqdm`; the others load what it saved) in the
+    `--output_dir` of `args` (the training arguments). A new tokenizer is written whole or not at all."""
+    saved, model = Path(args.output_dir) / "tokenizer", model_args and model_args.model_name_or_path
+    own = model and (
+        Path(model, "tokenizer.json").is_file() or Path(model, "source/tokenizer.json").is_file()
+    )
+    path = data_args.tokenizer_name or (own and model) or saved
+    if path != saved or saved.is_dir() or args.process_index:
         source, target = load_tokenizers(path)
         check_lowercase(data_args, source, target, path)
         return source, target
-    source, target = train_new_tokenizers(data_args, raw["train"], show_progress=show_progress)
+    source, target = train_new_tokenizers(data_args, raw["train"], show_progress=not args.disable_tqdm)
     with atomic_folder(saved) as folder:
         save_tokenizers(source, target, folder)
     logger.info("Saved the new tokenizer to %s", saved)
@@ -147,7 +137,7 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
     """The model to train: the preset with the command line's fields over it and the tokenizer's vocabulary, or the
     `--model_name_or_path` model to fine-tune; with §6.1's decoding in its generation config. Its attention is
     `--attn_implementation`, else this package's faster CPU path on the CPU and SDPA elsewhere."""
-    on_cpu, path = torch.device(training_args.device).type == "cpu", model_args.model_name_or_path
+    on_cpu, path = training_args.device.type == "cpu", model_args.model_name_or_path
     attention = model_args.attn_implementation or (FAST_ATTENTION if on_cpu else "sdpa")
     if path:
         model = load_model(path, VaswaniForConditionalGeneration, attn_implementation=attention, **overrides)
@@ -161,20 +151,24 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
                     f"({path}) only {size}: pass its own tokenizer (--tokenizer_name)"
                 )
     else:
-        fields = dict(
+        config = VaswaniConfig.from_preset(
+            model_args.preset,
+            attn_implementation=attention,
             vocab_size=len(source_tok),
             decoder_vocab_size=len(target_tok),
             share_encoder_decoder_embeddings=source_tok is target_tok,
-        )
-        config = VaswaniConfig.from_preset(
-            model_args.preset, attn_implementation=attention, **{**fields, **overrides}
+            **overrides,  # the command line's fields, never these (`arguments.CONFIG_FIELDS_NOT_FLAGS`)
         )
         model = VaswaniForConditionalGeneration(config)
     paper_decoding(model.generation_config)  # §6.1's decoding, saved with every checkpoint
     if on_cpu:
         use_cpu_kernels(model, attention=False)  # the attention was chosen above
-    name, attention = path or f"{model_args.preset} preset", model.config._attn_implementation
-    logger.info("Model: %s, %s parameters, %s attention", name, f"{model.num_parameters():,}", attention)
+    logger.info(
+        "Model: %s, %s parameters, %s attention",
+        path or f"{model_args.preset} preset",
+        f"{model.num_parameters():,}",
+        model.config._attn_implementation,
+    )
     logger.debug("Model configuration: %s", model.config.to_diff_dict())
     return model
 
@@ -182,26 +176,22 @@ def build_model(model_args, overrides, source_tok, target_tok, training_args):
 # ---------------------------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------------------------
-def train_main(model_args, data_args, training_args, overrides, finish_args=None):
-    """Run the whole training (`ModelArguments`, `DataArguments`, `PaperTrainingArguments`, the config fields given
-    on the command line, `FinishArguments`); returns the trainer (its model is the final one, the checkpoints are on
-    disk)."""
-    started, args = time.time(), training_args
+def train_main(model_args, data_args, args, overrides, finish_args=None):
+    """Run the whole training (`ModelArguments`, `DataArguments`, `PaperTrainingArguments`, the command line's config
+    fields, `FinishArguments`); returns the trainer, whose model is the final one (the checkpoints are on disk)."""
+    started = time.time()
     finish_args = finish_args or FinishArguments()
     with args.main_process_first(desc="checks"):
         check_run(model_args, data_args, args, finish_args, overrides)
-    # The main process reads the text into datasets' Arrow cache first; the others then map that cache. The run's
-    # folder is taken once every split it reads is read.
+    # The main process reads the text into datasets' Arrow cache first (the others map it), then takes the run folder
     with args.main_process_first(desc="loading the corpus"):
         raw, choice_sources, test_sources = read_splits(data_args, args, finish_args)
         resume = take_run_folder(args)
     with args.main_process_first(desc="tokenizer"):
-        source_tok, target_tok = prepare_tokenizers(
-            data_args, raw, args.output_dir, args.process_index == 0, model_args, not args.disable_tqdm
-        )
+        source_tok, target_tok = prepare_tokenizers(data_args, raw, args, model_args)
     tokenized, dropped = tokenize_splits(raw, source_tok, target_tok, data_args, args)
     digest = tokenizer_digest(source_tok, target_tok)
-    if resume is not None and saved_tokenizer_digest(resume) not in (None, digest):
+    if resume and saved_tokenizer_digest(resume) not in (None, digest):
         # trained with other tokenizers: refused when named, from "last" the newest checkpoint of these
         resume = resume_checkpoint(args, digest)
     set_seed(args.seed)  # the initial weights are part of the run: the same on every rank and rerun
@@ -228,12 +218,11 @@ def train_main(model_args, data_args, training_args, overrides, finish_args=None
     log_recipe(args)
     result = train_or_resume(trainer, resume)
     if result is not None:
-        trainer.model.config.use_cache = (
-            True  # the Trainer turns the cache off while training; the saved model is for use
-        )
+        # the Trainer turns the cache off while training; the saved model is for use
+        trainer.model.config.use_cache = True
         trainer.save_model()  # the final weights in output_dir
     args.push_to_hub, output_dir, main = push_to_hub, Path(args.output_dir), trainer.is_world_process_zero()
-    if args.do_eval and args.eval_strategy == "no" and validation is not None:
+    if args.do_eval and args.eval_strategy == "no":  # validation data: checked (`checks.check_run`)
         metrics = trainer.evaluate()
         if main:
             write_json(output_dir / "eval_results.json", metrics)
@@ -244,71 +233,9 @@ def train_main(model_args, data_args, training_args, overrides, finish_args=None
         if result is None:
             logger.info("Restored the final tokenizer of %s", output_dir)
     if main and (result is not None or not (output_dir / "training_summary.json").is_file()):
-        summary = training_summary(trainer, result, model_args, data_args, parameters, dropped, started)
+        summary = training_summary(trainer, model_args, data_args, parameters, dropped, started)
         write_json(output_dir / "training_summary.json", summary)
     return trainer
-
-
-def log_after_training(trainer, finish_args, choice_sources, test_sources, source_tok):
-    """Log before training what runs once it ends (`AfterTraining`: the final evaluation, the averaging, the
-    translations of the validation split's `choice_sources` that choose an average or a length penalty, the test
-    translation of `test_sources`), each part's time bounded now on this model by the main process; warn, naming the
-    flags that shorten it, when that may outlast --max_train_minutes, whose evaluations then time it again."""
-    args, main, pad = trainer.args, trainer.is_world_process_zero(), source_tok.pad_token_id
-    test_beams = finish_args.num_beams
-
-    def beam_seconds(sources):  # with the test's decoding; empty sources are not decoded
-        if main:
-            ids = source_tok([s for s in sources if s.strip()])["input_ids"]
-            return seconds_to_decode(trainer.model, ids, finish_args.translate_batch_size, pad, test_beams)
-        return None
-
-    budget, validation, evaluation = args.max_train_minutes, trainer.eval_dataset, None
-    end = f"step {args.max_steps}" if args.max_steps > 0 else "the last epoch"
-    when = f"training ({end})"
-    if budget:
-        when = f"the {budget:g}-minute budget" + ("" if args.timed_only else f" (or {end}, if sooner)")
-    parts = []
-    if validation and (args.eval_strategy == "steps" or (args.do_eval and args.eval_strategy == "no")):
-        beams, limit = generation_settings(trainer, {})
-        batch, processes, ids = args.per_device_eval_batch_size, args.world_size, validation["input_ids"]
-        if main:
-            evaluation = seconds_to_decode(
-                trainer.model, ids, batch, pad, beams, limit, processes, bf16_autocast=args.bf16
-            )
-        what = describe_decoding(len(validation), beams, batch, processes, limit)
-        parts.append((f"a final evaluation of {what}", len(validation), evaluation))
-    if max(finish_args.average_last) > 0:
-        sizes = "/".join(map(str, finish_args.average_last))
-        parts.append((f"the average of the last {sizes} checkpoints", None, None))
-    per_pair = args.world_size * BEAM_SLOWDOWN  # greedy pairs over every process: beam search on the main one
-    choices = finish_args.chooses_average * len(set(finish_args.average_last))
-    choices += finish_args.chooses_length_penalty * len(set(finish_args.length_penalty))
-    if choices and choice_sources:
-        each = beam_seconds(choice_sources)
-        text = f"{choices} beam-search translations of the {len(choice_sources)} validation pairs to choose among"
-        pairs = choices * len(choice_sources) * per_pair
-        parts.append((f"{text} averages or length penalties", pairs, each and choices * each))
-    if test_sources:
-        what = describe_decoding(len(test_sources), test_beams, finish_args.translate_batch_size)
-        pairs = len(test_sources) * per_pair
-        parts.append((f"the test translation of {what}", pairs, beam_seconds(test_sources)))
-    plan = AfterTraining(when, parts)
-    logger.info(plan.describe())
-    most = sum(bound or 0 for *_, bound in parts)
-    if budget:
-        trainer.evaluation_clock.after_training = plan  # each evaluation times it again
-    if budget and most > budget * 60:
-        fewer = ", --max_eval_samples N evaluates on fewer validation pairs" if evaluation else ""
-        logger.warning(
-            "The work after training may take up to %s, more than the %g-minute training budget "
-            "(--max_train_minutes bounds training only): --max_predict_samples N translates the first N test pairs "
-            "only, --do_predict false none%s",
-            describe_seconds(most),
-            budget,
-            fewer,
-        )
-    return plan
 
 
 def read_splits(data_args, training_args, finish_args):
@@ -316,8 +243,7 @@ def read_splits(data_args, training_args, finish_args):
     training text is read, the BPE trained or the model built: the training and validation splits (cut to
     --max_train_samples / --max_eval_samples) to train and evaluate on, the sources of the whole validation split
     that the choices after training translate (when any) and those of the test split (when translated)."""
-    source = data_args.source_lang
-    test = data_args.test_split or data_args.test_file
+    source, test = data_args.source_lang, data_args.test_split or data_args.test_file
     test_sources = list(load_test_split(data_args)[source]) if test else None
     chooses = finish_args.chooses_average or finish_args.chooses_length_penalty
     wants_validation = training_args.eval_strategy != "no" or training_args.do_eval
@@ -345,7 +271,7 @@ def tokenize_splits(raw, source_tok, target_tok, data_args, training_args):
             num_proc=data_args.preprocessing_num_workers,
         )
     text_pairs = len(raw.pop("train"))
-    if len(tokenized["train"]) == 0:
+    if not len(tokenized["train"]):
         raise ValueError(
             f"All {text_pairs} training pairs were dropped (an empty side, or longer than "
             f"--max_source_length {data_args.max_source_length} / --max_target_length "
@@ -353,11 +279,10 @@ def tokenize_splits(raw, source_tok, target_tok, data_args, training_args):
         )
     logger.info("Pairs dropped by filtering: %s", dropped)
     if "validation" in tokenized:
-        tokenized["validation"], raw["validation"] = sort_by_source_length(
-            tokenized["validation"], raw["validation"]
-        )
         # `length` is for the training sampler; with --remove_unused_columns false it would reach generate()
-        tokenized["validation"] = tokenized["validation"].remove_columns(LENGTH_COLUMN)
+        tokenized["validation"], raw["validation"] = sort_by_source_length(
+            tokenized["validation"].remove_columns(LENGTH_COLUMN), raw["validation"]
+        )
     return tokenized, dropped
 
 

@@ -5,7 +5,9 @@ The optimizer's learning rate is the schedule's peak, as in transformers (`--lea
 it by `warmup_factor`, which rises linearly to 1 at step `warmup_steps` and falls as step^-0.5 after it. The paper's
 own peak, d_model^-0.5 * warmup_steps^-0.5 (`paper_peak_learning_rate`), makes this exactly Eq. 3:
 lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5), step_num from 1. A run that will end inside
-the warm-up is warned of (`WarmupEnd`)."""
+the warm-up is warned of (`WarmupEnd`). The learning-rate flags are checked and completed by `choose_learning_rate`
+(from `PaperTrainingArguments.__post_init__`), the peak resolved on the model's d_model by
+`resolve_peak_learning_rate`."""
 
 import logging
 import time
@@ -15,13 +17,53 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
+# transformers' `TrainingArguments` default learning rate, for `--learning_rate` not given without the §5.3 schedule.
+TRANSFORMERS_LEARNING_RATE = 5e-5
+
 
 def paper_peak_learning_rate(d_model, warmup_steps, constant=1.0):
     """The highest rate of Eq. 3, reached at step `warmup_steps`: d_model^-0.5 * warmup_steps^-0.5, times
     tensor2tensor's `learning_rate_constant` (1.0: the paper)."""
-    if warmup_steps <= 0:
-        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
     return constant * (d_model * warmup_steps) ** -0.5
+
+
+def choose_learning_rate(args):
+    """Check `--learning_rate` and `--learning_rate_constant` (not both; `arguments.check_recipe_values` checks that
+    they are positive), `--warmup_steps` (positive with the §5.3 schedule) and `--lr_scheduler_type` (only
+    without the §5.3 schedule); without the §5.3 schedule a learning rate not given is transformers' default."""
+    if args.paper_lr_schedule and int(args.warmup_steps) <= 0:
+        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {int(args.warmup_steps)}.")
+    if None not in (args.learning_rate, args.learning_rate_constant):
+        raise ValueError(
+            f"--learning_rate {args.learning_rate} and --learning_rate_constant {args.learning_rate_constant} both "
+            "set the peak learning rate: give one (--learning_rate is the peak itself; --learning_rate_constant "
+            "multiplies the §5.3 formula)"
+        )
+    if args.lr_scheduler_type is None:
+        args.lr_scheduler_type = "linear"  # transformers' default, unused by the §5.3 schedule
+    elif args.paper_lr_schedule:
+        raise ValueError(
+            f"--lr_scheduler_type {args.lr_scheduler_type} is one of transformers' schedules, but the §5.3 "
+            "schedule is on: add --paper_lr_schedule false to use it"
+        )
+    if not args.paper_lr_schedule:
+        if args.learning_rate_constant is not None:
+            raise ValueError(
+                "--learning_rate_constant multiplies the §5.3 schedule; with --paper_lr_schedule false give "
+                "--learning_rate (the peak rate) instead"
+            )
+        args.learning_rate = args.learning_rate or TRANSFORMERS_LEARNING_RATE  # (0 is refused)
+
+
+def resolve_peak_learning_rate(args, d_model):
+    """The peak learning rate for a model of width `d_model`: `--learning_rate`, else the §5.3 schedule's peak times
+    `--learning_rate_constant`. Sets `args.learning_rate` to it."""
+    if args.learning_rate is None:
+        # (a --learning_rate_constant of 0 is refused)
+        args.learning_rate = paper_peak_learning_rate(
+            d_model, int(args.warmup_steps), args.learning_rate_constant or 1.0
+        )
+    return args.learning_rate
 
 
 def warmup_factor(step, warmup_steps):
@@ -46,11 +88,9 @@ def paper_schedule(optimizer, warmup_steps, cooldown_fraction=0.0, max_steps=1, 
     `cooldown_fraction` > 0 (`--lr_cooldown_fraction`, not the paper) multiplies it by `cooldown_factor`, with the
     run's progress the larger of the step fraction (`step / max_steps`) and, with a time budget (`TimeBudget`), the
     share of `--max_train_minutes` spent: the learning rate reaches 0 where the run ends, whichever limit ends it."""
-    if warmup_steps <= 0:
-        raise ValueError(f"The paper's schedule needs `warmup_steps` > 0, got {warmup_steps}.")
 
     def factor(step):  # LambdaLR counts optimizer steps from 0; the paper's step_num is 1 at the first update
-        progress = max(step / max(max_steps, 1), budget.elapsed_fraction() if budget else 0.0)
+        progress = max(step / max_steps, budget.elapsed_fraction() if budget else 0.0)
         return warmup_factor(step + 1, warmup_steps) * cooldown_factor(progress, cooldown_fraction)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -76,15 +116,17 @@ class WarmupEnd(TrainerCallback):
     step when its steps (--max_steps, or the epochs') end it there; with only a time budget of `seconds`, once a
     minute (or a twentieth of the budget) has passed, when the steps at that pace do."""
 
-    def __init__(self, seconds=None):
+    def __init__(self, seconds):
         self.seconds = seconds
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started, self.first = time.monotonic(), state.global_step
         if not args.timed_only and state.max_steps < args.warmup_steps:
-            bound = f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
-            if args.max_steps > 0:
-                bound = f"--max_steps {args.max_steps}"
+            bound = (
+                f"--max_steps {args.max_steps}"
+                if args.max_steps > 0
+                else f"--num_train_epochs {args.num_train_epochs:g} ({state.max_steps} steps)"
+            )
             warn_of_a_run_inside_the_warmup(args, state.max_steps, bound)
             self.seconds = None  # said once
 

@@ -13,11 +13,12 @@ from .callbacks import TrainingClock
 logger = logging.getLogger(__name__)
 
 
-def training_summary(trainer, result, model_args, data_args, parameters, dropped, started):
-    """The summary of the run `trainer` has just trained (`result`: its `TrainOutput`, None for a finished run resumed)
-    into a model of `parameters` parameters; `dropped`: the pairs filtering dropped, `started`: the run's start
+def training_summary(trainer, model_args, data_args, parameters, dropped, started):
+    """The summary of the run `trainer` has trained (just now, or before: a finished run resumed) into a model of
+    `parameters` parameters; `dropped`: the pairs filtering dropped, `started`: the run's start
     (`time.time()`)."""
-    args, processes = trainer.args, max(trainer.args.world_size, 1)
+    args = trainer.args
+    processes = args.world_size
     schedule = args.lr_scheduler_type
     if args.paper_lr_schedule:
         schedule = "§5.3 inverse square root with linear warm-up"
@@ -47,9 +48,7 @@ def training_summary(trainer, result, model_args, data_args, parameters, dropped
         "parameters": parameters,
         "wall_time_s": time.time() - started,
         "max_tokens_per_device": args.max_tokens,
-        "sentences_per_device": args.per_device_train_batch_size
-        if args.max_tokens is None
-        else args.max_sentences,
+        "sentences_per_device": args.max_sentences if args.max_tokens else args.per_device_train_batch_size,
         "learning_rate_constant": args.learning_rate_constant,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "label_smoothing": args.label_smoothing_factor,
@@ -62,23 +61,24 @@ def log_recipe(args):
     """Say how the run batches and which learning rate it trains with (`WarmupEnd` warns when the run ends inside
     the §5.3 warm-up)."""
     batches = f"token-budget batches of at most {args.max_tokens} tokens per device (--max_tokens, §5.1)"
-    if args.max_tokens is None:
+    if not args.max_tokens:
         batches = f"batches of {args.per_device_train_batch_size} sentences per device (--per_device_train_batch_size)"
-    elif args.max_sentences is not None:
+    elif args.max_sentences:
         batches = (
             f"token-budget batches of at most {args.max_tokens} tokens and {args.max_sentences} sentences per "
             "device (--max_tokens, --per_device_train_batch_size)"
         )
     logger.info("Batches: %s", batches)
     if not args.paper_lr_schedule:
-        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
         logger.info(
-            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)", args.learning_rate, schedule
+            "Learning rate: %.3g, schedule %s (--paper_lr_schedule false)",
+            args.learning_rate,
+            args.lr_scheduler_type.value,  # a transformers `SchedulerType`
         )
-        return
-    logger.info(
-        "Learning rate: the §5.3 schedule, rising to its peak %.3g at step %d (--warmup_steps), then falling as "
-        "step^-0.5",
-        args.learning_rate,
-        int(args.warmup_steps),
-    )
+    else:
+        logger.info(
+            "Learning rate: the §5.3 schedule, rising to its peak %.3g at step %d (--warmup_steps), then falling as "
+            "step^-0.5",
+            args.learning_rate,
+            int(args.warmup_steps),
+        )

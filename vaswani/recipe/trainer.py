@@ -21,7 +21,6 @@ from transformers.trainer_callback import ProgressCallback
 from ..common.fileio import replace_files, temporary_sibling
 from ..generation_vaswani import EXTRA_OUTPUT_TOKENS
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from .arguments import resolve_peak_learning_rate
 from .batching import (
     EpochSetter,
     TokenBudgetBatchSampler,
@@ -40,7 +39,7 @@ from .callbacks import (
 from .distributed import enable_fsdp_on_cpu, shard_with_fsdp2
 from .evaluation import EvaluationClock, describe_decoding, generation_settings
 from .losses import fused_output_loss, label_smoothed_loss
-from .schedule import WarmupEnd, paper_schedule
+from .schedule import WarmupEnd, paper_schedule, resolve_peak_learning_rate
 
 logger = logging.getLogger(__name__)
 
