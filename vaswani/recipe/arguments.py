@@ -447,7 +447,6 @@ class PaperTrainingArguments(Seq2SeqTrainingArguments):
     eval_steps: float | None = HfArg(default=500, help="Evaluation interval in optimizer steps.")
     logging_steps: float = HfArg(default=50, help="Log loss and learning rate every N steps.")
     report_to: str = HfArg(default="none", help="Trackers (none by default).")
-    save_safetensors: bool = HfArg(default=True, help="Checkpoints as safetensors.")
 
     max_train_minutes: float | None = HfArg(
         default=None,
