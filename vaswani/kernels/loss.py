@@ -52,13 +52,6 @@ def _flatten(x, labels, name):
     return x, labels
 
 
-def _chunk_rows(chunk_elements, cpu_default, device, vocab):
-    """Rows of `chunk_elements` logits (by default `cpu_default` on the CPU, 2**26 elsewhere), at least one."""
-    if chunk_elements is None:
-        chunk_elements = cpu_default if device.type == "cpu" else 1 << 26
-    return max(1, chunk_elements // vocab)
-
-
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy over rows of logits (N, V), and its gradient, in one pass of chunks: the
     logits are `hidden` itself when `weight` is None, else hidden W^T + b, computed chunk by chunk.
@@ -78,11 +71,12 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     differentiated once (`retain_graph` is refused with an error)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, eps, chunk_rows):
+    def forward(ctx, hidden, weight, bias, labels, eps, chunk_elements):
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         float32 = dict(dtype=torch.float32, device=hidden.device)
-        rows, vocab = hidden.shape[0], hidden.shape[1] if weight is None else weight.shape[0]
-        shape = (min(chunk_rows, rows), vocab)
+        vocab = hidden.shape[1] if weight is None else weight.shape[0]
+        chunk_rows = max(1, chunk_elements // vocab)
+        shape = (min(chunk_rows, len(hidden)), vocab)
         grad_hidden = torch.empty_like(hidden) if needs_hidden else None
         grad_weight = torch.zeros(weight.shape, **float32) if needs_weight else None
         grad_bias = torch.zeros(vocab, **float32) if needs_bias else None
@@ -93,17 +87,14 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         else:  # the chunk's logits, then their gradient, in their dtype
             chunk = torch.empty(shape, dtype=hidden.dtype, device=hidden.device)
             buffer = chunk if in_float32 else torch.empty(shape, **float32)
-        for start in range(0, rows, chunk_rows):
-            h = hidden[start : start + chunk_rows]
-            part, n = slice(start, start + len(h)), len(h)
+        for start in range(0, len(hidden), chunk_rows):
+            part = slice(start, start + chunk_rows)
+            h = hidden[part]
+            n = len(h)
             if weight is None:  # the logits given: their gradient written into dL/dhidden
                 logits, grad = h, None if grad_hidden is None else grad_hidden[part]
             else:  # the chunk's gradient G over its logits
-                logits = (
-                    torch.mm(h, weight.t(), out=chunk[:n])
-                    if bias is None
-                    else torch.addmm(bias, h, weight.t(), out=chunk[:n])
-                )
+                logits = torch.ops.aten.linear.out(h, weight, bias, out=chunk[:n])
                 grad = logits if needs_hidden or needs_weight or needs_bias else None
             total += _chunk_loss(logits, labels[part], eps, None if buffer is None else buffer[:n], grad)
             if needs_hidden and weight is not None:
@@ -147,8 +138,9 @@ def label_smoothed_cross_entropy(logits, labels, epsilon=0.0, chunk_elements=Non
         return F.cross_entropy(
             logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=epsilon
         )
-    chunk_rows = _chunk_rows(chunk_elements, 1 << 21, logits.device, logits.shape[1])
-    return _LabelSmoothedCrossEntropy.apply(logits, None, None, labels, float(epsilon), chunk_rows)
+    if chunk_elements is None:
+        chunk_elements = 1 << 21 if logits.device.type == "cpu" else 1 << 26
+    return _LabelSmoothedCrossEntropy.apply(logits, None, None, labels, float(epsilon), chunk_elements)
 
 
 def linear_label_smoothed_cross_entropy(
@@ -188,6 +180,7 @@ def linear_label_smoothed_cross_entropy(
         dtype = torch.get_autocast_dtype(device)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-    chunk_rows = _chunk_rows(chunk_elements, 1 << 22, hidden.device, vocab)
+    if chunk_elements is None:
+        chunk_elements = 1 << 22 if device == "cpu" else 1 << 26
     with torch.autocast(device, enabled=False):
-        return _LabelSmoothedCrossEntropy.apply(hidden, weight, bias, labels, float(epsilon), chunk_rows)
+        return _LabelSmoothedCrossEntropy.apply(hidden, weight, bias, labels, float(epsilon), chunk_elements)
