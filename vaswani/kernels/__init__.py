@@ -72,7 +72,7 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
     stay as they are."""
     int8 = False
     for module in model.modules():
-        _forget(module, "_vaswani_shared_input")  # regrouped below
+        _forget(module, *_CACHES)  # regrouped below, remade at the next call
         fast = _FAST_MODULES.get(type(module))
         if fast is Linear and not _is_plain(module.weight):
             # torchao's dynamic int8 weights take Int8Linear; other quantized weights stay as they are
@@ -86,13 +86,10 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
             "This CPU's int8 products are not exact (no VNNI: oneDNN adds byte products in saturating 16-bit "
             "pairs); the int8 layers stay torchao's, which computes them the same way"
         )
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    float32_output = type(output) is Linear and output.weight.dtype == torch.float32
-    if int8 and int8_output and exact_int8_products() and float32_output:
-        output.__class__ = Int8OutputLinear
-    elif not int8_output and type(output) is Int8OutputLinear:
-        output.__class__ = Linear
-        _forget(output, *_CACHES)
+    output = getattr(model, "get_output_embeddings", lambda: None)()
+    if type(output) in (Linear, Int8OutputLinear):
+        quantized = int8 and int8_output and exact_int8_products() and output.weight.dtype == torch.float32
+        output.__class__ = Int8OutputLinear if quantized else Linear
     config = getattr(model, "config", None)
     if attention and getattr(config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(FAST_ATTENTION)
@@ -103,18 +100,17 @@ def _group_projections(model):
     """The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
     K and V of every encoder-decoder attention, which all take the encoder's output (float)."""
     attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
-    memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
-    candidates = [
-        ((SharedInputProjections, StackedProjections), (m.q_proj, m.k_proj, m.v_proj))
+    # an int8 layer (SharedInputProjections) and a float one (StackedProjections) are never both applicable
+    groups = [
+        (kind, (m.q_proj, m.k_proj, m.v_proj))
         for m in attentions
         if not m.is_cross_attention
+        for kind in (SharedInputProjections, StackedProjections)
     ]
-    for kinds, projections in [*candidates, ((StackedProjections,), memory)]:
-        kind = next((kind for kind in kinds if kind.applies(*projections)), None)
-        if kind is not None:
-            group = kind(*projections)
-            for projection in projections:
-                projection.__dict__["_vaswani_shared_input"] = group
+    memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
+    for kind, projections in [*groups, (StackedProjections, memory)]:
+        if kind.applies(*projections):
+            kind(*projections)  # the group registers itself with its projections
 
 
 def use_plain_modules(model):

@@ -180,12 +180,14 @@ class SharedInputProjections:
     def __init__(self, *modules):  # query, key, value in the order the model calls them
         self.modules = modules
         self.pending = {}  # id(module) -> (input, its identity, the module's result)
+        for module in modules:
+            module.__dict__["_vaswani_shared_input"] = self
 
     @staticmethod
     def applies(*modules):
         """Whether these `Int8Linear`s can be computed as one: torchao int8 weights of one input size, one
         activation range, and biases on all or none."""
-        return all(type(m) is Int8Linear and torchao_int8_dynamic(m.weight) for m in modules) and (
+        return all(type(m) is Int8Linear for m in modules) and (
             len(
                 {
                     (m.in_features, bool(m.weight.act_quant_kwargs.reduce_range), m.bias is None)
