@@ -37,13 +37,11 @@ def prefers_matmul_attention(module, query, key, attention_mask):
     (`bench/ab_compiled_training.py` at commit 82d9f03); the matmuls are plain torch operators that it traces and
     fuses. The choice guards on the key length, so a compiled step with dynamic shapes compiles once for at most 128
     keys and once for more."""
-    if query.device.type != "cpu":
+    if query.device.type != "cpu" or (
+        attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2])
+    ):
         return False
-    if attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2]):
-        return False
-    if query.shape[-2] == 1:
-        return True
-    return (
+    return query.shape[-2] == 1 or (
         query.dtype in (torch.bfloat16, torch.float16)
         and torch.is_grad_enabled()
         and (query.requires_grad or key.requires_grad)

@@ -179,7 +179,7 @@ class SharedInputProjections:
 
     def __init__(self, *modules):  # query, key, value in the order the model calls them
         self.modules = modules
-        self.pending = {}  # id(module) -> (input, its identity, the module's result)
+        self.pending = {}  # id(module) -> the module's result on `self.input` (the input, its identity)
         for module in modules:
             module.__dict__["_vaswani_shared_input"] = self
 
@@ -202,29 +202,25 @@ class SharedInputProjections:
         computes all of them and keeps the others' results for their calls on `x`."""
         if module is self.modules[0]:
             parts = self._products(x).split([m.out_features for m in self.modules], dim=-1)
-            self.pending = {
-                id(m): (x, _identity(x), part) for m, part in zip(self.modules, parts, strict=True)
-            }
-        entry = self.pending.pop(id(module), None)
-        if entry is not None and entry[0] is x and entry[1] == _identity(x):
-            return self._result(entry[2])
+            self.pending = dict(zip(map(id, self.modules), parts, strict=True))
+            self.input = x, _identity(x)
+        part = self.pending.pop(id(module), None)
+        if part is not None and self.input[0] is x and self.input[1] == _identity(x):
+            return self._result(part)
         return None
 
     def _products(self, x):
         """All three products of `x`, side by side, by the three weights stacked (int8 rows, scales, biases; remade
         when any of them changes)."""
-        weights = [m.weight for m in self.modules]
-        # biases on all three or none (`applies`)
-        biases = [m.bias.detach() for m in self.modules if m.bias is not None]
+        # (int8 rows, scales, bias) of each; biases on all three or none (`applies`)
+        parts = [(m.weight.qdata, m.weight.scale.reshape(-1), m.bias) for m in self.modules]
         qdata, scale, bias = _cached(
             self,
             "_stacked_weights",
-            [t for w in weights for t in (w.qdata, w.scale)] + biases,
-            lambda: (
-                torch.cat([w.qdata for w in weights]),
-                torch.cat([w.scale.reshape(-1) for w in weights]),
-                torch.cat(biases) if biases else None,
-            ),
+            [t for part in parts for t in part if t is not None],
+            lambda: [
+                None if stack[0] is None else torch.cat(stack).detach() for stack in zip(*parts, strict=True)
+            ],
         )
         reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
         return _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))

@@ -23,17 +23,16 @@ class _OneDNNLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        grad_x = grad_weight = grad_bias = None
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad  # needs_bias: False for a bias of None
         grad_2d = grad.reshape(-1, grad.shape[-1])  # (N, out)
-        if ctx.needs_input_grad[0]:  # dL/dx = dL/dy W: a "linear" with weight W^T of shape (in, out)
-            grad_x = torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [], "")
-        if ctx.needs_input_grad[1]:  # dL/dW = (dL/dy)^T x: (out, N) @ (N, in)
-            # torch's `mm` reads both operands transposed in place; oneDNN's linear would first copy them to be
-            # contiguous, which costs more than its faster GEMM saves here.
-            grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
-        if ctx.needs_input_grad[2]:  # False for a bias of None
-            grad_bias = grad_2d.sum(0)
-        return grad_x, grad_weight, grad_bias
+        # dL/dx = dL/dy W: a "linear" with weight W^T of shape (in, out). dL/dW = (dL/dy)^T x: (out, N) @ (N, in), by
+        # torch's `mm`, which reads both operands transposed in place; oneDNN's linear would first copy them to be
+        # contiguous, which costs more than its faster GEMM saves here.
+        return (
+            torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [], "") if needs_x else None,
+            grad_2d.t().mm(x.reshape(-1, x.shape[-1])) if needs_weight else None,
+            grad_2d.sum(0) if needs_bias else None,
+        )
 
 
 _ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
