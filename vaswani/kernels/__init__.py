@@ -54,8 +54,8 @@ _PLAIN_MODULES = {Linear: nn.Linear, Dropout: nn.Dropout, Int8Linear: nn.Linear,
 _CACHES = ("_vaswani_packed_int8", "_vaswani_int8_weight", "_vaswani_shared_input")
 
 
-def _forget(module, *names):
-    for name in names:
+def _forget(module):
+    for name in _CACHES:
         module.__dict__.pop(name, None)
 
 
@@ -72,7 +72,7 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
     stay as they are."""
     int8 = False
     for module in model.modules():
-        _forget(module, *_CACHES)  # regrouped below, remade at the next call
+        _forget(module)  # regrouped below, remade at the next call
         fast = _FAST_MODULES.get(type(module))
         if fast is Linear and not _is_plain(module.weight):
             # torchao's dynamic int8 weights take Int8Linear; other quantized weights stay as they are
@@ -119,7 +119,7 @@ def use_plain_modules(model):
     for module in model.modules():
         if type(module) in _PLAIN_MODULES:
             module.__class__ = _PLAIN_MODULES[type(module)]
-            _forget(module, *_CACHES)
+            _forget(module)
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == FAST_ATTENTION:
         model.set_attn_implementation("sdpa")
     return model

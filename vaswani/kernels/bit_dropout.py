@@ -4,7 +4,8 @@ torch's generator, in place of `bernoulli_`. Reference: `nn.Dropout` / `F.dropou
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.utils import is_torchdynamo_compiling
+
+from .onednn_linear import _eager_cpu
 
 # The keep mask is drawn from random bits, 15 per element: four elements from each 64-bit draw of torch's generator
 # (`random_()` on int64 fills 63 bits; the low 15 of each 16-bit lane are uniform). An element is kept when its 15
@@ -30,20 +31,14 @@ def dropout(x, p, training):
     `F.dropout`.
     """
     threshold = round(p * _LEVELS)
-    if (
-        training
-        and 0 < threshold < _LEVELS
-        and not is_torchdynamo_compiling()
-        and x.device.type == "cpu"
-        and x.is_floating_point()
-    ):
+    if training and 0 < threshold < _LEVELS and _eager_cpu(x) and x.is_floating_point():
         # Bernoulli(1 - p') per element; kept elements scaled by 1 / (1 - p') in x's dtype, as torch's dropout rounds
         # the same factor. The product's own backward takes the gradient through the same mask.
         n = x.numel()
-        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # on the CPU, as x
         bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_(_LEVELS - 1)
         return x * bits.ge_(threshold).to(x.dtype).mul_(_LEVELS / (_LEVELS - threshold))
-    return F.dropout(x, p=p, training=training)
+    return F.dropout(x, p, training)
 
 
 class Dropout(nn.Dropout):

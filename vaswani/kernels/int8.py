@@ -7,9 +7,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.utils import is_torchdynamo_compiling
 
-from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, _shared_result, onednn_features
+from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _eager_cpu, _is_plain, _shared_result, onednn_features
 
 
 def torchao_int8_dynamic(weight):
@@ -106,10 +105,8 @@ def _int8_product(quantized, qdata, packed):
     if packed is None:
         return torch._int_mm(quantized, qdata.t()).to(torch.float32)
     ones, zeros = _unit_scales(qdata.shape[0])
-    if _signed_rows_native():
-        rows, zero_point = quantized, 0
-    else:
-        rows, zero_point = quantized.view(torch.uint8).bitwise_xor(128), 128
+    native = _signed_rows_native()
+    rows, zero_point = (quantized, 0) if native else (quantized.view(torch.uint8).bitwise_xor(128), 128)
     return torch.ops.onednn.qlinear_pointwise(
         rows, 1.0, zero_point, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], ""
     )
@@ -136,8 +133,7 @@ def _int8_linear(x, qdata, weight_scale, bias, reduce_range, packed):
 def _int8_applies(x):
     """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`, on
     a CPU whose int8 GEMM is exact (`_exact`)."""
-    cpu_float32 = x.device.type == "cpu" and x.dtype == torch.float32
-    return not is_torchdynamo_compiling() and cpu_float32 and exact_int8_products()
+    return _eager_cpu(x) and x.dtype == torch.float32 and exact_int8_products()
 
 
 def _identity(tensor):
@@ -177,6 +173,8 @@ class SharedInputProjections:
     computes alone. `use_cpu_kernels` groups the projections; inference tensors carry no version counter, so a model
     must not change the input in place between the three calls (`VaswaniAttention` does not)."""
 
+    contiguous = True
+
     def __init__(self, *modules):  # query, key, value in the order the model calls them
         self.modules = modules
         self.pending = {}  # id(module) -> the module's result on `self.input` (the input, its identity)
@@ -206,7 +204,9 @@ class SharedInputProjections:
             self.input = x, _identity(x)
         part = self.pending.pop(id(module), None)
         if part is not None and self.input[0] is x and self.input[1] == _identity(x):
-            return self._result(part)
+            # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently
+            # on views with the stacked product's strides (`StackedProjections`' autocast training keeps the views)
+            return part.contiguous() if self.contiguous else part
         return None
 
     def _products(self, x):
@@ -224,12 +224,6 @@ class SharedInputProjections:
         )
         reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
         return _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
-
-    @staticmethod
-    def _result(part):
-        # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently on
-        # views with the stacked product's strides
-        return part.contiguous()
 
 
 class Int8Linear(nn.Linear):

@@ -75,6 +75,10 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         float32 = dict(dtype=torch.float32, device=hidden.device)
         vocab = hidden.shape[1] if weight is None else weight.shape[0]
+        if chunk_elements is None:  # on the CPU a chunk that stays in cache, elsewhere fewer kernel launches
+            chunk_elements = (
+                1 << 26 if hidden.device.type != "cpu" else 1 << 21 if weight is None else 1 << 22
+            )
         chunk_rows = max(1, chunk_elements // vocab)
         shape = (min(chunk_rows, len(hidden)), vocab)
         grad_hidden = torch.empty_like(hidden) if needs_hidden else None
@@ -136,10 +140,11 @@ def label_smoothed_cross_entropy(logits, labels, epsilon=0.0, chunk_elements=Non
         # Under `torch.compile` the reference itself: inductor fuses it into its own kernels, where the Python loop
         # and data-dependent branch above would split the graph.
         return F.cross_entropy(
-            logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=epsilon
+            logits.float(),
+            labels,
+            reduction="sum",
+            label_smoothing=epsilon,  # ignore_index: -100
         )
-    if chunk_elements is None:
-        chunk_elements = 1 << 21 if logits.device.type == "cpu" else 1 << 26
     return _LabelSmoothedCrossEntropy.apply(logits, None, None, labels, float(epsilon), chunk_elements)
 
 
@@ -178,9 +183,6 @@ def linear_label_smoothed_cross_entropy(
         hidden, labels = hidden.index_select(0, rows), labels.index_select(0, rows)
     if torch.is_autocast_enabled(device):  # the product in the autocast dtype, as F.linear under autocast
         dtype = torch.get_autocast_dtype(device)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
-    if chunk_elements is None:
-        chunk_elements = 1 << 22 if device == "cpu" else 1 << 26
+        hidden, weight, bias = (None if t is None else t.to(dtype) for t in (hidden, weight, bias))
     with torch.autocast(device, enabled=False):
         return _LabelSmoothedCrossEntropy.apply(hidden, weight, bias, labels, float(epsilon), chunk_elements)

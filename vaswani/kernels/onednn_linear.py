@@ -108,12 +108,17 @@ def onednn_features():
 def _mkl_is_faster(x, weight):
     """Whether MKL's GEMM beats oneDNN's on this product: always where oneDNN runs without AVX-512, and on an Intel
     CPU, whose MKL runs its AVX-512 kernels, for a few rows (`MKL_FEWER_ROWS`)."""
-    if "avx512" not in onednn_features():
-        return True
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows >= MKL_FEWER_ROWS or not _intel_cpu():
-        return False
-    return rows < MKL_FEWER_ROWS_LARGE or weight.numel() < MKL_LARGE_WEIGHT
+    return "avx512" not in onednn_features() or (
+        rows < MKL_FEWER_ROWS
+        and _intel_cpu()
+        and (rows < MKL_FEWER_ROWS_LARGE or weight.numel() < MKL_LARGE_WEIGHT)
+    )
+
+
+def _eager_cpu(x):
+    """Whether `x` is on the CPU outside `torch.compile`, which picks its own kernels: where the kernels apply."""
+    return not is_torchdynamo_compiling() and x.device.type == "cpu"
 
 
 def _is_plain(weight):
@@ -134,8 +139,7 @@ def onednn_linear_applies(x, weight):
     (`torch.backends.mkldnn.flags(enabled=False)` turns it off), and not a product of a few rows on an Intel CPU, where
     MKL's is faster (`MKL_FEWER_ROWS`)."""
     return (
-        not is_torchdynamo_compiling()  # first: dynamo cannot trace the flag queries below
-        and x.device.type == "cpu"
+        _eager_cpu(x)  # first: dynamo cannot trace the flag queries below
         and _is_plain(weight)
         and x.dtype == weight.dtype == torch.float32
         and _ONEDNN_AVAILABLE

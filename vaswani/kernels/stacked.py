@@ -6,10 +6,9 @@ backward. Reference: each `nn.Linear` alone (`tests/test_kernels.py`)."""
 
 import torch
 import torch.nn.functional as F
-from transformers.utils import is_torchdynamo_compiling
 
 from .int8 import SharedInputProjections
-from .onednn_linear import Linear, _is_plain
+from .onednn_linear import Linear, _eager_cpu, _is_plain
 
 
 class StackedProjections(SharedInputProjections):
@@ -21,13 +20,14 @@ class StackedProjections(SharedInputProjections):
     on this one after an in-place change that its version counter shows, computes alone, as does any call outside
     CPU autocast. `use_cpu_kernels` groups the projections."""
 
+    contiguous = False
+
     @staticmethod
     def applies(*modules):
         """Whether these layers can be computed as one: `Linear`s with plain weights of one input size, dtype and
         device, and biases on all or none."""
         return (
-            len(modules) > 1
-            and all(type(m) is Linear and _is_plain(m.weight) for m in modules)
+            all(type(m) is Linear and _is_plain(m.weight) for m in modules)
             and len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in modules}) == 1
         )
 
@@ -35,7 +35,7 @@ class StackedProjections(SharedInputProjections):
         """The result of `module` on `x`, or None where `module` must compute it alone: as
         `SharedInputProjections`, on the CPU under autocast only (where each projection alone casts the same input
         again), outside `torch.compile` (which fuses the casts itself)."""
-        if is_torchdynamo_compiling() or x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        if not (_eager_cpu(x) and torch.is_autocast_enabled("cpu")):
             self.pending = {}
             return None
         return super().__call__(module, x)
@@ -44,7 +44,3 @@ class StackedProjections(SharedInputProjections):
         weight = torch.cat([m.weight for m in self.modules])
         bias = None if self.modules[0].bias is None else torch.cat([m.bias for m in self.modules])
         return F.linear(x, weight, bias)
-
-    @staticmethod
-    def _result(part):
-        return part
