@@ -51,8 +51,7 @@ def atomic_write(path, mode="w"):
         os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+        Path(temporary).unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
 

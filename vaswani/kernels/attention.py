@@ -57,9 +57,7 @@ def vaswani_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     if not prefers_matmul_attention(module, query, key, attention_mask):
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     if attention_mask is None and module.is_causal and query.shape[-2] > 1:
-        attention_mask = torch.ones(
-            query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
-        ).tril()
+        attention_mask = query.new_ones(query.shape[-2], key.shape[-2], dtype=torch.bool).tril()
     return matmul_attention(module, query, key, value, attention_mask, **kwargs)
 
 

@@ -35,9 +35,11 @@ def torchao_int8_dynamic(weight):
     )
 
 
-def _quantize_rows(x, qmin=-128, qmax=127):
+def _quantize_rows(x, reduce_range=False):
     """torchao's symmetric per-row int8 quantization of a 2-D float32 tensor, op for op: scale = max|row| /
-    ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax]."""
+    ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax], which is
+    [-128, 127], or [-64, 63] with `reduce_range`."""
+    qmin, qmax = (-64, 63) if reduce_range else (-128, 127)
     scale = x.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
     return torch.round(x * (1.0 / scale)).clamp_(qmin, qmax).to(torch.int8), scale
 
@@ -123,7 +125,7 @@ def int8_linear(x, weight, bias, packed=None):
 
 def _int8_linear(x, qdata, weight_scale, bias, reduce_range, packed):
     rows = x.reshape(-1, x.shape[-1])
-    quantized, scale = _quantize_rows(rows, *((-64, 63) if reduce_range else (-128, 127)))
+    quantized, scale = _quantize_rows(rows, reduce_range)
     y = _int8_product(quantized, qdata, packed).mul_(scale).mul_(weight_scale.reshape(-1))
     if bias is not None:
         y += bias
