@@ -60,7 +60,7 @@ _ONEDNN_INT8_AVAILABLE = (
 )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # one entry per layer width
 def _unit_scales(rows):
     """Per-row weight scales of 1 and zero points of 0 for oneDNN's int8 linear (never written)."""
     return torch.ones(rows), torch.zeros(rows, dtype=torch.long)

@@ -70,12 +70,6 @@ def _intel_cpu():
     return "GenuineIntel" in (platform.processor() if vendor is None else vendor)
 
 
-def cpu_flags():
-    """The CPU's feature flags as /proc/cpuinfo names them (`avx512_vnni`, `amx_int8`, ...); empty where it is not
-    readable."""
-    return frozenset(_cpuinfo().get("flags", "").split())
-
-
 # What the kernels ask of oneDNN's instruction set: each feature with the CPU flags that provide it and the words of
 # oneDNN's ISA names (`ONEDNN_MAX_CPU_ISA`) whose levels include it. VNNI's multiply-add keeps 32-bit sums; without
 # it oneDNN's int8 kernels add byte products in saturating 16-bit pairs.
@@ -97,11 +91,14 @@ def onednn_features():
     if not _ONEDNN_AVAILABLE:
         return frozenset()
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    flags = cpu_flags()
+    flags = set(
+        _cpuinfo().get("flags", "").split()
+    )  # as /proc/cpuinfo names them: `avx512_vnni`, `amx_int8`, ...
     return frozenset(
         name
         for name, (provided_by, levels) in _ONEDNN_FEATURES.items()
-        if flags & set(provided_by) and (cap in ("ALL", "DEFAULT") or any(word in cap for word in levels))
+        if flags.intersection(provided_by)
+        and (cap in ("ALL", "DEFAULT") or any(word in cap for word in levels))
     )
 
 
