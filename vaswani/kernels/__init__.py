@@ -90,8 +90,7 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
     if type(output) in (Linear, Int8OutputLinear):
         quantized = int8 and int8_output and exact_int8_products() and output.weight.dtype == torch.float32
         output.__class__ = Int8OutputLinear if quantized else Linear
-    config = getattr(model, "config", None)
-    if attention and getattr(config, "_attn_implementation", None) == "sdpa":
+    if attention and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(FAST_ATTENTION)
     return model
 

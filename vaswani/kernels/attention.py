@@ -4,10 +4,8 @@ short softmax rows padded to where torch's CPU softmax is fast). Registered with
 transformers' `AttentionInterface` when `vaswani.kernels` is imported. Reference: "sdpa" and "eager"
 (`tests/test_kernels.py`)."""
 
-import math
-
 import torch
-from torch import nn
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -80,9 +78,9 @@ def matmul_attention(
     scores = attention_scores(query, key, attention_mask, scaling)  # the eager function's
     keys = scores.shape[-1]
     if keys < SOFTMAX_MIN_KEYS and not is_torchdynamo_compiling():
-        scores = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)
+        scores = F.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-torch.inf)
     weights = torch.softmax(scores, dim=-1)[..., :keys].to(query.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    weights = F.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)
     return output, weights
 
