@@ -139,7 +139,7 @@ def read_json(path):
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
+    except ValueError as error:  # UnicodeDecodeError included
         raise ValueError(f"{path} is not valid JSON ({error}): repair or replace the file") from None
 
 

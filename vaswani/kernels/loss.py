@@ -107,7 +107,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
                 grad_weight += logits.t().mm(h)
             if needs_bias:
                 grad_bias += logits.sum(0, dtype=torch.float32)
-        ctx.used, ctx.dtypes = False, [None if t is None else t.dtype for t in (hidden, weight, bias)]
+        # the product (`linear.out`) refuses a weight or bias of another dtype than hidden's
+        ctx.used, ctx.dtype = False, hidden.dtype
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total
 
@@ -123,8 +124,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         ctx.used = True
         # dL/dhidden in hidden's dtype; dL/dW and dL/db, accumulated in float32, in the parameters' dtypes
         grads = [
-            None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(dtype)
-            for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
+            None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(ctx.dtype)
+            for grad in ctx.saved_tensors
         ]
         return *grads, None, None, None
 
