@@ -13,7 +13,7 @@ that reference by name:
 | `Dropout`, `dropout` (`bit_dropout.py`) | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` (`loss.py`) | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` (`loss.py`) | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
-| `StackedProjections` (`stacked.py`) | each attention projection's `nn.Linear` alone | CPU autocast (bf16 training): the projections that share an input (a self-attention's Q, K, V; every encoder-decoder attention's K, V) in one GEMM, one input cast |
+| `StackedProjections` (`int8.py`) | each attention projection's `nn.Linear` alone | CPU autocast (bf16 training): the projections that share an input (a self-attention's Q, K, V; every encoder-decoder attention's K, V) in one GEMM, one input cast |
 | `attn_implementation="vaswani_sdpa"` (`attention.py`) | `"sdpa"`, `"eager"` | CPU decoding steps and short half-precision training: matmuls; softmax rows of fewer than 16 keys padded |
 
 One choice changes the arithmetic, and `use_cpu_kernels(model, int8_output=False)` declines it: in a model whose
@@ -38,13 +38,13 @@ from .int8 import (
     Int8Linear,
     Int8OutputLinear,
     SharedInputProjections,
+    StackedProjections,
     exact_int8_products,
     int8_linear,
     torchao_int8_dynamic,
 )
 from .loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from .onednn_linear import Linear, _is_plain, onednn_features, onednn_linear_applies
-from .stacked import StackedProjections
 
 logger = logging.getLogger(__name__)
 _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
