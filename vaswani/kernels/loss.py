@@ -140,12 +140,8 @@ def label_smoothed_cross_entropy(logits, labels, epsilon=0.0, chunk_elements=Non
     if is_torchdynamo_compiling():
         # Under `torch.compile` the reference itself: inductor fuses it into its own kernels, where the Python loop
         # and data-dependent branch above would split the graph.
-        return F.cross_entropy(
-            logits.float(),
-            labels,
-            reduction="sum",
-            label_smoothing=epsilon,  # ignore_index: -100
-        )
+        # (F.cross_entropy's ignore_index is -100 by default)
+        return F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=epsilon)
     return _LabelSmoothedCrossEntropy.apply(logits, None, None, labels, float(epsilon), chunk_elements)
 
 
