@@ -18,16 +18,16 @@ def _chunk_loss(logits, labels, eps, buffer, grad):
     target = labels.masked_fill(ignored, 0).unsqueeze(1)
     z = logits if logits.dtype == torch.float32 else buffer.copy_(logits)
     vocab = z.shape[1]
-    largest = z.amax(dim=-1, keepdim=True)
-    row_loss = (1.0 - eps) * z.gather(1, target)
+    largest = z.amax(-1)
+    row_loss = (1.0 - eps) * z.gather(1, target).squeeze(1)
     if eps:
-        row_loss = row_loss + (eps / vocab) * z.sum(dim=-1, keepdim=True)
+        row_loss = row_loss + (eps / vocab) * z.sum(-1)
     # aten's softmax with an output buffer (the chunk's, reused; may be `z` itself)
     p = torch.ops.aten._softmax.out(
         z, -1, False, out=grad if grad is not None and grad.dtype == torch.float32 else buffer
     )
-    row_loss = largest - p.amax(dim=-1, keepdim=True).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
-    total = row_loss.masked_fill_(ignored.unsqueeze(1), 0.0).sum()
+    row_loss = largest - p.amax(-1).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
+    total = row_loss.masked_fill_(ignored, 0.0).sum()
     if grad is not None:
         p.scatter_add_(1, target, p.new_full(target.shape, eps - 1.0))
         if eps:
