@@ -32,7 +32,7 @@ def torchao_int8_dynamic(weight):
         and weight.dtype == torch.float32
         and qdata.dim() == 2
         and list(weight.block_size) == [1, qdata.shape[1]]
-        and scale.numel() == qdata.shape[0]
+        and scale.numel() == len(qdata)
         and scale.dtype == torch.float32
         and (zero_point is None or not zero_point.any())
     )
@@ -109,7 +109,7 @@ def _int8_product(quantized, qdata, packed):
     subtracts 128 x the weight's column sums, the same integers."""
     if packed is None:
         return torch._int_mm(quantized, qdata.t()).to(torch.float32)
-    ones, zeros = _unit_scales(qdata.shape[0])
+    ones, zeros = _unit_scales(len(qdata))
     native = _signed_rows_native()
     rows, zero_point = (quantized, 0) if native else (quantized.view(torch.uint8).bitwise_xor(128), 128)
     return torch.ops.onednn.qlinear_pointwise(

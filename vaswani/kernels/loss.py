@@ -47,8 +47,8 @@ def _flatten(x, labels, name):
     """`x` (..., D) as rows (N, D) and `labels` (...) as (N,) on its device; labels of another length are refused."""
     x = x.reshape(-1, x.shape[-1])
     labels = labels.reshape(-1).to(x.device)
-    if labels.shape[0] != x.shape[0]:
-        raise ValueError(f"labels have {labels.shape[0]} positions, {name} {x.shape[0]}.")
+    if len(labels) != len(x):
+        raise ValueError(f"labels have {len(labels)} positions, {name} {len(x)}.")
     return x, labels
 
 
@@ -74,7 +74,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, labels, eps, chunk_elements):
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         float32 = dict(dtype=torch.float32, device=hidden.device)
-        vocab = hidden.shape[1] if weight is None else weight.shape[0]
+        vocab = hidden.shape[1] if weight is None else len(weight)
         if chunk_elements is None:  # on the CPU a chunk that stays in cache, elsewhere fewer kernel launches
             chunk_elements = (
                 1 << 26 if hidden.device.type != "cpu" else 1 << 21 if weight is None else 1 << 22
@@ -161,7 +161,7 @@ def linear_label_smoothed_cross_entropy(
     of 8000 takes 8% less time than with the projection followed by `label_smoothed_cross_entropy` (BENCHMARKS.md).
     Token ids outside [0, V) other than -100 are refused."""
     hidden, labels = _flatten(hidden, labels, "hidden states")
-    vocab = weight.shape[0]
+    vocab = len(weight)
     if is_torchdynamo_compiling():
         return label_smoothed_cross_entropy(F.linear(hidden, weight, bias), labels, epsilon)
     kept = labels != -100
