@@ -80,7 +80,7 @@ def matmul_attention(
     if keys < SOFTMAX_MIN_KEYS and not is_torchdynamo_compiling():
         scores = F.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-torch.inf)
     weights = torch.softmax(scores, dim=-1)[..., :keys].to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
+    weights = F.dropout(weights, dropout, module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)
     return output, weights
 

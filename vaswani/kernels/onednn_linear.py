@@ -158,8 +158,7 @@ class Linear(nn.Linear):
 
     def forward(self, x):
         y = _shared_result(self, x)
-        if y is not None:
-            return y
-        if onednn_linear_applies(x, self.weight):
-            return _OneDNNLinearFunction.apply(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        if y is None:
+            linear = _OneDNNLinearFunction.apply if onednn_linear_applies(x, self.weight) else F.linear
+            y = linear(x, self.weight, self.bias)
+        return y
