@@ -88,16 +88,14 @@ def onednn_features():
     """The features of `_ONEDNN_FEATURES` that oneDNN's kernels use here: the CPU's, capped as oneDNN caps its own
     dispatch by `ONEDNN_MAX_CPU_ISA` (or `DNNL_MAX_CPU_ISA`), so that a restricted level is seen as a CPU of that level
     would be seen. Empty without oneDNN."""
-    if not _ONEDNN_AVAILABLE:
-        return frozenset()
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    flags = set(
-        _cpuinfo().get("flags", "").split()
-    )  # as /proc/cpuinfo names them: `avx512_vnni`, `amx_int8`, ...
+    # as /proc/cpuinfo names them: `avx512_vnni`, `amx_int8`, ...
+    flags = set(_cpuinfo().get("flags", "").split())
     return frozenset(
         name
         for name, (provided_by, levels) in _ONEDNN_FEATURES.items()
-        if flags.intersection(provided_by)
+        if _ONEDNN_AVAILABLE
+        and flags.intersection(provided_by)
         and (cap in ("ALL", "DEFAULT") or any(word in cap for word in levels))
     )
 
