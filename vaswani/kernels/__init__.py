@@ -80,7 +80,20 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
         if fast is not None:
             module.__class__ = fast
         int8 = int8 or type(module) is Int8Linear
-    _group_projections(model)
+    # The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float; an int8
+    # group never applies to float layers, nor a float one to int8 layers), and the K and V of every
+    # encoder-decoder attention, which all take the encoder's output (float). A group registers itself with them.
+    attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
+    groups = [
+        (kind, (m.q_proj, m.k_proj, m.v_proj))
+        for m in attentions
+        if not m.is_cross_attention
+        for kind in (SharedInputProjections, StackedProjections)
+    ]
+    memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
+    for kind, projections in [*groups, (StackedProjections, memory)]:
+        if kind.applies(*projections):
+            kind(*projections)
     if int8 and not exact_int8_products():
         logger.warning(
             "This CPU's int8 products are not exact (no VNNI: oneDNN adds byte products in saturating 16-bit "
@@ -93,23 +106,6 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
     if attention and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(FAST_ATTENTION)
     return model
-
-
-def _group_projections(model):
-    """The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
-    K and V of every encoder-decoder attention, which all take the encoder's output (float)."""
-    attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
-    # an int8 layer (SharedInputProjections) and a float one (StackedProjections) are never both applicable
-    groups = [
-        (kind, (m.q_proj, m.k_proj, m.v_proj))
-        for m in attentions
-        if not m.is_cross_attention
-        for kind in (SharedInputProjections, StackedProjections)
-    ]
-    memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
-    for kind, projections in [*groups, (StackedProjections, memory)]:
-        if kind.applies(*projections):
-            kind(*projections)  # the group registers itself with its projections
 
 
 def use_plain_modules(model):
