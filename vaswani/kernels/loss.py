@@ -85,12 +85,10 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, **float32) if needs_weight else None
         grad_bias = torch.zeros(vocab, **float32) if needs_bias else None
         total = torch.zeros((), **float32)
-        in_float32 = hidden.dtype == torch.float32
-        if weight is None:  # float32 logits with a gradient: their softmax goes into it, no buffer
-            buffer = None if in_float32 and needs_hidden else torch.empty(shape, **float32)
-        else:  # the chunk's logits, then their gradient, in their dtype
-            chunk = hidden.new_empty(shape)
-            buffer = chunk if in_float32 else torch.empty(shape, **float32)
+        chunk = None if weight is None else hidden.new_empty(shape)  # the chunk's logits, then their gradient
+        # float32 logits need no buffer: their softmax goes into their gradient (logits given) or over them (the chunk)
+        scratch = hidden.dtype != torch.float32 or (weight is None and not needs_hidden)
+        buffer = torch.empty(shape, **float32) if scratch else chunk
         for start in range(0, len(hidden), chunk_rows):
             part = slice(start, start + chunk_rows)
             h = hidden[part]
