@@ -51,8 +51,7 @@ def atomic_write(path, mode="w"):
         os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+        Path(temporary).unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
 
@@ -140,7 +139,7 @@ def read_json(path):
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
+    except ValueError as error:  # UnicodeDecodeError included
         raise ValueError(f"{path} is not valid JSON ({error}): repair or replace the file") from None
 
 

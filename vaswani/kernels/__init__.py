@@ -13,7 +13,7 @@ that reference by name:
 | `Dropout`, `dropout` (`bit_dropout.py`) | `nn.Dropout`, `F.dropout` | CPU training: 15 random bits per element compared with p instead of `bernoulli_` |
 | `label_smoothed_cross_entropy` (`loss.py`) | `F.cross_entropy(..., label_smoothing=eps, reduction="sum")` | CPU: one pass of chunks that stay in cache; less memory: one (N, V) buffer |
 | `linear_label_smoothed_cross_entropy` (`loss.py`) | `label_smoothed_cross_entropy(F.linear(hidden, W, b), ...)` | CPU training in bf16 (the trainer's `--fused_output_loss`): the output projection inside the loss's chunks, no (N, V) logits |
-| `StackedProjections` (`stacked.py`) | each attention projection's `nn.Linear` alone | CPU autocast (bf16 training): the projections that share an input (a self-attention's Q, K, V; every encoder-decoder attention's K, V) in one GEMM, one input cast |
+| `StackedProjections` (`int8.py`) | each attention projection's `nn.Linear` alone | CPU autocast (bf16 training): the projections that share an input (a self-attention's Q, K, V; every encoder-decoder attention's K, V) in one GEMM, one input cast |
 | `attn_implementation="vaswani_sdpa"` (`attention.py`) | `"sdpa"`, `"eager"` | CPU decoding steps and short half-precision training: matmuls; softmax rows of fewer than 16 keys padded |
 
 One choice changes the arithmetic, and `use_cpu_kernels(model, int8_output=False)` declines it: in a model whose
@@ -38,13 +38,13 @@ from .int8 import (
     Int8Linear,
     Int8OutputLinear,
     SharedInputProjections,
+    StackedProjections,
     exact_int8_products,
     int8_linear,
     torchao_int8_dynamic,
 )
 from .loss import label_smoothed_cross_entropy, linear_label_smoothed_cross_entropy
 from .onednn_linear import Linear, _is_plain, onednn_features, onednn_linear_applies
-from .stacked import StackedProjections
 
 logger = logging.getLogger(__name__)
 _FAST_MODULES = {nn.Linear: Linear, nn.Dropout: Dropout}
@@ -54,8 +54,8 @@ _PLAIN_MODULES = {Linear: nn.Linear, Dropout: nn.Dropout, Int8Linear: nn.Linear,
 _CACHES = ("_vaswani_packed_int8", "_vaswani_int8_weight", "_vaswani_shared_input")
 
 
-def _forget(module, *names):
-    for name in names:
+def _forget(module):
+    for name in _CACHES:
         module.__dict__.pop(name, None)
 
 
@@ -72,7 +72,7 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
     stay as they are."""
     int8 = False
     for module in model.modules():
-        _forget(module, "_vaswani_shared_input")  # regrouped below
+        _forget(module)  # regrouped below, remade at the next call
         fast = _FAST_MODULES.get(type(module))
         if fast is Linear and not _is_plain(module.weight):
             # torchao's dynamic int8 weights take Int8Linear; other quantized weights stay as they are
@@ -80,41 +80,32 @@ def use_cpu_kernels(model, attention=True, int8_output=True):
         if fast is not None:
             module.__class__ = fast
         int8 = int8 or type(module) is Int8Linear
-    _group_projections(model)
+    # The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float; an int8
+    # group never applies to float layers, nor a float one to int8 layers), and the K and V of every
+    # encoder-decoder attention, which all take the encoder's output (float). A group registers itself with them.
+    attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
+    groups = [
+        (kind, (m.q_proj, m.k_proj, m.v_proj))
+        for m in attentions
+        if not m.is_cross_attention
+        for kind in (SharedInputProjections, StackedProjections)
+    ]
+    memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
+    for kind, projections in [*groups, (StackedProjections, memory)]:
+        if kind.applies(*projections):
+            kind(*projections)
     if int8 and not exact_int8_products():
         logger.warning(
             "This CPU's int8 products are not exact (no VNNI: oneDNN adds byte products in saturating 16-bit "
             "pairs); the int8 layers stay torchao's, which computes them the same way"
         )
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    float32_output = type(output) is Linear and output.weight.dtype == torch.float32
-    if int8 and int8_output and exact_int8_products() and float32_output:
-        output.__class__ = Int8OutputLinear
-    elif not int8_output and type(output) is Int8OutputLinear:
-        output.__class__ = Linear
-        _forget(output, *_CACHES)
-    config = getattr(model, "config", None)
-    if attention and getattr(config, "_attn_implementation", None) == "sdpa":
+    output = getattr(model, "get_output_embeddings", lambda: None)()
+    if type(output) in (Linear, Int8OutputLinear):
+        quantized = int8 and int8_output and exact_int8_products() and output.weight.dtype == torch.float32
+        output.__class__ = Int8OutputLinear if quantized else Linear
+    if attention and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(FAST_ATTENTION)
     return model
-
-
-def _group_projections(model):
-    """The projections that take one input, in one product: each self-attention's Q, K, V (int8 or float), and the
-    K and V of every encoder-decoder attention, which all take the encoder's output (float)."""
-    attentions = [m for m in model.modules() if isinstance(m, VaswaniAttention)]
-    memory = [p for m in attentions if m.is_cross_attention for p in (m.k_proj, m.v_proj)]
-    candidates = [
-        ((SharedInputProjections, StackedProjections), (m.q_proj, m.k_proj, m.v_proj))
-        for m in attentions
-        if not m.is_cross_attention
-    ]
-    for kinds, projections in [*candidates, ((StackedProjections,), memory)]:
-        kind = next((kind for kind in kinds if kind.applies(*projections)), None)
-        if kind is not None:
-            group = kind(*projections)
-            for projection in projections:
-                projection.__dict__["_vaswani_shared_input"] = group
 
 
 def use_plain_modules(model):
@@ -123,7 +114,7 @@ def use_plain_modules(model):
     for module in model.modules():
         if type(module) in _PLAIN_MODULES:
             module.__class__ = _PLAIN_MODULES[type(module)]
-            _forget(module, *_CACHES)
+            _forget(module)
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == FAST_ATTENTION:
         model.set_attn_implementation("sdpa")
     return model

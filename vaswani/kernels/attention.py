@@ -4,10 +4,8 @@ short softmax rows padded to where torch's CPU softmax is fast). Registered with
 transformers' `AttentionInterface` when `vaswani.kernels` is imported. Reference: "sdpa" and "eager"
 (`tests/test_kernels.py`)."""
 
-import math
-
 import torch
-from torch import nn
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -37,13 +35,11 @@ def prefers_matmul_attention(module, query, key, attention_mask):
     (`bench/ab_compiled_training.py` at commit 82d9f03); the matmuls are plain torch operators that it traces and
     fuses. The choice guards on the key length, so a compiled step with dynamic shapes compiles once for at most 128
     keys and once for more."""
-    if query.device.type != "cpu":
+    if query.device.type != "cpu" or (
+        attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2])
+    ):
         return False
-    if attention_mask is None and module.is_causal and query.shape[-2] not in (1, key.shape[-2]):
-        return False
-    if query.shape[-2] == 1:
-        return True
-    return (
+    return query.shape[-2] == 1 or (
         query.dtype in (torch.bfloat16, torch.float16)
         and torch.is_grad_enabled()
         and (query.requires_grad or key.requires_grad)
@@ -59,9 +55,7 @@ def vaswani_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     if not prefers_matmul_attention(module, query, key, attention_mask):
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
     if attention_mask is None and module.is_causal and query.shape[-2] > 1:
-        attention_mask = torch.ones(
-            query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
-        ).tril()
+        attention_mask = query.new_ones(query.shape[-2], key.shape[-2], dtype=torch.bool).tril()
     return matmul_attention(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -84,9 +78,9 @@ def matmul_attention(
     scores = attention_scores(query, key, attention_mask, scaling)  # the eager function's
     keys = scores.shape[-1]
     if keys < SOFTMAX_MIN_KEYS and not is_torchdynamo_compiling():
-        scores = nn.functional.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-math.inf)
+        scores = F.pad(scores, (0, SOFTMAX_MIN_KEYS - keys), value=-torch.inf)
     weights = torch.softmax(scores, dim=-1)[..., :keys].to(query.dtype)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    weights = F.dropout(weights, dropout, module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, h, d_k)
     return output, weights
 

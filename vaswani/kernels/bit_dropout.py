@@ -4,7 +4,8 @@ torch's generator, in place of `bernoulli_`. Reference: `nn.Dropout` / `F.dropou
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.utils import is_torchdynamo_compiling
+
+from .onednn_linear import _eager_cpu
 
 # The keep mask is drawn from random bits, 15 per element: four elements from each 64-bit draw of torch's generator
 # (`random_()` on int64 fills 63 bits; the low 15 of each 16-bit lane are uniform). An element is kept when its 15
@@ -12,14 +13,10 @@ from transformers.utils import is_torchdynamo_compiling
 _LEVELS = 1 << 15
 
 
-def _threshold(p):
-    return round(p * _LEVELS)
-
-
 def quantized_dropout_probability(p):
     """The drop probability that `dropout` applies on its fast path: p rounded to a multiple of 2**-15 (within
     1.6e-5 of p). Kept elements are scaled by 1 / (1 - this), so that the output's expectation is x exactly."""
-    return _threshold(p) / _LEVELS
+    return round(p * _LEVELS) / _LEVELS
 
 
 def dropout(x, p, training):
@@ -33,20 +30,15 @@ def dropout(x, p, training):
     masks. GPUs (one fused kernel), `torch.compile`, and p within 2**-16 of 0 or 1 (p = 0 and p = 1 included) take
     `F.dropout`.
     """
-    if (
-        training
-        and 0 < _threshold(p) < _LEVELS
-        and not is_torchdynamo_compiling()
-        and x.device.type == "cpu"
-        and x.is_floating_point()
-    ):
+    threshold = round(p * _LEVELS)
+    if training and 0 < threshold < _LEVELS and _eager_cpu(x) and x.is_floating_point():
         # Bernoulli(1 - p') per element; kept elements scaled by 1 / (1 - p') in x's dtype, as torch's dropout rounds
         # the same factor. The product's own backward takes the gradient through the same mask.
-        threshold, n = _threshold(p), x.numel()
-        draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
+        n = x.numel()
+        draws = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # on the CPU, as x
         bits = draws.view(torch.int16)[:n].view(x.shape).bitwise_and_(_LEVELS - 1)
         return x * bits.ge_(threshold).to(x.dtype).mul_(_LEVELS / (_LEVELS - threshold))
-    return F.dropout(x, p=p, training=training)
+    return F.dropout(x, p, training)
 
 
 class Dropout(nn.Dropout):

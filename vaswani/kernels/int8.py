@@ -1,15 +1,17 @@
 """`Int8Linear` and `Int8OutputLinear`: torchao's int8 weights (transformers' `TorchAoConfig(
 Int8DynamicActivationInt8WeightConfig())`) through torch's int8 GEMMs, in torchao's arithmetic op for op, without its
-per-call Python. Reference: torchao's `F.linear` on the same weights (`tests/test_int8.py`)."""
+per-call Python. Reference: torchao's `F.linear` on the same weights (`tests/test_int8.py`).
+
+And the projections that take one input computed as one product: `SharedInputProjections` (int8) and its float
+subclass `StackedProjections` (CPU autocast)."""
 
 import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.utils import is_torchdynamo_compiling
 
-from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _is_plain, _shared_result, onednn_features
+from .onednn_linear import _ONEDNN_AVAILABLE, Linear, _eager_cpu, _is_plain, _shared_result, onednn_features
 
 
 def torchao_int8_dynamic(weight):
@@ -30,15 +32,17 @@ def torchao_int8_dynamic(weight):
         and weight.dtype == torch.float32
         and qdata.dim() == 2
         and list(weight.block_size) == [1, qdata.shape[1]]
-        and scale.numel() == qdata.shape[0]
+        and scale.numel() == len(qdata)
         and scale.dtype == torch.float32
         and (zero_point is None or not zero_point.any())
     )
 
 
-def _quantize_rows(x, qmin=-128, qmax=127):
+def _quantize_rows(x, reduce_range=False):
     """torchao's symmetric per-row int8 quantization of a 2-D float32 tensor, op for op: scale = max|row| /
-    ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax]."""
+    ((qmax - qmin) / 2), at least float32's eps, and `round(x * (1 / scale))` clamped to [qmin, qmax], which is
+    [-128, 127], or [-64, 63] with `reduce_range`."""
+    qmin, qmax = (-64, 63) if reduce_range else (-128, 127)
     scale = x.abs().amax(-1, keepdim=True).div_((qmax - qmin) / 2).clamp_(min=torch.finfo(torch.float32).eps)
     return torch.round(x * (1.0 / scale)).clamp_(qmin, qmax).to(torch.int8), scale
 
@@ -59,7 +63,7 @@ _ONEDNN_INT8_AVAILABLE = (
 )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache  # one entry per layer width
 def _unit_scales(rows):
     """Per-row weight scales of 1 and zero points of 0 for oneDNN's int8 linear (never written)."""
     return torch.ones(rows), torch.zeros(rows, dtype=torch.long)
@@ -105,11 +109,9 @@ def _int8_product(quantized, qdata, packed):
     subtracts 128 x the weight's column sums, the same integers."""
     if packed is None:
         return torch._int_mm(quantized, qdata.t()).to(torch.float32)
-    ones, zeros = _unit_scales(qdata.shape[0])
-    if _signed_rows_native():
-        rows, zero_point = quantized, 0
-    else:
-        rows, zero_point = quantized.view(torch.uint8).bitwise_xor(128), 128
+    ones, zeros = _unit_scales(len(qdata))
+    native = _signed_rows_native()
+    rows, zero_point = (quantized, 0) if native else (quantized.view(torch.uint8).bitwise_xor(128), 128)
     return torch.ops.onednn.qlinear_pointwise(
         rows, 1.0, zero_point, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], ""
     )
@@ -126,7 +128,7 @@ def int8_linear(x, weight, bias, packed=None):
 
 def _int8_linear(x, qdata, weight_scale, bias, reduce_range, packed):
     rows = x.reshape(-1, x.shape[-1])
-    quantized, scale = _quantize_rows(rows, *((-64, 63) if reduce_range else (-128, 127)))
+    quantized, scale = _quantize_rows(rows, reduce_range)
     y = _int8_product(quantized, qdata, packed).mul_(scale).mul_(weight_scale.reshape(-1))
     if bias is not None:
         y += bias
@@ -136,8 +138,7 @@ def _int8_linear(x, qdata, weight_scale, bias, reduce_range, packed):
 def _int8_applies(x):
     """Whether `Int8Linear` takes `int8_linear` for this call: float32 input on the CPU, outside `torch.compile`, on
     a CPU whose int8 GEMM is exact (`_exact`)."""
-    cpu_float32 = x.device.type == "cpu" and x.dtype == torch.float32
-    return not is_torchdynamo_compiling() and cpu_float32 and exact_int8_products()
+    return _eager_cpu(x) and x.dtype == torch.float32 and exact_int8_products()
 
 
 def _identity(tensor):
@@ -177,15 +178,19 @@ class SharedInputProjections:
     computes alone. `use_cpu_kernels` groups the projections; inference tensors carry no version counter, so a model
     must not change the input in place between the three calls (`VaswaniAttention` does not)."""
 
+    contiguous = True
+
     def __init__(self, *modules):  # query, key, value in the order the model calls them
         self.modules = modules
-        self.pending = {}  # id(module) -> (input, its identity, the module's result)
+        self.pending = {}  # id(module) -> the module's result on `self.input` (the input, its identity)
+        for module in modules:
+            module.__dict__["_vaswani_shared_input"] = self
 
     @staticmethod
     def applies(*modules):
         """Whether these `Int8Linear`s can be computed as one: torchao int8 weights of one input size, one
         activation range, and biases on all or none."""
-        return all(type(m) is Int8Linear and torchao_int8_dynamic(m.weight) for m in modules) and (
+        return all(type(m) is Int8Linear for m in modules) and (
             len(
                 {
                     (m.in_features, bool(m.weight.act_quant_kwargs.reduce_range), m.bias is None)
@@ -200,38 +205,69 @@ class SharedInputProjections:
         computes all of them and keeps the others' results for their calls on `x`."""
         if module is self.modules[0]:
             parts = self._products(x).split([m.out_features for m in self.modules], dim=-1)
-            self.pending = {
-                id(m): (x, _identity(x), part) for m, part in zip(self.modules, parts, strict=True)
-            }
-        entry = self.pending.pop(id(module), None)
-        if entry is not None and entry[0] is x and entry[1] == _identity(x):
-            return self._result(entry[2])
+            self.pending = dict(zip(map(id, self.modules), parts, strict=True))
+            self.input = x, _identity(x)
+        part = self.pending.pop(id(module), None)
+        if part is not None and self.input[0] is x and self.input[1] == _identity(x):
+            # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently
+            # on views with the stacked product's strides (`StackedProjections`' autocast training keeps the views)
+            return part.contiguous() if self.contiguous else part
         return None
 
     def _products(self, x):
         """All three products of `x`, side by side, by the three weights stacked (int8 rows, scales, biases; remade
         when any of them changes)."""
-        weights = [m.weight for m in self.modules]
-        # biases on all three or none (`applies`)
-        biases = [m.bias.detach() for m in self.modules if m.bias is not None]
+        # (int8 rows, scales, bias) of each; biases on all three or none (`applies`)
+        parts = [(m.weight.qdata, m.weight.scale.reshape(-1), m.bias) for m in self.modules]
         qdata, scale, bias = _cached(
             self,
             "_stacked_weights",
-            [t for w in weights for t in (w.qdata, w.scale)] + biases,
-            lambda: (
-                torch.cat([w.qdata for w in weights]),
-                torch.cat([w.scale.reshape(-1) for w in weights]),
-                torch.cat(biases) if biases else None,
-            ),
+            [t for part in parts for t in part if t is not None],
+            lambda: [
+                None if stack[0] is None else torch.cat(stack).detach() for stack in zip(*parts, strict=True)
+            ],
         )
         reduce_range = self.modules[0].weight.act_quant_kwargs.reduce_range
         return _int8_linear(x, qdata, scale, bias, reduce_range, _packed(self, qdata, x))
 
+
+class StackedProjections(SharedInputProjections):
+    """`Linear`s that the model calls one after the other on the same input, in this order (other calls between
+    them allowed): the first call computes all of them in one `F.linear` over their stacked weights (and biases) and
+    hands the others their columns of the result when they are called on that input. Under autocast each output
+    column is the same dot product of the same bf16 input and weight row as the layer's own, so the outputs are
+    equal to the rounding of the GEMM; gradients reach each weight through the stacking. A call on another input, or
+    on this one after an in-place change that its version counter shows, computes alone, as does any call outside
+    CPU autocast. `use_cpu_kernels` groups the projections: a self-attention's W^Q, W^K, W^V, and the W^K and W^V of
+    every encoder-decoder attention, which all take the encoder's output. In CPU autocast (bf16 training) that is one
+    input cast instead of one per projection, one GEMM of 3 x d_model (or 2 x layers x d_model) columns instead of one
+    per projection, one input-gradient GEMM and cast in the backward. Reference: each `nn.Linear` alone
+    (`tests/test_kernels.py`)."""
+
+    contiguous = False
+
     @staticmethod
-    def _result(part):
-        # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently on
-        # views with the stacked product's strides
-        return part.contiguous()
+    def applies(*modules):
+        """Whether these layers can be computed as one: `Linear`s with plain weights of one input size, dtype and
+        device, and biases on all or none."""
+        return (
+            all(type(m) is Linear and _is_plain(m.weight) for m in modules)
+            and len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in modules}) == 1
+        )
+
+    def __call__(self, module, x):
+        """The result of `module` on `x`, or None where `module` must compute it alone: as
+        `SharedInputProjections`, on the CPU under autocast only (where each projection alone casts the same input
+        again), outside `torch.compile` (which fuses the casts itself)."""
+        if not (_eager_cpu(x) and torch.is_autocast_enabled("cpu")):
+            self.pending = {}
+            return None
+        return super().__call__(module, x)
+
+    def _products(self, x):
+        weight = torch.cat([m.weight for m in self.modules])
+        bias = None if self.modules[0].bias is None else torch.cat([m.bias for m in self.modules])
+        return F.linear(x, weight, bias)
 
 
 class Int8Linear(nn.Linear):

@@ -18,16 +18,16 @@ def _chunk_loss(logits, labels, eps, buffer, grad):
     target = labels.masked_fill(ignored, 0).unsqueeze(1)
     z = logits if logits.dtype == torch.float32 else buffer.copy_(logits)
     vocab = z.shape[1]
-    largest = z.amax(dim=-1, keepdim=True)
-    row_loss = (1.0 - eps) * z.gather(1, target)
+    largest = z.amax(-1)
+    row_loss = (1.0 - eps) * z.gather(1, target).squeeze(1)
     if eps:
-        row_loss = row_loss + (eps / vocab) * z.sum(dim=-1, keepdim=True)
+        row_loss = row_loss + (eps / vocab) * z.sum(-1)
     # aten's softmax with an output buffer (the chunk's, reused; may be `z` itself)
     p = torch.ops.aten._softmax.out(
         z, -1, False, out=grad if grad is not None and grad.dtype == torch.float32 else buffer
     )
-    row_loss = largest - p.amax(dim=-1, keepdim=True).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
-    total = row_loss.masked_fill_(ignored.unsqueeze(1), 0.0).sum()
+    row_loss = largest - p.amax(-1).log_() - row_loss  # lse - (1 - eps) z_t - eps mean z
+    total = row_loss.masked_fill_(ignored, 0.0).sum()
     if grad is not None:
         p.scatter_add_(1, target, p.new_full(target.shape, eps - 1.0))
         if eps:
@@ -47,16 +47,9 @@ def _flatten(x, labels, name):
     """`x` (..., D) as rows (N, D) and `labels` (...) as (N,) on its device; labels of another length are refused."""
     x = x.reshape(-1, x.shape[-1])
     labels = labels.reshape(-1).to(x.device)
-    if labels.shape[0] != x.shape[0]:
-        raise ValueError(f"labels have {labels.shape[0]} positions, {name} {x.shape[0]}.")
+    if len(labels) != len(x):
+        raise ValueError(f"labels have {len(labels)} positions, {name} {len(x)}.")
     return x, labels
-
-
-def _chunk_rows(chunk_elements, cpu_default, device, vocab):
-    """Rows of `chunk_elements` logits (by default `cpu_default` on the CPU, 2**26 elsewhere), at least one."""
-    if chunk_elements is None:
-        chunk_elements = cpu_default if device.type == "cpu" else 1 << 26
-    return max(1, chunk_elements // vocab)
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -78,32 +71,32 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     differentiated once (`retain_graph` is refused with an error)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, eps, chunk_rows):
+    def forward(ctx, hidden, weight, bias, labels, eps, chunk_elements):
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         float32 = dict(dtype=torch.float32, device=hidden.device)
-        rows, vocab = hidden.shape[0], hidden.shape[1] if weight is None else weight.shape[0]
-        shape = (min(chunk_rows, rows), vocab)
+        vocab = hidden.shape[1] if weight is None else len(weight)
+        if chunk_elements is None:  # on the CPU a chunk that stays in cache, elsewhere fewer kernel launches
+            chunk_elements = (
+                1 << 26 if hidden.device.type != "cpu" else 1 << 21 if weight is None else 1 << 22
+            )
+        chunk_rows = max(1, chunk_elements // vocab)
+        shape = (min(chunk_rows, len(hidden)), vocab)
         grad_hidden = torch.empty_like(hidden) if needs_hidden else None
         grad_weight = torch.zeros(weight.shape, **float32) if needs_weight else None
         grad_bias = torch.zeros(vocab, **float32) if needs_bias else None
         total = torch.zeros((), **float32)
-        in_float32 = hidden.dtype == torch.float32
-        if weight is None:  # float32 logits with a gradient: their softmax goes into it, no buffer
-            buffer = None if in_float32 and needs_hidden else torch.empty(shape, **float32)
-        else:  # the chunk's logits, then their gradient, in their dtype
-            chunk = torch.empty(shape, dtype=hidden.dtype, device=hidden.device)
-            buffer = chunk if in_float32 else torch.empty(shape, **float32)
-        for start in range(0, rows, chunk_rows):
-            h = hidden[start : start + chunk_rows]
-            part, n = slice(start, start + len(h)), len(h)
+        chunk = None if weight is None else hidden.new_empty(shape)  # the chunk's logits, then their gradient
+        # float32 logits need no buffer: their softmax goes into their gradient (logits given) or over them (the chunk)
+        scratch = hidden.dtype != torch.float32 or (weight is None and not needs_hidden)
+        buffer = torch.empty(shape, **float32) if scratch else chunk
+        for start in range(0, len(hidden), chunk_rows):
+            part = slice(start, start + chunk_rows)
+            h = hidden[part]
+            n = len(h)
             if weight is None:  # the logits given: their gradient written into dL/dhidden
                 logits, grad = h, None if grad_hidden is None else grad_hidden[part]
             else:  # the chunk's gradient G over its logits
-                logits = (
-                    torch.mm(h, weight.t(), out=chunk[:n])
-                    if bias is None
-                    else torch.addmm(bias, h, weight.t(), out=chunk[:n])
-                )
+                logits = torch.ops.aten.linear.out(h, weight, bias, out=chunk[:n])
                 grad = logits if needs_hidden or needs_weight or needs_bias else None
             total += _chunk_loss(logits, labels[part], eps, None if buffer is None else buffer[:n], grad)
             if needs_hidden and weight is not None:
@@ -112,7 +105,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
                 grad_weight += logits.t().mm(h)
             if needs_bias:
                 grad_bias += logits.sum(0, dtype=torch.float32)
-        ctx.used, ctx.dtypes = False, [None if t is None else t.dtype for t in (hidden, weight, bias)]
+        # the product (`linear.out`) refuses a weight or bias of another dtype than hidden's
+        ctx.used, ctx.dtype = False, hidden.dtype
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return total
 
@@ -128,8 +122,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         ctx.used = True
         # dL/dhidden in hidden's dtype; dL/dW and dL/db, accumulated in float32, in the parameters' dtypes
         grads = [
-            None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(dtype)
-            for grad, dtype in zip(ctx.saved_tensors, ctx.dtypes, strict=True)
+            None if grad is None else grad.mul_(grad_total.to(grad.dtype)).to(ctx.dtype)
+            for grad in ctx.saved_tensors
         ]
         return *grads, None, None, None
 
@@ -144,11 +138,9 @@ def label_smoothed_cross_entropy(logits, labels, epsilon=0.0, chunk_elements=Non
     if is_torchdynamo_compiling():
         # Under `torch.compile` the reference itself: inductor fuses it into its own kernels, where the Python loop
         # and data-dependent branch above would split the graph.
-        return F.cross_entropy(
-            logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=epsilon
-        )
-    chunk_rows = _chunk_rows(chunk_elements, 1 << 21, logits.device, logits.shape[1])
-    return _LabelSmoothedCrossEntropy.apply(logits, None, None, labels, float(epsilon), chunk_rows)
+        # (F.cross_entropy's ignore_index is -100 by default)
+        return F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=epsilon)
+    return _LabelSmoothedCrossEntropy.apply(logits, None, None, labels, float(epsilon), chunk_elements)
 
 
 def linear_label_smoothed_cross_entropy(
@@ -167,27 +159,25 @@ def linear_label_smoothed_cross_entropy(
     of 8000 takes 8% less time than with the projection followed by `label_smoothed_cross_entropy` (BENCHMARKS.md).
     Token ids outside [0, V) other than -100 are refused."""
     hidden, labels = _flatten(hidden, labels, "hidden states")
-    vocab = weight.shape[0]
+    vocab = len(weight)
     if is_torchdynamo_compiling():
         return label_smoothed_cross_entropy(F.linear(hidden, weight, bias), labels, epsilon)
-    outside = (labels != -100) & ((labels < 0) | (labels >= vocab))
+    kept = labels != -100
+    outside = kept & ((labels < 0) | (labels >= vocab))
     if outside.any():
         raise ValueError(
             f"labels hold token ids outside the vocabulary [0, {vocab}) (and not -100), e.g. "
             f"{labels[outside][0].item()}."
         )
     device = hidden.device.type
-    ignored = labels == -100
-    if device == "cpu" and ignored.any():
+    if device == "cpu" and not kept.all():
         # Ignored positions (padding) add nothing to the loss and get zero gradients: their rows are left out of the
         # products (about 6% of the en->de recipe's target positions). Elsewhere, asking would make the host wait
         # for the device.
-        rows = (~ignored).nonzero().squeeze(1)
+        rows = kept.nonzero().squeeze(1)
         hidden, labels = hidden.index_select(0, rows), labels.index_select(0, rows)
     if torch.is_autocast_enabled(device):  # the product in the autocast dtype, as F.linear under autocast
         dtype = torch.get_autocast_dtype(device)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
-    chunk_rows = _chunk_rows(chunk_elements, 1 << 22, hidden.device, vocab)
+        hidden, weight, bias = (None if t is None else t.to(dtype) for t in (hidden, weight, bias))
     with torch.autocast(device, enabled=False):
-        return _LabelSmoothedCrossEntropy.apply(hidden, weight, bias, labels, float(epsilon), chunk_rows)
+        return _LabelSmoothedCrossEntropy.apply(hidden, weight, bias, labels, float(epsilon), chunk_elements)

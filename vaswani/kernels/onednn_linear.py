@@ -23,17 +23,16 @@ class _OneDNNLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        grad_x = grad_weight = grad_bias = None
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad  # needs_bias: False for a bias of None
         grad_2d = grad.reshape(-1, grad.shape[-1])  # (N, out)
-        if ctx.needs_input_grad[0]:  # dL/dx = dL/dy W: a "linear" with weight W^T of shape (in, out)
-            grad_x = torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [], "")
-        if ctx.needs_input_grad[1]:  # dL/dW = (dL/dy)^T x: (out, N) @ (N, in)
-            # torch's `mm` reads both operands transposed in place; oneDNN's linear would first copy them to be
-            # contiguous, which costs more than its faster GEMM saves here.
-            grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
-        if ctx.needs_input_grad[2]:  # False for a bias of None
-            grad_bias = grad_2d.sum(0)
-        return grad_x, grad_weight, grad_bias
+        # dL/dx = dL/dy W: a "linear" with weight W^T of shape (in, out). dL/dW = (dL/dy)^T x: (out, N) @ (N, in), by
+        # torch's `mm`, which reads both operands transposed in place; oneDNN's linear would first copy them to be
+        # contiguous, which costs more than its faster GEMM saves here.
+        return (
+            torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [], "") if needs_x else None,
+            grad_2d.t().mm(x.reshape(-1, x.shape[-1])) if needs_weight else None,
+            grad_2d.sum(0) if needs_bias else None,
+        )
 
 
 _ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -71,12 +70,6 @@ def _intel_cpu():
     return "GenuineIntel" in (platform.processor() if vendor is None else vendor)
 
 
-def cpu_flags():
-    """The CPU's feature flags as /proc/cpuinfo names them (`avx512_vnni`, `amx_int8`, ...); empty where it is not
-    readable."""
-    return frozenset(_cpuinfo().get("flags", "").split())
-
-
 # What the kernels ask of oneDNN's instruction set: each feature with the CPU flags that provide it and the words of
 # oneDNN's ISA names (`ONEDNN_MAX_CPU_ISA`) whose levels include it. VNNI's multiply-add keeps 32-bit sums; without
 # it oneDNN's int8 kernels add byte products in saturating 16-bit pairs.
@@ -95,26 +88,32 @@ def onednn_features():
     """The features of `_ONEDNN_FEATURES` that oneDNN's kernels use here: the CPU's, capped as oneDNN caps its own
     dispatch by `ONEDNN_MAX_CPU_ISA` (or `DNNL_MAX_CPU_ISA`), so that a restricted level is seen as a CPU of that level
     would be seen. Empty without oneDNN."""
-    if not _ONEDNN_AVAILABLE:
-        return frozenset()
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
-    flags = cpu_flags()
+    # as /proc/cpuinfo names them: `avx512_vnni`, `amx_int8`, ...
+    flags = set(_cpuinfo().get("flags", "").split())
     return frozenset(
         name
         for name, (provided_by, levels) in _ONEDNN_FEATURES.items()
-        if flags & set(provided_by) and (cap in ("ALL", "DEFAULT") or any(word in cap for word in levels))
+        if _ONEDNN_AVAILABLE
+        and flags.intersection(provided_by)
+        and (cap in ("ALL", "DEFAULT") or any(word in cap for word in levels))
     )
 
 
 def _mkl_is_faster(x, weight):
     """Whether MKL's GEMM beats oneDNN's on this product: always where oneDNN runs without AVX-512, and on an Intel
     CPU, whose MKL runs its AVX-512 kernels, for a few rows (`MKL_FEWER_ROWS`)."""
-    if "avx512" not in onednn_features():
-        return True
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows >= MKL_FEWER_ROWS or not _intel_cpu():
-        return False
-    return rows < MKL_FEWER_ROWS_LARGE or weight.numel() < MKL_LARGE_WEIGHT
+    return "avx512" not in onednn_features() or (
+        rows < MKL_FEWER_ROWS
+        and _intel_cpu()
+        and (rows < MKL_FEWER_ROWS_LARGE or weight.numel() < MKL_LARGE_WEIGHT)
+    )
+
+
+def _eager_cpu(x):
+    """Whether `x` is on the CPU outside `torch.compile`, which picks its own kernels: where the kernels apply."""
+    return not is_torchdynamo_compiling() and x.device.type == "cpu"
 
 
 def _is_plain(weight):
@@ -135,8 +134,7 @@ def onednn_linear_applies(x, weight):
     (`torch.backends.mkldnn.flags(enabled=False)` turns it off), and not a product of a few rows on an Intel CPU, where
     MKL's is faster (`MKL_FEWER_ROWS`)."""
     return (
-        not is_torchdynamo_compiling()  # first: dynamo cannot trace the flag queries below
-        and x.device.type == "cpu"
+        _eager_cpu(x)  # first: dynamo cannot trace the flag queries below
         and _is_plain(weight)
         and x.dtype == weight.dtype == torch.float32
         and _ONEDNN_AVAILABLE
@@ -158,8 +156,7 @@ class Linear(nn.Linear):
 
     def forward(self, x):
         y = _shared_result(self, x)
-        if y is not None:
-            return y
-        if onednn_linear_applies(x, self.weight):
-            return _OneDNNLinearFunction.apply(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        if y is None:
+            linear = _OneDNNLinearFunction.apply if onednn_linear_applies(x, self.weight) else F.linear
+            y = linear(x, self.weight, self.bias)
+        return y
