@@ -27,10 +27,7 @@ The engines are optional extras (`pip install vaswani-transformer[ctranslate2]` 
 an engine is loaded.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -59,7 +56,7 @@ class Output(NamedTuple):
 class Exported:
     """What both engines read from an export: its metadata, and its decoding as a generation config."""
 
-    def __init__(self, folder: str | os.PathLike):
+    def __init__(self, folder):
         self.folder = Path(folder)
         self.metadata = read_metadata(folder)
         self.generation_config = SimpleNamespace(**self.metadata["decoding"])
@@ -81,9 +78,7 @@ class Exported:
 class CTranslate2Engine(Exported):
     """A CTranslate2 export, decoded by `ctranslate2.Translator` (greedy or beam search, n-best)."""
 
-    def __init__(
-        self, folder: str | os.PathLike, device: str = "cpu", compute_type: str = "default", threads: int = 0
-    ):
+    def __init__(self, folder, device="cpu", compute_type="default", threads=0):
         import ctranslate2
 
         super().__init__(folder)
@@ -105,17 +100,18 @@ class CTranslate2Engine(Exported):
 
     def generate(
         self,
-        input_ids: list[list[int]],
-        num_beams: int,
-        max_new_tokens: int,
-        length_penalty: float | None = None,
-        length_penalty_form: str | None = None,
-        early_stopping: bool | str | None = None,
-        num_return_sequences: int = 1,
-        min_new_tokens: int = 0,
-        with_scores: bool = False,
-    ) -> list[list[Output]]:
-        """Decode a batch of sources (id lists, `</s>` included). `early_stopping` is CTranslate2's own (k finished
+        input_ids,
+        num_beams,
+        max_new_tokens,
+        length_penalty=None,
+        length_penalty_form=None,
+        early_stopping=None,
+        num_return_sequences=1,
+        min_new_tokens=0,
+        with_scores=False,
+    ):
+        """Decode a batch of sources (id lists, `</s>` included) into `num_return_sequences` `Output`s per source.
+        `early_stopping` is CTranslate2's own (k finished
         hypotheses) whatever is asked; `length_penalty_form` "gnmt" falls back to "power" with a warning
         (`note_length_penalty`)."""
         length_penalty = self.note_length_penalty(num_beams, length_penalty, length_penalty_form)
@@ -173,7 +169,7 @@ class OnnxEngine(Exported):
     """An ONNX export (encoder graph + decoder graph with its cache), run with ONNX Runtime on the CPU; the search is
     the model's own beam search (`generate`)."""
 
-    def __init__(self, folder: str | os.PathLike, threads: int = 0):
+    def __init__(self, folder, threads=0):
         import onnxruntime
 
         from .export.to_onnx import DECODER_FILE, ENCODER_FILE, cache_names
@@ -209,21 +205,21 @@ class OnnxEngine(Exported):
 
     def generate(
         self,
-        input_ids: list[list[int]],
-        num_beams: int,
-        max_new_tokens: int,
-        length_penalty: float | None = None,
-        length_penalty_form: str | None = None,
-        early_stopping: bool | str | None = None,
-        num_return_sequences: int = 1,
-        min_new_tokens: int = 0,
-        with_scores: bool = True,
-    ) -> list[list[Output]]:
-        """Decode a batch of sources (id lists, `</s>` included; right-padded here) as `generate()` does, with the
-        model's own beam search (`generation_vaswani.BeamSearch`): a finished hypothesis' summed log-probability is
-        divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts the generated tokens, `</s>` included); a
-        hypothesis stops at `</s>` or at `max_new_tokens`. Greedy search is one beam without a length penalty, done
-        at its first `</s>`."""
+        input_ids,
+        num_beams,
+        max_new_tokens,
+        length_penalty=None,
+        length_penalty_form=None,
+        early_stopping=None,
+        num_return_sequences=1,
+        min_new_tokens=0,
+        with_scores=True,
+    ):
+        """Decode a batch of sources (id lists, `</s>` included; right-padded here) into `num_return_sequences`
+        `Output`s per source as `generate()` does, with the model's own beam search (`generation_vaswani.BeamSearch`):
+        a finished hypothesis' summed log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y|
+        counts the generated tokens, `</s>` included); a hypothesis stops at `</s>` or at `max_new_tokens`. Greedy
+        search is one beam without a length penalty, done at its first `</s>`."""
         k, eos = num_beams, self.eos
         if k == 1 and num_return_sequences != 1:
             raise ValueError("greedy search returns one sequence per source: num_return_sequences must be 1")
@@ -259,11 +255,11 @@ class OnnxEngine(Exported):
             if beams.done():
                 break
             # the cache rows each continuing beam extends
-            past = [np.take(cache, order.numpy(), axis=0) for cache in past]
+            past = [cache[order.numpy()] for cache in past]
             tokens = beams.sequences()[:, -1:].numpy()
         sequences, scores, _ = beams.best(num_return_sequences)
         outputs = [
-            Output(ids[1 : ids.index(eos, 1) + 1] if eos in ids[1:] else ids[1:], score)
+            Output(ids[1 : (ids + [eos]).index(eos, 1) + 1], score)
             for ids, score in zip(sequences.tolist(), scores.tolist(), strict=True)
         ]
         return [outputs[i : i + num_return_sequences] for i in range(0, len(outputs), num_return_sequences)]
@@ -272,7 +268,7 @@ class OnnxEngine(Exported):
 # --------------------------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------------------------
-def load_engine(folder: str | os.PathLike, engine: str | None = None, threads: int = 0, **options):
+def load_engine(folder, engine=None, threads=0, **options):
     """The engine of an exported folder; `engine`, when given, must be the one the folder was exported for.
     `options` go to `CTranslate2Engine` (`device`, `compute_type`)."""
     exported = read_metadata(folder)["engine"]
@@ -287,7 +283,7 @@ def load_engine(folder: str | os.PathLike, engine: str | None = None, threads: i
     raise ValueError(f"{folder}: unknown engine {exported!r} (known: {ENGINES})")
 
 
-def load_exported(folder: str | os.PathLike, engine: str | None = None, **options):
+def load_exported(folder, engine=None, **options):
     """`(engine, source_tokenizer, target_tokenizer)` of an exported folder (the tokenizers were exported with it)."""
     loaded = load_engine(folder, engine, **options)  # first: a folder that is no export is named as such
     return (loaded, *load_tokenizers(folder))
