@@ -144,8 +144,9 @@ def check_source_config(config):
 
 def vaswani_config(config, share_embeddings, tie_output):
     """The `VaswaniConfig` of a Marian or FSMT configuration. `share_embeddings`: the source's encoder and decoder embed
-    tokens with one matrix; `tie_output`: its output projection is the decoder's embedding matrix."""
-    check_source_config(config)
+    tokens with one matrix; `tie_output`: its output projection is the decoder's embedding matrix. `config` passed
+    `check_source_config`. What both families share with the paper keeps `VaswaniConfig`'s default: post-norm layers,
+    sinusoidal positions, LayerNorm epsilon 1e-5 (`nn.LayerNorm`'s), the cache in decoding."""
     fsmt = config.model_type == "fsmt"
     if fsmt:
         vocab_size, decoder_vocab_size = config.src_vocab_size, config.tgt_vocab_size
@@ -167,15 +168,11 @@ def vaswani_config(config, share_embeddings, tie_output):
         decoder_vocab_size=decoder_vocab_size,
         attention_bias=True,
         output_bias=not fsmt,  # Marian's final_logits_bias
-        position_embedding_type="sinusoidal",
         sinusoid_layout="concatenated",
         sinusoid_frequencies="fairseq" if fsmt else "paper",
         position_offset=config.pad_token_id + 1 if fsmt else 0,
-        normalize_before=False,
-        layer_norm_eps=1e-5,  # both use nn.LayerNorm's default
         share_encoder_decoder_embeddings=share_embeddings,
         tie_word_embeddings=tie_output,
-        use_cache=True,
     )
 
 
@@ -260,14 +257,12 @@ def probe_inputs(config, length=9):
     """A source sentence and a decoder prefix of ordinary (non-special) tokens, without padding."""
     special = {config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id}
 
-    def ordinary(vocab_size, offset):
+    def ordinary(vocab_size):  # every 7th of the vocabulary's ordinary tokens from a third of the way in
         ids = [i for i in range(vocab_size) if i not in special]
-        return [ids[(offset + 7 * k) % len(ids)] for k in range(length)]  # spread over the vocabulary
+        return [ids[(len(ids) // 3 + 7 * k) % len(ids)] for k in range(length)]
 
-    source = ordinary(config.vocab_size, config.vocab_size // 3) + [config.eos_token_id]
-    target = [config.decoder_start_token_id] + ordinary(
-        config.decoder_vocab_size, config.decoder_vocab_size // 2
-    )
+    source = ordinary(config.vocab_size) + [config.eos_token_id]
+    target = [config.decoder_start_token_id] + ordinary(config.decoder_vocab_size)
     return {
         "input_ids": torch.tensor([source]),
         "attention_mask": torch.ones(1, len(source), dtype=torch.long),

@@ -78,13 +78,12 @@ class Exported:
 class CTranslate2Engine(Exported):
     """A CTranslate2 export, decoded by `ctranslate2.Translator` (greedy or beam search, n-best)."""
 
-    def __init__(self, folder, device="cpu", compute_type="default", threads=0):
+    def __init__(self, folder, device="cpu", threads=0):
         import ctranslate2
 
         super().__init__(folder)
-        self.translator = ctranslate2.Translator(
-            str(folder), device=device, compute_type=compute_type, intra_threads=threads
-        )
+        # in the export's own weight type (CTranslate2's compute_type "default")
+        self.translator = ctranslate2.Translator(str(folder), device=device, intra_threads=threads)
         # CTranslate2 writes one vocabulary file when both sides are equal
         sides = (
             ("shared", "shared")
@@ -115,8 +114,8 @@ class CTranslate2Engine(Exported):
         hypotheses) whatever is asked; `length_penalty_form` "gnmt" falls back to "power" with a warning
         (`note_length_penalty`)."""
         length_penalty = self.note_length_penalty(num_beams, length_penalty, length_penalty_form)
-        longest = max(len(ids) for ids in input_ids)
-        if longest > self.max_positions or max_new_tokens > self.max_positions:
+        longest = max(map(len, input_ids))
+        if max(longest, max_new_tokens) > self.max_positions:
             raise ValueError(
                 f"a source of {longest} tokens or {max_new_tokens} new tokens exceeds the exported position table "
                 f"({self.max_positions} positions: max_position_embeddings at export)"
@@ -227,8 +226,9 @@ class OnnxEngine(Exported):
             raise ValueError(
                 f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
             )
-        longest = max(len(ids) for ids in input_ids)
-        ids = np.full((len(input_ids), longest), self.metadata["pad_token_id"], dtype=np.int64)
+        ids = np.full(
+            (len(input_ids), max(map(len, input_ids))), self.metadata["pad_token_id"], dtype=np.int64
+        )
         mask = np.zeros_like(ids)
         for row, sentence in enumerate(input_ids):
             ids[row, : len(sentence)], mask[row, : len(sentence)] = sentence, 1
@@ -270,7 +270,7 @@ class OnnxEngine(Exported):
 # --------------------------------------------------------------------------------------------------------------------
 def load_engine(folder, engine=None, threads=0, **options):
     """The engine of an exported folder; `engine`, when given, must be the one the folder was exported for.
-    `options` go to `CTranslate2Engine` (`device`, `compute_type`)."""
+    `options` go to `CTranslate2Engine` (`device`)."""
     exported = read_metadata(folder)["engine"]
     if engine is not None and engine != exported:
         raise ValueError(f"--engine {engine} but {folder} holds a {exported} export")

@@ -55,10 +55,7 @@ def _is_number(value):
 
 _SCORE = (lambda value: _is_number(value) and 0 <= value <= 100, "a score between 0 and 100")
 _STRING = (lambda value: isinstance(value, str), "a string")
-_WHOLE = (
-    lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-    "a whole number",
-)
+_WHOLE = (lambda value: type(value) is int and value >= 0, "a whole number")  # an int, not a bool
 _NON_NEGATIVE = (lambda value: _is_number(value) and value >= 0, "a non-negative number")
 _LANGUAGE = (lambda value: value and isinstance(value, str), "a language code")
 # What each field of the run's records must hold: (test, what the error says it must be).
@@ -101,16 +98,11 @@ class _RunRecord:
             raise PublishError(f"{where} is not valid JSON: {error}") from None
         if not isinstance(values, dict):
             raise PublishError(f"{where} must hold a JSON object.")
-        known = {field.name for field in dataclasses.fields(cls)}
-        kwargs, unknown = {}, []
-        for key, value in values.items():
-            name = _METRIC_PREFIX.sub("", key)  # "bleu", or "test_bleu" read as "bleu"
-            if name in known:
-                kwargs[name] = value
-            else:
-                unknown.append(key)
+        # "bleu", or "test_bleu" read as "bleu"
+        unknown = sorted(key for key in values if _METRIC_PREFIX.sub("", key) not in cls.__dataclass_fields__)
         if unknown:
-            logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
+            logger.info("Ignoring keys the card does not use in the %s: %s", what, unknown)
+        kwargs = {_METRIC_PREFIX.sub("", key): value for key, value in values.items() if key not in unknown}
         try:
             return cls(**kwargs)
         except TypeError as error:  # a required field is missing

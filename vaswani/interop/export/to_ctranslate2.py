@@ -29,7 +29,6 @@ from ctranslate2.specs import common_spec, transformer_spec
 from ...configuration_vaswani import VaswaniConfig
 from ...modeling_vaswani import sinusoidal_positional_encoding
 from ...recipe.model_folders import load_model
-from ...recipe.tokenization import load_tokenizers
 
 # VaswaniConfig.activation_function -> CTranslate2's; "tanh" has no CTranslate2 counterpart.
 ACTIVATIONS = {
@@ -132,24 +131,20 @@ class VaswaniLoader(ct2_transformers.BartLoader):
 
 class VaswaniConverter(ct2_transformers.TransformersConverter):
     """CTranslate2's transformers converter, loading the model in float32 (CTranslate2 quantizes it) and the
-    tokenizer(s) of this package (a joint vocabulary or `source/` + `target/`)."""
+    tokenizer(s) of this package (a joint vocabulary or `source/` + `target/`) that `tokenizers` holds, as
+    `tokenization.load_model_tokenizers` gives them."""
 
-    tokenizer_path = None  # else the model's folder
+    tokenizers = None
 
     def load_model(self, model_class, model_name_or_path, **kwargs):
         kwargs["dtype"] = torch.float32
         return load_model(model_name_or_path, **kwargs).eval()
 
     def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
-        return load_tokenizers(self.tokenizer_path or model_name_or_path)
+        return self.tokenizers
 
 
-def export_ctranslate2(
-    model_path,
-    output_dir,
-    quantization="float32",
-    tokenizer_path=None,
-):
+def export_ctranslate2(model_path, output_dir, quantization, tokenizers):
     """Convert `model_path` to a CTranslate2 model with weights in `quantization` (float32, int8, bfloat16, ...) in
     the existing folder `output_dir` (`vaswani.interop.export.export` builds it beside the destination and writes the
     metadata); returns the metadata fields of this engine."""
@@ -157,7 +152,7 @@ def export_ctranslate2(
 
     register()  # VaswaniConfig with AutoConfig, which the converter reads first
     converter = VaswaniConverter(str(model_path))
-    converter.tokenizer_path = tokenizer_path
+    converter.tokenizers = tokenizers
     converter.convert(str(output_dir), quantization=quantization, force=True)
     return {
         "quantization": quantization,

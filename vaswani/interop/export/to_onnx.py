@@ -13,12 +13,8 @@ Both graphs run the model's own modules, traced: the encoder, then the decoder a
 All sizes are dynamic. `vaswani.interop.engines.OnnxEngine` runs them with ONNX Runtime.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 import warnings
-from pathlib import Path
 
 import onnx
 import torch
@@ -32,7 +28,7 @@ logger = logging.getLogger(__name__)
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 
 
-def cache_names(prefix: str, layers: int) -> list[str]:
+def cache_names(prefix, layers):
     """`{prefix}_key.0 .. {prefix}_key.{layers-1}`, then the values: the order of the graphs' cache inputs/outputs."""
     return [f"{prefix}_{kind}.{i}" for kind in ("key", "value") for i in range(layers)]
 
@@ -74,8 +70,7 @@ class DecoderGraph(nn.Module):
         # the encoder-decoder attention reads its keys and values from the cache
         cache.is_updated = dict.fromkeys(range(len(cross_keys)), True)
         # The encoder output itself is never read once its keys and values are cached: only its (B, S) shape is.
-        batch, source_length = encoder_attention_mask.shape
-        memory = cross_keys[0].new_zeros(batch, source_length, 0)
+        memory = cross_keys[0].new_zeros(*encoder_attention_mask.shape, 0)
         outputs = self.model(
             decoder_input_ids=decoder_input_ids,
             attention_mask=encoder_attention_mask,
@@ -94,12 +89,19 @@ def example_inputs(config):
     head_dim = config.d_model // heads
     # One tensor object per input: the exporter would read an object passed twice as one input used twice.
     cache = lambda length: [torch.zeros(batch, heads, length, head_dim) for _ in range(layers)]  # noqa: E731
-    encoder = (torch.full((batch, source), 4), torch.ones(batch, source, dtype=torch.long))
-    decoder = (torch.full((batch, target), 4), torch.ones(batch, source, dtype=torch.long))
-    return encoder, (*decoder, cache(past), cache(past), cache(source), cache(source))
+    mask = torch.ones(batch, source, dtype=torch.long)
+    encoder = (torch.full((batch, source), 4), mask)
+    return encoder, (
+        torch.full((batch, target), 4),
+        mask,
+        cache(past),
+        cache(past),
+        cache(source),
+        cache(source),
+    )
 
 
-def export_graphs(model, output_dir: Path) -> None:
+def export_graphs(model, output_dir):
     """Trace the two graphs of `model` (float32, eager attention, eval mode) into `output_dir`."""
     layers = model.config.decoder_layers
     batch, source, past, target = (torch.export.Dim(name) for name in ("batch", "source", "past", "target"))
@@ -143,13 +145,11 @@ def _export(module, inputs, path, input_names, output_names, dynamic_shapes):
         )
 
 
-def export_onnx(model_path: str | os.PathLike, output_dir: Path) -> dict:
+def export_onnx(model_path, output_dir):
     """Export `model_path` to `encoder.onnx` and `decoder.onnx` in the existing folder `output_dir` (see the module
     docstring; `vaswani.interop.export.export` builds it beside the destination and writes the metadata); returns
     the metadata fields of this engine."""
-    from ... import register
-
-    register()  # AutoModelForSeq2SeqLM builds model_type="vaswani" with this package's classes
+    # `load_model` registers model_type="vaswani" with AutoModelForSeq2SeqLM
     model = load_model(model_path, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         export_graphs(model.eval(), output_dir)
