@@ -219,14 +219,11 @@ def convert_model(source):
         tie_output=output_projection is decoder_embeddings,
     )
     weights = source.state_dict()
-    computed = POSITION_TABLES  # the sinusoids, computed on the fly
     difference = sinusoid_difference(weights, config)
     if difference > POSITION_TABLE_TOLERANCE:
         # FSMT's tables are parameters that fine-tuning moves; the moved table becomes a learned one (Table 3 row E).
-        rows = source.get_parameter(POSITION_TABLES[0]).shape[0]
         config.position_embedding_type = "learned"
-        config.max_position_embeddings = rows - config.position_offset
-        computed = ()
+        config.max_position_embeddings = len(weights[POSITION_TABLES[0]]) - config.position_offset
         logger.warning(
             "The source's position tables differ from the sinusoids by up to %.3g (trained with the model): they "
             "become learned positions (position_embedding_type='learned'), which end at %d positions",
@@ -237,8 +234,9 @@ def convert_model(source):
     mapped = {name: weights[renames.get(name, name)] for name in model.state_dict()}
     if config.output_bias:
         mapped["lm_head.bias"] = mapped["lm_head.bias"].reshape(-1)  # final_logits_bias is (1, V)
-    # Marian keeps `model.shared` even where nothing ties it to the embeddings in use.
-    unused = {*computed, *([] if config.share_encoder_decoder_embeddings else ["model.shared.weight"])}
+    # Left out when the model has no place for them: sinusoidal position tables (computed on the fly) and Marian's
+    # `model.shared`, which it keeps even where nothing ties it to the embeddings in use.
+    unused = {*POSITION_TABLES, "model.shared.weight"}
     left_over = sorted(set(weights) - {renames.get(name, name) for name in mapped} - unused)
     if left_over:
         raise ValueError(f"source weights with no place in the vaswani model: {', '.join(left_over)}")
@@ -265,9 +263,8 @@ def probe_inputs(config, length=9):
     target = [config.decoder_start_token_id] + ordinary(config.decoder_vocab_size)
     return {
         "input_ids": torch.tensor([source]),
-        "attention_mask": torch.ones(1, len(source), dtype=torch.long),
         "decoder_input_ids": torch.tensor([target]),
-    }
+    }  # no mask: no padding
 
 
 def check_parity(source, converted):
@@ -275,9 +272,8 @@ def check_parity(source, converted):
     returns the largest difference. `use_cache=False`: FSMT applies its causal mask only then."""
     inputs = probe_inputs(converted.config)
     with torch.no_grad():
-        expected = source(**inputs, use_cache=False).logits
-        actual = converted(**inputs, use_cache=False).logits
-    difference = (expected.float() - actual.float()).abs().max().item()
+        expected, actual = (model(**inputs, use_cache=False).logits.float() for model in (source, converted))
+    difference = (expected - actual).abs().max().item()
     tolerance = max(PARITY_TOLERANCE, 10 * torch.finfo(source.dtype).eps)  # float32: 1e-4
     if not difference <= tolerance:
         raise ValueError(

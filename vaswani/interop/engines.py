@@ -110,9 +110,8 @@ class CTranslate2Engine(Exported):
         with_scores=False,
     ):
         """Decode a batch of sources (id lists, `</s>` included) into `num_return_sequences` `Output`s per source.
-        `early_stopping` is CTranslate2's own (k finished
-        hypotheses) whatever is asked; `length_penalty_form` "gnmt" falls back to "power" with a warning
-        (`note_length_penalty`)."""
+        `early_stopping` is CTranslate2's own (k finished hypotheses) whatever is asked; `length_penalty_form` "gnmt"
+        falls back to "power" with a warning (`note_length_penalty`)."""
         length_penalty = self.note_length_penalty(num_beams, length_penalty, length_penalty_form)
         longest = max(map(len, input_ids))
         if max(longest, max_new_tokens) > self.max_positions:
@@ -186,7 +185,6 @@ class OnnxEngine(Exported):
         self.cache_names = cache_names("past", layers) + cache_names(
             "cross", layers
         )  # the decoder graph's order
-        self.eos = self.metadata["eos_token_id"]
 
     def encode(self, input_ids, attention_mask):
         """(B, S) int64 ids and mask -> the encoder output (B, S, d_model) and the cross-attention cache (a list of
@@ -214,12 +212,11 @@ class OnnxEngine(Exported):
         min_new_tokens=0,
         with_scores=True,
     ):
-        """Decode a batch of sources (id lists, `</s>` included; right-padded here) into `num_return_sequences`
-        `Output`s per source as `generate()` does, with the model's own beam search (`generation_vaswani.BeamSearch`):
-        a finished hypothesis' summed log-probability is divided by `length_penalty_factor(|Y|, alpha, form)` (|Y|
-        counts the generated tokens, `</s>` included); a hypothesis stops at `</s>` or at `max_new_tokens`. Greedy
-        search is one beam without a length penalty, done at its first `</s>`."""
-        k, eos = num_beams, self.eos
+        """Decode a batch of sources (id lists, `</s>` included) into `num_return_sequences` `Output`s per source as
+        `generate()` does, by `generation_vaswani.BeamSearch`: a finished hypothesis' summed log-probability divided by
+        `length_penalty_factor(|Y|, alpha, form)` (|Y| counts `</s>`), a hypothesis stopped at `</s>` or at
+        `max_new_tokens`; greedy search as one beam without a length penalty, done at its first `</s>`."""
+        k, eos = num_beams, self.metadata["eos_token_id"]
         if k == 1 and num_return_sequences != 1:
             raise ValueError("greedy search returns one sequence per source: num_return_sequences must be 1")
         if not 1 <= num_return_sequences <= k:

@@ -32,6 +32,7 @@ from ..common.errors import PublishError
 from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
+from ..recipe.model_folders import check_model_path
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -67,9 +68,7 @@ def check_model_dir(model_dir, tokenizer_dir=None):
         raise PublishError(f"No model folder at {str(model_dir)!r}: no such folder.")
     if not (model_dir / "config.json").is_file():
         raise PublishError(f"{str(model_dir)!r} is not a model folder: it has no config.json.")
-    for name in ("config.json", "generation_config.json"):
-        if (model_dir / name).is_file():
-            read_json(model_dir / name)
+    check_model_path(model_dir)  # its JSON files parse, its safetensors files are whole
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise PublishError(
             f"{str(model_dir)!r} has no weights (none of {', '.join(WEIGHT_FILES)}): pass the folder that "
@@ -91,9 +90,7 @@ def check_model_dir(model_dir, tokenizer_dir=None):
 # --------------------------------------------------------------------------------------------------------------------
 # The folder that is published
 # --------------------------------------------------------------------------------------------------------------------
-def build_folder(
-    model_dir, output_dir, repo_id=None, tokenizer_dir=None, results=None, summary=None, model=None, **card
-):
+def build_folder(model_dir, output_dir, repo_id, tokenizer_dir, results, summary, model, **card):
     """Write the folder to publish into `output_dir` (which must be new or empty) and check it; `model_dir` and
     `tokenizer_dir` were checked (`check_model_dir`).
 
@@ -254,4 +251,4 @@ def publish(
             model_dir, output_dir or tmp, repo_id, tokenizer_dir, results, summary, model, **card
         )
         commit = _upload(api, folder, repo_id, private, revision, commit_message, create_pr) if push else None
-        return Published(folder=folder if output_dir is not None else None, commit=commit)
+        return Published(folder if output_dir is not None else None, commit)

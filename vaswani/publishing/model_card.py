@@ -200,7 +200,7 @@ def _dataset_id(named, dataset_tags):
 UNSET_LICENSE = "other"
 
 
-def card_metadata(model_name, results, summary, license=None, dataset_tags=None):
+def card_metadata(model_name, results, summary, license, dataset_tags):
     """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`.
     `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
     id the card could name)."""
@@ -274,12 +274,12 @@ def render_card(
     if not template_path.is_file():
         raise PublishError(f"No model card template at {str(template_path)!r}.")
     model_name = repo_id.rstrip("/").split("/")[-1]
-    data = card_metadata(model_name, results, summary, license=license, dataset_tags=dataset_tags)
+    data = card_metadata(model_name, results, summary, license, dataset_tags)
     if example_text is None:
         example_text = _EXAMPLES.get(summary.source_lang if summary else "", "Hello world!")
     card = ModelCard.from_template(
         data,
-        template_path=str(template_path),
+        template_path=template_path,
         repo_id=repo_id,
         # Python string literals for the usage example: JSON strings are valid Python.
         repo_literal=json.dumps(repo_id, ensure_ascii=False),

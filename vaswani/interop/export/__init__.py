@@ -141,12 +141,13 @@ def export(
             fields = export_onnx(model_path, building)
         write_metadata(building, engine, model_path, tokenizers, decoding, **fields)
     logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
-    if engine == "ctranslate2" and decoding["length_penalty_form"] != "power" and decoding["length_penalty"]:
+    alpha, form = decoding["length_penalty"], decoding["length_penalty_form"]
+    if engine == "ctranslate2" and form != "power" and alpha:
         logger.warning(
             "CTranslate2 has only the length penalty |Y|^alpha: a beam search of this export divides by |Y|^%s, not "
             "by the model's %s form ((5 + |Y|) / 6)^%s (an --engine onnx export decodes with it)",
-            decoding["length_penalty"],
-            decoding["length_penalty_form"],
-            decoding["length_penalty"],
+            alpha,
+            form,
+            alpha,
         )
     return output_dir
