@@ -63,8 +63,6 @@ logger = logging.getLogger(__name__)
 
 # The source classes, by `model_type`; both load with `AutoModelForSeq2SeqLM`.
 SOURCE_ARCHITECTURES = {"marian": "MarianMTModel", "fsmt": "FSMTForConditionalGeneration"}
-# transformers' |Y| ** alpha, the length penalty both families were decoded with (`generation_vaswani`).
-SOURCE_LENGTH_PENALTY_FORM = "power"
 # Options of older Marian/BART/fairseq configs with the value that transformers' Marian and FSMT classes compute; any
 # other value describes a forward those classes (and this converter) do not run.
 FORWARD_ASSUMPTIONS = {
@@ -112,14 +110,14 @@ PARITY_TOLERANCE = 1e-4
 # --------------------------------------------------------------------------------------------------------------------
 def check_source_config(config):
     """Raise `ValueError` naming the attribute and its value when the source cannot become a `vaswani` model."""
-    model_type = getattr(config, "model_type", None)
+    model_type = config.model_type
     if model_type not in SOURCE_ARCHITECTURES:
         raise ValueError(
             f"model_type {model_type!r} cannot be converted: only {', '.join(SOURCE_ARCHITECTURES)} "
             f"({', '.join(SOURCE_ARCHITECTURES.values())}) are the paper's architecture"
         )
     expected = SOURCE_ARCHITECTURES[model_type]
-    architectures = getattr(config, "architectures", None) or [expected]
+    architectures = config.architectures or [expected]
     if expected not in architectures:
         raise ValueError(
             f"architectures {architectures} is not an encoder-decoder {expected}: only translation checkpoints convert"
@@ -156,7 +154,7 @@ def vaswani_config(config, share_embeddings, tie_output):
             vocab_size if config.share_encoder_decoder_embeddings else config.decoder_vocab_size
         )
     for name in ("encoder_layerdrop", "decoder_layerdrop"):
-        if getattr(config, name, 0.0):
+        if getattr(config, name):
             logger.warning(
                 "%s=%s is dropped: LayerDrop skips layers in training only, and the vaswani model has none",
                 name,
@@ -191,20 +189,6 @@ RENAMES = {
 POSITION_TABLES = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 
 
-def sinusoid_difference(weights, config):
-    """How far the source's position tables (in its state dict `weights`; both of one length) are from the
-    sinusoids `config` computes, at the positions it uses."""
-    offset = config.position_offset
-    tables = torch.stack([weights[name][offset:].float() for name in POSITION_TABLES])
-    expected = sinusoidal_positional_encoding(
-        torch.arange(offset, offset + tables.shape[1]),
-        config.d_model,
-        config.sinusoid_layout,
-        config.sinusoid_frequencies,
-    )
-    return (tables - expected).abs().max().item()
-
-
 def convert_model(source):
     """The `vaswani` model computing what `source` (a loaded `MarianMTModel` or `FSMTForConditionalGeneration`)
     computes, with the source's generation settings and `length_penalty_form="power"`."""
@@ -219,11 +203,20 @@ def convert_model(source):
         tie_output=output_projection is decoder_embeddings,
     )
     weights = source.state_dict()
-    difference = sinusoid_difference(weights, config)
+    # how far the source's position tables (both of one length) are from the sinusoids, at the positions used
+    offset = config.position_offset
+    tables = torch.stack([weights[name][offset:].float() for name in POSITION_TABLES])
+    expected = sinusoidal_positional_encoding(
+        torch.arange(offset, offset + tables.shape[1]),
+        config.d_model,
+        config.sinusoid_layout,
+        config.sinusoid_frequencies,
+    )
+    difference = (tables - expected).abs().max().item()
     if difference > POSITION_TABLE_TOLERANCE:
         # FSMT's tables are parameters that fine-tuning moves; the moved table becomes a learned one (Table 3 row E).
         config.position_embedding_type = "learned"
-        config.max_position_embeddings = len(weights[POSITION_TABLES[0]]) - config.position_offset
+        config.max_position_embeddings = len(weights[POSITION_TABLES[0]]) - offset
         logger.warning(
             "The source's position tables differ from the sinusoids by up to %.3g (trained with the model): they "
             "become learned positions (position_embedding_type='learned'), which end at %d positions",
@@ -242,7 +235,8 @@ def convert_model(source):
         raise ValueError(f"source weights with no place in the vaswani model: {', '.join(left_over)}")
     model.load_state_dict(mapped, strict=True)
     model.generation_config = copy.deepcopy(source.generation_config)
-    model.generation_config.length_penalty_form = SOURCE_LENGTH_PENALTY_FORM
+    # transformers' |Y| ** alpha, the length penalty both families were decoded with (`generation_vaswani`)
+    model.generation_config.length_penalty_form = "power"
     # kept on reload: a generation config marked as made from the model config drops `length_penalty_form`
     model.generation_config._from_model_config = False
     return model
@@ -251,26 +245,24 @@ def convert_model(source):
 # --------------------------------------------------------------------------------------------------------------------
 # Parity: the proof that the conversion is exact
 # --------------------------------------------------------------------------------------------------------------------
-def probe_inputs(config, length=9):
-    """A source sentence and a decoder prefix of ordinary (non-special) tokens, without padding."""
+def check_parity(source, converted):
+    """Raise `ValueError` when the converted model's logits on a probe sentence differ from the source's; returns the
+    largest difference. The probe: a source sentence and a decoder prefix of 9 ordinary (non-special) tokens each,
+    every 7th of the vocabulary's from a third of the way in, without padding (so without a mask).
+    `use_cache=False`: FSMT applies its causal mask only then."""
+    config = converted.config
     special = {config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id}
 
-    def ordinary(vocab_size):  # every 7th of the vocabulary's ordinary tokens from a third of the way in
+    def ordinary(vocab_size):
         ids = [i for i in range(vocab_size) if i not in special]
-        return [ids[(len(ids) // 3 + 7 * k) % len(ids)] for k in range(length)]
+        return [ids[(len(ids) // 3 + 7 * k) % len(ids)] for k in range(9)]
 
-    source = ordinary(config.vocab_size) + [config.eos_token_id]
-    target = [config.decoder_start_token_id] + ordinary(config.decoder_vocab_size)
-    return {
-        "input_ids": torch.tensor([source]),
-        "decoder_input_ids": torch.tensor([target]),
-    }  # no mask: no padding
-
-
-def check_parity(source, converted):
-    """Raise `ValueError` when the converted model's logits on a probe sentence (unpadded) differ from the source's;
-    returns the largest difference. `use_cache=False`: FSMT applies its causal mask only then."""
-    inputs = probe_inputs(converted.config)
+    inputs = dict(
+        input_ids=torch.tensor([ordinary(config.vocab_size) + [config.eos_token_id]]),
+        decoder_input_ids=torch.tensor(
+            [[config.decoder_start_token_id] + ordinary(config.decoder_vocab_size)]
+        ),
+    )
     with torch.no_grad():
         expected, actual = (model(**inputs, use_cache=False).logits.float() for model in (source, converted))
     difference = (expected - actual).abs().max().item()
@@ -303,7 +295,7 @@ def convert(model_name_or_path, output_dir, overwrite_output_dir=False):
     # had to invent or throw away by `load_model` (a checkpoint of another shape does not load).
     check_model_path(model_name_or_path)  # a local folder, or a Hub model: named at once when it is neither
     check_source_config(AutoConfig.from_pretrained(model_name_or_path))
-    source = load_model(model_name_or_path).eval()
+    source = load_model(model_name_or_path)  # in eval mode, as `from_pretrained` leaves a model
     try:  # Marian's tokenizer needs sentencepiece, FSMT's sacremoses
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     except ImportError as error:

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..common.fileio import read_json
 from ..generation_vaswani import BeamSearch
@@ -223,12 +224,9 @@ class OnnxEngine(Exported):
             raise ValueError(
                 f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
             )
-        ids = np.full(
-            (len(input_ids), max(map(len, input_ids))), self.metadata["pad_token_id"], dtype=np.int64
-        )
-        mask = np.zeros_like(ids)
-        for row, sentence in enumerate(input_ids):
-            ids[row, : len(sentence)], mask[row, : len(sentence)] = sentence, 1
+        rows = [torch.tensor(sentence) for sentence in input_ids]  # right-padded:
+        ids = pad_sequence(rows, batch_first=True, padding_value=self.metadata["pad_token_id"]).numpy()
+        mask = pad_sequence([torch.ones_like(row) for row in rows], batch_first=True).numpy()
         _, cross = self.encode(ids, mask)
         mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
         cross = [np.repeat(c, k, axis=0) for c in cross]
@@ -269,7 +267,7 @@ def load_engine(folder, engine=None, threads=0, **options):
     """The engine of an exported folder; `engine`, when given, must be the one the folder was exported for.
     `options` go to `CTranslate2Engine` (`device`)."""
     exported = read_metadata(folder)["engine"]
-    if engine is not None and engine != exported:
+    if engine not in (None, exported):
         raise ValueError(f"--engine {engine} but {folder} holds a {exported} export")
     if exported == "ctranslate2":
         return CTranslate2Engine(folder, threads=threads, **options)

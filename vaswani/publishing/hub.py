@@ -19,7 +19,6 @@ The card and the two JSON files it reports (evaluation results, training summary
 """
 
 import logging
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,12 +149,10 @@ def check_folder(folder):
     required = {"config.json", "generation_config.json", "README.md", *CODE_FILES, *TOKENIZER_FILES}
     if missing := sorted(required - names):
         raise PublishError(f"{str(folder)!r} lacks {missing}.")
-    shards = {name for name in names if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", name)}
-    if not shards:
+    # one file: `save_pretrained` shards only above 50 GB
+    if "model.safetensors" not in names:
         raise PublishError(f"{str(folder)!r} has no safetensors weights.")
-    if len(shards) > 1:
-        required.add("model.safetensors.index.json")
-    if extra := sorted(names - required - shards):
+    if extra := sorted(names - required - {"model.safetensors"}):
         raise PublishError(f"{str(folder)!r} holds files that should not be published: {extra}.")
     config = read_json(folder / "config.json")
     if config.get("auto_map") != AUTO_MAP:

@@ -61,12 +61,13 @@ _LANGUAGE = (lambda value: value and isinstance(value, str), "a language code")
 # What each field of the run's records must hold: (test, what the error says it must be).
 _RULES = {
     **dict.fromkeys(("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"), _SCORE),
-    **dict.fromkeys(("bleu_signature", "chrf_signature", "dataset", "dataset_name", "split"), _STRING),
-    "length_penalty_form": _STRING,
+    **dict.fromkeys(
+        ("bleu_signature", "chrf_signature", "dataset", "dataset_name", "split", "length_penalty_form"),
+        _STRING,
+    ),
     "num_beams": (lambda value: isinstance(value, int) and value >= 1, "a positive integer"),
     "length_penalty": (_is_number, "a number"),
-    "source_lang": _LANGUAGE,
-    "target_lang": _LANGUAGE,
+    **dict.fromkeys(("source_lang", "target_lang"), _LANGUAGE),
     **dict.fromkeys(("steps", "batch_tokens", "warmup_steps"), _WHOLE),
     **dict.fromkeys(("peak_learning_rate", "label_smoothing", "train_runtime"), _NON_NEGATIVE),
 }
@@ -89,9 +90,9 @@ class _RunRecord:
         """The record in a JSON file of the run: keys with a `Trainer` prefix (`test_`, ...) read as theirs, other
         keys ignored (logged); `PublishError` names the file that is missing, not a JSON object, or lacks or breaks
         a field."""
-        what, where = cls.what, f"The {cls.what} file {str(path)!r}"
+        where = f"The {cls.what} file {str(path)!r}"
         if not Path(path).is_file():
-            raise PublishError(f"No {what} file at {str(path)!r}.")
+            raise PublishError(f"No {cls.what} file at {str(path)!r}.")
         try:
             values = json.loads(Path(path).read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as error:
@@ -101,7 +102,7 @@ class _RunRecord:
         # "bleu", or "test_bleu" read as "bleu"
         unknown = sorted(key for key in values if _METRIC_PREFIX.sub("", key) not in cls.__dataclass_fields__)
         if unknown:
-            logger.info("Ignoring keys the card does not use in the %s: %s", what, unknown)
+            logger.info("Ignoring keys the card does not use in the %s: %s", cls.what, unknown)
         kwargs = {_METRIC_PREFIX.sub("", key): value for key, value in values.items() if key not in unknown}
         try:
             return cls(**kwargs)
@@ -306,7 +307,7 @@ def validate_card(text):
     `model-index` into `EvalResult`s, and it names the library, task and license; every placeholder was filled."""
     card = ModelCard(text)  # raises on a malformed model-index
     data = card.data
-    missing = [key for key in ("library_name", "pipeline_tag", "license") if not getattr(data, key, None)]
+    missing = [key for key in ("library_name", "pipeline_tag", "license") if not getattr(data, key)]
     if missing:
         raise PublishError(f"The model card metadata lacks {missing}.")
     if data.library_name != "transformers" or data.pipeline_tag != "translation":

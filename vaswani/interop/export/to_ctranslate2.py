@@ -138,7 +138,7 @@ class VaswaniConverter(ct2_transformers.TransformersConverter):
 
     def load_model(self, model_class, model_name_or_path, **kwargs):
         kwargs["dtype"] = torch.float32
-        return load_model(model_name_or_path, **kwargs).eval()
+        return load_model(model_name_or_path, **kwargs)  # in eval mode, as `from_pretrained` leaves a model
 
     def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
         return self.tokenizers

@@ -90,15 +90,8 @@ def example_inputs(config):
     # One tensor object per input: the exporter would read an object passed twice as one input used twice.
     cache = lambda length: [torch.zeros(batch, heads, length, head_dim) for _ in range(layers)]  # noqa: E731
     mask = torch.ones(batch, source, dtype=torch.long)
-    encoder = (torch.full((batch, source), 4), mask)
-    return encoder, (
-        torch.full((batch, target), 4),
-        mask,
-        cache(past),
-        cache(past),
-        cache(source),
-        cache(source),
-    )
+    decoder = (torch.full((batch, target), 4), mask, cache(past), cache(past), cache(source), cache(source))
+    return (4 * mask, mask), decoder
 
 
 def export_graphs(model, output_dir):
@@ -136,7 +129,7 @@ def _export(module, inputs, path, input_names, output_names, dynamic_shapes):
         torch.onnx.export(
             module.eval(),
             inputs,
-            str(path),
+            path,
             dynamo=True,
             verbose=False,
             input_names=input_names,
@@ -152,7 +145,7 @@ def export_onnx(model_path, output_dir):
     # `load_model` registers model_type="vaswani" with AutoModelForSeq2SeqLM
     model = load_model(model_path, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
-        export_graphs(model.eval(), output_dir)
+        export_graphs(model, output_dir)
     config = model.config
     return {
         "decoder_layers": config.decoder_layers,
