@@ -196,11 +196,11 @@ def convert_model(source):
     renames = RENAMES[source.config.model_type]
     # FSMT's `get_output_embeddings()` returns the decoder's embedding, not its output projection: look up by name.
     decoder_embeddings = source.get_parameter("model.decoder.embed_tokens.weight")
-    output_projection = source.get_parameter(renames.get("lm_head.weight", "lm_head.weight"))
     config = vaswani_config(
         source.config,
         share_embeddings=source.get_parameter("model.encoder.embed_tokens.weight") is decoder_embeddings,
-        tie_output=output_projection is decoder_embeddings,
+        tie_output=source.get_parameter(renames.get("lm_head.weight", "lm_head.weight"))
+        is decoder_embeddings,
     )
     weights = source.state_dict()
     # how far the source's position tables (both of one length) are from the sinusoids, at the positions used
@@ -226,14 +226,14 @@ def convert_model(source):
     model = VaswaniForConditionalGeneration(config).to(source.dtype).eval()
     mapped = {name: weights[renames.get(name, name)] for name in model.state_dict()}
     if config.output_bias:
-        mapped["lm_head.bias"] = mapped["lm_head.bias"].reshape(-1)  # final_logits_bias is (1, V)
+        mapped["lm_head.bias"] = mapped["lm_head.bias"].flatten()  # final_logits_bias is (1, V)
     # Left out when the model has no place for them: sinusoidal position tables (computed on the fly) and Marian's
     # `model.shared`, which it keeps even where nothing ties it to the embeddings in use.
-    unused = {*POSITION_TABLES, "model.shared.weight"}
-    left_over = sorted(set(weights) - {renames.get(name, name) for name in mapped} - unused)
+    unused = {*POSITION_TABLES, "model.shared.weight", *(renames.get(name, name) for name in mapped)}
+    left_over = sorted(set(weights) - unused)
     if left_over:
         raise ValueError(f"source weights with no place in the vaswani model: {', '.join(left_over)}")
-    model.load_state_dict(mapped, strict=True)
+    model.load_state_dict(mapped)  # strict
     model.generation_config = copy.deepcopy(source.generation_config)
     # transformers' |Y| ** alpha, the length penalty both families were decoded with (`generation_vaswani`)
     model.generation_config.length_penalty_form = "power"

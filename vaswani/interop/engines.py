@@ -95,7 +95,6 @@ class CTranslate2Engine(Exported):
             read_json(self.folder / f"{side}_vocabulary.json") for side in sides
         )
         self.target_ids = {token: i for i, token in enumerate(target_tokens)}
-        self.max_positions = self.metadata["max_positions"]
         self.warned = False  # about the length-penalty form, once
 
     def generate(
@@ -115,10 +114,10 @@ class CTranslate2Engine(Exported):
         falls back to "power" with a warning (`note_length_penalty`)."""
         length_penalty = self.note_length_penalty(num_beams, length_penalty, length_penalty_form)
         longest = max(map(len, input_ids))
-        if max(longest, max_new_tokens) > self.max_positions:
+        if max(longest, max_new_tokens) > self.metadata["max_positions"]:
             raise ValueError(
                 f"a source of {longest} tokens or {max_new_tokens} new tokens exceeds the exported position table "
-                f"({self.max_positions} positions: max_position_embeddings at export)"
+                f"({self.metadata['max_positions']} positions: max_position_embeddings at export)"
             )
         results = self.translator.translate_batch(
             [[self.source_tokens[i] for i in ids] for ids in input_ids],
@@ -230,7 +229,7 @@ class OnnxEngine(Exported):
         _, cross = self.encode(ids, mask)
         mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
         cross = [np.repeat(c, k, axis=0) for c in cross]
-        tokens = np.full((len(mask), 1), self.metadata["decoder_start_token_id"], dtype=np.int64)
+        tokens = np.full_like(mask[:, :1], self.metadata["decoder_start_token_id"])  # (B * k, 1) int64
         past = [c[:, :, :0] for c in cross]  # (B * k, h, 0, d_k): no target position yet
         # greedy search: one beam without a length penalty, done at its first `</s>`
         settings = (length_penalty, length_penalty_form, early_stopping) if k > 1 else (0.0, "power", True)
@@ -274,7 +273,7 @@ def load_engine(folder, engine=None, threads=0, **options):
     if exported == "onnx":
         if options:
             raise ValueError(f"{sorted(options)} apply to ctranslate2 exports only")
-        return OnnxEngine(folder, threads=threads)
+        return OnnxEngine(folder, threads)
     raise ValueError(f"{folder}: unknown engine {exported!r} (known: {ENGINES})")
 
 

@@ -20,10 +20,10 @@ The card and the two JSON files it reports (evaluation results, training summary
 
 import logging
 import tempfile
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
-from huggingface_hub import CommitInfo, HfApi, get_token
+from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedTokenizerFast
 
@@ -184,12 +184,9 @@ def _upload(api, folder, repo_id, private, revision, commit_message, create_pr):
     )
 
 
-@dataclass
-class Published:
-    """What `publish` did: the folder it built (None when it was a temporary one) and the commit, if it pushed."""
-
-    folder: Path | None
-    commit: CommitInfo | None
+# What `publish` did: the folder it built (None when it was a temporary one) and the commit (`CommitInfo`), if it
+# pushed.
+Published = namedtuple("Published", "folder commit")
 
 
 def publish(

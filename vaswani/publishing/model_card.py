@@ -78,12 +78,12 @@ class _RunRecord:
     field with a default), `ValueError` naming the first that fails."""
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name in _RULES and (value is not None or field.default is dataclasses.MISSING):
-                test, what = _RULES[field.name]
+        for name, field in self.__dataclass_fields__.items():
+            value = getattr(self, name)
+            if name in _RULES and (value is not None or field.default is dataclasses.MISSING):
+                test, what = _RULES[name]
                 if not test(value):
-                    raise ValueError(f"{field.name!r} must be {what}, got {value!r}")
+                    raise ValueError(f"{name!r} must be {what}, got {value!r}")
 
     @classmethod
     def from_json(cls, path):
@@ -95,7 +95,7 @@ class _RunRecord:
             raise PublishError(f"No {cls.what} file at {str(path)!r}.")
         try:
             values = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as error:
+        except ValueError as error:  # UnicodeDecodeError too
             raise PublishError(f"{where} is not valid JSON: {error}") from None
         if not isinstance(values, dict):
             raise PublishError(f"{where} must hold a JSON object.")

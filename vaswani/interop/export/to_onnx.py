@@ -42,9 +42,7 @@ class EncoderGraph(nn.Module):
         self.cross_attentions = nn.ModuleList(layer.encoder_attn for layer in model.get_decoder().layers)
 
     def forward(self, input_ids, attention_mask):
-        memory = self.encoder(
-            input_ids=input_ids, attention_mask=attention_mask
-        ).last_hidden_state  # (B, S, d)
+        memory = self.encoder(input_ids, attention_mask).last_hidden_state  # (B, S, d)
         keys = [
             attention.split_heads(attention.k_proj(memory)) for attention in self.cross_attentions
         ]  # (B, h, S, d_k)
