@@ -117,10 +117,9 @@ def check_source_config(config):
             f"({', '.join(SOURCE_ARCHITECTURES.values())}) are the paper's architecture"
         )
     expected = SOURCE_ARCHITECTURES[model_type]
-    architectures = config.architectures or [expected]
-    if expected not in architectures:
+    if expected not in (config.architectures or [expected]):
         raise ValueError(
-            f"architectures {architectures} is not an encoder-decoder {expected}: only translation checkpoints convert"
+            f"architectures {config.architectures} is not an encoder-decoder {expected}: only translation checkpoints convert"
         )
     for name, value in FORWARD_ASSUMPTIONS.items():
         if getattr(config, name, value) != value:

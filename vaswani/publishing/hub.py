@@ -175,7 +175,7 @@ def _upload(api, folder, repo_id, private, revision, commit_message, create_pr):
         api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
     return api.upload_folder(
         repo_id=repo_id,
-        folder_path=str(folder),
+        folder_path=folder,
         repo_type="model",
         revision=revision,
         commit_message=commit_message or "Upload Transformer (Vaswani et al., 2017) translation model",

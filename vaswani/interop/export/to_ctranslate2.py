@@ -61,7 +61,7 @@ def padded_vocabulary(tokenizer, size, side):
             f"the {side} tokenizer has {len(tokens)} tokens but the model's {side} vocabulary {size}"
         )
     extra = [UNUSED_TOKEN.format(i) for i in range(size - len(tokens))]
-    if any(token in vocabulary for token in extra):
+    if vocabulary.keys() & extra:
         raise ValueError(f"the {side} tokenizer already holds a token named like {UNUSED_TOKEN}")
     return tokens + extra
 
