@@ -233,11 +233,11 @@ def convert_model(source):
     if left_over:
         raise ValueError(f"source weights with no place in the vaswani model: {', '.join(left_over)}")
     model.load_state_dict(mapped)  # strict
-    model.generation_config = copy.deepcopy(source.generation_config)
+    generation = model.generation_config = copy.deepcopy(source.generation_config)
     # transformers' |Y| ** alpha, the length penalty both families were decoded with (`generation_vaswani`)
-    model.generation_config.length_penalty_form = "power"
+    generation.length_penalty_form = "power"
     # kept on reload: a generation config marked as made from the model config drops `length_penalty_form`
-    model.generation_config._from_model_config = False
+    generation._from_model_config = False
     return model
 
 

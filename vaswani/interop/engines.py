@@ -279,5 +279,5 @@ def load_engine(folder, engine=None, threads=0, **options):
 
 def load_exported(folder, engine=None, **options):
     """`(engine, source_tokenizer, target_tokenizer)` of an exported folder (the tokenizers were exported with it)."""
-    loaded = load_engine(folder, engine, **options)  # first: a folder that is no export is named as such
-    return (loaded, *load_tokenizers(folder))
+    # the engine first: a folder that is no export is named as such
+    return load_engine(folder, engine, **options), *load_tokenizers(folder)

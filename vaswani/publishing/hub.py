@@ -31,7 +31,6 @@ from ..common.errors import PublishError
 from ..common.fileio import atomic_folder, read_json
 from ..generation_vaswani import PAPER_DECODING
 from ..modeling_vaswani import VaswaniForConditionalGeneration
-from ..recipe.model_folders import check_model_path
 from ..utils_vaswani import AUTO_MAP, CODE_FILES, CUSTOM_PIPELINES
 from .model_card import EvalResults, TrainingSummary, lowercases, render_card, validate_card
 
@@ -67,7 +66,9 @@ def check_model_dir(model_dir, tokenizer_dir=None):
         raise PublishError(f"No model folder at {str(model_dir)!r}: no such folder.")
     if not (model_dir / "config.json").is_file():
         raise PublishError(f"{str(model_dir)!r} is not a model folder: it has no config.json.")
-    check_model_path(model_dir)  # its JSON files parse, its safetensors files are whole
+    for path in (model_dir / "config.json", model_dir / "generation_config.json"):
+        if path.is_file():  # parses: a `ValueError` names a file that does not
+            read_json(path)
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise PublishError(
             f"{str(model_dir)!r} has no weights (none of {', '.join(WEIGHT_FILES)}): pass the folder that "
@@ -106,8 +107,7 @@ def build_folder(model_dir, output_dir, repo_id, tokenizer_dir, results, summary
     if results is None:
         logger.warning("No evaluation results: the card will have no model-index.")
 
-    if model is None:
-        model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
+    model = model or VaswaniForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir or model_dir)
     config = model.config
     for name in ("pad_token_id", "eos_token_id"):

@@ -36,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 # Package data: installed with the package (pyproject's package-data), so publishing works from any install.
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "hub_card.md"
-TAGS = ["translation", "transformer", "attention-is-all-you-need", "vaswani", "custom_code"]
 _METRIC_PREFIX = re.compile("^(test|eval|predict)_")
 # One sentence per source language for the card's usage example.
 _EXAMPLES = {
@@ -161,7 +160,7 @@ class TrainingSummary(_RunRecord):
         if self.train_runtime is None:
             return None
         seconds = round(self.train_runtime)
-        hours, minutes = seconds // 3600, seconds % 3600 // 60
+        hours, minutes = divmod(seconds // 60, 60)
         if hours:
             return f"{hours} h {minutes:02d} min"
         return f"{minutes} min" if minutes else f"{seconds} s"
@@ -206,7 +205,7 @@ def card_metadata(model_name, results, summary, license, dataset_tags):
     `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
     id the card could name)."""
     eval_results = None
-    if results is not None:
+    if results:
         dataset_type = _dataset_id(results.dataset or (summary and summary.dataset) or "custom", dataset_tags)
         common = dict(
             task_type="translation",
@@ -245,7 +244,7 @@ def card_metadata(model_name, results, summary, license, dataset_tags):
         license=license or UNSET_LICENSE,
         datasets=datasets or None,
         metrics=["bleu", "chrf"],
-        tags=list(TAGS),
+        tags=["translation", "transformer", "attention-is-all-you-need", "vaswani", "custom_code"],
         library_name="transformers",
         pipeline_tag="translation",
         eval_results=eval_results,

@@ -89,8 +89,7 @@ def write_metadata(folder, engine, model_path, tokenizers, decoding, **fields):
         **fields,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
-    with open(folder / METADATA_FILE, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2)
+    (folder / METADATA_FILE).write_text(json.dumps(metadata, indent=2), encoding="utf-8")
 
 
 def read_metadata(folder):

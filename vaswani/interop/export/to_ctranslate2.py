@@ -108,10 +108,10 @@ class VaswaniLoader(ct2_transformers.BartLoader):
         ids = model.config
         # A model without a beginning-of-sentence id (a converted Marian model) starts with its decoder start token.
         bos = ids.bos_token_id if ids.bos_token_id is not None else ids.decoder_start_token_id
-        config.bos_token = target.convert_ids_to_tokens(bos)
-        config.eos_token = target.convert_ids_to_tokens(ids.eos_token_id)
+        config.bos_token, config.eos_token, config.decoder_start_token = target.convert_ids_to_tokens(
+            [bos, ids.eos_token_id, ids.decoder_start_token_id]
+        )
         config.unk_token = target.unk_token
-        config.decoder_start_token = target.convert_ids_to_tokens(ids.decoder_start_token_id)
         config.layer_norm_epsilon = ids.layer_norm_eps
         # The tokenizers append </s> to every source themselves; nothing to add.
         config.add_source_bos = config.add_source_eos = False
@@ -132,9 +132,7 @@ class VaswaniLoader(ct2_transformers.BartLoader):
 class VaswaniConverter(ct2_transformers.TransformersConverter):
     """CTranslate2's transformers converter, loading the model in float32 (CTranslate2 quantizes it) and the
     tokenizer(s) of this package (a joint vocabulary or `source/` + `target/`) that `tokenizers` holds, as
-    `tokenization.load_model_tokenizers` gives them."""
-
-    tokenizers = None
+    `tokenization.load_model_tokenizers` gives them (set before `convert`)."""
 
     def load_model(self, model_class, model_name_or_path, **kwargs):
         kwargs["dtype"] = torch.float32

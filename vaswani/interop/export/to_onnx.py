@@ -84,9 +84,8 @@ def example_inputs(config):
     """Inputs to trace with: sizes above 1 (torch.export specialises sizes 0 and 1) and different from each other."""
     batch, source, past, target = 2, 5, 3, 2
     heads, layers = config.decoder_attention_heads, config.decoder_layers
-    head_dim = config.d_model // heads
     # One tensor object per input: the exporter would read an object passed twice as one input used twice.
-    cache = lambda length: [torch.zeros(batch, heads, length, head_dim) for _ in range(layers)]  # noqa: E731
+    cache = lambda length: [torch.zeros(batch, heads, length, config.d_model // heads) for _ in range(layers)]  # noqa: E731
     mask = torch.ones(batch, source, dtype=torch.long)
     decoder = (torch.full((batch, target), 4), mask, cache(past), cache(past), cache(source), cache(source))
     return (4 * mask, mask), decoder
@@ -122,7 +121,7 @@ def _export(module, inputs, path, input_names, output_names, dynamic_shapes):
     with warnings.catch_warnings():
         # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
         # exporter itself still calls a `_pytree` name that torch deprecates.
-        warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*axis name.*will not be used")
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
         torch.onnx.export(
             module.eval(),
