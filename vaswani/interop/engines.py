@@ -195,8 +195,11 @@ class OnnxEngine(Exported):
     def decode(self, decoder_input_ids, attention_mask, past, cross):
         """One decoder call: (B, T) new ids after the cached `past` -> logits (B, T, V) and the extended cache. An
         empty `past` is the cross-attention cache cut to no position: `[c[:, :, :0] for c in cross]`."""
-        feed = {"decoder_input_ids": decoder_input_ids, "encoder_attention_mask": attention_mask}
-        feed.update(zip(self.cache_names, [*past, *cross], strict=True))
+        feed = {
+            "decoder_input_ids": decoder_input_ids,
+            "encoder_attention_mask": attention_mask,
+            **dict(zip(self.cache_names, [*past, *cross], strict=True)),
+        }
         logits, *present = self.decoder.run(None, feed)
         return logits, present
 

@@ -43,11 +43,12 @@ class EncoderGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         memory = self.encoder(input_ids, attention_mask).last_hidden_state  # (B, S, d)
-        keys = [
-            attention.split_heads(attention.k_proj(memory)) for attention in self.cross_attentions
-        ]  # (B, h, S, d_k)
-        values = [attention.split_heads(attention.v_proj(memory)) for attention in self.cross_attentions]
-        return memory, keys, values
+        # the keys, then the values, (B, h, S, d_k) each
+        return (
+            memory,
+            [attention.split_heads(attention.k_proj(memory)) for attention in self.cross_attentions],
+            [attention.split_heads(attention.v_proj(memory)) for attention in self.cross_attentions],
+        )
 
 
 class DecoderGraph(nn.Module):
