@@ -226,7 +226,8 @@ class OnnxEngine(Exported):
             raise ValueError(
                 f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
             )
-        rows = [torch.tensor(sentence) for sentence in input_ids]  # right-padded:
+        # right-padded with the pad id; the mask marks the real tokens
+        rows = [torch.tensor(sentence) for sentence in input_ids]
         ids = pad_sequence(rows, batch_first=True, padding_value=self.metadata["pad_token_id"]).numpy()
         mask = pad_sequence([torch.ones_like(row) for row in rows], batch_first=True).numpy()
         _, cross = self.encode(ids, mask)
