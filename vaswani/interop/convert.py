@@ -63,8 +63,6 @@ logger = logging.getLogger(__name__)
 
 # The source classes, by `model_type`; both load with `AutoModelForSeq2SeqLM`.
 SOURCE_ARCHITECTURES = {"marian": "MarianMTModel", "fsmt": "FSMTForConditionalGeneration"}
-# transformers' |Y| ** alpha, the length penalty both families were decoded with (`generation_vaswani`).
-SOURCE_LENGTH_PENALTY_FORM = "power"
 # Options of older Marian/BART/fairseq configs with the value that transformers' Marian and FSMT classes compute; any
 # other value describes a forward those classes (and this converter) do not run.
 FORWARD_ASSUMPTIONS = {
@@ -112,17 +110,16 @@ PARITY_TOLERANCE = 1e-4
 # --------------------------------------------------------------------------------------------------------------------
 def check_source_config(config):
     """Raise `ValueError` naming the attribute and its value when the source cannot become a `vaswani` model."""
-    model_type = getattr(config, "model_type", None)
+    model_type = config.model_type
     if model_type not in SOURCE_ARCHITECTURES:
         raise ValueError(
             f"model_type {model_type!r} cannot be converted: only {', '.join(SOURCE_ARCHITECTURES)} "
             f"({', '.join(SOURCE_ARCHITECTURES.values())}) are the paper's architecture"
         )
     expected = SOURCE_ARCHITECTURES[model_type]
-    architectures = getattr(config, "architectures", None) or [expected]
-    if expected not in architectures:
+    if expected not in (config.architectures or [expected]):
         raise ValueError(
-            f"architectures {architectures} is not an encoder-decoder {expected}: only translation checkpoints convert"
+            f"architectures {config.architectures} is not an encoder-decoder {expected}: only translation checkpoints convert"
         )
     for name, value in FORWARD_ASSUMPTIONS.items():
         if getattr(config, name, value) != value:
@@ -144,8 +141,9 @@ def check_source_config(config):
 
 def vaswani_config(config, share_embeddings, tie_output):
     """The `VaswaniConfig` of a Marian or FSMT configuration. `share_embeddings`: the source's encoder and decoder embed
-    tokens with one matrix; `tie_output`: its output projection is the decoder's embedding matrix."""
-    check_source_config(config)
+    tokens with one matrix; `tie_output`: its output projection is the decoder's embedding matrix. `config` passed
+    `check_source_config`. What both families share with the paper keeps `VaswaniConfig`'s default: post-norm layers,
+    sinusoidal positions, LayerNorm epsilon 1e-5 (`nn.LayerNorm`'s), the cache in decoding."""
     fsmt = config.model_type == "fsmt"
     if fsmt:
         vocab_size, decoder_vocab_size = config.src_vocab_size, config.tgt_vocab_size
@@ -155,7 +153,7 @@ def vaswani_config(config, share_embeddings, tie_output):
             vocab_size if config.share_encoder_decoder_embeddings else config.decoder_vocab_size
         )
     for name in ("encoder_layerdrop", "decoder_layerdrop"):
-        if getattr(config, name, 0.0):
+        if getattr(config, name):
             logger.warning(
                 "%s=%s is dropped: LayerDrop skips layers in training only, and the vaswani model has none",
                 name,
@@ -167,15 +165,11 @@ def vaswani_config(config, share_embeddings, tie_output):
         decoder_vocab_size=decoder_vocab_size,
         attention_bias=True,
         output_bias=not fsmt,  # Marian's final_logits_bias
-        position_embedding_type="sinusoidal",
         sinusoid_layout="concatenated",
         sinusoid_frequencies="fairseq" if fsmt else "paper",
         position_offset=config.pad_token_id + 1 if fsmt else 0,
-        normalize_before=False,
-        layer_norm_eps=1e-5,  # both use nn.LayerNorm's default
         share_encoder_decoder_embeddings=share_embeddings,
         tie_word_embeddings=tie_output,
-        use_cache=True,
     )
 
 
@@ -194,9 +188,21 @@ RENAMES = {
 POSITION_TABLES = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 
 
-def sinusoid_difference(weights, config):
-    """How far the source's position tables (in its state dict `weights`; both of one length) are from the
-    sinusoids `config` computes, at the positions it uses."""
+def convert_model(source):
+    """The `vaswani` model computing what `source` (a loaded `MarianMTModel` or `FSMTForConditionalGeneration`)
+    computes, with the source's generation settings and `length_penalty_form="power"`."""
+    check_source_config(source.config)
+    renames = RENAMES[source.config.model_type]
+    # FSMT's `get_output_embeddings()` returns the decoder's embedding, not its output projection: look up by name.
+    decoder_embeddings = source.get_parameter("model.decoder.embed_tokens.weight")
+    config = vaswani_config(
+        source.config,
+        share_embeddings=source.get_parameter("model.encoder.embed_tokens.weight") is decoder_embeddings,
+        tie_output=source.get_parameter(renames.get("lm_head.weight", "lm_head.weight"))
+        is decoder_embeddings,
+    )
+    weights = source.state_dict()
+    # how far the source's position tables (both of one length) are from the sinusoids, at the positions used
     offset = config.position_offset
     tables = torch.stack([weights[name][offset:].float() for name in POSITION_TABLES])
     expected = sinusoidal_positional_encoding(
@@ -205,31 +211,11 @@ def sinusoid_difference(weights, config):
         config.sinusoid_layout,
         config.sinusoid_frequencies,
     )
-    return (tables - expected).abs().max().item()
-
-
-def convert_model(source):
-    """The `vaswani` model computing what `source` (a loaded `MarianMTModel` or `FSMTForConditionalGeneration`)
-    computes, with the source's generation settings and `length_penalty_form="power"`."""
-    check_source_config(source.config)
-    renames = RENAMES[source.config.model_type]
-    # FSMT's `get_output_embeddings()` returns the decoder's embedding, not its output projection: look up by name.
-    decoder_embeddings = source.get_parameter("model.decoder.embed_tokens.weight")
-    output_projection = source.get_parameter(renames.get("lm_head.weight", "lm_head.weight"))
-    config = vaswani_config(
-        source.config,
-        share_embeddings=source.get_parameter("model.encoder.embed_tokens.weight") is decoder_embeddings,
-        tie_output=output_projection is decoder_embeddings,
-    )
-    weights = source.state_dict()
-    computed = POSITION_TABLES  # the sinusoids, computed on the fly
-    difference = sinusoid_difference(weights, config)
+    difference = (tables - expected).abs().max().item()
     if difference > POSITION_TABLE_TOLERANCE:
         # FSMT's tables are parameters that fine-tuning moves; the moved table becomes a learned one (Table 3 row E).
-        rows = source.get_parameter(POSITION_TABLES[0]).shape[0]
         config.position_embedding_type = "learned"
-        config.max_position_embeddings = rows - config.position_offset
-        computed = ()
+        config.max_position_embeddings = len(weights[POSITION_TABLES[0]]) - offset
         logger.warning(
             "The source's position tables differ from the sinusoids by up to %.3g (trained with the model): they "
             "become learned positions (position_embedding_type='learned'), which end at %d positions",
@@ -239,50 +225,46 @@ def convert_model(source):
     model = VaswaniForConditionalGeneration(config).to(source.dtype).eval()
     mapped = {name: weights[renames.get(name, name)] for name in model.state_dict()}
     if config.output_bias:
-        mapped["lm_head.bias"] = mapped["lm_head.bias"].reshape(-1)  # final_logits_bias is (1, V)
-    # Marian keeps `model.shared` even where nothing ties it to the embeddings in use.
-    unused = {*computed, *([] if config.share_encoder_decoder_embeddings else ["model.shared.weight"])}
-    left_over = sorted(set(weights) - {renames.get(name, name) for name in mapped} - unused)
+        mapped["lm_head.bias"] = mapped["lm_head.bias"].flatten()  # final_logits_bias is (1, V)
+    # Left out when the model has no place for them: sinusoidal position tables (computed on the fly) and Marian's
+    # `model.shared`, which it keeps even where nothing ties it to the embeddings in use.
+    unused = {*POSITION_TABLES, "model.shared.weight", *(renames.get(name, name) for name in mapped)}
+    left_over = sorted(set(weights) - unused)
     if left_over:
         raise ValueError(f"source weights with no place in the vaswani model: {', '.join(left_over)}")
-    model.load_state_dict(mapped, strict=True)
-    model.generation_config = copy.deepcopy(source.generation_config)
-    model.generation_config.length_penalty_form = SOURCE_LENGTH_PENALTY_FORM
+    model.load_state_dict(mapped)  # strict
+    generation = model.generation_config = copy.deepcopy(source.generation_config)
+    # transformers' |Y| ** alpha, the length penalty both families were decoded with (`generation_vaswani`)
+    generation.length_penalty_form = "power"
     # kept on reload: a generation config marked as made from the model config drops `length_penalty_form`
-    model.generation_config._from_model_config = False
+    generation._from_model_config = False
     return model
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Parity: the proof that the conversion is exact
 # --------------------------------------------------------------------------------------------------------------------
-def probe_inputs(config, length=9):
-    """A source sentence and a decoder prefix of ordinary (non-special) tokens, without padding."""
+def check_parity(source, converted):
+    """Raise `ValueError` when the converted model's logits on a probe sentence differ from the source's; returns the
+    largest difference. The probe: a source sentence and a decoder prefix of 9 ordinary (non-special) tokens each,
+    every 7th of the vocabulary's from a third of the way in, without padding (so without a mask).
+    `use_cache=False`: FSMT applies its causal mask only then."""
+    config = converted.config
     special = {config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id}
 
-    def ordinary(vocab_size, offset):
+    def ordinary(vocab_size):
         ids = [i for i in range(vocab_size) if i not in special]
-        return [ids[(offset + 7 * k) % len(ids)] for k in range(length)]  # spread over the vocabulary
+        return [ids[(len(ids) // 3 + 7 * k) % len(ids)] for k in range(9)]
 
-    source = ordinary(config.vocab_size, config.vocab_size // 3) + [config.eos_token_id]
-    target = [config.decoder_start_token_id] + ordinary(
-        config.decoder_vocab_size, config.decoder_vocab_size // 2
+    inputs = dict(
+        input_ids=torch.tensor([ordinary(config.vocab_size) + [config.eos_token_id]]),
+        decoder_input_ids=torch.tensor(
+            [[config.decoder_start_token_id] + ordinary(config.decoder_vocab_size)]
+        ),
     )
-    return {
-        "input_ids": torch.tensor([source]),
-        "attention_mask": torch.ones(1, len(source), dtype=torch.long),
-        "decoder_input_ids": torch.tensor([target]),
-    }
-
-
-def check_parity(source, converted):
-    """Raise `ValueError` when the converted model's logits on a probe sentence (unpadded) differ from the source's;
-    returns the largest difference. `use_cache=False`: FSMT applies its causal mask only then."""
-    inputs = probe_inputs(converted.config)
     with torch.no_grad():
-        expected = source(**inputs, use_cache=False).logits
-        actual = converted(**inputs, use_cache=False).logits
-    difference = (expected.float() - actual.float()).abs().max().item()
+        expected, actual = (model(**inputs, use_cache=False).logits.float() for model in (source, converted))
+    difference = (expected - actual).abs().max().item()
     tolerance = max(PARITY_TOLERANCE, 10 * torch.finfo(source.dtype).eps)  # float32: 1e-4
     if not difference <= tolerance:
         raise ValueError(
@@ -312,7 +294,7 @@ def convert(model_name_or_path, output_dir, overwrite_output_dir=False):
     # had to invent or throw away by `load_model` (a checkpoint of another shape does not load).
     check_model_path(model_name_or_path)  # a local folder, or a Hub model: named at once when it is neither
     check_source_config(AutoConfig.from_pretrained(model_name_or_path))
-    source = load_model(model_name_or_path).eval()
+    source = load_model(model_name_or_path)  # in eval mode, as `from_pretrained` leaves a model
     try:  # Marian's tokenizer needs sentencepiece, FSMT's sacremoses
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     except ImportError as error:

@@ -27,16 +27,14 @@ The engines are optional extras (`pip install vaswani-transformer[ctranslate2]` 
 an engine is loaded.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..common.fileio import read_json
 from ..generation_vaswani import BeamSearch
@@ -59,7 +57,7 @@ class Output(NamedTuple):
 class Exported:
     """What both engines read from an export: its metadata, and its decoding as a generation config."""
 
-    def __init__(self, folder: str | os.PathLike):
+    def __init__(self, folder):
         self.folder = Path(folder)
         self.metadata = read_metadata(folder)
         self.generation_config = SimpleNamespace(**self.metadata["decoding"])
@@ -81,15 +79,12 @@ class Exported:
 class CTranslate2Engine(Exported):
     """A CTranslate2 export, decoded by `ctranslate2.Translator` (greedy or beam search, n-best)."""
 
-    def __init__(
-        self, folder: str | os.PathLike, device: str = "cpu", compute_type: str = "default", threads: int = 0
-    ):
+    def __init__(self, folder, device="cpu", threads=0):
         import ctranslate2
 
         super().__init__(folder)
-        self.translator = ctranslate2.Translator(
-            str(folder), device=device, compute_type=compute_type, intra_threads=threads
-        )
+        # in the export's own weight type (CTranslate2's compute_type "default")
+        self.translator = ctranslate2.Translator(str(folder), device=device, intra_threads=threads)
         # CTranslate2 writes one vocabulary file when both sides are equal
         sides = (
             ("shared", "shared")
@@ -100,30 +95,29 @@ class CTranslate2Engine(Exported):
             read_json(self.folder / f"{side}_vocabulary.json") for side in sides
         )
         self.target_ids = {token: i for i, token in enumerate(target_tokens)}
-        self.max_positions = self.metadata["max_positions"]
         self.warned = False  # about the length-penalty form, once
 
     def generate(
         self,
-        input_ids: list[list[int]],
-        num_beams: int,
-        max_new_tokens: int,
-        length_penalty: float | None = None,
-        length_penalty_form: str | None = None,
-        early_stopping: bool | str | None = None,
-        num_return_sequences: int = 1,
-        min_new_tokens: int = 0,
-        with_scores: bool = False,
-    ) -> list[list[Output]]:
-        """Decode a batch of sources (id lists, `</s>` included). `early_stopping` is CTranslate2's own (k finished
-        hypotheses) whatever is asked; `length_penalty_form` "gnmt" falls back to "power" with a warning
-        (`note_length_penalty`)."""
+        input_ids,
+        num_beams,
+        max_new_tokens,
+        length_penalty=None,
+        length_penalty_form=None,
+        early_stopping=None,
+        num_return_sequences=1,
+        min_new_tokens=0,
+        with_scores=False,
+    ):
+        """Decode a batch of sources (id lists, `</s>` included) into `num_return_sequences` `Output`s per source.
+        `early_stopping` is CTranslate2's own (k finished hypotheses) whatever is asked; `length_penalty_form` "gnmt"
+        falls back to "power" with a warning (`note_length_penalty`)."""
         length_penalty = self.note_length_penalty(num_beams, length_penalty, length_penalty_form)
-        longest = max(len(ids) for ids in input_ids)
-        if longest > self.max_positions or max_new_tokens > self.max_positions:
+        longest = max(map(len, input_ids))
+        if max(longest, max_new_tokens) > self.metadata["max_positions"]:
             raise ValueError(
                 f"a source of {longest} tokens or {max_new_tokens} new tokens exceeds the exported position table "
-                f"({self.max_positions} positions: max_position_embeddings at export)"
+                f"({self.metadata['max_positions']} positions: max_position_embeddings at export)"
             )
         results = self.translator.translate_batch(
             [[self.source_tokens[i] for i in ids] for ids in input_ids],
@@ -173,7 +167,7 @@ class OnnxEngine(Exported):
     """An ONNX export (encoder graph + decoder graph with its cache), run with ONNX Runtime on the CPU; the search is
     the model's own beam search (`generate`)."""
 
-    def __init__(self, folder: str | os.PathLike, threads: int = 0):
+    def __init__(self, folder, threads=0):
         import onnxruntime
 
         from .export.to_onnx import DECODER_FILE, ENCODER_FILE, cache_names
@@ -191,7 +185,6 @@ class OnnxEngine(Exported):
         self.cache_names = cache_names("past", layers) + cache_names(
             "cross", layers
         )  # the decoder graph's order
-        self.eos = self.metadata["eos_token_id"]
 
     def encode(self, input_ids, attention_mask):
         """(B, S) int64 ids and mask -> the encoder output (B, S, d_model) and the cross-attention cache (a list of
@@ -202,44 +195,45 @@ class OnnxEngine(Exported):
     def decode(self, decoder_input_ids, attention_mask, past, cross):
         """One decoder call: (B, T) new ids after the cached `past` -> logits (B, T, V) and the extended cache. An
         empty `past` is the cross-attention cache cut to no position: `[c[:, :, :0] for c in cross]`."""
-        feed = {"decoder_input_ids": decoder_input_ids, "encoder_attention_mask": attention_mask}
-        feed.update(zip(self.cache_names, [*past, *cross], strict=True))
+        feed = {
+            "decoder_input_ids": decoder_input_ids,
+            "encoder_attention_mask": attention_mask,
+            **dict(zip(self.cache_names, [*past, *cross], strict=True)),
+        }
         logits, *present = self.decoder.run(None, feed)
         return logits, present
 
     def generate(
         self,
-        input_ids: list[list[int]],
-        num_beams: int,
-        max_new_tokens: int,
-        length_penalty: float | None = None,
-        length_penalty_form: str | None = None,
-        early_stopping: bool | str | None = None,
-        num_return_sequences: int = 1,
-        min_new_tokens: int = 0,
-        with_scores: bool = True,
-    ) -> list[list[Output]]:
-        """Decode a batch of sources (id lists, `</s>` included; right-padded here) as `generate()` does, with the
-        model's own beam search (`generation_vaswani.BeamSearch`): a finished hypothesis' summed log-probability is
-        divided by `length_penalty_factor(|Y|, alpha, form)` (|Y| counts the generated tokens, `</s>` included); a
-        hypothesis stops at `</s>` or at `max_new_tokens`. Greedy search is one beam without a length penalty, done
-        at its first `</s>`."""
-        k, eos = num_beams, self.eos
+        input_ids,
+        num_beams,
+        max_new_tokens,
+        length_penalty=None,
+        length_penalty_form=None,
+        early_stopping=None,
+        num_return_sequences=1,
+        min_new_tokens=0,
+        with_scores=True,
+    ):
+        """Decode a batch of sources (id lists, `</s>` included) into `num_return_sequences` `Output`s per source as
+        `generate()` does, by `generation_vaswani.BeamSearch`: a finished hypothesis' summed log-probability divided by
+        `length_penalty_factor(|Y|, alpha, form)` (|Y| counts `</s>`), a hypothesis stopped at `</s>` or at
+        `max_new_tokens`; greedy search as one beam without a length penalty, done at its first `</s>`."""
+        k, eos = num_beams, self.metadata["eos_token_id"]
         if k == 1 and num_return_sequences != 1:
             raise ValueError("greedy search returns one sequence per source: num_return_sequences must be 1")
         if not 1 <= num_return_sequences <= k:
             raise ValueError(
                 f"num_return_sequences must be between 1 and num_beams ({k}), got {num_return_sequences}"
             )
-        longest = max(len(ids) for ids in input_ids)
-        ids = np.full((len(input_ids), longest), self.metadata["pad_token_id"], dtype=np.int64)
-        mask = np.zeros_like(ids)
-        for row, sentence in enumerate(input_ids):
-            ids[row, : len(sentence)], mask[row, : len(sentence)] = sentence, 1
+        # right-padded with the pad id; the mask marks the real tokens
+        rows = [torch.tensor(sentence) for sentence in input_ids]
+        ids = pad_sequence(rows, batch_first=True, padding_value=self.metadata["pad_token_id"]).numpy()
+        mask = pad_sequence([torch.ones_like(row) for row in rows], batch_first=True).numpy()
         _, cross = self.encode(ids, mask)
         mask = np.repeat(mask, k, axis=0)  # (B * k, S): the beams of a source are consecutive rows
         cross = [np.repeat(c, k, axis=0) for c in cross]
-        tokens = np.full((len(mask), 1), self.metadata["decoder_start_token_id"], dtype=np.int64)
+        tokens = np.full_like(mask[:, :1], self.metadata["decoder_start_token_id"])  # (B * k, 1) int64
         past = [c[:, :, :0] for c in cross]  # (B * k, h, 0, d_k): no target position yet
         # greedy search: one beam without a length penalty, done at its first `</s>`
         settings = (length_penalty, length_penalty_form, early_stopping) if k > 1 else (0.0, "power", True)
@@ -259,11 +253,11 @@ class OnnxEngine(Exported):
             if beams.done():
                 break
             # the cache rows each continuing beam extends
-            past = [np.take(cache, order.numpy(), axis=0) for cache in past]
+            past = [cache[order.numpy()] for cache in past]
             tokens = beams.sequences()[:, -1:].numpy()
         sequences, scores, _ = beams.best(num_return_sequences)
         outputs = [
-            Output(ids[1 : ids.index(eos, 1) + 1] if eos in ids[1:] else ids[1:], score)
+            Output(ids[1 : (ids + [eos]).index(eos, 1) + 1], score)
             for ids, score in zip(sequences.tolist(), scores.tolist(), strict=True)
         ]
         return [outputs[i : i + num_return_sequences] for i in range(0, len(outputs), num_return_sequences)]
@@ -272,22 +266,22 @@ class OnnxEngine(Exported):
 # --------------------------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------------------------
-def load_engine(folder: str | os.PathLike, engine: str | None = None, threads: int = 0, **options):
+def load_engine(folder, engine=None, threads=0, **options):
     """The engine of an exported folder; `engine`, when given, must be the one the folder was exported for.
-    `options` go to `CTranslate2Engine` (`device`, `compute_type`)."""
+    `options` go to `CTranslate2Engine` (`device`)."""
     exported = read_metadata(folder)["engine"]
-    if engine is not None and engine != exported:
+    if engine not in (None, exported):
         raise ValueError(f"--engine {engine} but {folder} holds a {exported} export")
     if exported == "ctranslate2":
         return CTranslate2Engine(folder, threads=threads, **options)
     if exported == "onnx":
         if options:
             raise ValueError(f"{sorted(options)} apply to ctranslate2 exports only")
-        return OnnxEngine(folder, threads=threads)
+        return OnnxEngine(folder, threads)
     raise ValueError(f"{folder}: unknown engine {exported!r} (known: {ENGINES})")
 
 
-def load_exported(folder: str | os.PathLike, engine: str | None = None, **options):
+def load_exported(folder, engine=None, **options):
     """`(engine, source_tokenizer, target_tokenizer)` of an exported folder (the tokenizers were exported with it)."""
-    loaded = load_engine(folder, engine, **options)  # first: a folder that is no export is named as such
-    return (loaded, *load_tokenizers(folder))
+    # the engine first: a folder that is no export is named as such
+    return load_engine(folder, engine, **options), *load_tokenizers(folder)

@@ -19,12 +19,11 @@ The card and the two JSON files it reports (evaluation results, training summary
 """
 
 import logging
-import re
 import tempfile
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
-from huggingface_hub import CommitInfo, HfApi, get_token
+from huggingface_hub import HfApi, get_token
 from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedTokenizerFast
 
@@ -67,9 +66,9 @@ def check_model_dir(model_dir, tokenizer_dir=None):
         raise PublishError(f"No model folder at {str(model_dir)!r}: no such folder.")
     if not (model_dir / "config.json").is_file():
         raise PublishError(f"{str(model_dir)!r} is not a model folder: it has no config.json.")
-    for name in ("config.json", "generation_config.json"):
-        if (model_dir / name).is_file():
-            read_json(model_dir / name)
+    for path in (model_dir / "config.json", model_dir / "generation_config.json"):
+        if path.is_file():  # parses: a `ValueError` names a file that does not
+            read_json(path)
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
         raise PublishError(
             f"{str(model_dir)!r} has no weights (none of {', '.join(WEIGHT_FILES)}): pass the folder that "
@@ -91,9 +90,7 @@ def check_model_dir(model_dir, tokenizer_dir=None):
 # --------------------------------------------------------------------------------------------------------------------
 # The folder that is published
 # --------------------------------------------------------------------------------------------------------------------
-def build_folder(
-    model_dir, output_dir, repo_id=None, tokenizer_dir=None, results=None, summary=None, model=None, **card
-):
+def build_folder(model_dir, output_dir, repo_id, tokenizer_dir, results, summary, model, **card):
     """Write the folder to publish into `output_dir` (which must be new or empty) and check it; `model_dir` and
     `tokenizer_dir` were checked (`check_model_dir`).
 
@@ -110,8 +107,7 @@ def build_folder(
     if results is None:
         logger.warning("No evaluation results: the card will have no model-index.")
 
-    if model is None:
-        model = VaswaniForConditionalGeneration.from_pretrained(model_dir)
+    model = model or VaswaniForConditionalGeneration.from_pretrained(model_dir)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir or model_dir)
     config = model.config
     for name in ("pad_token_id", "eos_token_id"):
@@ -153,12 +149,10 @@ def check_folder(folder):
     required = {"config.json", "generation_config.json", "README.md", *CODE_FILES, *TOKENIZER_FILES}
     if missing := sorted(required - names):
         raise PublishError(f"{str(folder)!r} lacks {missing}.")
-    shards = {name for name in names if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", name)}
-    if not shards:
+    # one file: `save_pretrained` shards only above 50 GB
+    if "model.safetensors" not in names:
         raise PublishError(f"{str(folder)!r} has no safetensors weights.")
-    if len(shards) > 1:
-        required.add("model.safetensors.index.json")
-    if extra := sorted(names - required - shards):
+    if extra := sorted(names - required - {"model.safetensors"}):
         raise PublishError(f"{str(folder)!r} holds files that should not be published: {extra}.")
     config = read_json(folder / "config.json")
     if config.get("auto_map") != AUTO_MAP:
@@ -181,7 +175,7 @@ def _upload(api, folder, repo_id, private, revision, commit_message, create_pr):
         api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
     return api.upload_folder(
         repo_id=repo_id,
-        folder_path=str(folder),
+        folder_path=folder,
         repo_type="model",
         revision=revision,
         commit_message=commit_message or "Upload Transformer (Vaswani et al., 2017) translation model",
@@ -190,12 +184,9 @@ def _upload(api, folder, repo_id, private, revision, commit_message, create_pr):
     )
 
 
-@dataclass
-class Published:
-    """What `publish` did: the folder it built (None when it was a temporary one) and the commit, if it pushed."""
-
-    folder: Path | None
-    commit: CommitInfo | None
+# What `publish` did: the folder it built (None when it was a temporary one) and the commit (`CommitInfo`), if it
+# pushed.
+Published = namedtuple("Published", "folder commit")
 
 
 def publish(
@@ -254,4 +245,4 @@ def publish(
             model_dir, output_dir or tmp, repo_id, tokenizer_dir, results, summary, model, **card
         )
         commit = _upload(api, folder, repo_id, private, revision, commit_message, create_pr) if push else None
-        return Published(folder=folder if output_dir is not None else None, commit=commit)
+        return Published(folder if output_dir is not None else None, commit)

@@ -36,7 +36,6 @@ logger = logging.getLogger(__name__)
 
 # Package data: installed with the package (pyproject's package-data), so publishing works from any install.
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "hub_card.md"
-TAGS = ["translation", "transformer", "attention-is-all-you-need", "vaswani", "custom_code"]
 _METRIC_PREFIX = re.compile("^(test|eval|predict)_")
 # One sentence per source language for the card's usage example.
 _EXAMPLES = {
@@ -55,21 +54,19 @@ def _is_number(value):
 
 _SCORE = (lambda value: _is_number(value) and 0 <= value <= 100, "a score between 0 and 100")
 _STRING = (lambda value: isinstance(value, str), "a string")
-_WHOLE = (
-    lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-    "a whole number",
-)
+_WHOLE = (lambda value: type(value) is int and value >= 0, "a whole number")  # an int, not a bool
 _NON_NEGATIVE = (lambda value: _is_number(value) and value >= 0, "a non-negative number")
 _LANGUAGE = (lambda value: value and isinstance(value, str), "a language code")
 # What each field of the run's records must hold: (test, what the error says it must be).
 _RULES = {
     **dict.fromkeys(("bleu", "chrf", "bleu_lowercase_moses_tokenized", "bleu_tokenized"), _SCORE),
-    **dict.fromkeys(("bleu_signature", "chrf_signature", "dataset", "dataset_name", "split"), _STRING),
-    "length_penalty_form": _STRING,
+    **dict.fromkeys(
+        ("bleu_signature", "chrf_signature", "dataset", "dataset_name", "split", "length_penalty_form"),
+        _STRING,
+    ),
     "num_beams": (lambda value: isinstance(value, int) and value >= 1, "a positive integer"),
     "length_penalty": (_is_number, "a number"),
-    "source_lang": _LANGUAGE,
-    "target_lang": _LANGUAGE,
+    **dict.fromkeys(("source_lang", "target_lang"), _LANGUAGE),
     **dict.fromkeys(("steps", "batch_tokens", "warmup_steps"), _WHOLE),
     **dict.fromkeys(("peak_learning_rate", "label_smoothing", "train_runtime"), _NON_NEGATIVE),
 }
@@ -80,37 +77,32 @@ class _RunRecord:
     field with a default), `ValueError` naming the first that fails."""
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name in _RULES and (value is not None or field.default is dataclasses.MISSING):
-                test, what = _RULES[field.name]
+        for name, field in self.__dataclass_fields__.items():
+            value = getattr(self, name)
+            if name in _RULES and (value is not None or field.default is dataclasses.MISSING):
+                test, what = _RULES[name]
                 if not test(value):
-                    raise ValueError(f"{field.name!r} must be {what}, got {value!r}")
+                    raise ValueError(f"{name!r} must be {what}, got {value!r}")
 
     @classmethod
     def from_json(cls, path):
         """The record in a JSON file of the run: keys with a `Trainer` prefix (`test_`, ...) read as theirs, other
         keys ignored (logged); `PublishError` names the file that is missing, not a JSON object, or lacks or breaks
         a field."""
-        what, where = cls.what, f"The {cls.what} file {str(path)!r}"
+        where = f"The {cls.what} file {str(path)!r}"
         if not Path(path).is_file():
-            raise PublishError(f"No {what} file at {str(path)!r}.")
+            raise PublishError(f"No {cls.what} file at {str(path)!r}.")
         try:
             values = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as error:
+        except ValueError as error:  # UnicodeDecodeError too
             raise PublishError(f"{where} is not valid JSON: {error}") from None
         if not isinstance(values, dict):
             raise PublishError(f"{where} must hold a JSON object.")
-        known = {field.name for field in dataclasses.fields(cls)}
-        kwargs, unknown = {}, []
-        for key, value in values.items():
-            name = _METRIC_PREFIX.sub("", key)  # "bleu", or "test_bleu" read as "bleu"
-            if name in known:
-                kwargs[name] = value
-            else:
-                unknown.append(key)
+        # "bleu", or "test_bleu" read as "bleu"
+        unknown = sorted(key for key in values if _METRIC_PREFIX.sub("", key) not in cls.__dataclass_fields__)
         if unknown:
-            logger.info("Ignoring keys the card does not use in the %s: %s", what, sorted(unknown))
+            logger.info("Ignoring keys the card does not use in the %s: %s", cls.what, unknown)
+        kwargs = {_METRIC_PREFIX.sub("", key): value for key, value in values.items() if key not in unknown}
         try:
             return cls(**kwargs)
         except TypeError as error:  # a required field is missing
@@ -168,7 +160,7 @@ class TrainingSummary(_RunRecord):
         if self.train_runtime is None:
             return None
         seconds = round(self.train_runtime)
-        hours, minutes = seconds // 3600, seconds % 3600 // 60
+        hours, minutes = divmod(seconds // 60, 60)
         if hours:
             return f"{hours} h {minutes:02d} min"
         return f"{minutes} min" if minutes else f"{seconds} s"
@@ -208,12 +200,12 @@ def _dataset_id(named, dataset_tags):
 UNSET_LICENSE = "other"
 
 
-def card_metadata(model_name, results, summary, license=None, dataset_tags=None):
+def card_metadata(model_name, results, summary, license, dataset_tags):
     """The card's YAML metadata: languages, license, datasets, metrics, tags and the `model-index` of `results`.
     `dataset_tags`: the Hub ids of the training data when it was read from a local copy (a local folder has no Hub
     id the card could name)."""
     eval_results = None
-    if results is not None:
+    if results:
         dataset_type = _dataset_id(results.dataset or (summary and summary.dataset) or "custom", dataset_tags)
         common = dict(
             task_type="translation",
@@ -252,7 +244,7 @@ def card_metadata(model_name, results, summary, license=None, dataset_tags=None)
         license=license or UNSET_LICENSE,
         datasets=datasets or None,
         metrics=["bleu", "chrf"],
-        tags=list(TAGS),
+        tags=["translation", "transformer", "attention-is-all-you-need", "vaswani", "custom_code"],
         library_name="transformers",
         pipeline_tag="translation",
         eval_results=eval_results,
@@ -282,12 +274,12 @@ def render_card(
     if not template_path.is_file():
         raise PublishError(f"No model card template at {str(template_path)!r}.")
     model_name = repo_id.rstrip("/").split("/")[-1]
-    data = card_metadata(model_name, results, summary, license=license, dataset_tags=dataset_tags)
+    data = card_metadata(model_name, results, summary, license, dataset_tags)
     if example_text is None:
         example_text = _EXAMPLES.get(summary.source_lang if summary else "", "Hello world!")
     card = ModelCard.from_template(
         data,
-        template_path=str(template_path),
+        template_path=template_path,
         repo_id=repo_id,
         # Python string literals for the usage example: JSON strings are valid Python.
         repo_literal=json.dumps(repo_id, ensure_ascii=False),
@@ -314,7 +306,7 @@ def validate_card(text):
     `model-index` into `EvalResult`s, and it names the library, task and license; every placeholder was filled."""
     card = ModelCard(text)  # raises on a malformed model-index
     data = card.data
-    missing = [key for key in ("library_name", "pipeline_tag", "license") if not getattr(data, key, None)]
+    missing = [key for key in ("library_name", "pipeline_tag", "license") if not getattr(data, key)]
     if missing:
         raise PublishError(f"The model card metadata lacks {missing}.")
     if data.library_name != "transformers" or data.pipeline_tag != "translation":

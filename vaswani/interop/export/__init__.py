@@ -31,7 +31,7 @@ from ...common.flag_choices import CTRANSLATE2_QUANTIZATIONS, ENGINES  # noqa: F
 from ...configuration_vaswani import VaswaniConfig
 from ...generation_vaswani import PAPER_LENGTH_PENALTY_FORM
 from ...recipe.model_folders import check_model_path, model_languages
-from ...recipe.tokenization import load_model_tokenizers, load_tokenizers, save_tokenizers
+from ...recipe.tokenization import load_model_tokenizers, save_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def decoding_settings(model_path):
         "length_penalty": 1.0 if config.length_penalty is None else config.length_penalty,
         "length_penalty_form": getattr(config, "length_penalty_form", None) or PAPER_LENGTH_PENALTY_FORM,
         # transformers reads None as False: stop a sentence by the heuristic, not at the first `num_beams` hypotheses
-        "early_stopping": config.early_stopping if config.early_stopping is not None else False,
+        "early_stopping": config.early_stopping or False,
     }
 
 
@@ -65,9 +65,9 @@ def check_vaswani_model(model_path):
         )
 
 
-def write_metadata(folder, engine, model_path, tokenizer_path, decoding, **fields):
+def write_metadata(folder, engine, model_path, tokenizers, decoding, **fields):
     """Write the tokenizer(s) and `vaswani_export.json` (special ids, default decoding, versions) into the export."""
-    save_tokenizers(*load_tokenizers(tokenizer_path or model_path), folder)
+    save_tokenizers(*tokenizers, folder)
     config = VaswaniConfig.from_pretrained(model_path)
     languages = model_languages(model_path)
     metadata = {
@@ -89,8 +89,7 @@ def write_metadata(folder, engine, model_path, tokenizer_path, decoding, **field
         **fields,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
-    with open(folder / METADATA_FILE, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2)
+    (folder / METADATA_FILE).write_text(json.dumps(metadata, indent=2), encoding="utf-8")
 
 
 def read_metadata(folder):
@@ -127,27 +126,27 @@ def export(
         raise FileExistsError(f"{output_dir} already exists: pass --overwrite_output_dir to replace it")
     if output_dir.exists() and not output_dir.is_dir():
         raise NotADirectoryError(f"{output_dir} is a file: give a folder for the export")
-    load_model_tokenizers(
-        model_path, tokenizer_path
-    )  # a missing, broken or other tokenizer: named before the export
+    # a missing, broken or other tokenizer: named before the export
+    tokenizers = load_model_tokenizers(model_path, tokenizer_path)
     decoding = decoding_settings(model_path)
     with atomic_folder(output_dir) as building:
         if engine == "ctranslate2":
             from .to_ctranslate2 import export_ctranslate2
 
-            fields = export_ctranslate2(model_path, building, quantization or "float32", tokenizer_path)
+            fields = export_ctranslate2(model_path, building, quantization or "float32", tokenizers)
         else:
             from .to_onnx import export_onnx
 
             fields = export_onnx(model_path, building)
-        write_metadata(building, engine, model_path, tokenizer_path, decoding, **fields)
+        write_metadata(building, engine, model_path, tokenizers, decoding, **fields)
     logger.info("Exported %s to %s (%s)", model_path, output_dir, engine)
-    if engine == "ctranslate2" and decoding["length_penalty_form"] != "power" and decoding["length_penalty"]:
+    alpha, form = decoding["length_penalty"], decoding["length_penalty_form"]
+    if engine == "ctranslate2" and form != "power" and alpha:
         logger.warning(
             "CTranslate2 has only the length penalty |Y|^alpha: a beam search of this export divides by |Y|^%s, not "
             "by the model's %s form ((5 + |Y|) / 6)^%s (an --engine onnx export decodes with it)",
-            decoding["length_penalty"],
-            decoding["length_penalty_form"],
-            decoding["length_penalty"],
+            alpha,
+            form,
+            alpha,
         )
     return output_dir

@@ -29,7 +29,6 @@ from ctranslate2.specs import common_spec, transformer_spec
 from ...configuration_vaswani import VaswaniConfig
 from ...modeling_vaswani import sinusoidal_positional_encoding
 from ...recipe.model_folders import load_model
-from ...recipe.tokenization import load_tokenizers
 
 # VaswaniConfig.activation_function -> CTranslate2's; "tanh" has no CTranslate2 counterpart.
 ACTIVATIONS = {
@@ -62,7 +61,7 @@ def padded_vocabulary(tokenizer, size, side):
             f"the {side} tokenizer has {len(tokens)} tokens but the model's {side} vocabulary {size}"
         )
     extra = [UNUSED_TOKEN.format(i) for i in range(size - len(tokens))]
-    if any(token in vocabulary for token in extra):
+    if vocabulary.keys() & extra:
         raise ValueError(f"the {side} tokenizer already holds a token named like {UNUSED_TOKEN}")
     return tokens + extra
 
@@ -109,10 +108,10 @@ class VaswaniLoader(ct2_transformers.BartLoader):
         ids = model.config
         # A model without a beginning-of-sentence id (a converted Marian model) starts with its decoder start token.
         bos = ids.bos_token_id if ids.bos_token_id is not None else ids.decoder_start_token_id
-        config.bos_token = target.convert_ids_to_tokens(bos)
-        config.eos_token = target.convert_ids_to_tokens(ids.eos_token_id)
+        config.bos_token, config.eos_token, config.decoder_start_token = target.convert_ids_to_tokens(
+            [bos, ids.eos_token_id, ids.decoder_start_token_id]
+        )
         config.unk_token = target.unk_token
-        config.decoder_start_token = target.convert_ids_to_tokens(ids.decoder_start_token_id)
         config.layer_norm_epsilon = ids.layer_norm_eps
         # The tokenizers append </s> to every source themselves; nothing to add.
         config.add_source_bos = config.add_source_eos = False
@@ -132,24 +131,18 @@ class VaswaniLoader(ct2_transformers.BartLoader):
 
 class VaswaniConverter(ct2_transformers.TransformersConverter):
     """CTranslate2's transformers converter, loading the model in float32 (CTranslate2 quantizes it) and the
-    tokenizer(s) of this package (a joint vocabulary or `source/` + `target/`)."""
-
-    tokenizer_path = None  # else the model's folder
+    tokenizer(s) of this package (a joint vocabulary or `source/` + `target/`) that `tokenizers` holds, as
+    `tokenization.load_model_tokenizers` gives them (set before `convert`)."""
 
     def load_model(self, model_class, model_name_or_path, **kwargs):
         kwargs["dtype"] = torch.float32
-        return load_model(model_name_or_path, **kwargs).eval()
+        return load_model(model_name_or_path, **kwargs)  # in eval mode, as `from_pretrained` leaves a model
 
     def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
-        return load_tokenizers(self.tokenizer_path or model_name_or_path)
+        return self.tokenizers
 
 
-def export_ctranslate2(
-    model_path,
-    output_dir,
-    quantization="float32",
-    tokenizer_path=None,
-):
+def export_ctranslate2(model_path, output_dir, quantization, tokenizers):
     """Convert `model_path` to a CTranslate2 model with weights in `quantization` (float32, int8, bfloat16, ...) in
     the existing folder `output_dir` (`vaswani.interop.export.export` builds it beside the destination and writes the
     metadata); returns the metadata fields of this engine."""
@@ -157,7 +150,7 @@ def export_ctranslate2(
 
     register()  # VaswaniConfig with AutoConfig, which the converter reads first
     converter = VaswaniConverter(str(model_path))
-    converter.tokenizer_path = tokenizer_path
+    converter.tokenizers = tokenizers
     converter.convert(str(output_dir), quantization=quantization, force=True)
     return {
         "quantization": quantization,

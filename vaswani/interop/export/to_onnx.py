@@ -13,12 +13,8 @@ Both graphs run the model's own modules, traced: the encoder, then the decoder a
 All sizes are dynamic. `vaswani.interop.engines.OnnxEngine` runs them with ONNX Runtime.
 """
 
-from __future__ import annotations
-
 import logging
-import os
 import warnings
-from pathlib import Path
 
 import onnx
 import torch
@@ -32,7 +28,7 @@ logger = logging.getLogger(__name__)
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 
 
-def cache_names(prefix: str, layers: int) -> list[str]:
+def cache_names(prefix, layers):
     """`{prefix}_key.0 .. {prefix}_key.{layers-1}`, then the values: the order of the graphs' cache inputs/outputs."""
     return [f"{prefix}_{kind}.{i}" for kind in ("key", "value") for i in range(layers)]
 
@@ -46,14 +42,13 @@ class EncoderGraph(nn.Module):
         self.cross_attentions = nn.ModuleList(layer.encoder_attn for layer in model.get_decoder().layers)
 
     def forward(self, input_ids, attention_mask):
-        memory = self.encoder(
-            input_ids=input_ids, attention_mask=attention_mask
-        ).last_hidden_state  # (B, S, d)
-        keys = [
-            attention.split_heads(attention.k_proj(memory)) for attention in self.cross_attentions
-        ]  # (B, h, S, d_k)
-        values = [attention.split_heads(attention.v_proj(memory)) for attention in self.cross_attentions]
-        return memory, keys, values
+        memory = self.encoder(input_ids, attention_mask).last_hidden_state  # (B, S, d)
+        # the keys, then the values, (B, h, S, d_k) each
+        return (
+            memory,
+            [attention.split_heads(attention.k_proj(memory)) for attention in self.cross_attentions],
+            [attention.split_heads(attention.v_proj(memory)) for attention in self.cross_attentions],
+        )
 
 
 class DecoderGraph(nn.Module):
@@ -74,8 +69,7 @@ class DecoderGraph(nn.Module):
         # the encoder-decoder attention reads its keys and values from the cache
         cache.is_updated = dict.fromkeys(range(len(cross_keys)), True)
         # The encoder output itself is never read once its keys and values are cached: only its (B, S) shape is.
-        batch, source_length = encoder_attention_mask.shape
-        memory = cross_keys[0].new_zeros(batch, source_length, 0)
+        memory = cross_keys[0].new_zeros(*encoder_attention_mask.shape, 0)
         outputs = self.model(
             decoder_input_ids=decoder_input_ids,
             attention_mask=encoder_attention_mask,
@@ -91,15 +85,14 @@ def example_inputs(config):
     """Inputs to trace with: sizes above 1 (torch.export specialises sizes 0 and 1) and different from each other."""
     batch, source, past, target = 2, 5, 3, 2
     heads, layers = config.decoder_attention_heads, config.decoder_layers
-    head_dim = config.d_model // heads
     # One tensor object per input: the exporter would read an object passed twice as one input used twice.
-    cache = lambda length: [torch.zeros(batch, heads, length, head_dim) for _ in range(layers)]  # noqa: E731
-    encoder = (torch.full((batch, source), 4), torch.ones(batch, source, dtype=torch.long))
-    decoder = (torch.full((batch, target), 4), torch.ones(batch, source, dtype=torch.long))
-    return encoder, (*decoder, cache(past), cache(past), cache(source), cache(source))
+    cache = lambda length: [torch.zeros(batch, heads, length, config.d_model // heads) for _ in range(layers)]  # noqa: E731
+    mask = torch.ones(batch, source, dtype=torch.long)
+    decoder = (torch.full((batch, target), 4), mask, cache(past), cache(past), cache(source), cache(source))
+    return (4 * mask, mask), decoder
 
 
-def export_graphs(model, output_dir: Path) -> None:
+def export_graphs(model, output_dir):
     """Trace the two graphs of `model` (float32, eager attention, eval mode) into `output_dir`."""
     layers = model.config.decoder_layers
     batch, source, past, target = (torch.export.Dim(name) for name in ("batch", "source", "past", "target"))
@@ -129,12 +122,12 @@ def _export(module, inputs, path, input_names, output_names, dynamic_shapes):
     with warnings.catch_warnings():
         # One Dim object names the same size in several inputs; the exporter warns that it keeps one name. The
         # exporter itself still calls a `_pytree` name that torch deprecates.
-        warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*axis name.*will not be used")
         warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
         torch.onnx.export(
             module.eval(),
             inputs,
-            str(path),
+            path,
             dynamo=True,
             verbose=False,
             input_names=input_names,
@@ -143,16 +136,14 @@ def _export(module, inputs, path, input_names, output_names, dynamic_shapes):
         )
 
 
-def export_onnx(model_path: str | os.PathLike, output_dir: Path) -> dict:
+def export_onnx(model_path, output_dir):
     """Export `model_path` to `encoder.onnx` and `decoder.onnx` in the existing folder `output_dir` (see the module
     docstring; `vaswani.interop.export.export` builds it beside the destination and writes the metadata); returns
     the metadata fields of this engine."""
-    from ... import register
-
-    register()  # AutoModelForSeq2SeqLM builds model_type="vaswani" with this package's classes
+    # `load_model` registers model_type="vaswani" with AutoModelForSeq2SeqLM
     model = load_model(model_path, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
-        export_graphs(model.eval(), output_dir)
+        export_graphs(model, output_dir)
     config = model.config
     return {
         "decoder_layers": config.decoder_layers,
