@@ -480,6 +480,24 @@ def test_stacked_projections_compute_alone_outside_autocast_and_after_an_in_plac
     torch.testing.assert_close(values, F.linear(x, v.weight, v.bias))
 
 
+def test_stacked_projections_keep_no_input_once_each_projection_has_its_result():
+    """The group holds the input only while a projection's result waits for it: in training, that input is an
+    activation of the step, which must not outlive the step."""
+    import weakref
+
+    q, k, v = (Linear(8, 6) for _ in range(3))
+    group = kernels.StackedProjections(q, k, v)
+    x = torch.randn(2, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = [q(x), k(x)]
+        assert group.pending  # the value's result, with its input
+        outputs.append(v(x))
+    assert not group.pending
+    alive = weakref.ref(x)
+    del x, outputs
+    assert alive() is None
+
+
 def test_use_plain_modules_ungroups_the_stacked_projections():
     model = use_cpu_kernels(tiny_model())
     use_cpu_kernels(

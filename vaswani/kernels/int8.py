@@ -182,7 +182,7 @@ class SharedInputProjections:
 
     def __init__(self, *modules):  # query, key, value in the order the model calls them
         self.modules = modules
-        self.pending = {}  # id(module) -> the module's result on `self.input` (the input, its identity)
+        self.pending = {}  # id(module) -> (the module's result, the input, its identity)
         for module in modules:
             module.__dict__["_vaswani_shared_input"] = self
 
@@ -205,10 +205,10 @@ class SharedInputProjections:
         computes all of them and keeps the others' results for their calls on `x`."""
         if module is self.modules[0]:
             parts = self._products(x).split([m.out_features for m in self.modules], dim=-1)
-            self.pending = dict(zip(map(id, self.modules), parts, strict=True))
-            self.input = x, _identity(x)
-        part = self.pending.pop(id(module), None)
-        if part is not None and self.input[0] is x and self.input[1] == _identity(x):
+            given = x, _identity(x)  # held with the results, so the input goes with the last one taken
+            self.pending = {id(m): (part, *given) for m, part in zip(self.modules, parts, strict=True)}
+        part, given, identity = self.pending.pop(id(module), (None, None, None))
+        if part is not None and given is x and identity == _identity(x):
             # each its own contiguous tensor, as a layer alone returns it: attention kernels may round differently
             # on views with the stacked product's strides (`StackedProjections`' autocast training keeps the views)
             return part.contiguous() if self.contiguous else part
