@@ -128,7 +128,8 @@ def average_state_dicts(checkpoints, show_progress=True):
                     f"{tuple(shapes[key])} in {checkpoints[0]}"
                 )
             if tensor.is_floating_point():
-                sums[key] = sums.get(key, 0) + tensor.double()
+                # in place after the first, in float64 (a float64 tensor of the first checkpoint is its own sum)
+                sums[key] = sums[key].add_(tensor) if key in sums else tensor.double()
     return {
         key: (sums[key] / len(checkpoints)).to(tensor.dtype) if key in sums else tensor
         for key, tensor in state_dict.items()

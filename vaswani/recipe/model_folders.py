@@ -56,7 +56,8 @@ def check_safetensors(path):
         raise ValueError(f"{path} is corrupt or truncated: {' '.join(str(error).split())}") from None
 
 
-def _first(names, few=3):
+def first_names(names, few=3):
+    """The first `few` of `names` in sorted order, then how many more: for messages that name what they found."""
     names = sorted(names)
     return ", ".join(names[:few]) + (f" and {len(names) - few} more" if len(names) > few else "")
 
@@ -80,10 +81,10 @@ def load_model(model_path, model_class=AutoModelForSeq2SeqLM, **kwargs):
         known = {"auto_map", "custom_pipelines", "quantization_config", *type(model.config)().to_dict()}
         if unknown := set(read_json(config_file)) - known:
             logger.warning(
-                "%s has keys the model does not know, which it ignores: %s", config_file, _first(unknown, 9)
+                "%s has keys the model does not know, which it ignores: %s", config_file, first_names(unknown, 9)
             )
     wrong = [
-        f"{kind} {_first(names)}"
+        f"{kind} {first_names(names)}"
         for kind, names in (
             ("missing", info["missing_keys"]),
             ("unexpected", info["unexpected_keys"]),

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..common.errors import UsageError
 from ..common.fileio import read_json, write_json
 from ..utils_vaswani import CODE_FILES
-from .model_folders import _first
+from .model_folders import first_names
 
 try:
     import fcntl
@@ -314,5 +314,5 @@ def _remove_run(path, why):
     )
     if kept:
         logger.warning(
-            "Left in %s (not written by a vaswani run, so not removed by %s): %s", path, why, _first(kept, 10)
+            "Left in %s (not written by a vaswani run, so not removed by %s): %s", path, why, first_names(kept, 10)
         )

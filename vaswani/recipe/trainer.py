@@ -208,7 +208,7 @@ class VaswaniTrainer(Seq2SeqTrainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", **gen_kwargs):
         """`Seq2SeqTrainer.evaluate`, with a log line before it saying what it decodes and how long it should take,
         and one after it with the time it took (`evaluation.EvaluationClock`)."""
-        dataset = eval_dataset or self.eval_dataset
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
         timing = contextlib.nullcontext()
         if self.args.predict_with_generate and hasattr(dataset, "__len__") and not isinstance(dataset, dict):
             beams, limit = generation_settings(self, gen_kwargs)
